@@ -1,0 +1,105 @@
+CREATE OR REPLACE FUNCTION replicator.add_table(
+    p_queue_name text,
+    p_table text,
+    p_mode text DEFAULT 'full',
+    p_key text[] DEFAULT NULL,
+    p_ignore text[] DEFAULT '{}',
+    p_where text DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.add_table(p_queue_name, p_table, p_mode, p_key, p_ignore, p_where)
+--
+--      Starts capturing a table into a queue: records it and generates its
+--      capture function and triggers. Everything that could make a capture
+--      fail is checked here, so that an application's write never does.
+--
+-- Parameters:
+--      p_queue_name - queue
+--      p_table      - 'schema.table' or 'table' (search_path), as regclass input
+--      p_mode       - 'full' (rows) or 'pk' (keys; the consumer joins back)
+--      p_key        - key columns; NULL means the primary key
+--      p_ignore     - columns not captured; an update touching only them queues nothing
+--      p_where      - SQL condition over the row's columns; rows outside are not queued
+--
+-- Returns:
+--      the captured table id; adding a table twice to a queue is an error
+-- ----------------------------------------------------------------------
+DECLARE
+    q replicator.queue := replicator.find_queue(p_queue_name);
+    v_oid regclass;
+    v_schema text;
+    v_name text;
+    v_kind "char";
+    v_columns text[];
+    v_pk text[];
+    v_key text[];
+    v_bad text;
+    v_id integer;
+BEGIN
+    BEGIN
+        v_oid := to_regclass(p_table);
+    EXCEPTION WHEN invalid_name OR syntax_error THEN
+        RAISE EXCEPTION 'invalid table name: %', p_table;
+    END;
+    IF v_oid IS NULL THEN
+        RAISE EXCEPTION 'table % does not exist', p_table;
+    END IF;
+    SELECT n.nspname, c.relname, c.relkind INTO v_schema, v_name, v_kind
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = v_oid;
+    IF v_kind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION '% is not a table', p_table;
+    END IF;
+    IF v_schema = 'replicator' THEN
+        RAISE EXCEPTION 'tables of schema replicator cannot be captured';
+    END IF;
+    IF p_mode IS NULL OR p_mode NOT IN ('full', 'pk') THEN
+        RAISE EXCEPTION 'mode must be full or pk, not %', coalesce(p_mode, 'NULL');
+    END IF;
+    IF EXISTS (SELECT 1 FROM replicator.captured_table
+               WHERE queue_id = q.queue_id AND table_schema = v_schema AND table_name = v_name) THEN
+        RAISE EXCEPTION 'table %.% is already in queue "%"', v_schema, v_name, p_queue_name;
+    END IF;
+
+    v_columns := ARRAY(SELECT attname FROM pg_attribute
+                       WHERE attrelid = v_oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum);
+    v_pk := ARRAY(SELECT a.attname
+                  FROM pg_index i
+                  CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+                  JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                  WHERE i.indrelid = v_oid AND i.indisprimary ORDER BY k.ord);
+    v_key := coalesce(nullif(p_key, '{}'), nullif(v_pk, '{}'));
+    IF v_key IS NULL THEN
+        RAISE EXCEPTION 'table %.% has no primary key: give the key columns with --key COL,...', v_schema, v_name;
+    END IF;
+    SELECT string_agg(c, ', ') INTO v_bad FROM unnest(v_key || coalesce(p_ignore, '{}')) c WHERE c <> ALL (v_columns);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'table %.% has no column %', v_schema, v_name, v_bad;
+    END IF;
+    SELECT string_agg(c, ', ') INTO v_bad FROM unnest(v_key) c WHERE c = ANY (p_ignore);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'key column % cannot be ignored', v_bad;
+    END IF;
+    -- Keys are compared with EXCEPT in the capture function: they need an equality operator.
+    BEGIN
+        EXECUTE format('SELECT %1$s FROM %2$s WHERE false EXCEPT SELECT %1$s FROM %2$s WHERE false',
+                       (SELECT string_agg(quote_ident(k), ', ') FROM unnest(v_key) k), v_oid);
+    EXCEPTION WHEN undefined_function THEN
+        RAISE EXCEPTION 'key of %.% cannot be compared (%): choose other --key columns', v_schema, v_name, SQLERRM;
+    END;
+    IF p_where IS NOT NULL THEN
+        BEGIN
+            EXECUTE format('SELECT 1 FROM %s WHERE (%s) LIMIT 0', v_oid, p_where);
+        EXCEPTION WHEN OTHERS THEN
+            RAISE EXCEPTION 'invalid row filter for %.%: %', v_schema, v_name, SQLERRM;
+        END;
+    END IF;
+
+    INSERT INTO replicator.captured_table
+        (queue_id, table_schema, table_name, table_mode, table_key, key_is_pk, table_ignore, table_where, table_columns)
+    VALUES (q.queue_id, v_schema, v_name, p_mode, v_key, v_key = v_pk, coalesce(p_ignore, '{}'), p_where, v_columns)
+    RETURNING table_id INTO v_id;
+    PERFORM replicator.generate_capture(v_id);
+    RETURN v_id;
+END;
+$$;

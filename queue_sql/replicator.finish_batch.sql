@@ -1,0 +1,47 @@
+CREATE OR REPLACE FUNCTION replicator.finish_batch(p_batch_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.finish_batch(p_batch_id)
+--
+--      Closes a batch: the consumer's position moves to the batch's tick.
+--
+-- Returns:
+--      true if the batch was open
+-- ----------------------------------------------------------------------
+BEGIN
+    UPDATE replicator.consumer
+    SET last_tick = next_tick, next_tick = NULL, batch_id = NULL, batch_start = NULL,
+        active_time = now()
+    WHERE batch_id = p_batch_id;
+    RETURN FOUND;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.set_consumer_position(
+    p_queue_name text, p_consumer_name text, p_tick_id bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.set_consumer_position(p_queue_name, p_consumer_name, p_tick_id)
+--
+--      Moves a consumer to a tick and drops its open batch. A target that
+--      stores its position with its data calls this on start, so a crash
+--      between the target's commit and finish_batch neither loses nor
+--      repeats a batch.
+--
+-- Parameters:
+--      p_tick_id   - the tick the target has applied up to
+-- ----------------------------------------------------------------------
+DECLARE
+    c replicator.consumer := replicator.find_consumer(p_queue_name, p_consumer_name);
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM replicator.tick WHERE tick_queue = c.queue_id AND tick_id = p_tick_id) THEN
+        RAISE EXCEPTION 'tick % of queue "%" no longer exists: the target is too far behind, copy it again',
+            p_tick_id, p_queue_name;
+    END IF;
+    UPDATE replicator.consumer
+    SET last_tick = p_tick_id, next_tick = NULL, batch_id = NULL, batch_start = NULL, active_time = now()
+    WHERE consumer_id = c.consumer_id;
+END;
+$$;

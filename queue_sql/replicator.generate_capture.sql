@@ -1,0 +1,200 @@
+CREATE OR REPLACE FUNCTION replicator.capture_row_json(p_alias text, p_columns text[])
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.capture_row_json(p_alias, p_columns)
+--
+--      SQL expression encoding some columns of a row as a JSON array of
+--      values in the given order (the compact row encoding: column names
+--      travel once, in the table's structure, not in every event).
+--
+-- Parameters:
+--      p_alias     - range variable the columns belong to
+--      p_columns   - column names, in encoding order
+--
+-- Returns:
+--      'json_build_array(a."c1", a."c2")'; tables wider than a function's
+--      100 arguments go through VARIADIC json[]
+-- ----------------------------------------------------------------------
+    SELECT CASE WHEN cardinality(p_columns) <= 100 THEN
+        'json_build_array(' || (
+            SELECT string_agg(quote_ident(p_alias) || '.' || quote_ident(col), ', ' ORDER BY ord)
+            FROM unnest(p_columns) WITH ORDINALITY AS c(col, ord)) || ')'
+    ELSE
+        'json_build_array(VARIADIC ARRAY[' || (
+            SELECT string_agg('to_json(' || quote_ident(p_alias) || '.' || quote_ident(col) || ')', ', ' ORDER BY ord)
+            FROM unnest(p_columns) WITH ORDINALITY AS c(col, ord)) || ']::json[])'
+    END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.capture_function(p_table_id integer)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.capture_function(p_table_id)
+--
+--      Name of the generated capture function of a captured table.
+-- ----------------------------------------------------------------------
+    SELECT 'replicator.' || quote_ident('capture_' || p_table_id);
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.generate_capture(p_table_id integer)
+RETURNS void
+LANGUAGE plpgsql AS $gen$
+-- ----------------------------------------------------------------------
+-- Function: replicator.generate_capture(p_table_id)
+--
+--      (Re)creates the capture function and triggers of a captured table.
+--
+--      Capture is statement-level over transition tables: one INSERT per
+--      application statement writes its changed rows into the queue, at
+--      most 1000 rows per event, each row encoded as a JSON array in the
+--      column order recorded in replicator.captured_table. The column list,
+--      key, ignored columns, row filter and mode are baked into the
+--      generated SQL: no per-row dynamic SQL.
+--
+--      Events written (ev_data is a JSON array of items):
+--        I  rows inserted (full) / their keys (pk)
+--        U  rows updated, new values (full) / their keys (pk); an upsert
+--        D  keys deleted; for an UPDATE, the old keys no updated row kept
+--           (a key change is a D of the old key and a U of the new row)
+--        T  the table was truncated (ev_data NULL)
+--      With ignored columns, an updated row is queued only when a captured
+--      column changed. With a row filter, rows outside it are not queued;
+--      a row updated out of the filter is queued as a D of its key.
+--
+-- Parameters:
+--      p_table_id  - replicator.captured_table id
+-- ----------------------------------------------------------------------
+DECLARE
+    t replicator.captured_table;
+    v_table text;
+    v_fn text := replicator.capture_function(p_table_id);
+    v_tracked text[];
+    v_filter text;
+    v_payload_n text;
+    v_changed text := '';
+    v_keys_o text;
+    v_keys_n text;
+    v_insert text;
+    v_body text;
+BEGIN
+    SELECT * INTO t FROM replicator.captured_table WHERE table_id = p_table_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'captured table % does not exist', p_table_id;
+    END IF;
+    v_table := quote_ident(t.table_schema) || '.' || quote_ident(t.table_name);
+    v_tracked := ARRAY(SELECT c FROM unnest(t.table_columns) c WHERE c <> ALL (t.table_ignore));
+    v_filter := coalesce('(' || t.table_where || ')', 'true');
+    v_payload_n := replicator.capture_row_json('n',
+        CASE t.table_mode WHEN 'full' THEN v_tracked ELSE t.table_key END);
+    IF cardinality(t.table_ignore) > 0 THEN
+        v_changed := format(' AND %s::text NOT IN (SELECT %s::text FROM old_rows o WHERE %s)',
+                            replicator.capture_row_json('n', v_tracked),
+                            replicator.capture_row_json('o', v_tracked), v_filter);
+    END IF;
+    v_keys_o := (SELECT string_agg('o.' || quote_ident(k), ', ') FROM unnest(t.table_key) k);
+    v_keys_n := (SELECT string_agg('n.' || quote_ident(k), ', ') FROM unnest(t.table_key) k);
+
+    -- One event per 1000 items: a statement touching millions of rows must
+    -- never build a JSON value past PostgreSQL's 1 GB limit.
+    v_insert := format($f$
+        INSERT INTO %1$s (ev_slot, ev_id, ev_type, ev_table, ev_data)
+        SELECT (SELECT last_value FROM %2$s)::smallint, nextval(%3$L), s.t, %4$s, json_agg(s.r)
+        FROM (%%s) s
+        GROUP BY s.t, s.g;$f$,
+        replicator.event_table(t.queue_id), replicator.event_slot_seq(t.queue_id),
+        replicator.event_id_seq(t.queue_id), p_table_id);
+
+    v_body := format($f$
+BEGIN
+    IF TG_OP = 'INSERT' THEN%1$s
+    ELSIF TG_OP = 'UPDATE' THEN%2$s
+    ELSIF TG_OP = 'DELETE' THEN%3$s
+    ELSE
+        INSERT INTO %4$s (ev_slot, ev_id, ev_type, ev_table, ev_data)
+        VALUES ((SELECT last_value FROM %5$s)::smallint, nextval(%6$L), 'T', %7$s, NULL);
+    END IF;
+    RETURN NULL;
+END;$f$,
+        format(v_insert, format(
+            $q$SELECT 'I'::"char" AS t, %s AS r, row_number() OVER () / 1000 AS g
+            FROM new_rows n WHERE %s$q$, v_payload_n, v_filter)),
+        format(v_insert, format(
+            $q$SELECT 'U'::"char" AS t, %1$s AS r, row_number() OVER () / 1000 AS g
+            FROM new_rows n WHERE %2$s%3$s
+            UNION ALL
+            SELECT 'D'::"char", %4$s, row_number() OVER () / 1000
+            FROM (SELECT %5$s FROM old_rows o WHERE %2$s
+                  EXCEPT SELECT %6$s FROM new_rows n WHERE %2$s) o$q$,
+            v_payload_n, v_filter, v_changed, replicator.capture_row_json('o', t.table_key),
+            v_keys_o, v_keys_n)),
+        format(v_insert, format(
+            $q$SELECT 'D'::"char" AS t, %s AS r, row_number() OVER () / 1000 AS g
+            FROM old_rows o WHERE %s$q$, replicator.capture_row_json('o', t.table_key), v_filter)),
+        replicator.event_table(t.queue_id), replicator.event_slot_seq(t.queue_id),
+        replicator.event_id_seq(t.queue_id), p_table_id);
+
+    IF position('$capture$' IN v_body) > 0 THEN
+        RAISE EXCEPTION 'the row filter of % must not contain $capture$', v_table;
+    END IF;
+    -- SECURITY DEFINER: application roles write to the queue only through this function.
+    EXECUTE format($f$
+        CREATE OR REPLACE FUNCTION %s() RETURNS trigger
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+        AS $capture$%s$capture$$f$, v_fn, v_body);
+    EXECUTE format('REVOKE ALL ON FUNCTION %s() FROM PUBLIC', v_fn);
+
+    PERFORM replicator.drop_capture_triggers(p_table_id);
+    EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows'
+                   ' FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
+                   '_replicator_' || p_table_id || '_ins', v_table, v_fn);
+    EXECUTE format('CREATE TRIGGER %I AFTER UPDATE ON %s REFERENCING OLD TABLE AS old_rows'
+                   ' NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
+                   '_replicator_' || p_table_id || '_upd', v_table, v_fn);
+    EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows'
+                   ' FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
+                   '_replicator_' || p_table_id || '_del', v_table, v_fn);
+    EXECUTE format('CREATE TRIGGER %I AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
+                   '_replicator_' || p_table_id || '_trunc', v_table, v_fn);
+END;
+$gen$;
+
+CREATE OR REPLACE FUNCTION replicator.drop_capture_triggers(p_table_id integer)
+RETURNS void
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.drop_capture_triggers(p_table_id)
+--
+--      Drops the capture triggers of a captured table, if the table and
+--      the triggers still exist.
+-- ----------------------------------------------------------------------
+DECLARE
+    v_trigger record;
+BEGIN
+    FOR v_trigger IN
+        SELECT tg.tgname, tg.tgrelid::regclass AS tbl
+        FROM pg_trigger tg
+        WHERE tg.tgname IN ('_replicator_' || p_table_id || '_ins', '_replicator_' || p_table_id || '_upd',
+                            '_replicator_' || p_table_id || '_del', '_replicator_' || p_table_id || '_trunc')
+          AND tg.tgfoid = to_regprocedure(replicator.capture_function(p_table_id) || '()')
+    LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', v_trigger.tgname, v_trigger.tbl);
+    END LOOP;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.drop_capture(p_table_id integer)
+RETURNS void
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.drop_capture(p_table_id)
+--
+--      Removes the capture triggers and the generated function of a
+--      captured table. Its events already queued stay in the queue.
+-- ----------------------------------------------------------------------
+BEGIN
+    PERFORM replicator.drop_capture_triggers(p_table_id);
+    EXECUTE format('DROP FUNCTION IF EXISTS %s()', replicator.capture_function(p_table_id));
+END;
+$$;

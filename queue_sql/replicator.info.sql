@@ -1,0 +1,69 @@
+CREATE OR REPLACE FUNCTION replicator.queue_info()
+RETURNS TABLE (queue_name text, ntables integer, current_table integer, rotation_period interval,
+               last_switch timestamptz, last_tick bigint, last_tick_time timestamptz,
+               last_event_id bigint, events_since_tick bigint, tables integer, consumers integer)
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.queue_info()
+--
+--      One row per queue: its rotation state, its latest tick and how many
+--      events were queued since.
+-- ----------------------------------------------------------------------
+    SELECT q.queue_name, q.queue_ntables, replicator.current_slot(q.queue_id), q.queue_rotation_period,
+           q.queue_switch_time, t.tick_id, t.tick_time, replicator.last_event_id(q.queue_id),
+           replicator.last_event_id(q.queue_id) - coalesce(t.tick_event_seq, 0),
+           (SELECT count(*)::integer FROM replicator.captured_table ct WHERE ct.queue_id = q.queue_id),
+           (SELECT count(*)::integer FROM replicator.consumer c WHERE c.queue_id = q.queue_id)
+    FROM replicator.queue q
+    LEFT JOIN LATERAL (SELECT * FROM replicator.tick t WHERE t.tick_queue = q.queue_id
+                       ORDER BY t.tick_id DESC LIMIT 1) t ON true
+    ORDER BY q.queue_name;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.consumer_info()
+RETURNS TABLE (queue_name text, consumer_name text, last_tick bigint, batch_open boolean,
+               lag_ticks bigint, lag_events bigint, lag_seconds double precision,
+               last_seen timestamptz)
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.consumer_info()
+--
+--      One row per consumer with its lag: ticks and events not yet
+--      consumed, and the age of the position it is at (seconds since its
+--      last tick was taken, minus nothing: an idle queue ticks every
+--      idle period, so an up-to-date consumer lags at most that).
+-- ----------------------------------------------------------------------
+    SELECT q.queue_name, c.consumer_name, c.last_tick, c.batch_id IS NOT NULL,
+           coalesce(lt.tick_id - c.last_tick, 0),
+           greatest(replicator.last_event_id(q.queue_id) - ct.tick_event_seq, 0),
+           extract(epoch FROM clock_timestamp() - ct.tick_time)::double precision,
+           c.active_time
+    FROM replicator.consumer c
+    JOIN replicator.queue q ON q.queue_id = c.queue_id
+    JOIN replicator.tick ct ON ct.tick_queue = c.queue_id AND ct.tick_id = c.last_tick
+    LEFT JOIN LATERAL (SELECT max(t.tick_id) AS tick_id FROM replicator.tick t
+                       WHERE t.tick_queue = q.queue_id) lt ON true
+    ORDER BY q.queue_name, c.consumer_name;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.table_info(p_queue_name text DEFAULT NULL)
+RETURNS TABLE (queue_name text, table_id integer, table_name text, mode text, key text[],
+               ignore text[], row_filter text, columns text[], structure jsonb)
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.table_info(p_queue_name)
+--
+--      Tables captured by one queue (or all queues when NULL), with the
+--      structure targets create their copies from. "columns" lists the
+--      captured columns in the order of the values in full-mode events.
+-- ----------------------------------------------------------------------
+    SELECT q.queue_name, t.table_id, t.table_schema || '.' || t.table_name, t.table_mode,
+           t.table_key, t.table_ignore, t.table_where,
+           ARRAY(SELECT c FROM unnest(t.table_columns) c WHERE c <> ALL (t.table_ignore)),
+           replicator.table_structure(
+               to_regclass(quote_ident(t.table_schema) || '.' || quote_ident(t.table_name)), t.table_key)
+    FROM replicator.captured_table t
+    JOIN replicator.queue q ON q.queue_id = t.queue_id
+    WHERE p_queue_name IS NULL OR q.queue_name = p_queue_name
+    ORDER BY q.queue_name, t.table_id;
+$$;

@@ -1,0 +1,55 @@
+CREATE OR REPLACE FUNCTION replicator.find_table(p_queue_name text, p_table text)
+RETURNS replicator.captured_table
+LANGUAGE plpgsql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.find_table(p_queue_name, p_table)
+--
+--      Looks up a table captured by a queue. p_table is 'schema.table' or
+--      'table'; a table that was dropped since is still found by its
+--      recorded name.
+--
+-- Returns:
+--      the captured_table row; raises when the queue does not capture it
+-- ----------------------------------------------------------------------
+DECLARE
+    q replicator.queue := replicator.find_queue(p_queue_name);
+    t replicator.captured_table;
+    v_oid regclass;
+BEGIN
+    BEGIN
+        v_oid := to_regclass(p_table);
+    EXCEPTION WHEN invalid_name OR syntax_error THEN
+        RAISE EXCEPTION 'invalid table name: %', p_table;
+    END;
+    SELECT ct.* INTO t FROM replicator.captured_table ct
+    WHERE ct.queue_id = q.queue_id
+      AND (to_regclass(quote_ident(ct.table_schema) || '.' || quote_ident(ct.table_name)) = v_oid
+           OR ct.table_schema || '.' || ct.table_name = p_table
+           OR (ct.table_name = p_table AND ct.table_schema = 'public'));
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'table % is not in queue "%"', p_table, p_queue_name;
+    END IF;
+    RETURN t;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.remove_table(p_queue_name text, p_table text)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.remove_table(p_queue_name, p_table)
+--
+--      Stops capturing a table into a queue: drops its triggers and
+--      generated function. Events already queued are still delivered.
+--
+-- Returns:
+--      the id the table had in the queue
+-- ----------------------------------------------------------------------
+DECLARE
+    t replicator.captured_table := replicator.find_table(p_queue_name, p_table);
+BEGIN
+    PERFORM replicator.drop_capture(t.table_id);
+    DELETE FROM replicator.captured_table WHERE table_id = t.table_id;
+    RETURN t.table_id;
+END;
+$$;

@@ -1,0 +1,3 @@
+"""replicator: trigger-based change-capture queue replication for PostgreSQL."""
+
+__version__ = "0.1.0"

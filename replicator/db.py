@@ -1,0 +1,43 @@
+"""Connecting to the source and turning server errors a user caused into UserError."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+
+from .errors import UserError
+
+
+def resolve_dsn(dsn: str | None) -> str:
+    """--dsn, else $REPLICATOR_DSN, else "" (libpq then reads the PG* variables)."""
+    return dsn or os.environ.get("REPLICATOR_DSN", "")
+
+
+def connect(dsn: str | None, *, autocommit: bool = True, application_name: str = "replicator") -> psycopg.Connection:
+    """Opens a connection; failure is a UserError naming the server."""
+    conninfo = resolve_dsn(dsn)
+    try:
+        return psycopg.connect(conninfo, autocommit=autocommit, application_name=application_name)
+    except psycopg.OperationalError as exc:
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else "connection failed"
+        where = conninfo or "the server named by the PG* environment variables"
+        raise UserError(f"cannot connect to {where}: {reason}") from None
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Maps errors raised by replicator's SQL functions (RAISE EXCEPTION) and
+    missing-schema errors to UserError; anything else propagates."""
+    try:
+        yield
+    except psycopg.errors.RaiseException as exc:
+        raise UserError(exc.diag.message_primary or str(exc)) from None
+    except (psycopg.errors.InvalidSchemaName, psycopg.errors.UndefinedFunction,
+            psycopg.errors.UndefinedTable) as exc:
+        message = exc.diag.message_primary or str(exc)
+        if "replicator" in message:
+            raise UserError("replicator is not installed in this database: run `replicator install`") from None
+        raise

@@ -1,0 +1,100 @@
+"""Installing, upgrading and removing schema "replicator" in the source database.
+
+``install`` applies the numbered scripts of ``migrations/`` that
+``replicator.schema_version`` does not list, then re-applies every file of
+``queue_sql/`` (all ``CREATE OR REPLACE``), in one transaction.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from .errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+MIGRATIONS_DIR = ROOT / "migrations"
+QUEUE_SQL_DIR = ROOT / "queue_sql"
+_INSTALL_LOCK = 2026112200
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+
+
+def migrations() -> list[Migration]:
+    found = []
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        match = re.fullmatch(r"(\d{4})_(\w+)\.sql", path.name)
+        if not match:
+            raise RuntimeError(f"migration file name must look like 0001_name.sql: {path.name}")
+        found.append(Migration(int(match.group(1)), match.group(2), path))
+    return found
+
+
+def installed_versions(conn: psycopg.Connection) -> list[int]:
+    """Versions recorded in replicator.schema_version; [] when not installed."""
+    exists = conn.execute("SELECT to_regclass('replicator.schema_version') IS NOT NULL").fetchone()[0]
+    if not exists:
+        return []
+    return [row[0] for row in conn.execute("SELECT version FROM replicator.schema_version ORDER BY version")]
+
+
+def require_installed(conn: psycopg.Connection) -> None:
+    if not installed_versions(conn):
+        raise UserError("replicator is not installed in this database: run `replicator install`")
+
+
+def install(conn: psycopg.Connection, *, up_to: int | None = None) -> list[Migration]:
+    """Creates or upgrades schema replicator. Idempotent.
+
+    ``up_to`` stops at a migration version (used to fabricate old schemas in tests).
+    Returns the migrations applied by this call.
+    """
+    applied: list[Migration] = []
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
+        conn.execute("SET LOCAL check_function_bodies = off")
+        conn.execute("SET LOCAL client_min_messages = warning")
+        conn.execute("CREATE SCHEMA IF NOT EXISTS replicator")
+        conn.execute("REVOKE ALL ON SCHEMA replicator FROM PUBLIC")
+        done = set(installed_versions(conn))
+        for migration in migrations():
+            if migration.version in done or (up_to is not None and migration.version > up_to):
+                continue
+            conn.execute(migration.path.read_text())
+            conn.execute("INSERT INTO replicator.schema_version (version, name) VALUES (%s, %s)",
+                         (migration.version, migration.name))
+            applied.append(migration)
+        if up_to is None:
+            for path in sorted(QUEUE_SQL_DIR.glob("*.sql")):
+                conn.execute(path.read_text())
+            _regenerate_captures(conn)
+    return applied
+
+
+def _regenerate_captures(conn: psycopg.Connection) -> None:
+    """Regenerates every capture function, so an upgrade reaches existing tables."""
+    conn.execute("""
+        SELECT replicator.generate_capture(table_id) FROM replicator.captured_table
+        WHERE to_regclass(quote_ident(table_schema) || '.' || quote_ident(table_name)) IS NOT NULL
+        ORDER BY table_id""")
+
+
+def uninstall(conn: psycopg.Connection) -> None:
+    """Removes schema replicator with every capture trigger and event trigger.
+    Application tables and their data are not touched."""
+    with conn.transaction():
+        if installed_versions(conn):
+            conn.execute("SELECT replicator.drop_capture(table_id) FROM replicator.captured_table")
+        for (name,) in conn.execute(
+                "SELECT evtname FROM pg_event_trigger WHERE evtname LIKE 'replicator\\_%'").fetchall():
+            conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
+        conn.execute("DROP SCHEMA IF EXISTS replicator CASCADE")
