@@ -35,7 +35,7 @@ BEGIN
                       left(regexp_replace(a.query, '\s+', ' ', 'g'), 80))
         FROM pg_stat_activity a
         WHERE a.backend_xid IS NOT NULL
-          AND age(a.backend_xid) > (txid_horizon() - q.queue_switch_step2);
+          AND age(a.backend_xid) > (replicator.txid_horizon() - q.queue_switch_step2);
 END;
 $$;
 

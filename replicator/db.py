@@ -22,7 +22,8 @@ def connect(dsn: str | None, *, autocommit: bool = True, application_name: str =
     try:
         return psycopg.connect(conninfo, autocommit=autocommit, application_name=application_name)
     except psycopg.OperationalError as exc:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else "connection failed"
+        lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+        reason = lines[0] if lines else "connection failed"
         where = conninfo or "the server named by the PG* environment variables"
         raise UserError(f"cannot connect to {where}: {reason}") from None
 

@@ -1,0 +1,348 @@
+"""Command line: a thin skin over the library (source.py, install.py, jobs.py, consumer.py).
+
+Every error a user can cause ends as one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import click
+import psycopg
+from rich.console import Console
+from rich.table import Table
+
+from . import db, install as installer, jobs
+from .errors import UserError
+from .source import Source, parse_duration
+
+console = Console()
+
+
+class Context:
+    def __init__(self, dsn: str | None) -> None:
+        self.dsn = dsn
+
+    def connect(self) -> psycopg.Connection:
+        return db.connect(self.dsn)
+
+    def source(self) -> Source:
+        return Source(self.connect())
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+def _split(values: str | None) -> list[str]:
+    return [v.strip() for v in values.split(",") if v.strip()] if values else []
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return str(value)
+    return str(value)
+
+
+def _print_rows(rows: list[dict[str, Any]], title: str | None = None) -> None:
+    if not rows:
+        console.print(f"(no {title or 'rows'})")
+        return
+    table = Table(title=title, title_justify="left")
+    for column in rows[0]:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*("" if v is None else ", ".join(map(str, v)) if isinstance(v, list) else str(v)
+                        for v in row.values()))
+    console.print(table)
+
+
+@click.group()
+@click.option("--dsn", envvar="REPLICATOR_DSN", help="Source database (libpq string or URI); "
+              "default $REPLICATOR_DSN, else libpq's PG* variables.")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+@click.version_option(package_name="replicator")
+@click.pass_context
+def cli(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
+    """Trigger-based change capture and replication for PostgreSQL.
+
+    \b
+    Example:
+        replicator --dsn postgresql://localhost/app install
+        replicator queue create main
+        replicator table add main public.orders public.customers
+        replicator ticker &
+        replicator consume main --target sqlite:replica.db
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    ctx.obj = Context(dsn)
+
+
+# install ---------------------------------------------------------------------
+
+@cli.command()
+@pass_ctx
+def install(ctx: Context) -> None:
+    """Create or upgrade schema "replicator" in the source. Idempotent.
+
+    \b
+    Example:
+        replicator install
+    """
+    with ctx.connect() as conn:
+        applied = installer.install(conn)
+        version = max(installer.installed_versions(conn))
+    if applied:
+        click.echo(f"applied migrations {', '.join(f'{m.version:04d}_{m.name}' for m in applied)}")
+    click.echo(f"replicator schema at version {version}")
+
+
+@cli.command()
+@click.option("--yes", is_flag=True, help="Confirm: queued events are lost.")
+@pass_ctx
+def uninstall(ctx: Context, yes: bool) -> None:
+    """Remove schema "replicator", its triggers and event triggers. Application data is untouched.
+
+    \b
+    Example:
+        replicator uninstall --yes
+    """
+    if not yes:
+        raise UserError("uninstall drops every queue and its events: confirm with --yes")
+    with ctx.connect() as conn:
+        installer.uninstall(conn)
+    click.echo("replicator uninstalled")
+
+
+# queues ----------------------------------------------------------------------
+
+@cli.group()
+def queue() -> None:
+    """Create, drop and list queues."""
+
+
+@queue.command("create")
+@click.argument("name")
+@click.option("--rotation-period", default="2h", show_default=True,
+              help="How long an event table is written before the next (e.g. 30min, 2h).")
+@click.option("--tables", "ntables", default=3, show_default=True, type=int,
+              help="Number of event tables rotated through.")
+@pass_ctx
+def queue_create(ctx: Context, name: str, rotation_period: str, ntables: int) -> None:
+    """Create a queue.
+
+    \b
+    Example:
+        replicator queue create main --rotation-period 1h --tables 3
+    """
+    with ctx.source() as source:
+        source.create_queue(name, ntables=ntables, rotation_period=parse_duration(rotation_period))
+    click.echo(f"queue {name} created")
+
+
+@queue.command("drop")
+@click.argument("name")
+@pass_ctx
+def queue_drop(ctx: Context, name: str) -> None:
+    """Drop a queue, its capture triggers and its events.
+
+    \b
+    Example:
+        replicator queue drop main
+    """
+    with ctx.source() as source:
+        source.drop_queue(name)
+    click.echo(f"queue {name} dropped")
+
+
+@queue.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def queue_list(ctx: Context, as_json: bool) -> None:
+    """List queues.
+
+    \b
+    Example:
+        replicator queue list
+    """
+    with ctx.source() as source:
+        rows = source.queues()
+    if as_json:
+        click.echo(json.dumps(rows, default=_json_default, indent=2))
+    else:
+        _print_rows([{"queue": r["queue_name"], "tables": r["tables"], "consumers": r["consumers"],
+                      "event tables": r["ntables"], "current": r["current_table"],
+                      "rotation": r["rotation_period"], "last tick": r["last_tick"],
+                      "events since tick": r["events_since_tick"]} for r in rows], "queues")
+
+
+# tables ----------------------------------------------------------------------
+
+@cli.group()
+def table() -> None:
+    """Add, remove and list captured tables."""
+
+
+@table.command("add")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("tables", nargs=-1, required=True)
+@click.option("--mode", type=click.Choice(["full", "pk"]), default="full", show_default=True,
+              help="full: queue whole rows; pk: queue keys, the consumer reads rows back.")
+@click.option("--key", help="Key columns (COL,...) for a table without a primary key.")
+@click.option("--ignore", help="Columns not captured (COL,...); an update touching only them queues nothing.")
+@click.option("--where", "where", help="SQL condition over the row; rows outside it are not queued.")
+@pass_ctx
+def table_add(ctx: Context, queue_name: str, tables: tuple[str, ...], mode: str, key: str | None,
+              ignore: str | None, where: str | None) -> None:
+    """Capture TABLE... (schema.table or table) into QUEUE.
+
+    \b
+    Example:
+        replicator table add main public.orders --ignore updated_at
+        replicator table add main audit_log --key id --mode pk --where "kind <> 'debug'"
+    """
+    with ctx.source() as source, source.conn.transaction():
+        for name in tables:
+            source.add_table(queue_name, name, mode=mode, key=_split(key), ignore=_split(ignore), where=where)
+    click.echo(f"{len(tables)} table(s) added to queue {queue_name}")
+
+
+@table.command("remove")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("tables", nargs=-1, required=True)
+@pass_ctx
+def table_remove(ctx: Context, queue_name: str, tables: tuple[str, ...]) -> None:
+    """Stop capturing TABLE... into QUEUE.
+
+    \b
+    Example:
+        replicator table remove main public.orders
+    """
+    with ctx.source() as source, source.conn.transaction():
+        for name in tables:
+            source.remove_table(queue_name, name)
+    click.echo(f"{len(tables)} table(s) removed from queue {queue_name}")
+
+
+@table.command("list")
+@click.argument("queue_name", metavar="[QUEUE]", required=False)
+@click.option("--json", "as_json", is_flag=True)
+@pass_ctx
+def table_list(ctx: Context, queue_name: str | None, as_json: bool) -> None:
+    """List captured tables, of one queue or of all.
+
+    \b
+    Example:
+        replicator table list main
+    """
+    with ctx.source() as source:
+        rows = [{"queue": t.queue_name, "table": t.name, "mode": t.mode, "key": t.key,
+                 "ignore": t.ignore, "where": t.row_filter} for t in source.tables(queue_name)]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        _print_rows(rows, "tables")
+
+
+# jobs ------------------------------------------------------------------------
+
+@cli.command()
+@click.option("--once", is_flag=True, help="Tick every queue once (forced) and exit.")
+@click.option("--interval", default=1.0, show_default=True, type=float, help="Seconds between passes.")
+@pass_ctx
+def ticker(ctx: Context, once: bool, interval: float) -> None:
+    """Cut the event stream into batches: insert ticks when due.
+
+    \b
+    Example:
+        replicator ticker --interval 0.5
+    """
+    if once:
+        with ctx.source() as source:
+            ticks = [source.tick(q["queue_name"], force=True) for q in source.queues()]
+        click.echo(f"{sum(t is not None for t in ticks)} tick(s)")
+        return
+    ctx.source().close()
+    jobs.run_ticker(ctx.source, interval, jobs.StopFlag().install())
+
+
+@cli.command()
+@click.option("--once", is_flag=True, help="One pass and exit.")
+@click.option("--interval", default=30.0, show_default=True, type=float, help="Seconds between passes.")
+@pass_ctx
+def maint(ctx: Context, once: bool, interval: float) -> None:
+    """Rotate event tables and clean up old ticks.
+
+    \b
+    Example:
+        replicator maint --once
+    """
+    if once:
+        with ctx.source() as source:
+            actions = jobs.maint_once(source)
+        for queue_name, done in actions.items():
+            click.echo(f"{queue_name}: {', '.join(done) or 'nothing to do'}")
+        return
+    ctx.source().close()
+    jobs.run_maint(ctx.source, interval, jobs.StopFlag().install())
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def status(ctx: Context, as_json: bool) -> None:
+    """Show queues, tables, consumers, their lag, and what blocks rotation.
+
+    \b
+    Example:
+        replicator status --json
+    """
+    from .status import status as collect
+
+    with ctx.source() as source:
+        report = collect(source)
+    if as_json:
+        click.echo(json.dumps(report, default=_json_default, indent=2))
+        return
+    _print_rows([{"queue": q["queue_name"], "tables": q["tables"], "consumers": q["consumers"],
+                  "current table": f"{q['current_table']}/{q['ntables']}",
+                  "last switch": q["last_switch"].strftime("%Y-%m-%d %H:%M:%S"),
+                  "last tick": q["last_tick"], "events since tick": q["events_since_tick"]}
+                 for q in report["queues"]], "queues")
+    _print_rows(report["tables"], "tables")
+    _print_rows([{"queue": c["queue_name"], "consumer": c["consumer_name"], "last tick": c["last_tick"],
+                  "lag ticks": c["lag_ticks"], "lag events": c["lag_events"],
+                  "lag seconds": f"{c['lag_seconds']:.1f}", "batch open": c["batch_open"]}
+                 for c in report["consumers"]], "consumers")
+    blockers = [{"queue": q["queue_name"], **b} for q in report["queues"] for b in q["rotation_blockers"]]
+    if blockers:
+        _print_rows(blockers, "rotation blocked by")
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except UserError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except psycopg.Error as exc:
+        message = (exc.diag.message_primary if getattr(exc, "diag", None) and exc.diag.message_primary
+                   else str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        click.echo(f"error: database: {message}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)

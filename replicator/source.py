@@ -1,0 +1,214 @@
+"""The Python face of queue_sql: queues, tables, ticks, consumers and batches.
+
+Every method is one call of a ``replicator.*`` SQL function, whose errors
+become :class:`~replicator.errors.UserError` with the function's message.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from . import db
+from .errors import UserError
+from .install import require_installed
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    batch_id: int
+    queue_id: int
+    queue_name: str
+    consumer_name: str
+    prev_tick_id: int
+    tick_id: int
+    prev_tick_time: datetime
+    tick_time: datetime
+    prev_snapshot: str
+    cur_snapshot: str
+    prev_event_seq: int
+    cur_event_seq: int
+
+
+@dataclass(frozen=True)
+class CapturedTable:
+    queue_name: str
+    table_id: int
+    name: str          # schema.table
+    mode: str          # 'full' or 'pk'
+    key: list[str]
+    ignore: list[str]
+    row_filter: str | None
+    columns: list[str]  # captured columns, in event value order
+    structure: dict[str, Any] | None  # replicator.table_structure(); None if the table is gone
+
+    @property
+    def schema(self) -> str:
+        return self.structure["schema"] if self.structure else self.name.split(".", 1)[0]
+
+    @property
+    def table(self) -> str:
+        return self.structure["name"] if self.structure else self.name.split(".", 1)[1]
+
+
+_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hour|d|day)s?\s*$", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> timedelta:
+    """'90s', '15min', '2h', '1d' or a bare number of seconds."""
+    try:
+        return timedelta(seconds=float(text))
+    except ValueError:
+        pass
+    match = _INTERVAL.match(text)
+    if not match:
+        raise UserError(f"invalid duration {text!r}: use e.g. 30s, 15min, 2h or 1d")
+    value, unit = float(match.group(1)), match.group(2).lower()[0]
+    return timedelta(seconds=value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit])
+
+
+class Source:
+    """A source database with schema replicator installed."""
+
+    def __init__(self, conn: psycopg.Connection, *, check_installed: bool = True) -> None:
+        self.conn = conn
+        if check_installed:
+            require_installed(conn)
+
+    @classmethod
+    def connect(cls, dsn: str | None, **kwargs: Any) -> "Source":
+        return cls(db.connect(dsn, **kwargs))
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Source":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        with db.user_errors():
+            row = self.conn.execute(query, params).fetchone()
+        return row[0] if row else None
+
+    def _rows(self, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        with db.user_errors(), self.conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute(query, params).fetchall()
+
+    # queues -----------------------------------------------------------------
+
+    def create_queue(self, name: str, *, ntables: int = 3, rotation_period: timedelta = timedelta(hours=2)) -> int:
+        return self._call("SELECT replicator.create_queue(%s, %s, %s)", (name, ntables, rotation_period))
+
+    def drop_queue(self, name: str) -> None:
+        self._call("SELECT replicator.drop_queue(%s)", (name,))
+
+    def queues(self) -> list[dict[str, Any]]:
+        return self._rows("SELECT * FROM replicator.queue_info()")
+
+    def queue_id(self, name: str) -> int:
+        return self._call("SELECT (replicator.find_queue(%s)).queue_id", (name,))
+
+    # tables -----------------------------------------------------------------
+
+    def add_table(self, queue: str, table: str, *, mode: str = "full", key: list[str] | None = None,
+                  ignore: list[str] | None = None, where: str | None = None) -> int:
+        return self._call("SELECT replicator.add_table(%s, %s, %s, %s, %s, %s)",
+                          (queue, table, mode, key or None, ignore or [], where))
+
+    def remove_table(self, queue: str, table: str) -> int:
+        return self._call("SELECT replicator.remove_table(%s, %s)", (queue, table))
+
+    def tables(self, queue: str | None = None) -> list[CapturedTable]:
+        if queue is not None:
+            self.queue_id(queue)
+        rows = self._rows("SELECT * FROM replicator.table_info(%s)", (queue,))
+        return [CapturedTable(queue_name=r["queue_name"], table_id=r["table_id"], name=r["table_name"],
+                              mode=r["mode"], key=r["key"], ignore=r["ignore"], row_filter=r["row_filter"],
+                              columns=r["columns"], structure=r["structure"]) for r in rows]
+
+    # ticks and maintenance ----------------------------------------------------
+
+    def tick(self, queue: str | None = None, *, force: bool = False) -> int | None:
+        """One ticker pass: on one queue (returns the new tick id or None) or on all
+        queues (returns the number of ticks)."""
+        if queue is None:
+            return self._call("SELECT replicator.ticker()")
+        return self._call("SELECT replicator.ticker(%s, %s)", (queue, force))
+
+    def maint(self) -> dict[str, list[str]]:
+        """Rotation and tick cleanup on every queue. Each step commits on its own:
+        a switch must be committed before its step 2 runs."""
+        done: dict[str, list[str]] = {}
+        for q in self.queues():
+            name = q["queue_name"]
+            actions = done.setdefault(name, [])
+            with db.user_errors():
+                try:
+                    with self.conn.transaction():
+                        self.conn.execute("SET LOCAL lock_timeout = '5s'")
+                        if self.conn.execute("SELECT replicator.maint_rotate_step1(%s)", (name,)).fetchone()[0]:
+                            actions.append("rotated")
+                except psycopg.errors.LockNotAvailable:
+                    actions.append("rotation postponed: event table busy")
+            if self._call("SELECT replicator.maint_rotate_step2()"):
+                actions.append("switch completed")
+            deleted = self._call("SELECT replicator.maint_tick_cleanup(%s)", (name,))
+            if deleted:
+                actions.append(f"{deleted} old ticks deleted")
+        return done
+
+    def rotation_blockers(self, queue: str) -> list[dict[str, Any]]:
+        return self._rows("SELECT * FROM replicator.rotation_blockers(%s)", (queue,))
+
+    # consumers and batches ----------------------------------------------------
+
+    def register_consumer(self, queue: str, consumer: str) -> int:
+        return self._call("SELECT replicator.register_consumer(%s, %s)", (queue, consumer))
+
+    def unregister_consumer(self, queue: str, consumer: str) -> bool:
+        return self._call("SELECT replicator.unregister_consumer(%s, %s)", (queue, consumer))
+
+    def consumers(self) -> list[dict[str, Any]]:
+        return self._rows("SELECT * FROM replicator.consumer_info()")
+
+    def set_consumer_position(self, queue: str, consumer: str, tick_id: int) -> None:
+        self._call("SELECT replicator.set_consumer_position(%s, %s, %s)", (queue, consumer, tick_id))
+
+    def next_batch(self, queue: str, consumer: str) -> int | None:
+        return self._call("SELECT replicator.next_batch(%s, %s)", (queue, consumer))
+
+    def batch_info(self, batch_id: int) -> BatchInfo:
+        rows = self._rows("SELECT *, prev_snapshot::text AS prev_snap, cur_snapshot::text AS cur_snap"
+                          " FROM replicator.get_batch_info(%s)", (batch_id,))
+        r = rows[0]
+        return BatchInfo(batch_id=batch_id, queue_id=r["queue_id"], queue_name=r["queue_name"],
+                         consumer_name=r["consumer_name"], prev_tick_id=r["prev_tick_id"], tick_id=r["tick_id"],
+                         prev_tick_time=r["prev_tick_time"], tick_time=r["tick_time"],
+                         prev_snapshot=r["prev_snap"], cur_snapshot=r["cur_snap"],
+                         prev_event_seq=r["prev_event_seq"], cur_event_seq=r["cur_event_seq"])
+
+    def batch_event_sql(self, batch_id: int, tables: list[int] | None = None) -> str:
+        return self._call("SELECT replicator.batch_event_sql(%s, %s)", (batch_id, tables))
+
+    def batch_events(self, batch_id: int, tables: list[int] | None = None,
+                     chunk_size: int = 200) -> Iterator[tuple[int, int, datetime, str, int, str | None]]:
+        """The batch's events in ev_id order, streamed through a server-side cursor.
+        ev_data comes as JSON text: decoding it is the consumer's job (events.py)."""
+        query = self.batch_event_sql(batch_id, tables)
+        query = query.replace("ev_data FROM", "ev_data::text FROM", 1)
+        with self.conn.transaction(), self.conn.cursor(name=f"batch_{batch_id}") as cur:
+            cur.itersize = chunk_size
+            cur.execute(query)
+            yield from cur
+
+    def finish_batch(self, batch_id: int) -> bool:
+        return self._call("SELECT replicator.finish_batch(%s)", (batch_id,))
