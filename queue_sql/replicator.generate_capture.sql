@@ -1,29 +1,44 @@
-CREATE OR REPLACE FUNCTION replicator.capture_row_json(p_alias text, p_columns text[])
+CREATE OR REPLACE FUNCTION replicator.capture_row_json(p_alias text, p_columns text[], p_table regclass)
 RETURNS text
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.capture_row_json(p_alias, p_columns)
+-- Function: replicator.capture_row_json(p_alias, p_columns, p_table)
 --
---      SQL expression encoding some columns of a row as a JSON array of
---      values in the given order (the compact row encoding: column names
---      travel once, in the table's structure, not in every event).
+--      SQL expression encoding some columns of a row of p_table as a JSON
+--      array of values in the given order: the compact row encoding (column
+--      names travel once, in the table's structure, not in every event).
+--      Capture triggers, the initial copy and the PK-only join-back all use
+--      it, so a target decodes one format.
+--
+--      Values are JSON scalars as json_build_array renders them, except
+--      json/jsonb, arrays and composites, which travel as their JSON text in
+--      a string, so a target stores PostgreSQL's own rendering unchanged.
 --
 -- Parameters:
 --      p_alias     - range variable the columns belong to
 --      p_columns   - column names, in encoding order
+--      p_table     - the table the columns belong to (for their types)
 --
 -- Returns:
 --      'json_build_array(a."c1", a."c2")'; tables wider than a function's
 --      100 arguments go through VARIADIC json[]
 -- ----------------------------------------------------------------------
+    WITH cols AS (
+        SELECT c.ord,
+               CASE
+                   WHEN bt.typname IN ('json', 'jsonb') THEN format('%I.%I::text', p_alias, c.col)
+                   WHEN bt.typcategory IN ('A', 'C') THEN format('to_json(%I.%I)::text', p_alias, c.col)
+                   ELSE format('%I.%I', p_alias, c.col)
+               END AS expr
+        FROM unnest(p_columns) WITH ORDINALITY AS c(col, ord)
+        LEFT JOIN pg_attribute a ON a.attrelid = p_table AND a.attname = c.col AND NOT a.attisdropped
+        LEFT JOIN pg_type t ON t.oid = a.atttypid
+        LEFT JOIN pg_type bt ON bt.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END)
     SELECT CASE WHEN cardinality(p_columns) <= 100 THEN
-        'json_build_array(' || (
-            SELECT string_agg(quote_ident(p_alias) || '.' || quote_ident(col), ', ' ORDER BY ord)
-            FROM unnest(p_columns) WITH ORDINALITY AS c(col, ord)) || ')'
+        'json_build_array(' || (SELECT string_agg(expr, ', ' ORDER BY ord) FROM cols) || ')'
     ELSE
-        'json_build_array(VARIADIC ARRAY[' || (
-            SELECT string_agg('to_json(' || quote_ident(p_alias) || '.' || quote_ident(col) || ')', ', ' ORDER BY ord)
-            FROM unnest(p_columns) WITH ORDINALITY AS c(col, ord)) || ']::json[])'
+        'json_build_array(VARIADIC ARRAY[' ||
+            (SELECT string_agg('to_json(' || expr || ')', ', ' ORDER BY ord) FROM cols) || ']::json[])'
     END;
 $$;
 
@@ -69,6 +84,7 @@ LANGUAGE plpgsql AS $gen$
 DECLARE
     t replicator.captured_table;
     v_table text;
+    v_oid regclass;
     v_fn text := replicator.capture_function(p_table_id);
     v_tracked text[];
     v_filter text;
@@ -84,14 +100,18 @@ BEGIN
         RAISE EXCEPTION 'captured table % does not exist', p_table_id;
     END IF;
     v_table := quote_ident(t.table_schema) || '.' || quote_ident(t.table_name);
+    v_oid := to_regclass(v_table);
+    IF v_oid IS NULL THEN
+        RAISE EXCEPTION 'table % does not exist', v_table;
+    END IF;
     v_tracked := ARRAY(SELECT c FROM unnest(t.table_columns) c WHERE c <> ALL (t.table_ignore));
     v_filter := coalesce('(' || t.table_where || ')', 'true');
     v_payload_n := replicator.capture_row_json('n',
-        CASE t.table_mode WHEN 'full' THEN v_tracked ELSE t.table_key END);
+        CASE t.table_mode WHEN 'full' THEN v_tracked ELSE t.table_key END, v_oid);
     IF cardinality(t.table_ignore) > 0 THEN
         v_changed := format(' AND %s::text NOT IN (SELECT %s::text FROM old_rows o WHERE %s)',
-                            replicator.capture_row_json('n', v_tracked),
-                            replicator.capture_row_json('o', v_tracked), v_filter);
+                            replicator.capture_row_json('n', v_tracked, v_oid),
+                            replicator.capture_row_json('o', v_tracked, v_oid), v_filter);
     END IF;
     v_keys_o := (SELECT string_agg('o.' || quote_ident(k), ', ') FROM unnest(t.table_key) k);
     v_keys_n := (SELECT string_agg('n.' || quote_ident(k), ', ') FROM unnest(t.table_key) k);
@@ -127,11 +147,11 @@ END;$f$,
             SELECT 'D'::"char", %4$s, row_number() OVER () / 1000
             FROM (SELECT %5$s FROM old_rows o WHERE %2$s
                   EXCEPT SELECT %6$s FROM new_rows n WHERE %2$s) o$q$,
-            v_payload_n, v_filter, v_changed, replicator.capture_row_json('o', t.table_key),
+            v_payload_n, v_filter, v_changed, replicator.capture_row_json('o', t.table_key, v_oid),
             v_keys_o, v_keys_n)),
         format(v_insert, format(
             $q$SELECT 'D'::"char" AS t, %s AS r, row_number() OVER () / 1000 AS g
-            FROM old_rows o WHERE %s$q$, replicator.capture_row_json('o', t.table_key), v_filter)),
+            FROM old_rows o WHERE %s$q$, replicator.capture_row_json('o', t.table_key, v_oid), v_filter)),
         replicator.event_table(t.queue_id), replicator.event_slot_seq(t.queue_id),
         replicator.event_id_seq(t.queue_id), p_table_id);
 
