@@ -1,12 +1,25 @@
-CREATE OR REPLACE FUNCTION replicator.next_batch(p_queue_name text, p_consumer_name text)
+CREATE OR REPLACE FUNCTION replicator.next_batch(
+    p_queue_name text,
+    p_consumer_name text,
+    p_max_events bigint DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.next_batch(p_queue_name, p_consumer_name)
 --
 --      Opens the consumer's next batch: the events between its last tick
---      and the tick after it. A consumer has at most one open batch;
---      asking again returns the same one until replicator.finish_batch().
+--      and a later tick. A consumer has at most one open batch; asking
+--      again returns the same one until replicator.finish_batch().
+--
+--      A batch normally spans one tick. With p_max_events, a consumer that
+--      is behind takes several ticks at once, as many as keep the batch
+--      under p_max_events events (at least one tick): any two ticks bound a
+--      valid batch, and fewer, larger batches cost less per event.
+--
+-- Parameters:
+--      p_queue_name    - queue
+--      p_consumer_name - registered consumer
+--      p_max_events    - merge ticks up to this many events (NULL: one tick)
 --
 -- Returns:
 --      the batch id, or NULL when no tick follows the consumer's position
@@ -19,9 +32,13 @@ BEGIN
     IF c.batch_id IS NOT NULL THEN
         RETURN c.batch_id;
     END IF;
-    SELECT tick_id INTO v_next FROM replicator.tick
-    WHERE tick_queue = c.queue_id AND tick_id > c.last_tick ORDER BY tick_id LIMIT 1;
-    IF NOT FOUND THEN
+    SELECT coalesce(max(t.tick_id) FILTER (WHERE t.tick_event_seq - l.tick_event_seq <= p_max_events),
+                    min(t.tick_id))
+    INTO v_next
+    FROM replicator.tick t
+    JOIN replicator.tick l ON l.tick_queue = c.queue_id AND l.tick_id = c.last_tick
+    WHERE t.tick_queue = c.queue_id AND t.tick_id > c.last_tick;
+    IF v_next IS NULL THEN
         UPDATE replicator.consumer SET active_time = now() WHERE consumer_id = c.consumer_id;
         RETURN NULL;
     END IF;

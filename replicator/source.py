@@ -183,8 +183,8 @@ class Source:
     def set_consumer_position(self, queue: str, consumer: str, tick_id: int) -> None:
         self._call("SELECT replicator.set_consumer_position(%s, %s, %s)", (queue, consumer, tick_id))
 
-    def next_batch(self, queue: str, consumer: str) -> int | None:
-        return self._call("SELECT replicator.next_batch(%s, %s)", (queue, consumer))
+    def next_batch(self, queue: str, consumer: str, max_events: int | None = None) -> int | None:
+        return self._call("SELECT replicator.next_batch(%s, %s, %s)", (queue, consumer, max_events))
 
     def batch_info(self, batch_id: int) -> BatchInfo:
         rows = self._rows("SELECT *, prev_snapshot::text AS prev_snap, cur_snapshot::text AS cur_snap"
