@@ -297,6 +297,43 @@ def maint(ctx: Context, once: bool, interval: float) -> None:
 
 
 @cli.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.option("--target", "target_url", required=True,
+              help="sqlite:PATH, jsonl:PATH, jsonl:- (stdout), tsv:PATH or tsv:-.")
+@click.option("--consumer", "consumer_name", help="Consumer name; default derived from the target.")
+@click.option("--tables", help="Only these tables of the queue (T,...).")
+@click.option("--once", is_flag=True, help="Apply one batch and exit.")
+@click.option("--until-caught-up", is_flag=True, help="Tick, apply everything committed before now, exit.")
+@click.option("--poll-interval", default=0.2, show_default=True, type=float,
+              help="Seconds to wait when no batch is ready.")
+@pass_ctx
+def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str | None, tables: str | None,
+            once: bool, until_caught_up: bool, poll_interval: float) -> None:
+    """Replicate QUEUE into a target, exactly once. Runs as a daemon unless
+    --once or --until-caught-up; SIGTERM/SIGINT finish the current batch and exit 0.
+
+    \b
+    Example:
+        replicator consume main --target sqlite:replica.db
+        replicator consume main --target jsonl:- --until-caught-up
+    """
+    from .consumer import Consumer
+    from .targets import open_target
+
+    if once and until_caught_up:
+        raise UserError("--once and --until-caught-up exclude each other")
+    target = open_target(target_url)
+    consumer = Consumer(db.resolve_dsn(ctx.dsn), queue_name, target, name=consumer_name,
+                        tables=_split(tables) or None, poll_interval=poll_interval)
+    stop = jobs.StopFlag() if once or until_caught_up else jobs.StopFlag().install()
+    try:
+        consumer.run(once=once, until_caught_up=until_caught_up, stop=stop)
+    finally:
+        consumer.close()
+        target.close()
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def status(ctx: Context, as_json: bool) -> None:

@@ -124,6 +124,12 @@ class Source:
         return self._call("SELECT replicator.add_table(%s, %s, %s, %s, %s, %s)",
                           (queue, table, mode, key or None, ignore or [], where))
 
+    def table_ids(self, queue: str) -> list[int]:
+        """Ids of the queue's captured tables: cheap to poll for changes."""
+        return self._call("SELECT coalesce(array_agg(table_id ORDER BY table_id), '{}')"
+                          " FROM replicator.captured_table WHERE queue_id = (replicator.find_queue(%s)).queue_id",
+                          (queue,))
+
     def remove_table(self, queue: str, table: str) -> int:
         return self._call("SELECT replicator.remove_table(%s, %s)", (queue, table))
 
@@ -143,6 +149,10 @@ class Source:
         if queue is None:
             return self._call("SELECT replicator.ticker()")
         return self._call("SELECT replicator.ticker(%s, %s)", (queue, force))
+
+    def latest_tick(self, queue: str) -> int | None:
+        return self._call("SELECT max(tick_id) FROM replicator.tick"
+                          " WHERE tick_queue = (replicator.find_queue(%s)).queue_id", (queue,))
 
     def maint(self) -> dict[str, list[str]]:
         """Rotation and tick cleanup on every queue. Each step commits on its own:

@@ -1,0 +1,301 @@
+"""The consumer loop: fetch a batch, apply it to a target with the position,
+in one target transaction, then finish the batch on the source.
+
+Exactly once: the target's stored position is the truth. On start the
+source consumer is moved to it, so a crash between the target's commit and
+finish_batch() neither loses nor repeats a batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from . import copy as source_copy
+from .errors import UserError
+from .jobs import StopFlag
+from .schema import TableStructure, parse_json
+from .source import CapturedTable, Source
+from .targets import Target, TargetTable
+
+log = logging.getLogger("replicator")
+
+JOIN_BACK_KEYS = 5000
+MAX_BATCH_EVENTS = 20000
+
+
+def default_consumer_name(target: Target) -> str:
+    """A stable name derived from the target: readable prefix, hash of the full description."""
+    digest = hashlib.sha1(target.name.encode()).hexdigest()[:8]
+    scheme, _, where = target.name.partition(":")
+    readable = "stdout" if where == "-" else re.sub(r"[^A-Za-z0-9]+", "_", where.rsplit("/", 1)[-1]).strip("_")[:40]
+    return f"{scheme}_{readable}_{digest}"
+
+
+def txid_visible(txid: int, snapshot: str) -> bool:
+    """txid_visible_in_snapshot() for a 'xmin:xmax:xip,...' snapshot text."""
+    xmin, xmax, xip = snapshot.split(":")
+    if txid < int(xmin):
+        return True
+    if txid >= int(xmax):
+        return False
+    return str(txid) not in xip.split(",")
+
+
+def snapshot_xmin(snapshot: str) -> int:
+    return int(snapshot.split(":")[0])
+
+
+def snapshot_xmax(snapshot: str) -> int:
+    return int(snapshot.split(":")[1])
+
+
+@dataclass
+class BatchStats:
+    batch_id: int
+    tick_id: int
+    events: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _PendingKeys:
+    """PK-only keys collected from events, joined back in chunks."""
+    keys: dict[str, set[tuple[Any, ...]]] = field(default_factory=dict)
+
+    def add(self, table: str, items: Iterable[list[Any]]) -> int:
+        bucket = self.keys.setdefault(table, set())
+        bucket.update(tuple(item) for item in items)
+        return len(bucket)
+
+
+class Consumer:
+    def __init__(self, dsn: str, queue: str, target: Target, *, name: str | None = None,
+                 tables: list[str] | None = None, poll_interval: float = 0.2,
+                 max_batch_events: int = MAX_BATCH_EVENTS) -> None:
+        self.dsn = dsn
+        self.queue = queue
+        self.target = target
+        self.name = name or default_consumer_name(target)
+        self.table_filter = tables
+        self.poll_interval = poll_interval
+        self.max_batch_events = max_batch_events
+        self.source: Source | None = None
+        self._table_ids: list[int] | None = None
+        self._following: dict[int, TargetTable] = {}
+        self._captured: dict[int, CapturedTable] = {}
+
+    # connection and start-up -------------------------------------------------------
+
+    def connect(self) -> Source:
+        from . import db
+        self.source = Source(db.connect(self.dsn, application_name=f"replicator consumer {self.name}"))
+        self.source.queue_id(self.queue)
+        self._table_ids = None
+        last_tick = self.source.register_consumer(self.queue, self.name)
+        position = self.target.position(self.queue, self.name)
+        if position is None:
+            self.target.begin()
+            self.target.set_position(self.queue, self.name, last_tick)
+            self.target.commit()
+            log.info("consumer %s registered on queue %s at tick %s", self.name, self.queue, last_tick)
+        else:
+            self.source.set_consumer_position(self.queue, self.name, position)
+            log.info("consumer %s resumes queue %s at tick %s", self.name, self.queue, position)
+        return self.source
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+            self.source = None
+
+    # tables --------------------------------------------------------------------------
+
+    def _wanted(self, table: CapturedTable) -> bool:
+        if not self.table_filter:
+            return True
+        return any(table.name == f or (("." not in f) and table.name == f"public.{f}") for f in self.table_filter)
+
+    def sync_tables(self) -> None:
+        """Copies tables new to the target; cheap when the queue's tables did not change."""
+        assert self.source is not None
+        ids = self.source.table_ids(self.queue)
+        if ids == self._table_ids:
+            return
+        captured = [t for t in self.source.tables(self.queue) if self._wanted(t)]
+        if self.table_filter:
+            names = {t.name for t in captured}
+            unknown = [f for f in self.table_filter if f not in names and f"public.{f}" not in names]
+            if unknown:
+                raise UserError(f"queue {self.queue!r} does not capture {', '.join(unknown)}")
+        known = self.target.tables()
+        for table in captured:
+            current = known.get(table.name)
+            if current is not None and current.table_id == table.table_id:
+                continue
+            if table.structure is None:
+                continue
+            self.copy_table(table)
+        self._captured = {t.table_id: t for t in captured}
+        self._following = {t.table_id: t for t in self.target.tables().values()
+                           if t.table_id in self._captured and self._captured[t.table_id].name == t.source_name}
+        self._table_ids = ids
+
+    def copy_table(self, table: CapturedTable) -> None:
+        """Initial copy in a REPEATABLE READ snapshot, in one target transaction."""
+        assert table.structure is not None
+        structure = TableStructure.from_source(table.structure, table.columns, table.key)
+        started = time.monotonic()
+        rows = 0
+        with source_copy.SnapshotCopy(self.dsn, table, structure) as snap:
+            target_table = TargetTable(source_name=table.name, table_id=table.table_id, mode=table.mode,
+                                       structure=structure, copy_snapshot=snap.snapshot)
+            self.target.begin()
+            try:
+                self.target.create_table(target_table)
+                with source_copy.copy_progress() as progress:
+                    task = progress.add_task(f"copy {table.name}", total=snap.estimated_rows or None)
+                    for chunk in snap.chunks():
+                        self.target.upsert(target_table, "R", chunk)
+                        rows += len(chunk)
+                        progress.update(task, completed=rows)
+                    progress.update(task, total=rows, completed=rows)
+                self.target.commit()
+            except BaseException:
+                self.target.rollback()
+                raise
+        log.info("copied %s: %d rows in %.1fs", table.name, rows, time.monotonic() - started)
+
+    # batches ---------------------------------------------------------------------------
+
+    def step(self) -> BatchStats | None:
+        """Applies the next batch, if there is one."""
+        assert self.source is not None
+        self.sync_tables()
+        batch_id = self.source.next_batch(self.queue, self.name, self.max_batch_events)
+        if batch_id is None:
+            return None
+        started = time.monotonic()
+        info = self.source.batch_info(batch_id)
+        stats = BatchStats(batch_id=batch_id, tick_id=info.tick_id)
+        self.target.begin()
+        try:
+            self._apply_events(batch_id, stats)
+            for table in self._following.values():
+                if table.copy_snapshot and snapshot_xmin(info.cur_snapshot) >= snapshot_xmax(table.copy_snapshot):
+                    table.copy_snapshot = None
+                    self.target.save_table(table)
+            self.target.set_position(self.queue, self.name, info.tick_id)
+            self.target.commit()
+        except BaseException:
+            self.target.rollback()
+            self._table_ids = None  # reload table state (copy snapshots) from the target
+            raise
+        self.source.finish_batch(batch_id)
+        stats.seconds = time.monotonic() - started
+        log.debug("batch %s (tick %s): %d events, %d rows in %.3fs",
+                  batch_id, info.tick_id, stats.events, stats.rows, stats.seconds)
+        return stats
+
+    def _apply_events(self, batch_id: int, stats: BatchStats) -> None:
+        assert self.source is not None
+        following = self._following
+        pending = _PendingKeys()
+        decoders = {tid: (t.structure.row_decoders(), t.structure.key_decoders()) for tid, t in following.items()}
+        for _ev_id, txid, _time, ev_type, table_id, data in self.source.batch_events(batch_id, list(following)):
+            table = following.get(table_id)
+            if table is None or (table.copy_snapshot and txid_visible(txid, table.copy_snapshot)):
+                continue
+            stats.events += 1
+            if ev_type == "T":
+                self._join_back(table, pending, stats)
+                self.target.truncate(table)
+                continue
+            items = parse_json(data)
+            stats.rows += len(items)
+            if table.mode == "pk":
+                if pending.add(table.source_name, items) >= JOIN_BACK_KEYS:
+                    self._join_back(table, pending, stats)
+                continue
+            row_decoders, key_decoders = decoders[table_id]
+            if ev_type in ("I", "U"):
+                self.target.upsert(table, ev_type, [tuple(d(v) for d, v in zip(row_decoders, item))
+                                                    for item in items])
+            elif ev_type == "D":
+                self.target.delete(table, [tuple(d(v) for d, v in zip(key_decoders, item)) for item in items])
+            else:
+                raise UserError(f"event {_ev_id} of batch {batch_id} has type {ev_type!r}, which this "
+                                f"version of replicator cannot apply: upgrade the consumer")
+        for table in following.values():
+            self._join_back(table, pending, stats)
+
+    def _join_back(self, table: TargetTable, pending: _PendingKeys, stats: BatchStats) -> None:
+        """Applies the current source rows of the table's pending keys: upsert
+        the rows found, delete the keys not found."""
+        assert self.source is not None
+        keys = pending.keys.pop(table.source_name, None)
+        if not keys:
+            return
+        key_list = list(keys)
+        rows = source_copy.fetch_current_rows(self.source.conn, self._captured[table.table_id],
+                                              table.structure, key_list)
+        positions = table.structure.key_positions()
+        found = {tuple(row[i] for i in positions) for row in rows}
+        key_decoders = table.structure.key_decoders()
+        missing = [k for k in (tuple(d(v) for d, v in zip(key_decoders, key)) for key in key_list) if k not in found]
+        self.target.upsert(table, "U", rows)
+        self.target.delete(table, missing)
+
+    # running -----------------------------------------------------------------------------
+
+    def run(self, *, once: bool = False, until_caught_up: bool = False, stop: StopFlag | None = None) -> int:
+        """Runs until stopped (daemon), for one batch (once) or until every
+        transaction committed before the call is applied (until_caught_up).
+        Reconnects with backoff when the source goes away. Returns the number
+        of batches applied."""
+        stop = stop or StopFlag()
+        goal: int | None = None
+        applied = 0
+        backoff = 0.5
+        while not stop.is_set:
+            try:
+                if self.source is None:
+                    self.connect()
+                    backoff = 0.5
+                if until_caught_up and goal is None:
+                    goal = self._forced_tick()
+                stats = self.step()
+                if stats is not None:
+                    applied += 1
+                if once:
+                    return applied
+                if until_caught_up:
+                    position = self.target.position(self.queue, self.name)
+                    if position is not None and goal is not None and position >= goal:
+                        return applied
+                if stats is None:
+                    stop.wait(self.poll_interval)
+            except psycopg.OperationalError as exc:
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                log.warning("source unavailable (%s); reconnecting in %.1fs", reason, backoff)
+                self.close()
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 15.0)
+        return applied
+
+    def _forced_tick(self) -> int:
+        """A tick taken now: another ticker holding the queue only delays it."""
+        assert self.source is not None
+        while True:
+            tick = self.source.tick(self.queue, force=True)
+            if tick is not None:
+                return tick
+            time.sleep(0.01)

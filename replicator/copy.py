@@ -1,0 +1,113 @@
+"""Reading current rows from the source: the initial copy of a table and the
+PK-only join-back.
+
+Both read rows in the capture encoding (replicator.capture_row_json), so a
+target decodes copied, joined-back and queued rows with the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from .schema import Decoder, TableStructure, parse_json
+from .source import CapturedTable
+
+COPY_CHUNK_ROWS = 5000
+
+
+def _table_ident(table: CapturedTable) -> sql.Composable:
+    return sql.Identifier(table.schema, table.table)
+
+
+def _row_expr(conn: psycopg.Connection, table: CapturedTable, columns: Sequence[str]) -> sql.Composable:
+    expr = conn.execute("SELECT replicator.capture_row_json('t', %s, %s::regclass)",
+                        (list(columns), _table_ident(table).as_string(conn))).fetchone()[0]
+    return sql.SQL(expr)
+
+
+def _filter(table: CapturedTable) -> sql.Composable:
+    return sql.SQL("({})").format(sql.SQL(table.row_filter)) if table.row_filter else sql.SQL("true")
+
+
+def decode_rows(texts: Iterable[str], decoders: Sequence[Decoder]) -> list[tuple[Any, ...]]:
+    return [tuple(d(v) for d, v in zip(decoders, parse_json(text))) for text in texts]
+
+
+class SnapshotCopy:
+    """A table's rows as of one REPEATABLE READ snapshot of the source.
+
+    ``snapshot`` (txid_snapshot text) is known once the object is entered: events
+    of transactions visible in it are already in the copy and must be skipped.
+    """
+
+    def __init__(self, dsn: str, table: CapturedTable, structure: TableStructure) -> None:
+        self.dsn = dsn
+        self.table = table
+        self.structure = structure
+        self.snapshot = ""
+        self.estimated_rows = 0
+
+    def __enter__(self) -> "SnapshotCopy":
+        self.conn = psycopg.connect(self.dsn, application_name="replicator copy")
+        self.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        self.conn.read_only = True
+        # The first statement fixes the transaction's snapshot: this is it.
+        self.snapshot = self.conn.execute("SELECT txid_current_snapshot()::text").fetchone()[0]
+        self.estimated_rows = max(0, int(self.conn.execute(
+            "SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
+            (_table_ident(self.table).as_string(self.conn),)).fetchone()[0]))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.conn.rollback()
+        self.conn.close()
+
+    def chunks(self) -> Iterator[list[tuple[Any, ...]]]:
+        """Decoded rows, COPY_CHUNK_ROWS at a time, streamed with binary COPY."""
+        query = sql.SQL("COPY (SELECT {expr}::text FROM {table} t WHERE {filter}) TO STDOUT (FORMAT binary)").format(
+            expr=_row_expr(self.conn, self.table, self.structure.column_names),
+            table=_table_ident(self.table), filter=_filter(self.table))
+        decoders = self.structure.row_decoders()
+        with self.conn.cursor() as cur, cur.copy(query) as copy:
+            copy.set_types(["text"])
+            texts: list[str] = []
+            for (text,) in copy.rows():
+                texts.append(text)
+                if len(texts) >= COPY_CHUNK_ROWS:
+                    yield decode_rows(texts, decoders)
+                    texts = []
+            if texts:
+                yield decode_rows(texts, decoders)
+
+
+def copy_progress() -> Progress:
+    """A progress bar on stderr; silent when stderr is not a terminal."""
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeRemainingColumn(), console=Console(stderr=True), transient=False,
+                    disable=not sys.stderr.isatty())
+
+
+def fetch_current_rows(conn: psycopg.Connection, table: CapturedTable, structure: TableStructure,
+                       keys: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+    """The PK-only join-back: current rows of the given keys (as found in
+    events: JSON values in key order), in one query. Keys whose row is gone,
+    or outside the table's row filter, are simply not returned."""
+    key_columns = structure.key_columns()
+    record = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type))
+                                for c in key_columns)
+    join = sql.SQL(" AND ").join(sql.SQL("t.{0} = k.{0}").format(sql.Identifier(c.name)) for c in key_columns)
+    query = sql.SQL("SELECT {expr}::text FROM {table} t"
+                    " JOIN jsonb_to_recordset(%s::jsonb) AS k({record}) ON {join} WHERE {filter}").format(
+        expr=_row_expr(conn, table, structure.column_names), table=_table_ident(table),
+        record=record, join=join, filter=_filter(table))
+    payload = json.dumps([dict(zip(structure.key, key)) for key in keys])
+    texts = [row[0] for row in conn.execute(query, (payload,))]
+    return decode_rows(texts, structure.row_decoders())

@@ -1,0 +1,65 @@
+"""Targets a consumer applies changes to, behind one small protocol.
+
+A target holds the replica and, for exactly-once delivery, the consumer's
+position, written in the same transaction as the rows it covers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import UserError
+from ..schema import TableStructure
+
+Row = Sequence[Any]
+
+
+@dataclass
+class TargetTable:
+    """What a target knows of a replicated table."""
+    source_name: str             # schema.table in the source
+    table_id: int                # captured table id in the queue
+    mode: str                    # 'full' or 'pk'
+    structure: TableStructure
+    copy_snapshot: str | None    # events visible in it are already in the copy
+
+
+class Target(Protocol):
+    """Every method after begin() runs in the target's open transaction."""
+
+    name: str            # a stable description, the default consumer name derives from it
+    exactly_once: bool   # whether position and rows commit atomically
+
+    def position(self, queue: str, consumer: str) -> int | None: ...
+    def tables(self) -> dict[str, TargetTable]: ...
+
+    def begin(self) -> None: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+    def close(self) -> None: ...
+
+    def set_position(self, queue: str, consumer: str, tick_id: int) -> None: ...
+    def create_table(self, table: TargetTable) -> None: ...
+    def save_table(self, table: TargetTable) -> None: ...
+    def drop_table(self, table: TargetTable) -> None: ...
+
+    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None: ...
+    def delete(self, table: TargetTable, keys: Iterable[Row]) -> None: ...
+    def truncate(self, table: TargetTable) -> None: ...
+
+
+def open_target(url: str) -> Target:
+    """sqlite:PATH, jsonl:-, jsonl:PATH, tsv:-, tsv:PATH."""
+    scheme, sep, rest = url.partition(":")
+    if not sep or not rest:
+        raise UserError(f"invalid target {url!r}: use sqlite:PATH, jsonl:PATH|- or tsv:PATH|-")
+    if scheme == "sqlite":
+        from .sqlite import SqliteTarget
+        return SqliteTarget(Path(rest))
+    if scheme in ("jsonl", "tsv"):
+        from .stream import StreamTarget
+        return StreamTarget(rest, scheme)
+    raise UserError(f"unknown target scheme {scheme!r}: use sqlite:, jsonl: or tsv:")

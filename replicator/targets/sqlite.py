@@ -1,0 +1,130 @@
+"""SQLite target: the embedded default.
+
+The replica is a SQLite file in WAL mode, so readers are never blocked and
+never see part of a batch. The consumer position and the list of replicated
+tables live in two tables of the same file, written in the same transaction
+as the rows: a crash at any point leaves the file at a batch boundary.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..errors import UserError
+from ..schema import TableStructure, sqlite_type, target_table_name
+from . import Row, TargetTable
+
+_STATE = "_replicator_position"
+_TABLES = "_replicator_tables"
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class SqliteTarget:
+    exactly_once = True
+
+    def __init__(self, path: Path) -> None:
+        self.path = path.expanduser().resolve()
+        self.name = f"sqlite:{self.path}"
+        if not self.path.parent.is_dir():
+            raise UserError(f"cannot create {self.path}: directory {self.path.parent} does not exist")
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode = WAL")
+            self.db.execute("PRAGMA synchronous = NORMAL")
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS {_STATE} (queue TEXT, consumer TEXT, last_tick INTEGER,"
+                            " PRIMARY KEY (queue, consumer))")
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS {_TABLES} (source_name TEXT PRIMARY KEY,"
+                            " table_id INTEGER, mode TEXT, structure TEXT, copy_snapshot TEXT)")
+        except sqlite3.Error as exc:
+            raise UserError(f"cannot use {self.path} as a SQLite target: {exc}") from None
+        self._statements: dict[tuple[str, str], str] = {}
+
+    # state ---------------------------------------------------------------------
+
+    def position(self, queue: str, consumer: str) -> int | None:
+        row = self.db.execute(f"SELECT last_tick FROM {_STATE} WHERE queue = ? AND consumer = ?",
+                              (queue, consumer)).fetchone()
+        return row[0] if row else None
+
+    def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
+        self.db.execute(f"INSERT OR REPLACE INTO {_STATE} (queue, consumer, last_tick) VALUES (?, ?, ?)",
+                        (queue, consumer, tick_id))
+
+    def tables(self) -> dict[str, TargetTable]:
+        return {name: TargetTable(source_name=name, table_id=table_id, mode=mode,
+                                  structure=TableStructure.from_json(structure), copy_snapshot=snapshot)
+                for name, table_id, mode, structure, snapshot in self.db.execute(
+                    f"SELECT source_name, table_id, mode, structure, copy_snapshot FROM {_TABLES}")}
+
+    def save_table(self, table: TargetTable) -> None:
+        self.db.execute(f"INSERT OR REPLACE INTO {_TABLES} VALUES (?, ?, ?, ?, ?)",
+                        (table.source_name, table.table_id, table.mode, table.structure.to_json(),
+                         table.copy_snapshot))
+
+    # transactions ----------------------------------------------------------------
+
+    def begin(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        self.db.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # tables ------------------------------------------------------------------------
+
+    @staticmethod
+    def table_name(table: TargetTable) -> str:
+        return target_table_name(table.structure.schema, table.structure.name)
+
+    def create_table(self, table: TargetTable) -> None:
+        """(Re)creates the replica table, empty, and records it."""
+        s = table.structure
+        name = quote(self.table_name(table))
+        columns = [f"{quote(c.name)} {sqlite_type(c)}" for c in s.columns]
+        self.db.execute(f"DROP TABLE IF EXISTS {name}")
+        self.db.execute(f"CREATE TABLE {name} ({', '.join(columns)}, "
+                        f"PRIMARY KEY ({', '.join(quote(k) for k in s.key)}))")
+        self._statements.clear()
+        self.save_table(table)
+
+    def drop_table(self, table: TargetTable) -> None:
+        self.db.execute(f"DROP TABLE IF EXISTS {quote(self.table_name(table))}")
+        self.db.execute(f"DELETE FROM {_TABLES} WHERE source_name = ?", (table.source_name,))
+        self._statements.clear()
+
+    # changes -----------------------------------------------------------------------
+
+    def _statement(self, table: TargetTable, kind: str) -> str:
+        cached = self._statements.get((table.source_name, kind))
+        if cached:
+            return cached
+        s = table.structure
+        name = quote(self.table_name(table))
+        if kind == "upsert":
+            stmt = (f"INSERT OR REPLACE INTO {name} ({', '.join(quote(c) for c in s.column_names)}) "
+                    f"VALUES ({', '.join('?' for _ in s.columns)})")
+        else:
+            # IS matches NULL keys too (a --key column may be nullable) and still uses the index.
+            stmt = f"DELETE FROM {name} WHERE " + " AND ".join(f"{quote(k)} IS ?" for k in s.key)
+        self._statements[(table.source_name, kind)] = stmt
+        return stmt
+
+    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+        self.db.executemany(self._statement(table, "upsert"), rows)
+
+    def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
+        self.db.executemany(self._statement(table, "delete"), keys)
+
+    def truncate(self, table: TargetTable) -> None:
+        self.db.execute(f"DELETE FROM {quote(self.table_name(table))}")

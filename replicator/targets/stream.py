@@ -1,0 +1,149 @@
+"""Stream target: one line per change, as JSON (jsonl) or tab-separated
+key/value pairs (tsv), to stdout or a file.
+
+A file stream is exactly-once: on commit the file is flushed and synced,
+then a sidecar file ``PATH.position`` records the position and the file's
+length; on start the file is cut back to that length, so lines of a batch
+that was not committed are written again once, never twice. On stdout the
+position lives only in the source (at least once: a crash may repeat the
+last batch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..errors import UserError
+from ..schema import TableStructure
+from . import Row, TargetTable
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return "\\x" + value.hex()
+    return value
+
+
+def _tsv_escape(value: Any) -> str:
+    if value is None:
+        return "\\N"
+    if isinstance(value, bytes):
+        value = "\\x" + value.hex()
+    return (str(value).replace("\\", "\\\\").replace("\t", "\\t")
+            .replace("\n", "\\n").replace("\r", "\\r"))
+
+
+class StreamTarget:
+    def __init__(self, where: str, fmt: str) -> None:
+        self.format = fmt
+        self.name = f"{fmt}:{where}"
+        self._tables: dict[str, TargetTable] = {}
+        self._state: dict[str, Any] = {"positions": {}, "tables": {}, "length": 0}
+        if where == "-":
+            self.exactly_once = False
+            self.path: Path | None = None
+            self.out: TextIO = sys.stdout
+        else:
+            self.exactly_once = True
+            self.path = Path(where).expanduser().resolve()
+            self.name = f"{fmt}:{self.path}"
+            self._state_path = self.path.with_name(self.path.name + ".position")
+            try:
+                if self._state_path.exists():
+                    self._state = json.loads(self._state_path.read_text())
+                self.out = open(self.path, "a+", encoding="utf-8")
+                self.out.truncate(self._state["length"])
+                self.out.seek(self._state["length"])
+            except OSError as exc:
+                raise UserError(f"cannot write {self.path}: {exc.strerror}") from None
+        self._tables = {name: TargetTable(source_name=name, table_id=t["table_id"], mode=t["mode"],
+                                          structure=TableStructure.from_json(t["structure"]),
+                                          copy_snapshot=t["copy_snapshot"])
+                        for name, t in self._state["tables"].items()}
+
+    # state -----------------------------------------------------------------------
+
+    def position(self, queue: str, consumer: str) -> int | None:
+        return self._state["positions"].get(f"{queue}/{consumer}")
+
+    def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
+        self._state["positions"][f"{queue}/{consumer}"] = tick_id
+
+    def tables(self) -> dict[str, TargetTable]:
+        return dict(self._tables)
+
+    def save_table(self, table: TargetTable) -> None:
+        self._tables[table.source_name] = table
+
+    # transactions ------------------------------------------------------------------
+
+    def begin(self) -> None:
+        pass
+
+    def commit(self) -> None:
+        self.out.flush()
+        if self.path is None:
+            return
+        os.fsync(self.out.fileno())
+        self._state["length"] = self.out.tell()
+        self._state["tables"] = {name: {"table_id": t.table_id, "mode": t.mode,
+                                        "structure": t.structure.to_json(), "copy_snapshot": t.copy_snapshot}
+                                 for name, t in self._tables.items()}
+        tmp = self._state_path.with_name(self._state_path.name + ".tmp")
+        tmp.write_text(json.dumps(self._state))
+        os.replace(tmp, self._state_path)
+
+    def rollback(self) -> None:
+        if self.path is not None:
+            self.out.truncate(self._state["length"])
+            self.out.seek(self._state["length"])
+            self._tables = {name: t for name, t in self._tables.items() if name in self._state["tables"]}
+
+    def close(self) -> None:
+        if self.path is not None:
+            self.out.close()
+
+    # tables ------------------------------------------------------------------------
+
+    def create_table(self, table: TargetTable) -> None:
+        self.save_table(table)
+
+    def drop_table(self, table: TargetTable) -> None:
+        self._tables.pop(table.source_name, None)
+
+    # changes -------------------------------------------------------------------------
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.format == "jsonl":
+            self.out.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
+            return
+        pairs = []
+        for field, value in record.items():
+            if isinstance(value, dict):
+                pairs.extend((f"{field}.{k}", v) for k, v in value.items())
+            else:
+                pairs.append((field, value))
+        self.out.write("\t".join(f"{_tsv_escape(k)}\t{_tsv_escape(v)}" for k, v in pairs) + "\n")
+
+    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+        names = table.structure.column_names
+        key_positions = table.structure.key_positions()
+        for row in rows:
+            values = [_json_value(v) for v in row] if self.format == "jsonl" else list(row)
+            self._write({"op": op, "table": table.source_name,
+                         "key": {names[i]: values[i] for i in key_positions},
+                         "row": dict(zip(names, values))})
+
+    def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
+        key = table.structure.key
+        for values in keys:
+            vals = [_json_value(v) for v in values] if self.format == "jsonl" else list(values)
+            self._write({"op": "D", "table": table.source_name, "key": dict(zip(key, vals))})
+
+    def truncate(self, table: TargetTable) -> None:
+        self._write({"op": "T", "table": table.source_name})
