@@ -1,0 +1,227 @@
+"""The demo: a throwaway PostgreSQL, a live flight-tracking workload, replication
+into SQLite by the real `replicator` daemons, and a side-by-side comparison.
+
+Run it through bin/demo, which sets up the environment first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from replicator.pgserver import PgServer
+
+ROOT = Path(__file__).resolve().parent.parent
+REPLICATOR = str(Path(sys.executable).with_name("replicator"))
+console = Console()
+
+SCHEMA = """
+CREATE TABLE airport (
+    code        text PRIMARY KEY,
+    name        text NOT NULL,
+    city        text NOT NULL
+);
+CREATE TABLE flight (
+    flight_id   bigint PRIMARY KEY,
+    callsign    text NOT NULL,
+    origin      text NOT NULL REFERENCES airport,
+    destination text NOT NULL REFERENCES airport,
+    status      text NOT NULL DEFAULT 'scheduled',
+    departed_at timestamptz,
+    fare        numeric(10, 2)
+);
+CREATE TABLE position_report (
+    flight_id   bigint NOT NULL REFERENCES flight ON DELETE CASCADE,
+    reported_at timestamptz NOT NULL,
+    lat         double precision NOT NULL,
+    lon         double precision NOT NULL,
+    altitude_ft integer NOT NULL,
+    PRIMARY KEY (flight_id, reported_at)
+);
+"""
+
+AIRPORTS = [("CDG", "Charles de Gaulle", "Paris"), ("FRA", "Frankfurt", "Frankfurt"),
+            ("AMS", "Schiphol", "Amsterdam"), ("MAD", "Barajas", "Madrid"),
+            ("FCO", "Fiumicino", "Rome"), ("LHR", "Heathrow", "London")]
+
+LATEST_POSITIONS = """
+SELECT f.callsign, f.origin || '→' || f.destination AS route, f.status,
+       p.altitude_ft, round(p.lat, 3) AS lat, round(p.lon, 3) AS lon, p.reported_at
+FROM flight f
+JOIN position_report p ON p.flight_id = f.flight_id
+WHERE p.reported_at = (SELECT max(reported_at) FROM position_report q WHERE q.flight_id = f.flight_id)
+  AND f.status = 'airborne'
+ORDER BY p.altitude_ft DESC
+LIMIT 8
+"""
+
+
+def run_cli(dsn: str, *args: str) -> None:
+    subprocess.run([REPLICATOR, "--dsn", dsn, *args], check=True)
+
+
+def workload_step(conn: psycopg.Connection, rng: random.Random, next_id: list[int]) -> None:
+    """One transaction of the flight tracker: schedule, depart, report, land."""
+    with conn.transaction():
+        action = rng.random()
+        if action < 0.15:
+            origin, destination = rng.sample([a[0] for a in AIRPORTS], 2)
+            conn.execute("INSERT INTO flight (flight_id, callsign, origin, destination, fare)"
+                         " VALUES (%s, %s, %s, %s, %s)",
+                         (next_id[0], f"RP{next_id[0]:04d}", origin, destination, round(rng.uniform(49, 899), 2)))
+            next_id[0] += 1
+        elif action < 0.30:
+            conn.execute("UPDATE flight SET status = 'airborne', departed_at = now()"
+                         " WHERE flight_id = (SELECT flight_id FROM flight WHERE status = 'scheduled'"
+                         " ORDER BY random() LIMIT 1)")
+        elif action < 0.38:
+            # Landed flights leave the cache: their reports go with them (ON DELETE CASCADE).
+            conn.execute("DELETE FROM flight WHERE flight_id = (SELECT flight_id FROM flight"
+                         " WHERE status = 'airborne' ORDER BY departed_at LIMIT 1)"
+                         " AND (SELECT count(*) FROM flight WHERE status = 'airborne') > 12")
+        else:
+            # Five airborne flights report: climbing to cruise, drifting along a random track.
+            conn.execute("""
+                INSERT INTO position_report (flight_id, reported_at, lat, lon, altitude_ft)
+                SELECT f.flight_id, clock_timestamp(), 40 + random() * 15, -5 + random() * 20,
+                       least(37000, 1500 + extract(epoch FROM clock_timestamp() - f.departed_at) * 3000)::int
+                FROM (SELECT flight_id, departed_at FROM flight WHERE status = 'airborne'
+                      ORDER BY random() LIMIT 5) f""")
+
+
+def counts_sqlite(path: Path) -> dict[str, int]:
+    if not path.exists():
+        return {}
+    with sqlite3.connect(path) as db:
+        names = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"
+                                          " AND name NOT LIKE '\\_replicator%' ESCAPE '\\'")]
+        return {n: db.execute(f'SELECT count(*) FROM "{n}"').fetchone()[0] for n in names}
+
+
+def counts_pg(conn: psycopg.Connection) -> dict[str, int]:
+    return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            for t in ("airport", "flight", "position_report")}
+
+
+def live_table(pg: dict[str, int], lite: dict[str, int], elapsed: float, seconds: float) -> Table:
+    table = Table(title=f"replicating… {elapsed:4.1f}s / {seconds:.0f}s", title_justify="left")
+    table.add_column("table")
+    table.add_column("source rows", justify="right")
+    table.add_column("replica rows", justify="right")
+    for name, n in pg.items():
+        table.add_row(name, str(n), str(lite.get(name, "—")))
+    return table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seconds", type=float, default=15.0, help="how long the workload runs")
+    parser.add_argument("--dir", type=Path, default=ROOT / "demo-data", help="where the cluster and replica go")
+    args = parser.parse_args()
+    args.dir.mkdir(parents=True, exist_ok=True)
+    replica = args.dir / "replica.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(replica) + suffix).unlink(missing_ok=True)
+
+    server = None
+    dsn = os.environ.get("REPLICATOR_DSN")
+    if not dsn:
+        console.print("[bold]1.[/] starting a throwaway PostgreSQL in", args.dir / "pg")
+        server = PgServer(args.dir / "pg")
+        if server.is_running():
+            server.stop("immediate")
+        shutil.rmtree(args.dir / "pg", ignore_errors=True)
+        server = PgServer(args.dir / "pg").init().start()
+        dsn = server.dsn
+    daemons: list[subprocess.Popen[bytes]] = []
+    try:
+        conn = psycopg.connect(dsn, autocommit=True)
+        conn.execute("DROP TABLE IF EXISTS position_report, flight, airport")
+        conn.execute(SCHEMA)
+        conn.cursor().executemany("INSERT INTO airport VALUES (%s, %s, %s)", AIRPORTS)
+
+        console.print("[bold]2.[/] installing replicator and capturing the tables")
+        run_cli(dsn, "uninstall", "--yes")
+        run_cli(dsn, "install")
+        run_cli(dsn, "queue", "create", "flights")
+        run_cli(dsn, "table", "add", "flights", "airport", "flight")
+        run_cli(dsn, "table", "add", "flights", "position_report", "--mode", "pk")
+
+        console.print("[bold]3.[/] starting the ticker and the SQLite consumer daemons")
+        conn.execute("UPDATE replicator.queue SET queue_ticker_max_lag = '100 ms'")
+        log = open(args.dir / "daemons.log", "w")
+        daemons.append(subprocess.Popen([REPLICATOR, "--dsn", dsn, "ticker", "--interval", "0.1"],
+                                        stdout=log, stderr=log))
+        daemons.append(subprocess.Popen([REPLICATOR, "--dsn", dsn, "consume", "flights",
+                                         "--target", f"sqlite:{replica}"], stdout=log, stderr=log))
+
+        console.print(f"[bold]4.[/] running a flight-tracking workload for {args.seconds:.0f}s")
+        rng = random.Random(7)
+        next_id = [1]
+        started = time.monotonic()
+        transactions = 0
+        with Live(console=console, refresh_per_second=4) as live:
+            while (elapsed := time.monotonic() - started) < args.seconds:
+                workload_step(conn, rng, next_id)
+                transactions += 1
+                if transactions % 50 == 0:
+                    live.update(live_table(counts_pg(conn), counts_sqlite(replica), elapsed, args.seconds))
+
+        console.print(f"[bold]5.[/] {transactions} transactions written; letting the replica catch up")
+        subprocess.run([REPLICATOR, "--dsn", dsn, "consume", "flights", "--target", f"sqlite:{replica}",
+                        "--until-caught-up"], check=True, stderr=subprocess.DEVNULL)
+        for daemon in daemons:
+            daemon.send_signal(signal.SIGTERM)
+        for daemon in daemons:
+            daemon.wait(timeout=30)
+
+        show_result(conn, replica)
+        console.print(f"\nThe replica stays in [bold]{replica}[/]; open it with: sqlite3 {replica}")
+        return 0
+    finally:
+        for daemon in daemons:
+            if daemon.poll() is None:
+                daemon.kill()
+        if server is not None:
+            server.stop()
+
+
+def show_result(conn: psycopg.Connection, replica: Path) -> None:
+    table = Table(title="source PostgreSQL vs SQLite replica", title_justify="left")
+    for column in ("table", "source rows", "replica rows", "same keys"):
+        table.add_column(column)
+    lite = sqlite3.connect(replica)
+    for name, key in (("airport", "code"), ("flight", "flight_id"), ("position_report", "flight_id, reported_at")):
+        source_rows = conn.execute(f"SELECT count(*), md5(coalesce(string_agg({key.split(',')[0]}::text, ','"
+                                   f" ORDER BY {key}), '')) FROM {name}").fetchone()
+        replica_keys = [str(r[0]) for r in lite.execute(f"SELECT {key.split(',')[0]} FROM {name} ORDER BY {key}")]
+        same = hashlib.md5(",".join(replica_keys).encode()).hexdigest() == source_rows[1]
+        table.add_row(name, str(source_rows[0]), str(len(replica_keys)), "[green]yes[/]" if same else "[red]NO[/]")
+    console.print(table)
+
+    answer = Table(title="answered from the replica: airborne flights, latest position, highest first",
+                   title_justify="left")
+    cursor = lite.execute(LATEST_POSITIONS)
+    for column in cursor.description:
+        answer.add_column(column[0])
+    for row in cursor:
+        answer.add_row(*(str(v) for v in row))
+    console.print(answer)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
