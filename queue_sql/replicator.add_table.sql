@@ -4,7 +4,8 @@ CREATE OR REPLACE FUNCTION replicator.add_table(
     p_mode text DEFAULT 'full',
     p_key text[] DEFAULT NULL,
     p_ignore text[] DEFAULT '{}',
-    p_where text DEFAULT NULL)
+    p_where text DEFAULT NULL,
+    p_auto_key boolean DEFAULT false)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
@@ -21,6 +22,10 @@ LANGUAGE plpgsql AS $$
 --      p_key        - key columns; NULL means the primary key
 --      p_ignore     - columns not captured; an update touching only them queues nothing
 --      p_where      - SQL condition over the row's columns; rows outside are not queued
+--      p_auto_key   - for a table without primary key or p_key, use every column
+--                     that has an equality operator as the key (set semantics);
+--                     used for tables created in a followed schema, whose primary
+--                     key, if added later, replaces it
 --
 -- Returns:
 --      the captured table id; adding a table twice to a queue is an error
@@ -69,6 +74,9 @@ BEGIN
                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
                   WHERE i.indrelid = v_oid AND i.indisprimary ORDER BY k.ord);
     v_key := coalesce(nullif(p_key, '{}'), nullif(v_pk, '{}'));
+    IF v_key IS NULL AND p_auto_key THEN
+        v_key := nullif(replicator.comparable_columns(v_oid), '{}');
+    END IF;
     IF v_key IS NULL THEN
         RAISE EXCEPTION 'table %.% has no primary key: give the key columns with --key COL,...', v_schema, v_name;
     END IF;
@@ -95,11 +103,42 @@ BEGIN
         END;
     END IF;
 
+    IF p_mode = 'pk' AND EXISTS (SELECT 1 FROM pg_attribute
+                                 WHERE attrelid = v_oid AND attname = ANY (v_key) AND NOT attnotnull) THEN
+        RAISE EXCEPTION 'table %.%: pk mode needs NOT NULL key columns (the consumer joins back on them)',
+            v_schema, v_name;
+    END IF;
+
     INSERT INTO replicator.captured_table
-        (queue_id, table_schema, table_name, table_mode, table_key, key_is_pk, table_ignore, table_where, table_columns)
-    VALUES (q.queue_id, v_schema, v_name, p_mode, v_key, v_key = v_pk, coalesce(p_ignore, '{}'), p_where, v_columns)
+        (queue_id, table_schema, table_name, table_mode, table_key, key_is_pk, key_is_auto,
+         table_ignore, table_where, table_columns, table_oid, table_structure)
+    VALUES (q.queue_id, v_schema, v_name, p_mode, v_key, v_key = v_pk,
+            p_auto_key AND nullif(p_key, '{}') IS NULL AND nullif(v_pk, '{}') IS NULL,
+            coalesce(p_ignore, '{}'), p_where, v_columns, v_oid, replicator.table_structure(v_oid, v_key))
     RETURNING table_id INTO v_id;
     PERFORM replicator.generate_capture(v_id);
     RETURN v_id;
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.comparable_columns(p_table regclass)
+RETURNS text[]
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.comparable_columns(p_table)
+--
+--      Columns of a table whose type has a default btree or hash operator
+--      class, i.e. can be compared for equality; the automatic key of a
+--      keyless table.
+-- ----------------------------------------------------------------------
+    SELECT coalesce(array_agg(a.attname ORDER BY a.attnum), '{}')
+    FROM pg_attribute a
+    JOIN pg_type t ON t.oid = a.atttypid
+    WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped
+      AND EXISTS (SELECT 1 FROM pg_opclass oc JOIN pg_am am ON am.oid = oc.opcmethod
+                  WHERE am.amname IN ('btree', 'hash') AND oc.opcdefault
+                    AND (oc.opcintype = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+                         OR (oc.opcintype = 'anyarray'::regtype AND t.typcategory = 'A')
+                         OR (oc.opcintype = 'anyenum'::regtype AND t.typtype = 'e')
+                         OR (oc.opcintype = 'text'::regtype AND t.typcategory = 'S')));
 $$;

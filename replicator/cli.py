@@ -10,6 +10,7 @@ import logging
 import sys
 from datetime import date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import click
@@ -99,11 +100,14 @@ def install(ctx: Context) -> None:
         replicator install
     """
     with ctx.connect() as conn:
-        applied = installer.install(conn)
+        result = installer.install(conn)
         version = max(installer.installed_versions(conn))
-    if applied:
-        click.echo(f"applied migrations {', '.join(f'{m.version:04d}_{m.name}' for m in applied)}")
+    if result.applied:
+        click.echo(f"applied migrations {', '.join(f'{m.version:04d}_{m.name}' for m in result.applied)}")
     click.echo(f"replicator schema at version {version}")
+    if not result.event_triggers:
+        click.echo("event triggers not allowed for this role: DDL on captured tables must go through "
+                   "`replicator execute QUEUE FILE.sql`")
 
 
 @cli.command()
@@ -194,26 +198,36 @@ def table() -> None:
 
 @table.command("add")
 @click.argument("queue_name", metavar="QUEUE")
-@click.argument("tables", nargs=-1, required=True)
+@click.argument("tables", nargs=-1)
+@click.option("--schema", "schemas", multiple=True,
+              help="Follow a whole schema: its tables now and those created later.")
 @click.option("--mode", type=click.Choice(["full", "pk"]), default="full", show_default=True,
               help="full: queue whole rows; pk: queue keys, the consumer reads rows back.")
 @click.option("--key", help="Key columns (COL,...) for a table without a primary key.")
 @click.option("--ignore", help="Columns not captured (COL,...); an update touching only them queues nothing.")
 @click.option("--where", "where", help="SQL condition over the row; rows outside it are not queued.")
 @pass_ctx
-def table_add(ctx: Context, queue_name: str, tables: tuple[str, ...], mode: str, key: str | None,
-              ignore: str | None, where: str | None) -> None:
+def table_add(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: tuple[str, ...], mode: str,
+              key: str | None, ignore: str | None, where: str | None) -> None:
     """Capture TABLE... (schema.table or table) into QUEUE.
 
     \b
     Example:
         replicator table add main public.orders --ignore updated_at
         replicator table add main audit_log --key id --mode pk --where "kind <> 'debug'"
+        replicator table add main --schema sales
     """
+    if not tables and not schemas:
+        raise UserError("name the tables to add, or follow a schema with --schema NAME")
+    added = 0
     with ctx.source() as source, source.conn.transaction():
         for name in tables:
             source.add_table(queue_name, name, mode=mode, key=_split(key), ignore=_split(ignore), where=where)
-    click.echo(f"{len(tables)} table(s) added to queue {queue_name}")
+            added += 1
+        for schema in schemas:
+            added += source.follow_schema(queue_name, schema, mode=mode)
+    click.echo(f"{added} table(s) added to queue {queue_name}"
+               + (f"; following schema {', '.join(schemas)}" if schemas else ""))
 
 
 @table.command("remove")
@@ -294,6 +308,26 @@ def maint(ctx: Context, once: bool, interval: float) -> None:
         return
     ctx.source().close()
     jobs.run_maint(ctx.source, interval, jobs.StopFlag().install())
+
+
+@cli.command()
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("script", type=click.Path(dir_okay=False, path_type=Path))
+@pass_ctx
+def execute(ctx: Context, queue_name: str, script: Path) -> None:
+    """Run SCRIPT (SQL) on the source in one transaction and queue its schema
+    changes, in order with its row changes. Needed where event triggers could
+    not be created; harmless where they exist.
+
+    \b
+    Example:
+        replicator execute main migrations/2024_add_column.sql
+    """
+    from .ddl import execute_file
+
+    with ctx.source() as source:
+        queued = execute_file(source, queue_name, script)
+    click.echo(f"{script} applied; {queued} schema change(s) queued")
 
 
 @cli.command()

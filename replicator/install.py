@@ -52,13 +52,21 @@ def require_installed(conn: psycopg.Connection) -> None:
         raise UserError("replicator is not installed in this database: run `replicator install`")
 
 
-def install(conn: psycopg.Connection, *, up_to: int | None = None) -> list[Migration]:
+@dataclass(frozen=True)
+class InstallResult:
+    applied: list[Migration]
+    event_triggers: bool   # DDL is captured automatically; else it must go through `replicator execute`
+
+
+def install(conn: psycopg.Connection, *, up_to: int | None = None) -> InstallResult:
     """Creates or upgrades schema replicator. Idempotent.
 
     ``up_to`` stops at a migration version (used to fabricate old schemas in tests).
-    Returns the migrations applied by this call.
+    Event triggers are created where the role may (superuser); elsewhere
+    install carries on without them.
     """
     applied: list[Migration] = []
+    event_triggers = False
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
         conn.execute("SET LOCAL check_function_bodies = off")
@@ -77,7 +85,23 @@ def install(conn: psycopg.Connection, *, up_to: int | None = None) -> list[Migra
             for path in sorted(QUEUE_SQL_DIR.glob("*.sql")):
                 conn.execute(path.read_text())
             _regenerate_captures(conn)
-    return applied
+            event_triggers = _create_event_triggers(conn)
+    return InstallResult(applied, event_triggers)
+
+
+def _create_event_triggers(conn: psycopg.Connection) -> bool:
+    try:
+        with conn.transaction():
+            conn.execute("SELECT replicator.create_event_triggers()")
+        return True
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+
+
+def has_event_triggers(conn: psycopg.Connection) -> bool:
+    return conn.execute("SELECT count(*) = 2 FROM pg_event_trigger"
+                        " WHERE evtname IN ('replicator_ddl_command_end', 'replicator_sql_drop')"
+                        " AND evtenabled <> 'D'").fetchone()[0]
 
 
 def _regenerate_captures(conn: psycopg.Connection) -> None:
@@ -86,6 +110,10 @@ def _regenerate_captures(conn: psycopg.Connection) -> None:
         SELECT replicator.generate_capture(table_id) FROM replicator.captured_table
         WHERE to_regclass(quote_ident(table_schema) || '.' || quote_ident(table_name)) IS NOT NULL
         ORDER BY table_id""")
+    conn.execute("""
+        UPDATE replicator.captured_table
+        SET table_structure = replicator.table_structure(table_oid, table_key)
+        WHERE table_structure IS NULL AND table_oid IS NOT NULL""")
 
 
 def uninstall(conn: psycopg.Connection) -> None:

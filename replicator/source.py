@@ -124,6 +124,10 @@ class Source:
         return self._call("SELECT replicator.add_table(%s, %s, %s, %s, %s, %s)",
                           (queue, table, mode, key or None, ignore or [], where))
 
+    def follow_schema(self, queue: str, schema: str, *, mode: str = "full") -> int:
+        """Captures every table of a schema, now and as they are created; returns how many were added."""
+        return self._call("SELECT replicator.follow_schema(%s, %s, %s)", (queue, schema, mode))
+
     def table_ids(self, queue: str) -> list[int]:
         """Ids of the queue's captured tables: cheap to poll for changes."""
         return self._call("SELECT coalesce(array_agg(table_id ORDER BY table_id), '{}')"
