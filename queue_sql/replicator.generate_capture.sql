@@ -94,6 +94,7 @@ DECLARE
     v_keys_n text;
     v_insert text;
     v_body text;
+    v_part regclass;
 BEGIN
     SELECT * INTO t FROM replicator.captured_table WHERE table_id = p_table_id;
     IF NOT FOUND THEN
@@ -159,22 +160,31 @@ END;$f$,
         RAISE EXCEPTION 'the row filter of % must not contain $capture$', v_table;
     END IF;
     -- SECURITY DEFINER: application roles write to the queue only through this function.
+    -- The output settings are pinned: values must not depend on the writer's session
+    -- (bytea_output = escape, extra_float_digits <= 0 losing digits, other IntervalStyles).
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %s() RETURNS trigger
         LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+        SET bytea_output = 'hex' SET extra_float_digits = 1 SET IntervalStyle = 'postgres'
         AS $capture$%s$capture$$f$, v_fn, v_body);
     EXECUTE format('REVOKE ALL ON FUNCTION %s() FROM PUBLIC', v_fn);
 
     PERFORM replicator.drop_capture_triggers(p_table_id);
-    EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows'
-                   ' FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
-                   '_replicator_' || p_table_id || '_ins', v_table, v_fn);
-    EXECUTE format('CREATE TRIGGER %I AFTER UPDATE ON %s REFERENCING OLD TABLE AS old_rows'
-                   ' NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
-                   '_replicator_' || p_table_id || '_upd', v_table, v_fn);
-    EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows'
-                   ' FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
-                   '_replicator_' || p_table_id || '_del', v_table, v_fn);
+    -- A statement fires the statement triggers of the table it names only: a
+    -- partitioned table needs them on each of its partitions too, so a write
+    -- naming a partition is captured (under the partitioned table's id).
+    FOR v_part IN SELECT v_oid
+                  UNION ALL SELECT relid FROM pg_partition_tree(v_oid) WHERE relid <> v_oid LOOP
+        EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows'
+                       ' FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
+                       '_replicator_' || p_table_id || '_ins', v_part, v_fn);
+        EXECUTE format('CREATE TRIGGER %I AFTER UPDATE ON %s REFERENCING OLD TABLE AS old_rows'
+                       ' NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
+                       '_replicator_' || p_table_id || '_upd', v_part, v_fn);
+        EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows'
+                       ' FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
+                       '_replicator_' || p_table_id || '_del', v_part, v_fn);
+    END LOOP;
     EXECUTE format('CREATE TRIGGER %I AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
                    '_replicator_' || p_table_id || '_trunc', v_table, v_fn);
 END;
