@@ -1,0 +1,463 @@
+"""Capture: what the generated triggers queue for each kind of write, for each
+kind of table, column type and option (--key, --ignore, --where, --mode)."""
+
+from __future__ import annotations
+
+import json
+import math
+from decimal import Decimal
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from psycopg import sql
+
+from replicator.errors import UserError
+from queue_util import changes, read_events
+
+
+@pytest.fixture
+def q(source):
+    """Queue "q" with consumer "c"; tables are added by the tests."""
+    source.create_queue("q")
+    source.register_consumer("q", "c")
+    return source
+
+
+def _triggers_on(conn, table: str) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal ORDER BY 1", (table,))]
+
+
+# writes ---------------------------------------------------------------------------------------
+
+def test_insert_update_delete_and_truncate_are_captured(conn, q):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text)')
+    table_id = q.add_table("q", "t")
+    conn.execute("""INSERT INTO "t" VALUES (1, 'a'), (2, 'b')""")
+    conn.execute("""UPDATE "t" SET "v" = 'B' WHERE "id" = 2""")
+    conn.execute("""DELETE FROM "t" WHERE "id" = 1""")
+    conn.execute('TRUNCATE "t"')
+    events = read_events(q)
+    assert {e.table for e in events} == {table_id}
+    assert changes(events) == [
+        ("I", [[1, "a"], [2, "b"]]),
+        ("U", [[2, "B"]]),
+        ("D", [[1]]),
+        ("T", None),
+    ]
+    assert [e.ev_id for e in events] == sorted(e.ev_id for e in events)
+
+
+def test_one_event_per_statement_and_statements_without_rows_queue_nothing(conn, q):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text)')
+    q.add_table("q", "t")
+    with conn.transaction():
+        conn.execute("""INSERT INTO "t" SELECT g, 'x' FROM generate_series(1, 50) g""")
+        conn.execute("""UPDATE "t" SET "v" = 'nothing' WHERE "id" < 0""")
+        conn.execute("""DELETE FROM "t" WHERE "id" > 1000""")
+        conn.execute("""UPDATE "t" SET "v" = 'y' WHERE "id" <= 10""")
+    events = read_events(q)
+    assert [(e.type, len(e.items)) for e in events] == [("I", 50), ("U", 10)]
+    assert len({e.txid for e in events}) == 1
+
+
+def test_key_changing_update_is_captured_as_delete_of_old_key_and_upsert_of_new_row(conn, q):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text)')
+    q.add_table("q", "t")
+    conn.execute("""INSERT INTO "t" VALUES (1, 'a'), (2, 'b'), (3, 'c')""")
+    read_events(q)
+    # The application's key change succeeds (never rejected) ...
+    conn.execute("""UPDATE "t" SET "id" = "id" + 10, "v" = "v" || '!' WHERE "id" IN (1, 2)""")
+    assert conn.execute('SELECT array_agg("id" ORDER BY "id") FROM "t"').fetchone()[0] == [3, 11, 12]
+    # ... and is queued as the new rows plus the old keys no row kept.
+    assert sorted(changes(read_events(q))) == [("D", [[1], [2]]), ("U", [[11, "a!"], [12, "b!"]])]
+
+
+def test_key_shift_onto_existing_keys_deletes_only_vacated_keys(conn, q):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY DEFERRABLE INITIALLY DEFERRED, "v" text)')
+    q.add_table("q", "t")
+    conn.execute("""INSERT INTO "t" VALUES (1, 'a'), (2, 'b'), (3, 'c')""")
+    read_events(q)
+    # Swap 1 and 2, shift 3 to 4: old keys {1,2,3}, new keys {2,1,4}: only 3 is vacated.
+    conn.execute("""UPDATE "t" SET "id" = CASE "id" WHEN 1 THEN 2 WHEN 2 THEN 1 ELSE 4 END""")
+    assert sorted(changes(read_events(q))) == [("D", [[3]]), ("U", [[1, "b"], [2, "a"], [4, "c"]])]
+
+
+def test_composite_key(conn, q):
+    conn.execute('CREATE TABLE "t" ("a" int, "b" text, "v" int, PRIMARY KEY ("b", "a"))')
+    q.add_table("q", "t")
+    table = q.tables("q")[0]
+    assert table.key == ["b", "a"]
+    conn.execute("""INSERT INTO "t" VALUES (1, 'x', 10), (2, 'x', 20)""")
+    conn.execute("""UPDATE "t" SET "v" = 11 WHERE "a" = 1""")
+    # Keys travel in key order (b, a); rows in column order (a, b, v).
+    assert changes(read_events(q)) == [("I", [[1, "x", 10], [2, "x", 20]]), ("U", [[1, "x", 11]])]
+    conn.execute("""UPDATE "t" SET "b" = 'y' WHERE "a" = 2""")
+    assert sorted(changes(read_events(q))) == [("D", [["x", 2]]), ("U", [[2, "y", 20]])]
+    conn.execute("""DELETE FROM "t" WHERE "a" = 1""")
+    assert changes(read_events(q)) == [("D", [["x", 1]])]
+
+
+def test_nulls_are_captured_as_json_null(conn, q):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "a" text, "b" int, "c" jsonb, "d" int[])')
+    q.add_table("q", "t")
+    conn.execute("""INSERT INTO "t" VALUES (1, NULL, NULL, NULL, NULL), (2, '', 0, 'null', '{NULL}')""")
+    conn.execute("""UPDATE "t" SET "a" = NULL, "b" = NULL, "c" = NULL, "d" = NULL WHERE "id" = 2""")
+    assert changes(read_events(q)) == [
+        ("I", [[1, None, None, None, None], [2, "", 0, "null", "[null]"]]),
+        ("U", [[2, None, None, None, None]]),
+    ]
+
+
+# types ----------------------------------------------------------------------------------------
+
+TYPED_TABLE = """
+CREATE TYPE "mood" AS ENUM ('sad', 'ok', 'it''s "complicated"');
+CREATE DOMAIN "positive" AS numeric(8, 3) CHECK (VALUE > 0);
+CREATE TABLE "typed" (
+    "id" int PRIMARY KEY,
+    "c_smallint" smallint, "c_int" int, "c_bigint" bigint,
+    "c_numeric" numeric, "c_numeric_2" numeric(10, 2), "c_domain" "positive",
+    "c_real" real, "c_double" double precision,
+    "c_text" text, "c_varchar" varchar(10), "c_char" char(3),
+    "c_bool" boolean, "c_bytea" bytea,
+    "c_json" json, "c_jsonb" jsonb, "c_uuid" uuid,
+    "c_date" date, "c_time" time, "c_timestamp" timestamp, "c_timestamptz" timestamptz,
+    "c_interval" interval,
+    "c_int_array" int[], "c_text_array" text[], "c_2d_array" numeric[][],
+    "c_enum" "mood", "c_inet" inet
+)"""
+
+TYPED_ROWS = """
+INSERT INTO "typed" VALUES
+ (1, 1, 2, 3, 1.50, 1.50, 2.500, 0.5, 0.1, 'plain', 'v', 'ab', true, '\\x00ff10',
+  '{"b": 1,  "a": [1, 2]}', '{"b": 1,  "a": [1, 2]}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11',
+  '2024-02-29', '23:59:59.999999', '2024-02-29 12:34:56.789012', '2024-02-29 12:34:56.789012+02',
+  '1 year 2 mons 3 days 04:05:06.5', '{1,NULL,3}', '{"a,b","c\\"d",NULL,""}', '{{1.0,2.50},{3,4}}',
+  'it''s "complicated"', '192.168.0.1/24'),
+ (2, -32768, -2147483648, -9223372036854775808, -0.000000000000000000001, -99999999.99, 0.001,
+  'NaN', 'Infinity', E'quote\\" backslash\\\\ tab\\t newline\\n unicode é 😀 \\u0001', '', '   ',
+  false, '\\x', '[]', '{}', '00000000-0000-0000-0000-000000000000',
+  'infinity', '00:00', '-infinity', 'infinity', '-1 day +02:00:00', '{}', '{}', '{}', 'sad', '::1'),
+ (3, 32767, 2147483647, 9223372036854775807, 'NaN', 0, 99999.999, '-Infinity', '-Infinity',
+  'x', 'xxxxxxxxxx', 'x', NULL, NULL, 'null', '"a string"', NULL,
+  '4713-01-01 BC', NULL, '1999-12-31 23:59:59', '1970-01-01 00:00:00+00', '0', NULL, NULL, NULL, NULL, NULL),
+ (4, NULL, NULL, NULL, 12345678901234567890.1234567890123, NULL, NULL, 1e-40, 1.7976931348623157e308,
+  NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+  NULL, NULL, NULL, NULL, '-178000000 years', NULL, NULL, NULL, NULL, NULL)
+"""
+
+
+def _as_sql_literal(value):
+    """A decoded JSON value as the text PostgreSQL reads back: strings as they are,
+    numbers in their exact JSON spelling, booleans as true/false."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def test_common_types_decode_to_the_values_the_source_holds(conn, q):
+    conn.execute(TYPED_TABLE)
+    q.add_table("q", "typed")
+    conn.execute(TYPED_ROWS)
+    (event,) = read_events(q)
+    columns = q.tables("q")[0].columns
+    types = dict(conn.execute("""SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+                                 WHERE attrelid = '"typed"'::regclass AND attnum > 0"""))
+    assert len(event.items) == 4
+    checked = 0
+    for item in event.items:
+        row = dict(zip(columns, item))
+        for column, value in row.items():
+            if types[column].endswith("[]") or types[column] in ("json", "jsonb"):
+                # json and arrays travel as PostgreSQL's JSON text of the value
+                expected = conn.execute(sql.SQL("SELECT to_json({})::text FROM {} WHERE {} = %s").format(
+                    sql.Identifier(column), sql.Identifier("typed"), sql.Identifier("id")), (row["id"],)).fetchone()[0]
+                assert value is None or isinstance(value, str), column
+                if value is not None and types[column] == "json":
+                    assert value == conn.execute('SELECT "c_json"::text FROM "typed" WHERE "id" = %s',
+                                                 (row["id"],)).fetchone()[0]
+                elif value is not None:
+                    assert json.loads(value) == json.loads(expected), (column, value, expected)
+                else:
+                    assert expected is None, column
+            else:
+                same = conn.execute(
+                    sql.SQL("SELECT {col} IS NOT DISTINCT FROM %s::{typ} FROM {tbl} WHERE {id} = %s").format(
+                        col=sql.Identifier(column), typ=sql.SQL(types[column]), tbl=sql.Identifier("typed"),
+                        id=sql.Identifier("id")),
+                    (_as_sql_literal(value), row["id"])).fetchone()[0]
+                assert same, (row["id"], column, value)
+            checked += 1
+    assert checked == 4 * len(columns)
+
+    # The values a consumer sees for the first row, spelled out.
+    first = dict(zip(columns, sorted(event.items)[0]))
+    assert first["c_numeric"] == Decimal("1.50") and str(first["c_numeric"]) == "1.50"
+    assert str(first["c_numeric_2"]) == "1.50" and str(first["c_domain"]) == "2.500"
+    assert first["c_double"] == Decimal("0.1") and first["c_real"] == Decimal("0.5")
+    assert first["c_bool"] is True and first["c_bytea"] == "\\x00ff10"
+    assert first["c_json"] == '{"b": 1,  "a": [1, 2]}'          # json: text kept as written
+    assert first["c_jsonb"] == '{"a": [1, 2], "b": 1}'          # jsonb: normalised
+    assert first["c_uuid"] == "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+    assert first["c_date"] == "2024-02-29" and first["c_time"] == "23:59:59.999999"
+    assert first["c_timestamp"] == "2024-02-29T12:34:56.789012"
+    assert first["c_int_array"] == "[1,null,3]"
+    assert json.loads(first["c_text_array"]) == ["a,b", 'c"d', None, ""]
+    assert json.loads(first["c_2d_array"]) == [[1.0, 2.5], [3, 4]]
+    assert first["c_enum"] == 'it\'s "complicated"'
+    second = dict(zip(columns, sorted(event.items)[1]))
+    assert second["c_bigint"] == -9223372036854775808
+    assert second["c_real"] == "NaN" and second["c_double"] == "Infinity"
+    assert second["c_timestamp"] == "-infinity" and second["c_date"] == "infinity"
+
+
+def test_captured_values_do_not_depend_on_the_writers_session_settings(dsn, conn, q):
+    conn.execute("""CREATE TABLE "t" ("id" int PRIMARY KEY, "b" bytea, "f" float8, "r" real, "i" interval,
+                                      "fa" float8[], "ia" interval[])""")
+    q.add_table("q", "t")
+    values = ("\\x00ff", 1 / 3, 1 / 3, "-1 day +02:03:04.5", [0.1, 1 / 3], ["1 mon -2 days"])
+    conn.execute('INSERT INTO "t" VALUES (1, %s, %s, %s, %s, %s, %s::interval[])', values)
+    with psycopg.connect(dsn, autocommit=True) as odd:
+        odd.execute("SET bytea_output = 'escape'")
+        odd.execute("SET extra_float_digits = -15")
+        odd.execute("SET IntervalStyle = 'sql_standard'")
+        odd.execute("SET DateStyle = 'SQL, DMY'")
+        odd.execute('INSERT INTO "t" VALUES (2, %s, %s, %s, %s, %s, %s::interval[])', values)
+    default_row, odd_row = (item[1:] for item in sorted(e.items[0] for e in read_events(q)))
+    assert odd_row == default_row
+    assert default_row[0] == "\\x00ff" and float(default_row[1]) == 1 / 3
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))),
+       number=st.decimals(allow_nan=False, allow_infinity=False),
+       double=st.floats(),
+       big=st.integers(min_value=-2**63, max_value=2**63 - 1),
+       raw=st.binary(max_size=64))
+def test_arbitrary_values_round_trip(conn, q, text, number, double, big, raw):
+    if not q.tables("q"):
+        conn.execute('CREATE TABLE "rt" ("id" bigserial PRIMARY KEY, "t" text, "n" numeric, '
+                     '"d" float8, "b" bigint, "r" bytea)')
+        q.add_table("q", "rt")
+    conn.execute('INSERT INTO "rt" ("t", "n", "d", "b", "r") VALUES (%s, %s, %s, %s, %s)',
+                 (text, number, double, big, raw))
+    (event,) = read_events(q)
+    _id, t, n, d, b, r = event.items[0]
+    assert t == text
+    assert Decimal(str(n)) == number
+    if math.isnan(double):
+        assert d == "NaN"
+    elif math.isinf(double):
+        assert d == ("Infinity" if double > 0 else "-Infinity")
+    else:
+        assert float(d) == double          # shortest exact spelling: no digit lost
+    assert b == big
+    assert bytes.fromhex(r[2:]) == raw and r.startswith("\\x")
+
+
+# names ----------------------------------------------------------------------------------------
+
+def test_hostile_schema_table_and_column_names(conn, q):
+    conn.execute('CREATE SCHEMA "Odd ""Schema"""')
+    conn.execute('''CREATE TABLE "Odd ""Schema"""."select" (
+        "the Key" int, "from" text, "Mixed Case" int, "quote""d" text, "semi;colon --" text,
+        "ignored col" text, PRIMARY KEY ("the Key"))''')
+    conn.execute('CREATE TABLE "public"."dotted.name" ("ID" int PRIMARY KEY, "x" text)')
+    table_id = q.add_table("q", '"Odd ""Schema"""."select"', ignore=["ignored col"], where='"Mixed Case" >= 0')
+    dotted_id = q.add_table("q", '"dotted.name"', mode="pk")
+    tables = {t.table_id: t for t in q.tables("q")}
+    assert (tables[table_id].schema, tables[table_id].table) == ('Odd "Schema"', "select")
+    assert tables[table_id].columns == ["the Key", "from", "Mixed Case", "quote\"d", "semi;colon --"]
+    assert tables[dotted_id].key == ["ID"]
+
+    conn.execute('''INSERT INTO "Odd ""Schema"""."select" VALUES
+        (1, 'f', 1, 'q', 's', 'i'), (2, 'f', -1, 'q', 's', 'i')''')
+    conn.execute('''UPDATE "Odd ""Schema"""."select" SET "ignored col" = 'j' ''')
+    conn.execute('''INSERT INTO "dotted.name" VALUES (7, 'x')''')
+    events = read_events(q)
+    assert [(e.table, e.type, e.items) for e in events] == [
+        (table_id, "I", [[1, "f", 1, "q", "s"]]), (dotted_id, "I", [[7]])]
+    conn.execute('''UPDATE "Odd ""Schema"""."select" SET "the Key" = 10 WHERE "the Key" = 1''')
+    assert sorted((e.table, e.type, e.items) for e in read_events(q)) == [
+        (table_id, "D", [[1]]), (table_id, "U", [[10, "f", 1, "q", "s"]])]
+    conn.execute('''DELETE FROM "Odd ""Schema"""."select"''')
+    assert [(e.table, e.type, e.items) for e in read_events(q)] == [(table_id, "D", [[10]])]
+
+    q.remove_table("q", '"Odd ""Schema"""."select"')
+    q.remove_table("q", '"dotted.name"')
+    assert _triggers_on(conn, '"Odd ""Schema"""."select"') == []
+    assert _triggers_on(conn, '"dotted.name"') == []
+
+
+# options --------------------------------------------------------------------------------------
+
+def test_update_touching_only_ignored_columns_queues_nothing(conn, q):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text, "seen_at" timestamptz, "hits" int)')
+    q.add_table("q", "t", ignore=["seen_at", "hits"])
+    conn.execute("""INSERT INTO "t" VALUES (1, 'a', now(), 0), (2, 'b', now(), 0)""")
+    read_events(q)
+    conn.execute("""UPDATE "t" SET "seen_at" = now() + interval '1 hour', "hits" = "hits" + 1""")
+    conn.execute("""UPDATE "t" SET "v" = "v" WHERE "id" = 1""")   # no captured column changes either
+    assert read_events(q) == []
+    # A statement changing a captured column of one row queues that row only.
+    conn.execute("""UPDATE "t" SET "hits" = "hits" + 1, "v" = CASE "id" WHEN 2 THEN 'B' ELSE "v" END""")
+    assert changes(read_events(q)) == [("U", [[2, "B"]])]
+
+
+def test_ignored_columns_are_absent_from_event_data(conn, q):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "secret" text, "v" text)')
+    q.add_table("q", "t", ignore=["secret"])
+    assert q.tables("q")[0].columns == ["id", "v"]
+    conn.execute("""INSERT INTO "t" VALUES (1, 'hunter2', 'a')""")
+    conn.execute("""UPDATE "t" SET "v" = 'b', "secret" = 'hunter3'""")
+    conn.execute("""DELETE FROM "t" """)
+    events = read_events(q)
+    assert changes(events) == [("I", [[1, "a"]]), ("U", [[1, "b"]]), ("D", [[1]])]
+    assert not any("hunter" in json.dumps(e.data) for e in events)
+
+
+def test_ignoring_a_key_column_is_refused(conn, q):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text)')
+    with pytest.raises(UserError, match="key column id cannot be ignored"):
+        q.add_table("q", "t", ignore=["id"])
+
+
+def test_row_filter_queues_only_rows_inside_it(conn, q):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "kind" text, "v" int)')
+    q.add_table("q", "t", where=""""kind" <> 'debug'""")
+    conn.execute("""INSERT INTO "t" VALUES (1, 'info', 1), (2, 'debug', 2), (3, 'info', 3)""")
+    conn.execute("""UPDATE "t" SET "v" = "v" + 10 WHERE "id" = 2""")          # outside: nothing
+    conn.execute("""UPDATE "t" SET "kind" = 'debug' WHERE "id" = 1""")       # leaves the filter: D
+    conn.execute("""UPDATE "t" SET "kind" = 'info' WHERE "id" = 2""")        # enters the filter: U
+    conn.execute("""DELETE FROM "t" WHERE "id" = 1""")                       # outside: nothing
+    conn.execute("""DELETE FROM "t" WHERE "id" = 3""")                       # inside: D
+    assert changes(read_events(q)) == [
+        ("I", [[1, "info", 1], [3, "info", 3]]),
+        ("D", [[1]]),
+        ("U", [[2, "info", 12]]),
+        ("D", [[3]]),
+    ]
+
+
+def test_invalid_row_filter_is_refused_at_add_time(conn, q):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY)')
+    with pytest.raises(UserError, match="invalid row filter"):
+        q.add_table("q", "t", where='"no_such_column" > 1')
+    assert _triggers_on(conn, "t") == []
+
+
+def test_pk_mode_queues_keys_only(conn, q):
+    conn.execute('CREATE TABLE "t" ("a" int, "b" int, "payload" text, PRIMARY KEY ("a", "b"))')
+    q.add_table("q", "t", mode="pk")
+    conn.execute("""INSERT INTO "t" VALUES (1, 1, 'big'), (1, 2, 'big')""")
+    conn.execute("""UPDATE "t" SET "payload" = 'bigger' WHERE "b" = 1""")
+    events = read_events(q)
+    assert changes(events) == [("I", [[1, 1], [1, 2]]), ("U", [[1, 1]])]
+    conn.execute("""UPDATE "t" SET "b" = 3 WHERE "b" = 2""")
+    events += (key_change := read_events(q))
+    assert sorted(changes(key_change)) == [("D", [[1, 2]]), ("U", [[1, 3]])]
+    conn.execute("""DELETE FROM "t" WHERE "b" = 1""")
+    events += (deleted := read_events(q))
+    assert changes(deleted) == [("D", [[1, 1]])]
+    assert not any("big" in json.dumps(e.data) for e in events)
+
+
+def test_table_without_primary_key_is_refused_at_add_time(conn, q):
+    conn.execute('CREATE TABLE "nokey" ("id" int UNIQUE, "v" text)')
+    with pytest.raises(UserError) as info:
+        q.add_table("q", "nokey")
+    assert str(info.value) == "table public.nokey has no primary key: give the key columns with --key COL,..."
+    assert q.tables("q") == [] and _triggers_on(conn, "nokey") == []
+    conn.execute("""INSERT INTO "nokey" VALUES (1, 'a')""")          # the application is not affected
+    assert read_events(q) == []
+
+
+def test_key_option_captures_a_table_without_primary_key(conn, q):
+    conn.execute('CREATE TABLE "nokey" ("code" text NOT NULL, "n" int NOT NULL, "v" text)')
+    q.add_table("q", "nokey", key=["code", "n"])
+    (table,) = q.tables("q")
+    assert table.key == ["code", "n"] and table.structure["key"] == ["code", "n"]
+    conn.execute("""INSERT INTO "nokey" VALUES ('a', 1, 'x'), ('b', 2, 'y')""")
+    assert changes(read_events(q)) == [("I", [["a", 1, "x"], ["b", 2, "y"]])]
+    conn.execute("""UPDATE "nokey" SET "n" = 3 WHERE "code" = 'b'""")
+    assert sorted(changes(read_events(q))) == [("D", [["b", 2]]), ("U", [["b", 3, "y"]])]
+    conn.execute("""DELETE FROM "nokey" WHERE "code" = 'a'""")
+    assert changes(read_events(q)) == [("D", [["a", 1]])]
+
+
+def test_unknown_key_column_is_refused(conn, q):
+    conn.execute('CREATE TABLE "nokey" ("id" int)')
+    with pytest.raises(UserError, match="has no column nope"):
+        q.add_table("q", "nokey", key=["nope"])
+
+
+def test_statement_of_more_than_1000_rows_is_split_into_several_events(conn, q):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" int)')
+    q.add_table("q", "t")
+    conn.execute("""INSERT INTO "t" SELECT g, 0 FROM generate_series(1, 2500) g""")
+    conn.execute("""UPDATE "t" SET "v" = 1""")
+    conn.execute("""DELETE FROM "t" WHERE "id" <= 1500""")
+    events = read_events(q)
+    for ev_type, count in (("I", 2500), ("U", 2500), ("D", 1500)):
+        parts = [e for e in events if e.type == ev_type]
+        assert len(parts) >= 2 and all(1 <= len(e.items) <= 1000 for e in parts), ev_type
+        ids = sorted(item[0] for e in parts for item in e.items)
+        assert ids == list(range(1, count + 1)), ev_type
+    assert all(item == [item[0], 1] for e in events if e.type == "U" for item in e.items)
+
+
+def test_application_writes_still_work(conn, q):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text)')
+    conn.execute('CREATE TABLE "src" ("id" int, "v" text)')
+    q.add_table("q", "t")
+    conn.execute("""INSERT INTO "src" VALUES (1, 'from src'), (5, 'five')""")
+    conn.execute("""INSERT INTO "t" VALUES (1, 'a'), (2, 'b'), (3, 'c')""")
+    conn.execute("""INSERT INTO "t" VALUES (3, 'C'), (4, 'd') ON CONFLICT ("id") DO UPDATE SET "v" = excluded."v" """)
+    conn.execute("""INSERT INTO "t" VALUES (4, 'ignored') ON CONFLICT DO NOTHING""")
+    conn.execute("""WITH "gone" AS (DELETE FROM "t" WHERE "id" = 2 RETURNING "id", "v")
+                    INSERT INTO "t" SELECT "id" + 100, "v" FROM "gone" """)
+    conn.execute("""UPDATE "t" SET "v" = "src"."v" FROM "src" WHERE "src"."id" = "t"."id" """)
+    conn.execute("""DELETE FROM "t" USING "src" WHERE "src"."id" = "t"."id" AND "src"."v" = 'from src'""")
+    conn.execute("""MERGE INTO "t" USING "src" ON "t"."id" = "src"."id"
+                    WHEN MATCHED THEN UPDATE SET "v" = 'merged'
+                    WHEN NOT MATCHED THEN INSERT VALUES ("src"."id", "src"."v")""")
+    final = dict(conn.execute('SELECT "id", "v" FROM "t"').fetchall())
+    assert final == {3: "C", 4: "d", 102: "b", 1: "from src", 5: "five"}
+
+    state: dict = {}
+    for e in read_events(q):
+        for item in e.items:
+            if e.type == "D":
+                state.pop(item[0], None)
+            else:
+                state[item[0]] = item[1]
+    assert state == final
+
+
+def test_partition_written_directly_is_captured(conn, q):
+    conn.execute('CREATE TABLE "p" ("id" int PRIMARY KEY, "v" text) PARTITION BY RANGE ("id")')
+    conn.execute('CREATE TABLE "p_low" PARTITION OF "p" FOR VALUES FROM (0) TO (100)')
+    conn.execute('CREATE TABLE "p_high" PARTITION OF "p" FOR VALUES FROM (100) TO (200) PARTITION BY RANGE ("id")')
+    conn.execute('CREATE TABLE "p_high_a" PARTITION OF "p_high" FOR VALUES FROM (100) TO (200)')
+    table_id = q.add_table("q", "p")
+    conn.execute("""INSERT INTO "p" VALUES (1, 'parent'), (150, 'parent')""")
+    conn.execute("""INSERT INTO "p_low" VALUES (2, 'leaf')""")
+    conn.execute("""INSERT INTO "p_high" VALUES (151, 'sub-parent')""")
+    conn.execute("""UPDATE "p_high_a" SET "v" = 'leaf update' WHERE "id" = 150""")
+    conn.execute("""DELETE FROM "p_low" WHERE "id" = 1""")
+    events = read_events(q)
+    assert {e.table for e in events} == {table_id}
+    assert changes(events) == [
+        ("I", [[1, "parent"], [150, "parent"]]),
+        ("I", [[2, "leaf"]]),
+        ("I", [[151, "sub-parent"]]),
+        ("U", [[150, "leaf update"]]),
+        ("D", [[1]]),
+    ]
+    q.remove_table("q", "p")
+    for name in ("p", "p_low", "p_high", "p_high_a"):
+        assert _triggers_on(conn, name) == [], name
