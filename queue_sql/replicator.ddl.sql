@@ -209,8 +209,18 @@ BEGIN
             RAISE WARNING 'replicator: %.% has no column usable as a key and is not captured', r.schema_name, r.relname;
             CONTINUE;
         END IF;
-        v_id := replicator.add_table(r.queue_name, format('%I.%I', r.schema_name, r.relname), r.schema_mode,
-                                     NULL, '{}', NULL, true);
+        -- A keyless table is captured whole (full mode): rows without a reliable key
+        -- cannot be read back. A table that cannot be captured must not fail the DDL.
+        BEGIN
+            v_id := replicator.add_table(
+                r.queue_name, format('%I.%I', r.schema_name, r.relname),
+                CASE WHEN EXISTS (SELECT 1 FROM pg_index WHERE indrelid = r.oid AND indisprimary)
+                     THEN r.schema_mode ELSE 'full' END,
+                NULL, '{}', NULL, true);
+        EXCEPTION WHEN raise_exception THEN
+            RAISE WARNING 'replicator: %.% is not captured: %', r.schema_name, r.relname, SQLERRM;
+            CONTINUE;
+        END;
         PERFORM replicator.insert_schema_event(v_id, replicator.schema_event_data(v_id, p_tag, p_sql, 'created'));
         v_count := v_count + 1;
     END LOOP;

@@ -48,7 +48,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION replicator.table_info(p_queue_name text DEFAULT NULL)
 RETURNS TABLE (queue_name text, table_id integer, table_name text, mode text, key text[],
-               ignore text[], row_filter text, columns text[], structure jsonb)
+               ignore text[], row_filter text, columns text[], table_oid oid, structure jsonb)
 LANGUAGE sql STABLE AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.table_info(p_queue_name)
@@ -59,9 +59,8 @@ LANGUAGE sql STABLE AS $$
 -- ----------------------------------------------------------------------
     SELECT q.queue_name, t.table_id, t.table_schema || '.' || t.table_name, t.table_mode,
            t.table_key, t.table_ignore, t.table_where,
-           ARRAY(SELECT c FROM unnest(t.table_columns) c WHERE c <> ALL (t.table_ignore)),
-           replicator.table_structure(
-               to_regclass(quote_ident(t.table_schema) || '.' || quote_ident(t.table_name)), t.table_key)
+           ARRAY(SELECT c FROM unnest(t.table_columns) c WHERE c <> ALL (t.table_ignore)), t.table_oid,
+           replicator.table_structure(t.table_oid, t.table_key)
     FROM replicator.captured_table t
     JOIN replicator.queue q ON q.queue_id = t.queue_id
     WHERE p_queue_name IS NULL OR q.queue_name = p_queue_name

@@ -21,7 +21,7 @@ import psycopg
 from . import copy as source_copy
 from .errors import UserError
 from .jobs import StopFlag
-from .schema import TableStructure, parse_json
+from .schema import Decoder, TableStructure, parse_json, reconcile
 from .source import CapturedTable, Source
 from .targets import Target, TargetTable
 
@@ -69,9 +69,9 @@ class BatchStats:
 @dataclass
 class _PendingKeys:
     """PK-only keys collected from events, joined back in chunks."""
-    keys: dict[str, set[tuple[Any, ...]]] = field(default_factory=dict)
+    keys: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
 
-    def add(self, table: str, items: Iterable[list[Any]]) -> int:
+    def add(self, table: int, items: Iterable[list[Any]]) -> int:
         bucket = self.keys.setdefault(table, set())
         bucket.update(tuple(item) for item in items)
         return len(bucket)
@@ -136,21 +136,24 @@ class Consumer:
             unknown = [f for f in self.table_filter if f not in names and f"public.{f}" not in names]
             if unknown:
                 raise UserError(f"queue {self.queue!r} does not capture {', '.join(unknown)}")
-        known = self.target.tables()
+        known = {t.table_id: t for t in self.target.tables().values()}
         for table in captured:
-            current = known.get(table.name)
-            if current is not None and current.table_id == table.table_id:
-                continue
-            if table.structure is None:
-                continue
-            self.copy_table(table)
+            if table.table_id not in known and table.structure is not None:
+                self.target.begin()
+                try:
+                    self.copy_table(table)
+                    self.target.commit()
+                except BaseException:
+                    self.target.rollback()
+                    raise
         self._captured = {t.table_id: t for t in captured}
-        self._following = {t.table_id: t for t in self.target.tables().values()
-                           if t.table_id in self._captured and self._captured[t.table_id].name == t.source_name}
+        self._following = {t.table_id: t for t in self.target.tables().values() if t.table_id in self._captured}
         self._table_ids = ids
 
-    def copy_table(self, table: CapturedTable) -> None:
-        """Initial copy in a REPEATABLE READ snapshot, in one target transaction."""
+    def copy_table(self, table: CapturedTable) -> TargetTable:
+        """(Re)creates the table in the target and copies it in a REPEATABLE READ
+        snapshot of the source, in the target's open transaction. Events visible in
+        that snapshot are skipped for the table from then on."""
         assert table.structure is not None
         structure = TableStructure.from_source(table.structure, table.columns, table.key)
         started = time.monotonic()
@@ -158,21 +161,16 @@ class Consumer:
         with source_copy.SnapshotCopy(self.dsn, table, structure) as snap:
             target_table = TargetTable(source_name=table.name, table_id=table.table_id, mode=table.mode,
                                        structure=structure, copy_snapshot=snap.snapshot)
-            self.target.begin()
-            try:
-                self.target.create_table(target_table)
-                with source_copy.copy_progress() as progress:
-                    task = progress.add_task(f"copy {table.name}", total=snap.estimated_rows or None)
-                    for chunk in snap.chunks():
-                        self.target.upsert(target_table, "R", chunk)
-                        rows += len(chunk)
-                        progress.update(task, completed=rows)
-                    progress.update(task, total=rows, completed=rows)
-                self.target.commit()
-            except BaseException:
-                self.target.rollback()
-                raise
+            self.target.create_table(target_table)
+            with source_copy.copy_progress() as progress:
+                task = progress.add_task(f"copy {table.name}", total=snap.estimated_rows or None)
+                for chunk in snap.chunks():
+                    self.target.upsert(target_table, "R", chunk)
+                    rows += len(chunk)
+                    progress.update(task, completed=rows)
+                progress.update(task, total=rows, completed=rows)
         log.info("copied %s: %d rows in %.1fs", table.name, rows, time.monotonic() - started)
+        return target_table
 
     # batches ---------------------------------------------------------------------------
 
@@ -209,8 +207,8 @@ class Consumer:
         assert self.source is not None
         following = self._following
         pending = _PendingKeys()
-        decoders = {tid: (t.structure.row_decoders(), t.structure.key_decoders()) for tid, t in following.items()}
-        for _ev_id, txid, _time, ev_type, table_id, data in self.source.batch_events(batch_id, list(following)):
+        decoders: dict[int, tuple[list[Decoder], list[Decoder]]] = {}
+        for ev_id, txid, _time, ev_type, table_id, data in self.source.batch_events(batch_id, list(following)):
             table = following.get(table_id)
             if table is None or (table.copy_snapshot and txid_visible(txid, table.copy_snapshot)):
                 continue
@@ -219,10 +217,20 @@ class Consumer:
                 self._join_back(table, pending, stats)
                 self.target.truncate(table)
                 continue
+            if ev_type == "S":
+                # PK-only keys pending are read back later in the new layout (by attnum).
+                event = parse_json(data)
+                if event.get("kind") == "dropped":
+                    pending.keys.pop(table.table_id, None)
+                self._apply_schema_change(table, ev_id, event)
+                decoders.pop(table_id, None)
+                continue
+            if table_id not in decoders:
+                decoders[table_id] = (table.structure.row_decoders(), table.structure.key_decoders())
             items = parse_json(data)
             stats.rows += len(items)
             if table.mode == "pk":
-                if pending.add(table.source_name, items) >= JOIN_BACK_KEYS:
+                if pending.add(table.table_id, items) >= JOIN_BACK_KEYS:
                     self._join_back(table, pending, stats)
                 continue
             row_decoders, key_decoders = decoders[table_id]
@@ -232,16 +240,53 @@ class Consumer:
             elif ev_type == "D":
                 self.target.delete(table, [tuple(d(v) for d, v in zip(key_decoders, item)) for item in items])
             else:
-                raise UserError(f"event {_ev_id} of batch {batch_id} has type {ev_type!r}, which this "
+                raise UserError(f"event {ev_id} of batch {batch_id} has type {ev_type!r}, which this "
                                 f"version of replicator cannot apply: upgrade the consumer")
         for table in following.values():
             self._join_back(table, pending, stats)
+
+    def _apply_schema_change(self, table: TargetTable, ev_id: int, event: dict[str, Any]) -> None:
+        """Reconciles the target table with the structure an S event carries:
+        in place where no value changed, else by copying the table again (in
+        this transaction, within the snapshot rules of the initial copy)."""
+        kind = event.get("kind")
+        self.target.schema_event(table, event)
+        if kind == "dropped":
+            self.target.drop_table(table)
+            del self._following[table.table_id]
+            log.info("event %s: %s dropped (%s)", ev_id, table.source_name, event.get("tag"))
+            return
+        if kind not in ("created", "altered"):
+            raise UserError(f"event {ev_id} is a schema change of kind {kind!r} on {table.source_name}, which "
+                            f"this version of replicator cannot apply: upgrade the consumer, or remove the table "
+                            f"from the queue and add it again")
+        new_structure = TableStructure.from_source(event["structure"], event["columns"], event["key"])
+        changes = reconcile(table.structure, new_structure)
+        if changes is not None:
+            new_table = TargetTable(source_name=new_structure.qualified_name, table_id=table.table_id,
+                                    mode=table.mode, structure=new_structure, copy_snapshot=table.copy_snapshot)
+            self.target.alter_table(table, new_table, changes)
+            self._following[table.table_id] = new_table
+            log.info("event %s: %s altered in place (%s)", ev_id, new_table.source_name, event.get("tag"))
+            return
+        assert self.source is not None
+        current = next((t for t in self.source.tables(self.queue) if t.table_id == table.table_id), None)
+        if current is None or current.structure is None:
+            # Dropped since: its drop event follows and is the last word on it.
+            self.target.drop_table(table)
+            del self._following[table.table_id]
+            return
+        self._captured[table.table_id] = current
+        if current.name != table.source_name:
+            self.target.drop_table(table)
+        self._following[table.table_id] = self.copy_table(current)
+        log.info("event %s: %s copied again after %s", ev_id, current.name, event.get("tag"))
 
     def _join_back(self, table: TargetTable, pending: _PendingKeys, stats: BatchStats) -> None:
         """Applies the current source rows of the table's pending keys: upsert
         the rows found, delete the keys not found."""
         assert self.source is not None
-        keys = pending.keys.pop(table.source_name, None)
+        keys = pending.keys.pop(table.table_id, None)
         if not keys:
             return
         key_list = list(keys)

@@ -23,13 +23,23 @@ from .source import CapturedTable
 COPY_CHUNK_ROWS = 5000
 
 
-def _table_ident(table: CapturedTable) -> sql.Composable:
-    return sql.Identifier(table.schema, table.table)
+def _relation(conn: psycopg.Connection, table: CapturedTable) -> sql.Composable:
+    """The table's current qualified name, found by oid: a RENAME the consumer has
+    not reached yet does not break reading it."""
+    name = conn.execute("SELECT %s::oid::regclass::text", (table.oid,)).fetchone()[0]
+    return sql.SQL(name)
 
 
-def _row_expr(conn: psycopg.Connection, table: CapturedTable, columns: Sequence[str]) -> sql.Composable:
-    expr = conn.execute("SELECT replicator.capture_row_json('t', %s, %s::regclass)",
-                        (list(columns), _table_ident(table).as_string(conn))).fetchone()[0]
+def _row_expr(conn: psycopg.Connection, table: CapturedTable, structure: TableStructure) -> sql.Composable:
+    """The capture encoding of the structure's columns, found by attnum in the
+    current table (renamed columns are read under their new name, dropped ones
+    as NULL), so a consumer behind on DDL still reads rows in its own layout."""
+    names = dict(conn.execute(
+        "SELECT attnum, attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+        (table.oid,)).fetchall())
+    columns = [names.get(c.attnum, "") if c.attnum else c.name for c in structure.columns]
+    expr = conn.execute("SELECT replicator.capture_row_json('t', %s, %s::oid::regclass)",
+                        (columns, table.oid)).fetchone()[0]
     return sql.SQL(expr)
 
 
@@ -62,8 +72,7 @@ class SnapshotCopy:
         # The first statement fixes the transaction's snapshot: this is it.
         self.snapshot = self.conn.execute("SELECT txid_current_snapshot()::text").fetchone()[0]
         self.estimated_rows = max(0, int(self.conn.execute(
-            "SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
-            (_table_ident(self.table).as_string(self.conn),)).fetchone()[0]))
+            "SELECT reltuples FROM pg_class WHERE oid = %s", (self.table.oid,)).fetchone()[0]))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -73,8 +82,8 @@ class SnapshotCopy:
     def chunks(self) -> Iterator[list[tuple[Any, ...]]]:
         """Decoded rows, COPY_CHUNK_ROWS at a time, streamed with binary COPY."""
         query = sql.SQL("COPY (SELECT {expr}::text FROM {table} t WHERE {filter}) TO STDOUT (FORMAT binary)").format(
-            expr=_row_expr(self.conn, self.table, self.structure.column_names),
-            table=_table_ident(self.table), filter=_filter(self.table))
+            expr=_row_expr(self.conn, self.table, self.structure),
+            table=_relation(self.conn, self.table), filter=_filter(self.table))
         decoders = self.structure.row_decoders()
         with self.conn.cursor() as cur, cur.copy(query) as copy:
             copy.set_types(["text"])
@@ -106,7 +115,7 @@ def fetch_current_rows(conn: psycopg.Connection, table: CapturedTable, structure
     join = sql.SQL(" AND ").join(sql.SQL("t.{0} = k.{0}").format(sql.Identifier(c.name)) for c in key_columns)
     query = sql.SQL("SELECT {expr}::text FROM {table} t"
                     " JOIN jsonb_to_recordset(%s::jsonb) AS k({record}) ON {join} WHERE {filter}").format(
-        expr=_row_expr(conn, table, structure.column_names), table=_table_ident(table),
+        expr=_row_expr(conn, table, structure), table=_relation(conn, table),
         record=record, join=join, filter=_filter(table))
     payload = json.dumps([dict(zip(structure.key, key)) for key in keys])
     texts = [row[0] for row in conn.execute(query, (payload,))]

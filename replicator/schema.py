@@ -32,6 +32,8 @@ class Column:
     base_type: str     # domains resolved, no typmod, e.g. 'numeric', 'integer[]'
     category: str      # pg_type.typcategory of the base type
     not_null: bool
+    attnum: int = 0    # identifies the column through renames
+    default: str | None = None
 
     @property
     def is_array(self) -> bool:
@@ -50,7 +52,8 @@ class TableStructure:
         """From replicator.table_structure(), keeping the captured columns in capture order."""
         by_name = {c["name"]: c for c in structure["columns"]}
         columns = tuple(Column(name=n, type=by_name[n]["type"], base_type=by_name[n]["base_type"],
-                               category=by_name[n]["category"], not_null=by_name[n]["not_null"])
+                               category=by_name[n]["category"], not_null=by_name[n]["not_null"],
+                               attnum=by_name[n]["attnum"], default=by_name[n]["default"])
                         for n in captured if n in by_name)
         return cls(schema=structure["schema"], name=structure["name"], columns=columns, key=tuple(key))
 
@@ -85,6 +88,44 @@ class TableStructure:
 
     def key_decoders(self) -> list[Decoder]:
         return [decoder_for(c) for c in self.key_columns()]
+
+
+@dataclass(frozen=True)
+class Change:
+    """One step of reconciling a target table with a new source structure."""
+    action: str                  # 'rename_table', 'rename_column', 'drop_column', 'add_column'
+    name: str = ""               # the column (old name) or, for rename_table, the new table
+    new_name: str = ""
+    column: Column | None = None
+
+
+def reconcile(old: TableStructure, new: TableStructure) -> list[Change] | None:
+    """The in-place changes that turn a table of structure `old` into `new`,
+    matching columns by attnum; None when the source rewrote values that no
+    event carries (a column added with a default or NOT NULL, a type change)
+    or the key changed: then the table must be copied again."""
+    old_by_attnum = {c.attnum: c for c in old.columns}
+    new_by_attnum = {c.attnum: c for c in new.columns}
+    renamed = {old_by_attnum[a].name: c.name for a, c in new_by_attnum.items() if a in old_by_attnum}
+    if tuple(renamed.get(k, "") for k in old.key) != new.key:
+        return None
+    changes: list[Change] = []
+    if (old.schema, old.name) != (new.schema, new.name):
+        changes.append(Change("rename_table", name=old.qualified_name, new_name=new.qualified_name))
+    for attnum, column in old_by_attnum.items():
+        if attnum not in new_by_attnum:
+            changes.append(Change("drop_column", name=column.name))
+    for attnum, column in new_by_attnum.items():
+        before = old_by_attnum.get(attnum)
+        if before is None:
+            if column.default is not None or column.not_null:
+                return None
+            changes.append(Change("add_column", name=column.name, column=column))
+        elif before.type != column.type:
+            return None
+        elif before.name != column.name:
+            changes.append(Change("rename_column", name=before.name, new_name=column.name))
+    return changes
 
 
 def _timestamptz_to_utc(value: str) -> str:

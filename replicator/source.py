@@ -46,6 +46,7 @@ class CapturedTable:
     ignore: list[str]
     row_filter: str | None
     columns: list[str]  # captured columns, in event value order
+    oid: int
     structure: dict[str, Any] | None  # replicator.table_structure(); None if the table is gone
 
     @property
@@ -143,7 +144,7 @@ class Source:
         rows = self._rows("SELECT * FROM replicator.table_info(%s)", (queue,))
         return [CapturedTable(queue_name=r["queue_name"], table_id=r["table_id"], name=r["table_name"],
                               mode=r["mode"], key=r["key"], ignore=r["ignore"], row_filter=r["row_filter"],
-                              columns=r["columns"], structure=r["structure"]) for r in rows]
+                              columns=r["columns"], oid=r["table_oid"], structure=r["structure"]) for r in rows]
 
     # ticks and maintenance ----------------------------------------------------
 

@@ -13,7 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import UserError
-from ..schema import TableStructure, sqlite_type, target_table_name
+from typing import Any
+
+from ..schema import Change, TableStructure, sqlite_type, target_table_name
 from . import Row, TargetTable
 
 _STATE = "_replicator_position"
@@ -102,6 +104,28 @@ class SqliteTarget:
         self.db.execute(f"DROP TABLE IF EXISTS {quote(self.table_name(table))}")
         self.db.execute(f"DELETE FROM {_TABLES} WHERE source_name = ?", (table.source_name,))
         self._statements.clear()
+
+    def alter_table(self, old: TargetTable, new: TargetTable, changes: list[Change]) -> None:
+        """Applies a reconciled schema change in place (see schema.reconcile)."""
+        name = quote(self.table_name(old))
+        for change in changes:
+            if change.action == "rename_table":
+                name = quote(self.table_name(new))
+                self.db.execute(f"ALTER TABLE {quote(self.table_name(old))} RENAME TO {name}")
+            elif change.action == "rename_column":
+                self.db.execute(f"ALTER TABLE {name} RENAME COLUMN {quote(change.name)} TO {quote(change.new_name)}")
+            elif change.action == "drop_column":
+                self.db.execute(f"ALTER TABLE {name} DROP COLUMN {quote(change.name)}")
+            elif change.action == "add_column":
+                assert change.column is not None
+                self.db.execute(f"ALTER TABLE {name} ADD COLUMN {quote(change.name)} {sqlite_type(change.column)}")
+        if old.source_name != new.source_name:
+            self.db.execute(f"DELETE FROM {_TABLES} WHERE source_name = ?", (old.source_name,))
+        self.save_table(new)
+        self._statements.clear()
+
+    def schema_event(self, table: TargetTable, event: dict[str, Any]) -> None:
+        """Nothing to record: the replica's structure is the record."""
 
     # changes -----------------------------------------------------------------------
 

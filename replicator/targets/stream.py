@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..errors import UserError
-from ..schema import TableStructure
+from ..schema import Change, TableStructure
 from . import Row, TargetTable
 
 
@@ -115,6 +115,15 @@ class StreamTarget:
 
     def drop_table(self, table: TargetTable) -> None:
         self._tables.pop(table.source_name, None)
+
+    def alter_table(self, old: TargetTable, new: TargetTable, changes: list[Change]) -> None:
+        self._tables.pop(old.source_name, None)
+        self.save_table(new)
+
+    def schema_event(self, table: TargetTable, event: dict[str, Any]) -> None:
+        """One line per schema change, in order with the row changes."""
+        self._write({"op": "S", "table": table.source_name,
+                     **{k: event.get(k) for k in ("kind", "tag", "sql", "schema", "name", "key", "columns")}})
 
     # changes -------------------------------------------------------------------------
 
