@@ -92,12 +92,20 @@ class Consumer:
         self._table_ids: list[int] | None = None
         self._following: dict[int, TargetTable] = {}
         self._captured: dict[int, CapturedTable] = {}
+        self._connected_once = False
 
     # connection and start-up -------------------------------------------------------
 
     def connect(self) -> Source:
         from . import db
-        self.source = Source(db.connect(self.dsn, application_name=f"replicator consumer {self.name}"))
+        application_name = f"replicator consumer {self.name}"
+        if self._connected_once:
+            # Reconnecting after an outage: OperationalError goes to run(), which retries
+            # with backoff (db.connect would turn it into a UserError and end the daemon).
+            conn = psycopg.connect(db.resolve_dsn(self.dsn), autocommit=True, application_name=application_name)
+        else:
+            conn = db.connect(self.dsn, application_name=application_name)
+        self.source = Source(conn)
         self.source.queue_id(self.queue)
         self._table_ids = None
         last_tick = self.source.register_consumer(self.queue, self.name)
@@ -110,6 +118,7 @@ class Consumer:
         else:
             self.source.set_consumer_position(self.queue, self.name, position)
             log.info("consumer %s resumes queue %s at tick %s", self.name, self.queue, position)
+        self._connected_once = True
         return self.source
 
     def close(self) -> None:

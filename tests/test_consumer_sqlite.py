@@ -1,0 +1,630 @@
+"""The consumer applying a queue into a SQLite replica: type mapping and
+names, exactly-once across crashes, the initial copy, tables added while the
+daemon runs, PK-only tables, readers never seeing part of a batch, and the
+--once / --until-caught-up / daemon modes.
+
+Everything runs against the session's real PostgreSQL cluster and real SQLite
+files; crashes are real SIGKILLs of a real consumer process.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from consumer_helpers import (Daemon, assert_replica_equals_source, latest_tick, run_cli, set_fast_ticks,
+                              sqlite_position, sqlite_primary_key, sqlite_reader, sqlite_rows, sqlite_types,
+                              wait_until, cli_env)
+from replicator.consumer import Consumer
+from replicator.targets.sqlite import SqliteTarget
+
+
+def consume(dsn: str, path: Path, *, tables: list[str] | None = None, once: bool = False) -> int:
+    """Runs a consumer in this process until caught up (or for one batch)."""
+    target = SqliteTarget(path)
+    consumer = Consumer(dsn, "q", target, tables=tables)
+    try:
+        return consumer.run(once=once, until_caught_up=not once)
+    finally:
+        consumer.close()
+        target.close()
+
+
+def consumer_state(conn: psycopg.Connection) -> tuple[int, bool]:
+    """(last_tick, batch_open) of the only consumer of queue q on the source."""
+    rows = conn.execute("SELECT last_tick, batch_open FROM replicator.consumer_info() WHERE queue_name = 'q'"
+                        ).fetchall()
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+# type mapping and names -------------------------------------------------------------
+
+TYPED_DDL = """
+    CREATE TYPE mood AS ENUM ('sad', 'happy');
+    CREATE DOMAIN posint AS integer CHECK (VALUE > 0);
+    CREATE SCHEMA s;
+    CREATE TABLE s.typed (
+        id int PRIMARY KEY, i2 smallint, i8 bigint, b boolean, r real, d double precision,
+        n numeric, n2 numeric(12,2), t text, vc varchar(10), ch char(3), by bytea,
+        dt date, tm time, tmtz timetz, ts timestamp, tstz timestamptz, iv interval,
+        j json, jb jsonb, ia int[], ta text[], u uuid, m mood, dom posint, ip inet);
+    CREATE TABLE plain (k text PRIMARY KEY, v int);
+"""
+
+TYPED_ROWS = """
+    INSERT INTO s.typed VALUES
+    (1, -32768, 9223372036854775807, true, 1.5, 1.0000000000000002,
+     123456789012345678901234567890.123456789, 1.50, E'tab\\there\\nnew "q" \\\\ \u00e9', 'abc', 'ab',
+     '\\x00ff41', '2024-01-02', '03:04:05.123456', '03:04:05+02', '2024-01-02 03:04:05.123456',
+     '2024-01-02 05:04:05.123456+02', '1 day 02:03:04', '{"b": 1,  "a": [1, 2.50]}',
+     '{"b": 1, "a": [1, 2.50]}', '{1,NULL,3}', '{"a b","c\\"d",NULL}',
+     'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 'happy', 7, '10.0.0.1/8'),
+    (2, 0, 0, false, 'NaN', 'Infinity', 'NaN', -0.01, '', '', '', '\\x', '0005-01-02', '00:00', '00:00+00',
+     '2024-01-02 03:04:05', '2024-06-30 23:59:59.5-07:30', '0', 'null', '[]', '{}', '{}',
+     '00000000-0000-0000-0000-000000000000', 'sad', 1, '::1'),
+    (3, NULL, NULL, NULL, '-Infinity', '-Infinity', 0.0000001, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+    (4, NULL, NULL, NULL, NULL, -1.5e-300, 'Infinity', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+    INSERT INTO plain VALUES ('a', 1);
+"""
+
+EXPECTED = {
+    1: {"id": 1, "i2": -32768, "i8": 9223372036854775807, "b": 1, "r": 1.5, "d": 1.0000000000000002,
+        "n": "123456789012345678901234567890.123456789", "n2": "1.50", "t": 'tab\there\nnew "q" \\ \u00e9',
+        "vc": "abc", "ch": "ab ", "by": b"\x00\xffA", "dt": "2024-01-02", "tm": "03:04:05.123456",
+        "tmtz": "03:04:05+02", "ts": "2024-01-02T03:04:05.123456", "tstz": "2024-01-02T03:04:05.123456+00:00",
+        "iv": "1 day 02:03:04", "j": '{"b": 1,  "a": [1, 2.50]}', "jb": '{"a": [1, 2.50], "b": 1}',
+        "ia": "[1,null,3]", "ta": '["a b","c\\"d",null]', "u": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+        "m": "happy", "dom": 7, "ip": "10.0.0.1/8"},
+    2: {"id": 2, "i2": 0, "i8": 0, "b": 0, "r": "NaN", "d": "Infinity", "n": "NaN", "n2": "-0.01", "t": "",
+        "vc": "", "ch": "   ", "by": b"", "dt": "0005-01-02", "tm": "00:00:00", "tmtz": "00:00:00+00",
+        "ts": "2024-01-02T03:04:05", "tstz": "2024-07-01T07:29:59.500000+00:00", "iv": "00:00:00",
+        "j": "null", "jb": "[]", "ia": "[]", "ta": "[]", "u": "00000000-0000-0000-0000-000000000000",
+        "m": "sad", "dom": 1, "ip": "::1"},
+    3: {"id": 3, "r": "-Infinity", "d": "-Infinity", "n": "0.0000001"},
+    4: {"id": 4, "d": -1.5e-300, "n": "Infinity"},
+}
+
+SQLITE_TYPES = {"id": "INTEGER", "i2": "INTEGER", "i8": "INTEGER", "b": "INTEGER", "r": "REAL", "d": "REAL",
+                "n": "TEXT", "n2": "TEXT", "t": "TEXT", "vc": "TEXT", "ch": "TEXT", "by": "BLOB", "dt": "TEXT",
+                "tm": "TEXT", "tmtz": "TEXT", "ts": "TEXT", "tstz": "TEXT", "iv": "TEXT", "j": "TEXT",
+                "jb": "TEXT", "ia": "TEXT", "ta": "TEXT", "u": "TEXT", "m": "TEXT", "dom": "INTEGER",
+                "ip": "TEXT"}
+
+# Output settings an application session may use: the replica must not depend on them.
+ODD_SESSION = ["SET bytea_output = escape", "SET extra_float_digits = 0", "SET IntervalStyle = sql_standard",
+               "SET TimeZone = 'Asia/Kolkata'", "SET DateStyle = 'SQL, DMY'"]
+
+
+@pytest.mark.parametrize("path", ["copy", "events", "events from a session with odd output settings",
+                                  "pk join-back"])
+def test_values_reach_sqlite_with_the_documented_type_mapping(dsn, conn, source, tmp_path, path):
+    conn.execute(TYPED_DDL)
+    source.create_queue("q")
+    if path == "copy":
+        conn.execute(TYPED_ROWS)
+    source.add_table("q", "s.typed", mode="pk" if path == "pk join-back" else "full")
+    source.add_table("q", "plain")
+    replica = tmp_path / "replica.db"
+    consume(dsn, replica)
+    if path != "copy":
+        with psycopg.connect(dsn, autocommit=True) as app:
+            if path.startswith("events from"):
+                for statement in ODD_SESSION:
+                    app.execute(statement)
+            app.execute(TYPED_ROWS)
+        consume(dsn, replica)
+
+    assert sqlite_types(replica, "s__typed") == SQLITE_TYPES
+    assert sqlite_primary_key(replica, "s__typed") == ["id"]
+    rows = sqlite_rows(replica, "s__typed", ["id"])
+    assert sorted(rows) == [(1,), (2,), (3,), (4,)]
+    for row_id, expected in EXPECTED.items():
+        actual = rows[(row_id,)]
+        want = {c: expected.get(c) for c in actual}
+        assert actual == want, f"row {row_id}: " + ", ".join(
+            f"{c}: {actual[c]!r} != {want[c]!r}" for c in actual if actual[c] != want[c]
+            or type(actual[c]) is not type(want[c]))
+        for column, value in want.items():   # 1 and 1.0 compare equal: the storage class must match too
+            assert type(actual[column]) is type(value), (row_id, column, actual[column])
+    assert sqlite_rows(replica, "plain", ["k"]) == {("a",): {"k": "a", "v": 1}}
+    db = sqlite_reader(replica)
+    try:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        db.close()
+
+
+def test_replica_names_drop_public_and_join_other_schemas_with_double_underscore(dsn, conn, source, tmp_path):
+    conn.execute("CREATE SCHEMA sales; CREATE TABLE sales.orders (id int PRIMARY KEY);"
+                 " CREATE TABLE orders (id int PRIMARY KEY); CREATE TABLE \"Mixed Case\" (id int PRIMARY KEY);"
+                 " INSERT INTO sales.orders VALUES (1); INSERT INTO orders VALUES (2);"
+                 " INSERT INTO \"Mixed Case\" VALUES (3)")
+    source.create_queue("q")
+    for name in ("sales.orders", "orders", '"Mixed Case"'):
+        source.add_table("q", name)
+    replica = tmp_path / "r.db"
+    consume(dsn, replica)
+    db = sqlite_reader(replica)
+    try:
+        names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"
+                                           " AND name NOT LIKE '\\_replicator%' ESCAPE '\\'")}
+        assert names == {"sales__orders", "orders", "Mixed Case"}
+        assert db.execute("SELECT id FROM sales__orders").fetchall() == [(1,)]
+        assert db.execute("SELECT id FROM orders").fetchall() == [(2,)]
+        assert db.execute('SELECT id FROM "Mixed Case"').fetchall() == [(3,)]
+    finally:
+        db.close()
+
+
+# generated values against the oracle --------------------------------------------------
+
+_text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=12)
+_row = st.fixed_dictionaries({
+    "i8": st.none() | st.integers(-2**63, 2**63 - 1),
+    "b": st.none() | st.booleans(),
+    "r": st.none() | st.floats(width=32),
+    "d": st.none() | st.floats(),
+    "n": st.none() | st.just(Decimal("NaN")) | st.decimals(allow_nan=False, allow_infinity=True).filter(
+        lambda d: not d.is_finite() or abs(d.adjusted()) < 100),
+    "t": st.none() | _text,
+    "by": st.none() | st.binary(max_size=16),
+    "ts": st.none() | st.datetimes(),
+    "tstz": st.none() | st.datetimes(timezones=st.timezones()),
+    "ta": st.none() | st.lists(st.none() | _text, max_size=4),
+    "jb": st.none() | st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | _text,
+                                   lambda inner: st.lists(inner, max_size=3)
+                                   | st.dictionaries(_text, inner, max_size=3), max_leaves=6),
+})
+
+
+@pytest.fixture
+def generated_setup(dsn, conn, source, tmp_path):
+    conn.execute("CREATE TABLE gen (id int PRIMARY KEY, i8 bigint, b boolean, r real, d double precision,"
+                 " n numeric, t text, by bytea, ts timestamp, tstz timestamptz, ta text[], jb jsonb)")
+    source.create_queue("q")
+    source.add_table("q", "gen")
+    replica = tmp_path / "gen.db"
+    consume(dsn, replica)
+    return replica
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(_row, min_size=1, max_size=6))
+def test_generated_values_match_the_oracle_after_replication(dsn, conn, generated_setup, rows):
+    from psycopg.types.json import Jsonb
+    replica = generated_setup
+    with conn.transaction():
+        conn.execute("TRUNCATE gen")
+        for i, row in enumerate(rows):
+            values = dict(row, id=i, jb=Jsonb(row["jb"]) if row["jb"] is not None else None)
+            conn.execute("INSERT INTO gen VALUES (%(id)s, %(i8)s, %(b)s, %(r)s, %(d)s, %(n)s, %(t)s, %(by)s,"
+                         " %(ts)s, %(tstz)s, %(ta)s, %(jb)s)", values)
+    consume(dsn, replica)
+    assert_replica_equals_source(conn, replica, [("public.gen", "gen", ["id"])])
+
+
+# exactly once across kill -9 ---------------------------------------------------------
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    from replicator import cli
+    from replicator.source import Source
+    from replicator.targets.sqlite import SqliteTarget
+    point, n = sys.argv[1], int(sys.argv[2])
+    calls = {"n": 0}
+
+    def die_on_nth(cls, name, when=lambda *a: True):
+        original = getattr(cls, name)
+        def hooked(self, *args, **kwargs):
+            if when(*args):
+                calls["n"] += 1
+                if calls["n"] >= n:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return original(self, *args, **kwargs)
+        setattr(cls, name, hooked)
+
+    if point == "before finish_batch":          # the target committed, the source does not know
+        die_on_nth(Source, "finish_batch")
+    elif point == "in the middle of a batch":   # some rows of the batch written, not committed
+        die_on_nth(SqliteTarget, "upsert", lambda table, op, rows: op != "R")
+    elif point == "during the initial copy":
+        die_on_nth(SqliteTarget, "upsert", lambda table, op, rows: op == "R")
+    elif point == "before the target commit":   # position written, not committed
+        die_on_nth(SqliteTarget, "commit")
+    sys.argv = ["replicator", *sys.argv[3:]]
+    cli.main()
+""")
+
+
+@pytest.mark.parametrize("point,nth", [("before finish_batch", 1), ("in the middle of a batch", 3),
+                                        ("during the initial copy", 2), ("before the target commit", 1)])
+def test_kill_9_at_a_fixed_point_then_restart_leaves_replica_equal_to_source(dsn, conn, source, tmp_path,
+                                                                               point, nth):
+    conn.execute("CREATE TABLE acct (id int PRIMARY KEY, bal int NOT NULL, note text)")
+    conn.execute("INSERT INTO acct SELECT g, 100, 'n' || g FROM generate_series(1, 12000) g")
+    source.create_queue("q")
+    source.add_table("q", "acct")
+    replica = tmp_path / "r.db"
+    args = ["consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up"]
+    if point != "during the initial copy":
+        assert run_cli(dsn, *args).returncode == 0
+    # Several batches, each of several statements (events).
+    for batch in range(3):
+        with conn.transaction():
+            conn.execute("UPDATE acct SET bal = bal - 1 WHERE id %% 7 = %s", (batch,))
+            conn.execute("UPDATE acct SET bal = bal + 1 WHERE id %% 7 = %s", (batch + 1,))
+            conn.execute("DELETE FROM acct WHERE id %% 50 = %s", (batch,))
+            conn.execute("INSERT INTO acct VALUES (%s, 1, 'new')", (20000 + batch,))
+            conn.execute("UPDATE acct SET id = id + 100000 WHERE id %% 97 = %s", (batch,))
+        source.tick("q", force=True)
+
+    killed = subprocess.run([sys.executable, "-c", KILLER, point, str(nth), *args], env=cli_env(dsn),
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, f"the kill point was not reached: {killed.stderr}"
+
+    resumed = run_cli(dsn, *args)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_replica_equals_source(conn, replica, [("public.acct", "acct", ["id"])])
+    last_tick, batch_open = consumer_state(conn)
+    assert (last_tick, batch_open) == (sqlite_position(replica), False)
+
+
+# initial copy -----------------------------------------------------------------------------
+
+def test_copy_skips_events_already_in_its_snapshot_and_applies_those_committed_after_it(dsn, conn, source,
+                                                                                        tmp_path):
+    """One tick per batch, so replaying an event the copy already holds would
+    show: the counter would go back from 2 to 1."""
+    conn.execute("CREATE TABLE counters (id int PRIMARY KEY, n int NOT NULL)")
+    conn.execute("INSERT INTO counters SELECT g, 0 FROM generate_series(1, 10) g")
+    source.create_queue("q")
+    source.add_table("q", "counters")
+    source.register_consumer("q", "c")               # the consumer's position predates the writes below
+    conn.execute("UPDATE counters SET n = 1")
+    source.tick("q", force=True)
+    conn.execute("UPDATE counters SET n = 2")
+    source.tick("q", force=True)
+    replica = tmp_path / "r.db"
+    target = SqliteTarget(replica)
+    consumer = Consumer(dsn, "q", target, name="c", max_batch_events=1)
+    try:
+        with psycopg.connect(dsn) as in_progress:       # running during the copy, committed after it
+            in_progress.execute("UPDATE counters SET n = 3 WHERE id = 1")
+            assert consumer.run(once=True) == 1
+            assert {r["n"] for r in sqlite_rows(replica, "counters", ["id"]).values()} == {2}
+            in_progress.commit()
+        assert consumer.run(until_caught_up=True) >= 1
+    finally:
+        consumer.close()
+        target.close()
+    rows = sqlite_rows(replica, "counters", ["id"])
+    assert rows[(1,)]["n"] == 3
+    assert_replica_equals_source(conn, replica, [("public.counters", "counters", ["id"])])
+    assert sqlite_reader(replica).execute("SELECT copy_snapshot FROM _replicator_tables").fetchone() == (None,)
+
+
+def test_writes_concurrent_with_the_copy_are_neither_lost_nor_doubled(dsn, conn, source, tmp_path):
+    conn.execute("CREATE TABLE counters (id int PRIMARY KEY, n int NOT NULL, pad text)")
+    conn.execute("INSERT INTO counters SELECT g, 0, repeat('x', 200) FROM generate_series(1, 100000) g")
+    source.create_queue("q")
+    source.add_table("q", "counters")
+    source.register_consumer("q", "c")
+    set_fast_ticks(conn)
+    replica = tmp_path / "r.db"
+    stop = threading.Event()
+    written = {"updates": 0, "inserts": 0}
+
+    def writer() -> None:
+        rng = random.Random(1)
+        with psycopg.connect(dsn, autocommit=True) as w:
+            while not stop.is_set():
+                ids = rng.sample(range(2, 100001), 20)
+                w.execute("UPDATE counters SET n = n + 1 WHERE id = ANY(%s) OR id = 1", (ids,))
+                written["updates"] += 1
+                w.execute("INSERT INTO counters VALUES (%s, 0, 'new')", (200000 + written["inserts"],))
+                written["inserts"] += 1
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    ticker = Daemon(dsn, "ticker", "--interval", "0.05", log=tmp_path / "ticker.log")
+    daemon = None
+    try:
+        wait_until(lambda: written["updates"] >= 20, 30, "writes before the copy")
+        daemon = Daemon(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--consumer", "c",
+                        log=tmp_path / "consumer.log")
+        start = written["updates"]
+        wait_until(lambda: sqlite_position(replica) and replica_has_table(replica, "counters"), 60, "the copy",
+                   check=lambda: assert_alive(daemon))
+        assert written["updates"] > start, "no write happened while the copy ran"
+        target_tick = latest_tick(conn) + 3
+        wait_until(lambda: (sqlite_position(replica) or 0) >= target_tick, 60, "batches after the copy",
+                   check=lambda: assert_alive(daemon))
+    finally:
+        stop.set()
+        thread.join(60)
+        if daemon is not None:
+            daemon.stop()
+        ticker.stop()
+    caught_up = run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--consumer", "c",
+                        "--until-caught-up")
+    assert caught_up.returncode == 0, caught_up.stderr
+    assert_replica_equals_source(conn, replica, [("public.counters", "counters", ["id"])])
+    assert sqlite_rows(replica, "counters", ["id"])[(1,)]["n"] == written["updates"]
+
+
+def replica_has_table(path: Path, table: str) -> bool:
+    if not path.exists():
+        return False
+    db = sqlite_reader(path)
+    try:
+        return db.execute("SELECT count(*) FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0] == 1
+    finally:
+        db.close()
+
+
+def assert_alive(daemon: Daemon) -> None:
+    assert daemon.alive(), f"daemon exited with {daemon.proc.returncode}:\n{daemon.log()[-3000:]}"
+
+
+def test_table_added_while_the_daemon_runs_is_copied_and_followed(dsn, conn, source, tmp_path):
+    conn.execute("CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO b SELECT g, 'before' FROM generate_series(1, 1000) g")
+    source.create_queue("q")
+    source.add_table("q", "a")
+    set_fast_ticks(conn)
+    replica = tmp_path / "r.db"
+    ticker = Daemon(dsn, "ticker", "--interval", "0.05", log=tmp_path / "ticker.log")
+    daemon = Daemon(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--poll-interval", "0.05",
+                    log=tmp_path / "consumer.log")
+    try:
+        conn.execute("INSERT INTO a VALUES (1, 'x')")
+        wait_until(lambda: replica_has_table(replica, "a") and sqlite_rows(replica, "a", ["id"]), 30, "table a replicated",
+                   check=lambda: assert_alive(daemon))
+        with conn.transaction():
+            source.add_table("q", "b")
+            conn.execute("UPDATE b SET v = 'in add txn' WHERE id <= 10")
+        conn.execute("INSERT INTO b SELECT g, 'after' FROM generate_series(1001, 1500) g")
+        conn.execute("DELETE FROM b WHERE id BETWEEN 11 AND 20")
+        tick = source.tick("q", force=True)
+        wait_until(lambda: (sqlite_position(replica) or 0) >= tick, 30, "the daemon to pass the add",
+                   check=lambda: assert_alive(daemon))
+        assert_replica_equals_source(conn, replica, [("public.a", "a", ["id"]), ("public.b", "b", ["id"])])
+        assert daemon.terminate() == 0
+    finally:
+        daemon.stop()
+        ticker.stop()
+    assert "Traceback" not in daemon.log()
+
+
+# PK-only tables ------------------------------------------------------------------------------
+
+def test_pk_mode_applies_current_source_rows_for_collapsed_keys(dsn, conn, source, tmp_path):
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY, v text, n int)")
+    conn.execute("INSERT INTO p SELECT g, 'v' || g, 0 FROM generate_series(1, 100) g")
+    source.create_queue("q")
+    source.add_table("q", "p", mode="pk")
+    replica = tmp_path / "r.db"
+    consume(dsn, replica)
+    assert len(sqlite_rows(replica, "p", ["id"])) == 100
+    with conn.transaction():
+        for i in range(5):
+            conn.execute("UPDATE p SET n = n + 1, v = 'five' WHERE id = 1")
+        conn.execute("INSERT INTO p VALUES (1000, 'born and gone', 0)")
+        conn.execute("DELETE FROM p WHERE id = 1000")
+        conn.execute("DELETE FROM p WHERE id BETWEEN 2 AND 5")
+        conn.execute("UPDATE p SET id = id + 500 WHERE id BETWEEN 6 AND 8")          # key change
+        conn.execute("INSERT INTO p SELECT g, 'bulk', g FROM generate_series(2001, 14000) g")   # > 5000 keys
+    conn.execute("UPDATE p SET v = 'later' WHERE id = 9")
+    consume(dsn, replica)
+    assert_replica_equals_source(conn, replica, [("public.p", "p", ["id"])])
+    rows = sqlite_rows(replica, "p", ["id"])
+    assert rows[(1,)] == {"id": 1, "v": "five", "n": 5}
+    assert (1000,) not in rows and (6,) not in rows and (506,) in rows
+
+    conn.execute("TRUNCATE p")
+    conn.execute("INSERT INTO p VALUES (1, 'after truncate', 1)")
+    consume(dsn, replica)
+    assert sqlite_rows(replica, "p", ["id"]) == {(1,): {"id": 1, "v": "after truncate", "n": 1}}
+
+
+def test_pk_mode_is_refused_for_nullable_key_columns(conn, source):
+    conn.execute("CREATE TABLE nokey (k int, v text); CREATE TABLE nnkey (k int NOT NULL, v text)")
+    source.create_queue("q")
+    from replicator.errors import UserError
+    with pytest.raises(UserError, match=r"(?i)null"):
+        source.add_table("q", "nokey", mode="pk", key=["k"])
+    assert source.add_table("q", "nnkey", mode="pk", key=["k"]) > 0
+    assert source.add_table("q", "nokey", mode="full", key=["k"]) > 0
+
+
+# readers see whole batches ----------------------------------------------------------------
+
+def test_reader_polling_the_wal_replica_never_sees_part_of_a_batch(dsn, conn, source, tmp_path):
+    """Transfers keep the sum of balances constant; bulk inserts add 2500 rows
+    (three 1000-row events) at once. A reader polling with its own connection
+    must only ever see the invariant hold."""
+    conn.execute("CREATE TABLE acct (id int PRIMARY KEY, bal bigint NOT NULL);"
+                 " CREATE TABLE bulk (id int PRIMARY KEY, grp int NOT NULL)")
+    conn.execute("INSERT INTO acct SELECT g, 1000 FROM generate_series(1, 50) g")
+    source.create_queue("q")
+    source.add_table("q", "acct")
+    source.add_table("q", "bulk")
+    set_fast_ticks(conn)
+    replica = tmp_path / "r.db"
+    consume(dsn, replica)
+    stop = threading.Event()
+    observations: list[tuple[int, int, int]] = []
+    violations: list[tuple[int, int, int]] = []
+
+    def reader() -> None:
+        db = sqlite_reader(replica)
+        try:
+            while not stop.is_set():
+                db.execute("BEGIN")
+                total, = db.execute("SELECT sum(bal) FROM acct").fetchone()
+                count, = db.execute("SELECT count(*) FROM bulk").fetchone()
+                tick, = db.execute("SELECT last_tick FROM _replicator_position").fetchone()
+                db.execute("COMMIT")
+                observations.append((total, count, tick))
+                if total != 50000 or count % 2500:
+                    violations.append((total, count, tick))
+        finally:
+            db.close()
+
+    def transfers(seed: int) -> None:
+        rng = random.Random(seed)
+        with psycopg.connect(dsn, autocommit=True) as w:
+            for i in range(150):
+                if i % 15 == 0:     # spread the writes over many ticks
+                    seen_tick = latest_tick(w)
+                    wait_until(lambda: latest_tick(w) > seen_tick, 30, "the ticker")
+                a, b = rng.sample(range(1, 51), 2)
+                amount = rng.randint(1, 50)
+                try:
+                    with w.transaction():
+                        w.execute("UPDATE acct SET bal = bal - %s WHERE id = %s", (amount, a))
+                        w.execute("UPDATE acct SET bal = bal + %s WHERE id = %s", (amount, b))
+                except psycopg.errors.DeadlockDetected:
+                    pass
+                if seed == 0 and i % 30 == 0:
+                    w.execute("INSERT INTO bulk SELECT g, %s FROM generate_series(%s::int, %s::int) g",
+                              (i, i * 10000, i * 10000 + 2499))
+
+    ticker = Daemon(dsn, "ticker", "--interval", "0.02", log=tmp_path / "ticker.log")
+    daemon = Daemon(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--poll-interval", "0.02",
+                    log=tmp_path / "consumer.log")
+    threads = [threading.Thread(target=reader)] + [threading.Thread(target=transfers, args=(s,))
+                                                    for s in range(3)]
+    try:
+        wait_until(lambda: "resumes" in daemon.log(), 30, "the daemon to start", check=lambda: assert_alive(daemon))
+        for t in threads:
+            t.start()
+        for t in threads[1:]:
+            t.join(120)
+        tick = source.tick("q", force=True)
+        wait_until(lambda: (sqlite_position(replica) or 0) >= tick, 60, "the daemon to catch up",
+                   check=lambda: assert_alive(daemon))
+    finally:
+        stop.set()
+        threads[0].join(30)
+        daemon.stop()
+        ticker.stop()
+    assert not violations, violations[:10]
+    assert len({o[2] for o in observations}) >= 5, "the reader saw too few batches to prove anything"
+    assert len({o[1] for o in observations}) >= 3, "the reader never saw a bulk insert arrive"
+    assert_replica_equals_source(conn, replica, [("public.acct", "acct", ["id"]), ("public.bulk", "bulk", ["id"])])
+
+
+# --once, --until-caught-up, SIGTERM ---------------------------------------------------------
+
+def test_once_applies_one_batch_and_until_caught_up_applies_everything_committed_before_it(dsn, conn, source,
+                                                                                          tmp_path):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    replica = tmp_path / "r.db"
+    args = ["consume", "q", "--target", f"sqlite:{replica}"]
+    assert run_cli(dsn, *args, "--until-caught-up").returncode == 0
+    start = sqlite_position(replica)
+
+    conn.execute("INSERT INTO t VALUES (1)")
+    t1 = source.tick("q", force=True)
+    conn.execute("INSERT INTO t VALUES (2)")          # committed, no tick yet: not in the next batch
+    once = run_cli(dsn, *args, "--once")
+    assert once.returncode == 0, once.stderr
+    assert (start, sqlite_position(replica)) == (t1 - 1, t1)
+    assert set(sqlite_rows(replica, "t", ["id"])) == {(1,)}
+
+    assert run_cli(dsn, *args, "--once").returncode == 0     # no tick: nothing to do, still exit 0
+    assert sqlite_position(replica) == t1
+
+    conn.execute("INSERT INTO t VALUES (3)")
+    with psycopg.connect(dsn) as open_txn:                   # open when the call starts: not waited for
+        open_txn.execute("INSERT INTO t VALUES (4)")
+        started = time.monotonic()
+        caught_up = run_cli(dsn, *args, "--until-caught-up", timeout=60)
+        assert caught_up.returncode == 0, caught_up.stderr
+        assert time.monotonic() - started < 30
+        assert set(sqlite_rows(replica, "t", ["id"])) == {(1,), (2,), (3,)}
+        open_txn.commit()
+    assert run_cli(dsn, *args, "--until-caught-up").returncode == 0
+    assert set(sqlite_rows(replica, "t", ["id"])) == {(1,), (2,), (3,), (4,)}
+
+
+def test_daemon_finishes_the_current_batch_on_sigterm_and_exits_0(dsn, conn, source, tmp_path):
+    conn.execute("CREATE TABLE big (id int PRIMARY KEY, v int)")
+    source.create_queue("q")
+    source.add_table("q", "big")
+    replica = tmp_path / "r.db"
+    args = ["consume", "q", "--target", f"sqlite:{replica}"]
+    assert run_cli(dsn, *args, "--until-caught-up").returncode == 0
+    conn.execute("INSERT INTO big SELECT g, g FROM generate_series(1, 300000) g")
+    tick = source.tick("q", force=True)
+    daemon = Daemon(dsn, *args, log=tmp_path / "consumer.log")
+    try:
+        wait_until(lambda: consumer_state(conn)[1], 30, "the daemon to open the batch",
+                   check=lambda: assert_alive(daemon), interval=0.005)
+        assert daemon.terminate() == 0, daemon.log()
+    finally:
+        daemon.stop()
+    assert sqlite_position(replica) == tick
+    db = sqlite_reader(replica)
+    try:
+        assert db.execute("SELECT count(*) FROM big").fetchone()[0] == 300000
+    finally:
+        db.close()
+    assert consumer_state(conn) == (tick, False)
+
+
+def durable_commits(conn: psycopg.Connection) -> None:
+    """The throwaway cluster runs with synchronous_commit = off: a crash there
+    loses recently committed transactions, ticks included, and a replica that
+    already applied a lost tick then disagrees with the source. Tests that
+    crash the server make this database's commits durable first."""
+    dbname = conn.info.dbname
+    conn.execute(f'ALTER DATABASE "{dbname}" SET synchronous_commit = on')
+
+
+def test_daemon_survives_a_source_outage_longer_than_its_first_backoff(dsn, conn, source, tmp_path, pg_server):
+    durable_commits(conn)
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    replica = tmp_path / "r.db"
+    daemon = Daemon(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--poll-interval", "0.05",
+                    log=tmp_path / "consumer.log")
+    try:
+        wait_until(lambda: replica_has_table(replica, "t"), 30, "the daemon to copy t",
+                   check=lambda: assert_alive(daemon))
+        conn.close()
+        source.conn.close()
+        pg_server.stop("immediate")
+        try:
+            wait_until(lambda: daemon.log().count("reconnecting") >= 3, 30, "three failed reconnections",
+                       check=lambda: assert_alive(daemon))
+        finally:
+            pg_server.start()
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("INSERT INTO t VALUES (1)")
+            tick = c.execute("SELECT replicator.ticker('q', true)").fetchone()[0]
+        wait_until(lambda: (sqlite_position(replica) or 0) >= tick, 60, "the daemon to apply after the outage",
+                   check=lambda: assert_alive(daemon))
+        assert set(sqlite_rows(replica, "t", ["id"])) == {(1,)}
+        assert daemon.terminate() == 0
+    finally:
+        daemon.stop()
