@@ -1,0 +1,157 @@
+"""The ticker: safe to run concurrently, and ticks only when due unless forced."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from replicator.errors import UserError
+
+
+@pytest.fixture
+def q(conn, source):
+    conn.execute('CREATE TABLE "t" ("id" bigserial PRIMARY KEY, "v" int)')
+    source.create_queue("q")
+    source.add_table("q", "t")
+    return source
+
+
+def _parse(snapshot: str) -> tuple[int, int, set[int]]:
+    xmin, xmax, xip = snapshot.split(":")
+    return int(xmin), int(xmax), {int(x) for x in xip.split(",") if x}
+
+
+def _wait_for(predicate, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_concurrent_tickers_produce_strictly_increasing_ticks_with_monotonic_snapshots(dsn, conn, q):
+    tickers, calls = 3, 150
+    start = threading.Barrier(tickers + 2)
+    done = threading.Event()
+    returned: list[list[int | None]] = [[] for _ in range(tickers)]
+    errors: list[BaseException] = []
+
+    def ticker(number: int) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                start.wait()
+                for _ in range(calls):
+                    returned[number].append(c.execute("SELECT replicator.ticker('q', true)").fetchone()[0])
+        except BaseException as exc:       # reported by the main thread
+            errors.append(exc)
+
+    def short_writer() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                start.wait()
+                while not done.is_set():
+                    c.execute('INSERT INTO "t" ("v") VALUES (1)')
+        except BaseException as exc:
+            errors.append(exc)
+
+    def long_writer() -> None:
+        """Keeps transactions open across ticks, so snapshots have in-progress lists."""
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c, psycopg.connect(dsn, autocommit=True) as probe:
+                start.wait()
+                while not done.is_set():
+                    c.execute("BEGIN")
+                    c.execute('INSERT INTO "t" ("v") VALUES (2)')
+                    seen = probe.execute("SELECT count(*) FROM replicator.tick").fetchone()[0]
+                    while not done.is_set() and probe.execute(
+                            "SELECT count(*) FROM replicator.tick").fetchone()[0] < seen + 3:
+                        pass
+                    c.execute("COMMIT")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ticker, args=(i,)) for i in range(tickers)]
+    threads += [threading.Thread(target=short_writer), threading.Thread(target=long_writer)]
+    for thread in threads:
+        thread.start()
+    for thread in threads[:tickers]:
+        thread.join(120)
+    done.set()
+    for thread in threads[tickers:]:
+        thread.join(60)
+    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads)
+
+    ticks = conn.execute("""SELECT tick_id, tick_snapshot::text, tick_time, tick_event_seq FROM replicator.tick
+                            WHERE tick_queue = (replicator.find_queue('q')).queue_id ORDER BY tick_id""").fetchall()
+    ids = [tick[0] for tick in ticks]
+    made = sorted(tick_id for r in returned for tick_id in r if tick_id is not None)
+    # Every tick was made by exactly one call, ids are 1..n without gaps or repeats.
+    assert ids == made == list(range(1, len(ids) + 1))
+    # The tickers did run into each other (a call finding the queue busy returns NULL).
+    assert len(ids) >= 30 and any(tick_id is None for r in returned for tick_id in r)
+    assert any(_parse(tick[1])[2] for tick in ticks)           # some snapshots list running transactions
+    for (id1, snap1, time1, seq1), (id2, snap2, time2, seq2) in zip(ticks, ticks[1:]):
+        xmin1, xmax1, xip1 = _parse(snap1)
+        xmin2, xmax2, xip2 = _parse(snap2)
+        assert xmin2 >= xmin1 and xmax2 >= xmax1, (id1, snap1, id2, snap2)
+        # Everything visible in the earlier snapshot is visible in the later one.
+        assert {x for x in xip2 if x < xmax1} <= xip1, (id1, snap1, id2, snap2)
+        assert time2 >= time1 and seq2 >= seq1
+
+
+def test_ticker_without_force_ticks_only_when_due(conn, q):
+    first = q.tick("q", force=True)
+    conn.execute("""UPDATE replicator.queue SET queue_ticker_max_count = 3,
+                    queue_ticker_max_lag = '10 minutes', queue_ticker_idle_period = '1 hour'""")
+
+    def age_last_tick(by: timedelta) -> None:
+        conn.execute("UPDATE replicator.tick SET tick_time = tick_time - %s"
+                     " WHERE tick_id = (SELECT max(tick_id) FROM replicator.tick)", (by,))
+
+    assert q.tick("q") is None                                 # nothing happened
+    conn.execute('INSERT INTO "t" ("v") VALUES (1)')
+    conn.execute('INSERT INTO "t" ("v") SELECT g FROM generate_series(1, 100) g')   # one event
+    assert q.tick("q") is None                                 # 2 events < max_count, lag not reached
+    conn.execute('INSERT INTO "t" ("v") VALUES (3)')
+    assert q.tick("q") == first + 1                            # max_count events
+    assert q.tick("q") is None
+
+    conn.execute('INSERT INTO "t" ("v") VALUES (4)')
+    age_last_tick(timedelta(minutes=9))
+    assert q.tick("q") is None                                 # 1 event, lag below max_lag
+    age_last_tick(timedelta(minutes=2))
+    assert q.tick("q") == first + 2                            # 1 event, lag past max_lag
+
+    age_last_tick(timedelta(minutes=59))
+    assert q.tick("q") is None                                 # no event: idle period not over
+    age_last_tick(timedelta(minutes=2))
+    assert q.tick("q") == first + 3                            # no event, idle period over
+    assert q.tick("q") is None
+    assert q.tick("q", force=True) == first + 4                # forced
+
+
+def test_ticker_of_every_queue_ticks_the_queues_that_are_due(conn, q):
+    q.create_queue("idle")
+    q.tick("q", force=True)
+    q.tick("idle", force=True)
+    conn.execute("UPDATE replicator.queue SET queue_ticker_max_count = 1, queue_ticker_idle_period = '1 hour'")
+    assert q.tick() == 0
+    conn.execute('INSERT INTO "t" ("v") VALUES (1)')
+    assert q.tick() == 1
+    assert [r["last_tick"] for r in q.queues()] == [1, 2]      # ordered by name: idle, q
+
+
+def test_ticker_refuses_a_snapshot_that_would_be_stale(dsn, q):
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        with pytest.raises(psycopg.errors.RaiseException, match="READ COMMITTED"):
+            c.execute("SELECT replicator.ticker('q', true)")
+
+
+def test_ticker_of_unknown_queue_is_a_clear_error(q):
+    with pytest.raises(UserError, match='queue "nope" does not exist'):
+        q.tick("nope")
