@@ -1,0 +1,129 @@
+"""Installing, upgrading and removing schema "replicator"."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+from replicator.errors import UserError
+from replicator.install import install, installed_versions, migrations, uninstall
+from replicator.source import Source
+from queue_util import read_events
+
+
+def _catalog(conn) -> dict[str, int]:
+    """How many objects of each kind replicator has in the database."""
+    return dict(conn.execute("""
+        SELECT 'functions', count(*) FROM pg_proc WHERE pronamespace = 'replicator'::regnamespace
+        UNION ALL SELECT 'tables', count(*) FROM pg_class WHERE relnamespace = 'replicator'::regnamespace
+        UNION ALL SELECT 'triggers', count(*) FROM pg_trigger WHERE NOT tgisinternal
+        UNION ALL SELECT 'event triggers', count(*) FROM pg_event_trigger""").fetchall())
+
+
+def test_install_is_idempotent(dsn, conn, source):
+    latest = [m.version for m in migrations()]
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY)')
+    source.create_queue("q")
+    source.add_table("q", "t")
+    source.register_consumer("q", "c")
+    conn.execute('INSERT INTO "t" VALUES (1)')
+    before = _catalog(conn)
+    assert before["functions"] > 0 and before["triggers"] == 4
+
+    assert install(conn).applied == []
+    assert install(conn).applied == []
+    assert installed_versions(conn) == latest
+    assert _catalog(conn) == before
+    # Queued events, positions and capture survive a re-install.
+    conn.execute('INSERT INTO "t" VALUES (2)')
+    assert [e.items for e in read_events(source)] == [[[1]], [[2]]]
+
+
+def test_install_applies_missing_migrations_to_an_older_schema(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        applied = install(conn, up_to=1).applied
+        assert [m.version for m in applied] == [1]
+        assert installed_versions(conn) == [1]
+        assert conn.execute("SELECT to_regclass('replicator.captured_schema')").fetchone()[0] is None
+
+        applied = install(conn).applied
+        assert [m.version for m in applied] == [m.version for m in migrations()][1:]
+        rows = conn.execute("SELECT version, name FROM replicator.schema_version ORDER BY version").fetchall()
+        assert rows == [(m.version, m.name) for m in migrations()]
+        assert (2, "captured_schema") in rows
+        assert conn.execute("SELECT to_regclass('replicator.captured_schema')").fetchone()[0] == "replicator.captured_schema"
+        # The upgraded schema works.
+        source = Source(conn)
+        source.create_queue("q")
+        assert [q["queue_name"] for q in source.queues()] == ["q"]
+
+
+def test_concurrent_installs_apply_each_migration_once(empty_dsn):
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def run() -> None:
+        try:
+            with psycopg.connect(empty_dsn, autocommit=True) as c:
+                start.wait()
+                install(c)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    with psycopg.connect(empty_dsn) as conn:
+        assert installed_versions(conn) == [m.version for m in migrations()]
+
+
+def test_source_refuses_a_database_without_replicator(empty_dsn):
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        with pytest.raises(UserError, match="replicator is not installed in this database"):
+            Source(conn)
+
+
+def test_uninstall_leaves_nothing_behind_and_keeps_application_data(conn, source):
+    conn.execute('CREATE SCHEMA "App ""Data"""')
+    conn.execute('CREATE TABLE "App ""Data"""."Orders" ("id" int PRIMARY KEY, "v" text)')
+    conn.execute('CREATE TABLE "p" ("id" int PRIMARY KEY) PARTITION BY RANGE ("id")')
+    conn.execute('CREATE TABLE "p1" PARTITION OF "p" FOR VALUES FROM (0) TO (100)')
+    conn.execute('CREATE TABLE "nokey" ("x" int)')
+    source.create_queue("q")
+    source.create_queue("other")
+    source.add_table("q", '"App ""Data"""."Orders"')
+    source.add_table("other", '"App ""Data"""."Orders"', mode="pk")
+    source.add_table("q", "p")
+    source.add_table("q", "nokey", key=["x"])
+    source.register_consumer("q", "c")
+    conn.execute('''INSERT INTO "App ""Data"""."Orders" VALUES (1, 'a'), (2, 'b')''')
+    conn.execute('INSERT INTO "p" VALUES (1), (2)')
+    conn.execute('INSERT INTO "nokey" VALUES (1)')
+    source.tick("q", force=True)
+    functions = [r[0] for r in conn.execute(
+        "SELECT oid FROM pg_proc WHERE pronamespace = 'replicator'::regnamespace")]
+    assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgfoid = ANY (%s)", (functions,)).fetchone()[0] > 0
+    assert conn.execute("SELECT count(*) FROM pg_event_trigger").fetchone()[0] > 0   # superuser: DDL capture on
+    data = {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
+            for t in ('"App ""Data"""."Orders"', '"p"', '"nokey"')}
+
+    uninstall(conn)
+
+    assert conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'replicator'").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM pg_proc WHERE oid = ANY (%s)", (functions,)).fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                        " WHERE n.nspname = 'replicator' OR p.proname LIKE 'capture\\_%'").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM pg_event_trigger").fetchone()[0] == 0
+    assert {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall() for t in data} == data
+    # The application goes on writing; installing again starts afresh.
+    conn.execute('''INSERT INTO "App ""Data"""."Orders" VALUES (3, 'c')''')
+    conn.execute('UPDATE "p" SET "id" = "id" + 10')
+    uninstall(conn)                                             # nothing left to remove: no error
+    assert install(conn).applied == migrations()
+    assert Source(conn).queues() == []
