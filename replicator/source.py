@@ -214,16 +214,28 @@ class Source:
     def batch_event_sql(self, batch_id: int, tables: list[int] | None = None) -> str:
         return self._call("SELECT replicator.batch_event_sql(%s, %s)", (batch_id, tables))
 
-    def batch_events(self, batch_id: int, tables: list[int] | None = None,
-                     chunk_size: int = 200) -> Iterator[tuple[int, int, datetime, str, int, str | None]]:
+    def batch_events(self, batch_id: int, tables: list[int] | None = None, chunk_size: int = 16,
+                     chunk_bytes: int = 8 << 20) -> Iterator[tuple[int, int, datetime, str, int, str | None]]:
         """The batch's events in ev_id order, streamed through a server-side cursor.
-        ev_data comes as JSON text: decoding it is the consumer's job (events.py)."""
+        ev_data comes as JSON text: decoding it is the consumer's job (events.py).
+
+        An event holds up to 1000 rows, so a fixed number of events per fetch
+        is no memory bound: after the first fetch (chunk_size events), each fetch asks for as many
+        events as fit in about chunk_bytes of ev_data at the sizes seen so far
+        (at least one, at most 1000)."""
         query = self.batch_event_sql(batch_id, tables)
         query = query.replace("ev_data FROM", "ev_data::text FROM", 1)
         with self.conn.transaction(), self.conn.cursor(name=f"batch_{batch_id}") as cur:
-            cur.itersize = chunk_size
             cur.execute(query)
-            yield from cur
+            count = chunk_size
+            while True:
+                rows = cur.fetchmany(count)
+                if not rows:
+                    return
+                size = sum(len(r[5]) for r in rows if r[5] is not None) + 64 * len(rows)
+                count = max(1, min(1000, chunk_bytes * len(rows) // size))
+                yield from rows
+                del rows
 
     def finish_batch(self, batch_id: int) -> bool:
         return self._call("SELECT replicator.finish_batch(%s)", (batch_id,))
