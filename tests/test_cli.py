@@ -1,0 +1,180 @@
+"""The real `replicator` console script: every mistake a user can make ends in one
+line on stderr and a non-zero exit, never a traceback; and the happy path works."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psycopg
+import pytest
+
+SCRIPT = Path(sys.executable).parent / "replicator"
+
+
+def run(*args: str, dsn: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG") and k != "REPLICATOR_DSN"}
+    env.update(COLUMNS="200", NO_COLOR="1")
+    command = [str(SCRIPT), *(["--dsn", dsn] if dsn is not None else []), *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+
+
+def run_all(commands: list[list[str]], dsn: str) -> list[subprocess.CompletedProcess[str]]:
+    """Runs independent invocations side by side (each one is a fresh interpreter)."""
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda args: run(*args, dsn=dsn), commands))
+
+
+def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """Exit 1, exactly one line on stderr, starting with "error:" and naming the problem."""
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def assert_usage_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    """click's usage error: exit 2, a usage line and an "Error:" line, no traceback."""
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert result.stderr.startswith("Usage: ") and "\nError: " in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)
+
+
+@pytest.fixture
+def app(dsn):
+    """A database with replicator installed, queue "q" and two application tables."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute('CREATE TABLE "orders" ("id" int PRIMARY KEY, "v" text)')
+        c.execute('CREATE TABLE "nokey" ("id" int, "v" text)')
+        c.execute("SELECT replicator.create_queue('q')")
+    return dsn
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_server_is_one_line(tmp_path):
+    dsn = f"host=127.0.0.1 port={_free_port()} user=postgres dbname=nowhere connect_timeout=5"
+    for result in run_all([["install"], ["ticker"]], dsn):
+        assert_user_error(result, "cannot connect to", dsn)
+
+
+def test_malformed_dsn_is_one_line():
+    assert_user_error(run("status", dsn="host=127.0.0.1 no_such_option=1"), "no_such_option")
+
+
+def test_dsn_from_the_environment(app):
+    env_run = subprocess.run([str(SCRIPT), "queue", "list", "--json"], capture_output=True, text=True,
+                             env={**os.environ, "REPLICATOR_DSN": app}, timeout=60)
+    assert env_run.returncode == 0, env_run.stderr
+    assert [q["queue_name"] for q in json.loads(env_run.stdout)] == ["q"]
+
+
+def test_schema_not_installed_is_one_line(empty_dsn):
+    for result in run_all([["table", "add", "q", "t"], ["ticker"]], empty_dsn):
+        assert_user_error(result, "replicator is not installed", "replicator install")
+
+
+def test_unknown_queue_is_one_line(app):
+    for result in run_all([["table", "add", "nope", "orders"], ["queue", "drop", "nope"]], app):
+        assert_user_error(result, 'queue "nope" does not exist')
+
+
+def test_unknown_table_is_one_line(app):
+    missing, dotted, removed = run_all([
+        ["table", "add", "q", "public.no_such_table"], ["table", "add", "q", "a.b.c.d"],
+        ["table", "remove", "q", "orders"]], app)
+    assert_user_error(missing, "public.no_such_table does not exist")
+    assert_user_error(dotted, "a.b.c.d")
+    assert_user_error(removed, 'table orders is not in queue "q"')
+
+
+def test_duplicate_queue_and_table_are_one_line(app):
+    assert_user_error(run("queue", "create", "q", dsn=app), 'queue "q" already exists')
+    assert run("table", "add", "q", "orders", dsn=app).returncode == 0
+    assert_user_error(run("table", "add", "q", "orders", dsn=app), "already in queue")
+
+
+def test_bad_options_are_refused(app):
+    mode, tables, period, few, where, ignore, nothing, command = run_all([
+        ["table", "add", "q", "orders", "--mode", "everything"], ["queue", "create", "r", "--tables", "many"],
+        ["queue", "create", "r", "--rotation-period", "soon"], ["queue", "create", "r", "--tables", "1"],
+        ["table", "add", "q", "orders", "--where", "no_such_column > 1"],
+        ["table", "add", "q", "orders", "--ignore", "id"], ["table", "add", "q"], ["no-such-command"]], app)
+    assert_usage_error(mode, "--mode", "everything")
+    assert_usage_error(tables, "--tables")
+    assert_user_error(period, "invalid duration")
+    assert_user_error(few, "between 2 and 100")
+    assert_user_error(where, "invalid row filter")
+    assert_user_error(ignore, "cannot be ignored")
+    assert_user_error(nothing, "name the tables")
+    assert_usage_error(command, "no-such-command")
+
+
+def test_table_without_key_is_one_line_and_adds_nothing(app):
+    line = assert_user_error(run("table", "add", "q", "orders", "nokey", dsn=app))
+    assert line == "error: table public.nokey has no primary key: give the key columns with --key COL,..."
+    # One transaction: orders, named before the refused table, was not added either.
+    tables = json.loads(run("table", "list", "q", "--json", dsn=app).stdout)
+    assert tables == []
+    result = run("table", "add", "q", "nokey", "--key", "id", dsn=app)
+    assert result.returncode == 0, result.stderr
+
+
+def test_uninstall_needs_yes(app):
+    assert_user_error(run("uninstall", dsn=app), "--yes")
+    with psycopg.connect(app) as c:                       # nothing was removed
+        assert c.execute("SELECT to_regnamespace('replicator') IS NOT NULL").fetchone()[0]
+
+
+def test_happy_path(empty_dsn):
+    def ok(*args: str) -> str:
+        result = run(*args, dsn=empty_dsn)
+        assert result.returncode == 0, (args, result.stderr)
+        assert "Traceback" not in result.stderr and "error" not in result.stderr.lower(), result.stderr
+        return result.stdout
+
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute('CREATE TABLE "orders" ("id" int PRIMARY KEY, "v" text, "seen" timestamptz)')
+    assert "replicator schema at version" in ok("install")
+    assert "applied migrations" not in ok("install")
+    assert "queue main created" in ok("queue", "create", "main", "--rotation-period", "30min", "--tables", "4")
+    assert "1 table(s) added to queue main" in ok("table", "add", "main", "public.orders", "--ignore", "seen")
+    assert json.loads(ok("table", "list", "main", "--json")) == [
+        {"queue": "main", "table": "public.orders", "mode": "full", "key": ["id"], "ignore": ["seen"],
+         "where": None}]
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("SELECT replicator.register_consumer('main', 'reader')")
+        c.execute("""INSERT INTO "orders" VALUES (1, 'a', now()), (2, 'b', now())""")
+    assert ok("ticker", "--once").strip() == "1 tick(s)"
+
+    report = json.loads(ok("status", "--json"))
+    (queue,) = report["queues"]
+    assert (queue["queue_name"], queue["ntables"], queue["tables"], queue["consumers"]) == ("main", 4, 1, 1)
+    assert queue["rotation_blockers"] == []
+    (consumer,) = report["consumers"]
+    assert (consumer["consumer_name"], consumer["lag_ticks"], consumer["lag_events"]) == ("reader", 1, 1)
+    assert "main" in ok("status")
+    assert "main" in ok("queue", "list")
+
+    assert ok("maint", "--once").startswith("main: ")
+    assert "1 table(s) removed from queue main" in ok("table", "remove", "main", "public.orders")
+    assert "queue main dropped" in ok("queue", "drop", "main")
+    assert json.loads(ok("queue", "list", "--json")) == []
+    assert "replicator uninstalled" in ok("uninstall", "--yes")
+    with psycopg.connect(empty_dsn) as c:
+        assert c.execute("SELECT to_regnamespace('replicator')").fetchone()[0] is None
+        assert c.execute('SELECT count(*) FROM "orders"').fetchone()[0] == 2
