@@ -107,6 +107,12 @@ class Consumer:
             conn = db.connect(self.dsn, application_name=application_name)
         self.source = Source(conn)
         self.source.queue_id(self.queue)
+        if self.table_filter and not self._connected_once:
+            # Checked before registering: a consumer left registered by a typo would hold back rotation.
+            names = {t.name for t in self.source.tables(self.queue)}
+            unknown = [f for f in self.table_filter if f not in names and f"public.{f}" not in names]
+            if unknown:
+                raise UserError(f"queue {self.queue!r} does not capture {', '.join(unknown)}")
         self._table_ids = None
         last_tick = self.source.register_consumer(self.queue, self.name)
         position = self.target.position(self.queue, self.name)

@@ -37,9 +37,9 @@ def cli_env(dsn: str) -> dict[str, str]:
     return env
 
 
-def run_cli(dsn: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Runs `replicator ARGS` to completion."""
-    return subprocess.run([str(REPLICATOR), *args], env=cli_env(dsn), capture_output=True, text=True,
+def run_cli(dsn: str, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    """Runs `replicator ARGS` to completion (env: extra environment variables)."""
+    return subprocess.run([str(REPLICATOR), *args], env={**cli_env(dsn), **env}, capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -1,0 +1,114 @@
+"""The `consume` and `status` commands as a user runs them: the real console
+script in a subprocess. Mistakes are one line and a non-zero exit, never a
+traceback; status reports each consumer's lag."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from consumer_helpers import REPLICATOR, run_cli, sqlite_position
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.fixture
+def queue_q(conn, source):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    return "q"
+
+
+def bad_targets(tmp_path):
+    not_a_database = tmp_path / "garbage.db"
+    not_a_database.write_bytes(b"this is not a SQLite file" * 100)
+    return {
+        "unknown scheme": (f"mysql:{tmp_path}/r.db", ["mysql"]),
+        "no scheme": ("replica.db", ["replica.db"]),
+        "missing directory (sqlite)": (f"sqlite:{tmp_path}/no/such/dir/r.db", ["no/such/dir"]),
+        "a directory (sqlite)": (f"sqlite:{tmp_path}", [str(tmp_path)]),
+        "not a database (sqlite)": (f"sqlite:{not_a_database}", ["garbage.db"]),
+        "missing directory (jsonl)": (f"jsonl:{tmp_path}/no/such/dir/out.jsonl", ["out.jsonl"]),
+        "a directory (tsv)": (f"tsv:{tmp_path}", [str(tmp_path)]),
+    }
+
+
+@pytest.mark.parametrize("case", ["unknown scheme", "no scheme", "missing directory (sqlite)",
+                                  "a directory (sqlite)", "not a database (sqlite)", "missing directory (jsonl)",
+                                  "a directory (tsv)"])
+def test_unusable_target_is_one_error_line_and_nonzero_exit(dsn, queue_q, tmp_path, case):
+    target, fragments = bad_targets(tmp_path)[case]
+    result = run_cli(dsn, "consume", "q", "--target", target, "--until-caught-up")
+    assert_one_line_error(result, *fragments)
+
+
+def test_unknown_queue_is_one_error_line_and_registers_nothing(dsn, conn, queue_q, tmp_path):
+    result = run_cli(dsn, "consume", "nosuchq", "--target", f"sqlite:{tmp_path}/r.db", "--until-caught-up")
+    assert_one_line_error(result, "nosuchq")
+    assert conn.execute("SELECT count(*) FROM replicator.consumer").fetchone()[0] == 0
+
+
+def test_unknown_tables_entry_is_one_error_line_and_registers_nothing(dsn, conn, queue_q, tmp_path):
+    replica = tmp_path / "r.db"
+    result = run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--tables", "t,nosuch",
+                     "--until-caught-up")
+    assert_one_line_error(result, "nosuch")
+    # A consumer left registered would hold back the queue's rotation for good.
+    assert conn.execute("SELECT count(*) FROM replicator.consumer").fetchone()[0] == 0
+    assert sqlite_position(replica) is None
+
+
+@pytest.mark.parametrize("case", ["unreachable server", "schema not installed", "once and until-caught-up"])
+def test_other_consume_mistakes_are_one_error_line(empty_dsn, tmp_path, case):
+    dsn = {"unreachable server": "host=127.0.0.1 port=1 user=postgres dbname=x connect_timeout=5"}.get(case, empty_dsn)
+    extra = ["--once"] if case == "once and until-caught-up" else []
+    result = run_cli(dsn, "consume", "q", "--target", f"sqlite:{tmp_path}/r.db", "--until-caught-up", *extra)
+    assert_one_line_error(result)
+
+
+def test_console_script_is_the_installed_replicator():
+    assert REPLICATOR.exists(), REPLICATOR
+
+
+def test_status_shows_each_consumer_lag_in_ticks_events_and_seconds(dsn, conn, source, queue_q, tmp_path):
+    replica = tmp_path / "r.db"
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up",
+                   "--consumer", "behind").returncode == 0
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{tmp_path}/other.db", "--until-caught-up",
+                   "--consumer", "current").returncode == 0
+    conn.execute("INSERT INTO t VALUES (1, 'a')")       # three statements: three events
+    conn.execute("INSERT INTO t VALUES (2, 'b')")
+    conn.execute("UPDATE t SET v = 'c'")
+    source.tick("q", force=True)
+    source.tick("q", force=True)
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{tmp_path}/other.db", "--until-caught-up",
+                   "--consumer", "current").returncode == 0
+    position_age = conn.execute(
+        "SELECT extract(epoch FROM clock_timestamp() - tick_time) FROM replicator.tick"
+        " WHERE tick_id = %s", (sqlite_position(replica),)).fetchone()[0]
+
+    result = run_cli(dsn, "status", "--json")
+    assert result.returncode == 0, result.stderr
+    consumers = {c["consumer_name"]: c for c in json.loads(result.stdout)["consumers"]}
+    behind, current = consumers["behind"], consumers["current"]
+    assert behind["last_tick"] == sqlite_position(replica)
+    assert (behind["lag_ticks"], behind["lag_events"]) == (source.latest_tick("q") - behind["last_tick"], 3)
+    assert behind["lag_seconds"] >= float(position_age) - 0.01
+    assert (current["lag_ticks"], current["lag_events"]) == (0, 0)
+    assert current["lag_seconds"] < behind["lag_seconds"]
+
+    table = run_cli(dsn, "status", COLUMNS="250")
+    assert table.returncode == 0, table.stderr
+    for heading in ("lag ticks", "lag events", "lag seconds", "behind", "current"):
+        assert heading in table.stdout, table.stdout
