@@ -28,6 +28,14 @@ BEGIN
     IF v_tick IS NULL THEN
         v_tick := replicator.ticker(p_queue_name, true);
     END IF;
+    IF v_tick IS NULL THEN
+        -- Another ticker holds the queue and is making its first tick: wait for it.
+        PERFORM pg_advisory_xact_lock(2026112201, q.queue_id);
+        SELECT max(tick_id) INTO v_tick FROM replicator.tick WHERE tick_queue = q.queue_id;
+        IF v_tick IS NULL THEN
+            v_tick := replicator.ticker(p_queue_name, true);
+        END IF;
+    END IF;
     INSERT INTO replicator.consumer (queue_id, consumer_name, last_tick)
     VALUES (q.queue_id, p_consumer_name, v_tick)
     ON CONFLICT (queue_id, consumer_name) DO NOTHING;

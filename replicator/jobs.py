@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import psycopg
 
+from .errors import UserError
 from .source import Source
 
 log = logging.getLogger("replicator")
@@ -48,7 +49,8 @@ def run_forever(step: Callable[[Source], object], connect: Callable[[], Source],
                 log.info("%s: connected", name)
                 backoff = 1.0
             step(source)
-        except psycopg.OperationalError as exc:
+        except (psycopg.OperationalError, UserError) as exc:
+            # UserError: connect() could not reach the source (db.connect turns that into one line).
             log.warning("%s: source unavailable (%s); retrying in %.0fs", name, str(exc).strip().splitlines()[0], backoff)
             if source is not None:
                 source.conn.close()

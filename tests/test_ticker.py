@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -155,3 +156,51 @@ def test_ticker_refuses_a_snapshot_that_would_be_stale(dsn, q):
 def test_ticker_of_unknown_queue_is_a_clear_error(q):
     with pytest.raises(UserError, match='queue "nope" does not exist'):
         q.tick("nope")
+
+
+def test_registering_a_consumer_while_a_ticker_holds_the_queue_waits_for_its_tick(dsn, conn, q):
+    # A ticker inside a transaction not committed yet holds the queue (the queue has no tick yet).
+    with psycopg.connect(dsn, autocommit=True) as ticker:
+        ticker.execute("BEGIN")
+        assert ticker.execute("SELECT replicator.ticker('q', true)").fetchone()[0] == 1
+        result: list = []
+
+        def register() -> None:
+            try:
+                with psycopg.connect(dsn, autocommit=True) as c:
+                    result.append(c.execute("SELECT replicator.register_consumer('q', 'late')").fetchone()[0])
+            except BaseException as exc:
+                result.append(exc)
+
+        thread = threading.Thread(target=register)
+        thread.start()
+        _wait_for(lambda: result or conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone()[0] == 1,
+            "register_consumer to wait for the ticker's lock")
+        ticker.execute("COMMIT")
+        thread.join(30)
+    assert result == [1]
+    assert [(c["consumer_name"], c["last_tick"]) for c in q.consumers()] == [("late", 1)]
+
+
+def test_ticker_daemon_keeps_retrying_while_the_source_is_unreachable(dsn, q):
+    from replicator.jobs import StopFlag, run_ticker
+    from replicator.source import Source
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        unreachable = f"host=127.0.0.1 port={s.getsockname()[1]} user=postgres dbname=x connect_timeout=5"
+    attempts: list[str] = []
+    stop = StopFlag()
+
+    def connect() -> Source:
+        """The source is down for the first two attempts, then back."""
+        attempts.append("try")
+        if len(attempts) <= 2:
+            return Source.connect(unreachable)
+        stop.set()                                  # one pass on the real source, then stop
+        return Source.connect(dsn)
+
+    run_ticker(connect, 0.01, stop)
+    assert len(attempts) == 3
+    assert q.queues()[0]["last_tick"] == 1          # the reconnected ticker ticked the new queue
