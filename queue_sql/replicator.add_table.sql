@@ -40,6 +40,7 @@ DECLARE
     v_pk text[];
     v_key text[];
     v_bad text;
+    v_path text;
     v_id integer;
 BEGIN
     BEGIN
@@ -96,10 +97,17 @@ BEGIN
         RAISE EXCEPTION 'key of %.% cannot be compared (%): choose other --key columns', v_schema, v_name, SQLERRM;
     END;
     IF p_where IS NOT NULL THEN
+        -- Checked as the capture function runs it: search_path pinned to pg_catalog, and
+        -- over transition tables aliased n and o (so only bare column names resolve).
         BEGIN
-            EXECUTE format('SELECT 1 FROM %s WHERE (%s) LIMIT 0', v_oid, p_where);
+            v_path := current_setting('search_path');
+            PERFORM set_config('search_path', 'pg_catalog, pg_temp', true);
+            EXECUTE format('SELECT 1 FROM %1$s n WHERE (%2$s) UNION ALL SELECT 1 FROM %1$s o WHERE (%2$s) LIMIT 0',
+                           v_oid, p_where);
+            PERFORM set_config('search_path', v_path, true);
         EXCEPTION WHEN OTHERS THEN
-            RAISE EXCEPTION 'invalid row filter for %.%: %', v_schema, v_name, SQLERRM;
+            RAISE EXCEPTION 'invalid row filter for %.%: % (use bare column names; schema-qualify functions, types and tables)',
+                v_schema, v_name, SQLERRM;
         END;
     END IF;
 

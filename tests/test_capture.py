@@ -350,6 +350,24 @@ def test_invalid_row_filter_is_refused_at_add_time(conn, q):
     assert _triggers_on(conn, "t") == []
 
 
+def test_row_filter_is_checked_at_add_time_as_the_capture_runs_it(conn, q):
+    """The capture runs the filter with a pinned search_path and over the changed rows,
+    not the table: a filter that would fail there fails at add time, never at write time."""
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" int)')
+    conn.execute('CREATE FUNCTION "public"."is_visible"(int) RETURNS boolean LANGUAGE sql IMMUTABLE'
+                 ' AS $$ SELECT $1 > 0 $$')
+    for bad in ('"is_visible"("v")', '"t"."v" > 0', '"id" IN (SELECT "id" FROM "t")'):
+        with pytest.raises(UserError, match="invalid row filter"):
+            q.add_table("q", "t", where=bad)
+        assert _triggers_on(conn, "t") == []
+    conn.execute('INSERT INTO "t" VALUES (1, 1)')          # the application is not affected
+    q.add_table("q", "t", where='"public"."is_visible"("v") AND "id" NOT IN (SELECT "id" FROM "public"."t" WHERE false)')
+    conn.execute('INSERT INTO "t" VALUES (2, 2), (3, -3)')
+    assert changes(read_events(q)) == [("I", [[2, 2]])]
+    conn.execute('UPDATE "t" SET "v" = -"v"')
+    assert sorted(changes(read_events(q))) == [("D", [[1], [2]]), ("U", [[3, 3]])]
+
+
 def test_pk_mode_queues_keys_only(conn, q):
     conn.execute('CREATE TABLE "t" ("a" int, "b" int, "payload" text, PRIMARY KEY ("a", "b"))')
     q.add_table("q", "t", mode="pk")
