@@ -479,3 +479,21 @@ def test_partition_written_directly_is_captured(conn, q):
     q.remove_table("q", "p")
     for name in ("p", "p_low", "p_high", "p_high_a"):
         assert _triggers_on(conn, name) == [], name
+
+
+def test_table_wider_than_100_columns(conn, q):
+    columns = ", ".join(f'"c{i}" int' for i in range(150))
+    conn.execute(f'CREATE TABLE "wide" ("id" int PRIMARY KEY, {columns}, "j" jsonb, "a" text[])')
+    q.add_table("q", "wide", ignore=["c149"])
+    conn.execute(f'''INSERT INTO "wide" VALUES (1, {", ".join(str(i) for i in range(150))}, '{{"k": 1}}', '{{x,y}}')''')
+    conn.execute('UPDATE "wide" SET "c149" = -1')               # ignored column only: nothing
+    conn.execute('UPDATE "wide" SET "c0" = -1')
+    (inserted, updated) = read_events(q)
+    assert inserted.items == [[1, *range(149), '{"k": 1}', '["x","y"]']]
+    assert updated.type == "U" and updated.items == [[1, -1, *range(1, 149), '{"k": 1}', '["x","y"]']]
+
+
+def test_key_without_equality_is_refused(conn, q):
+    conn.execute('CREATE TABLE "docs" ("doc" json, "v" int)')
+    with pytest.raises(UserError, match="cannot be compared"):
+        q.add_table("q", "docs", key=["doc"])
