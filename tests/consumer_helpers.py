@@ -46,11 +46,12 @@ def run_cli(dsn: str, *args: str, timeout: float = 120, **env: str) -> subproces
 class Daemon:
     """A long-running `replicator ARGS` subprocess whose stderr goes to a log file."""
 
-    def __init__(self, dsn: str, *args: str, log: Path, cmd: Sequence[str] | None = None) -> None:
+    def __init__(self, dsn: str, *args: str, log: Path, stdout: Path | None = None) -> None:
         self.log_path = log
         self._log = open(log, "ab")
-        self.proc = subprocess.Popen(list(cmd) if cmd else [str(REPLICATOR), *args], env=cli_env(dsn),
-                                     stdout=subprocess.DEVNULL, stderr=self._log)
+        self._stdout = open(stdout, "wb") if stdout else None
+        self.proc = subprocess.Popen([str(REPLICATOR), *args], env=cli_env(dsn),
+                                     stdout=self._stdout or subprocess.DEVNULL, stderr=self._log)
 
     @property
     def pid(self) -> int:
@@ -66,14 +67,19 @@ class Daemon:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
         rc = self.proc.wait(30)
-        self._log.close()
+        self._close()
         return rc
+
+    def _close(self) -> None:
+        for f in (self._log, self._stdout):
+            if f is not None and not f.closed:
+                f.close()
 
     def terminate(self, timeout: float = 60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         rc = self.proc.wait(timeout)
-        self._log.close()
+        self._close()
         return rc
 
     def stop(self) -> None:
@@ -81,8 +87,7 @@ class Daemon:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
-        if not self._log.closed:
-            self._log.close()
+        self._close()
 
 
 def wait_until(condition: Callable[[], Any], timeout: float, what: str, *,
