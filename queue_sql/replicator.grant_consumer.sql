@@ -1,0 +1,41 @@
+CREATE OR REPLACE FUNCTION replicator.grant_consumer(p_role text)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.grant_consumer(p_role)
+--
+--      Gives a role what a consumer needs and nothing more: read the
+--      queues, their events and the captured tables (initial copy, PK-only
+--      join-back); keep its own position (consumer rows) and take ticks.
+--      It cannot write events, create queues or capture tables. Event
+--      tables of queues created later are covered by default privileges;
+--      tables captured later need the grant again.
+--
+-- Parameters:
+--      p_role      - an existing role
+--
+-- Returns:
+--      the number of captured tables the role may now read
+-- ----------------------------------------------------------------------
+DECLARE
+    v_table regclass;
+    v_count integer := 0;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = p_role) THEN
+        RAISE EXCEPTION 'role "%" does not exist', p_role;
+    END IF;
+    EXECUTE format('GRANT USAGE ON SCHEMA replicator TO %I', p_role);
+    EXECUTE format('GRANT SELECT ON ALL TABLES IN SCHEMA replicator TO %I', p_role);
+    EXECUTE format('GRANT SELECT ON ALL SEQUENCES IN SCHEMA replicator TO %I', p_role);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA replicator GRANT SELECT ON TABLES TO %I', p_role);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA replicator GRANT SELECT ON SEQUENCES TO %I', p_role);
+    EXECUTE format('GRANT INSERT, UPDATE, DELETE ON replicator.consumer, replicator.tick TO %I', p_role);
+    EXECUTE format('GRANT USAGE ON replicator.batch_id_seq, replicator.consumer_consumer_id_seq TO %I', p_role);
+    FOR v_table IN SELECT DISTINCT table_oid::regclass FROM replicator.captured_table
+                   WHERE to_regclass(table_oid::regclass::text) IS NOT NULL LOOP
+        EXECUTE format('GRANT SELECT ON %s TO %I', v_table, p_role);
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END;
+$$;

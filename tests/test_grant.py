@@ -1,0 +1,54 @@
+"""A least-privilege consumer role, granted with one command."""
+
+import subprocess
+import sqlite3
+from pathlib import Path
+
+import psycopg
+import pytest
+
+REPLICATOR = str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "replicator")
+
+
+def _as(dsn: str, role: str) -> str:
+    return dsn.replace("user=postgres", f"user={role}")
+
+
+def test_granted_role_consumes_but_cannot_write_the_queue(dsn, conn, source, tmp_path):
+    role = f"reader_{abs(hash(dsn)) % 10**8}"
+    conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+    conn.execute(f'CREATE ROLE "{role}" LOGIN')
+    conn.execute('CREATE TABLE "Odd table" (id int PRIMARY KEY, v text)')
+    source.create_queue("q")
+    source.add_table("q", '"Odd table"')
+    conn.execute("""INSERT INTO "Odd table" VALUES (1, 'a'), (2, 'b')""")
+
+    granted = subprocess.run([REPLICATOR, "--dsn", dsn, "grant", role], capture_output=True, text=True)
+    assert granted.returncode == 0, granted.stderr
+    assert "1 captured table" in granted.stdout
+
+    replica = tmp_path / "replica.db"
+    consumed = subprocess.run([REPLICATOR, "--dsn", _as(dsn, role), "consume", "q", "--target",
+                               f"sqlite:{replica}", "--until-caught-up"], capture_output=True, text=True)
+    assert consumed.returncode == 0, consumed.stderr
+    conn.execute("""UPDATE "Odd table" SET v = 'c' WHERE id = 2""")
+    consumed = subprocess.run([REPLICATOR, "--dsn", _as(dsn, role), "consume", "q", "--target",
+                               f"sqlite:{replica}", "--until-caught-up"], capture_output=True, text=True)
+    assert consumed.returncode == 0, consumed.stderr
+    with sqlite3.connect(replica) as db:
+        assert db.execute('SELECT id, v FROM "Odd table" ORDER BY id').fetchall() == [(1, "a"), (2, "c")]
+
+    with psycopg.connect(_as(dsn, role), autocommit=True) as reader:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            reader.execute("INSERT INTO replicator.event_1 (ev_id, ev_table, ev_slot, ev_type)"
+                           " VALUES (1000, 1, 0, 'I')")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            reader.execute("SELECT replicator.create_queue('mine')")
+    conn.execute(f'DROP OWNED BY "{role}"')
+    conn.execute(f'DROP ROLE "{role}"')
+
+
+def test_grant_to_an_unknown_role_is_one_clear_error(dsn):
+    result = subprocess.run([REPLICATOR, "--dsn", dsn, "grant", "nobody_here"], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.strip() == 'error: role "nobody_here" does not exist'
