@@ -347,7 +347,7 @@ def test_invalid_row_filter_is_refused_at_add_time(conn, q):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY)')
     with pytest.raises(UserError, match="invalid row filter"):
         q.add_table("q", "t", where='"no_such_column" > 1')
-    assert _triggers_on(conn, "t") == []
+    assert _triggers_on(conn, '"t"') == []
 
 
 def test_row_filter_is_checked_at_add_time_as_the_capture_runs_it(conn, q):
@@ -359,7 +359,7 @@ def test_row_filter_is_checked_at_add_time_as_the_capture_runs_it(conn, q):
     for bad in ('"is_visible"("v")', '"t"."v" > 0', '"id" IN (SELECT "id" FROM "t")'):
         with pytest.raises(UserError, match="invalid row filter"):
             q.add_table("q", "t", where=bad)
-        assert _triggers_on(conn, "t") == []
+        assert _triggers_on(conn, '"t"') == []
     conn.execute('INSERT INTO "t" VALUES (1, 1)')          # the application is not affected
     q.add_table("q", "t", where='"public"."is_visible"("v") AND "id" NOT IN (SELECT "id" FROM "public"."t" WHERE false)')
     conn.execute('INSERT INTO "t" VALUES (2, 2), (3, -3)')
@@ -389,7 +389,7 @@ def test_table_without_primary_key_is_refused_at_add_time(conn, q):
     with pytest.raises(UserError) as info:
         q.add_table("q", "nokey")
     assert str(info.value) == "table public.nokey has no primary key: give the key columns with --key COL,..."
-    assert q.tables("q") == [] and _triggers_on(conn, "nokey") == []
+    assert q.tables("q") == [] and _triggers_on(conn, '"nokey"') == []
     conn.execute("""INSERT INTO "nokey" VALUES (1, 'a')""")          # the application is not affected
     assert read_events(q) == []
 
@@ -478,7 +478,7 @@ def test_partition_written_directly_is_captured(conn, q):
     ]
     q.remove_table("q", "p")
     for name in ("p", "p_low", "p_high", "p_high_a"):
-        assert _triggers_on(conn, name) == [], name
+        assert _triggers_on(conn, f'"{name}"') == [], name
 
 
 def test_table_wider_than_100_columns(conn, q):
