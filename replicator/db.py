@@ -16,11 +16,20 @@ def resolve_dsn(dsn: str | None) -> str:
     return dsn or os.environ.get("REPLICATOR_DSN", "")
 
 
+# The output settings the capture functions pin: rows read back by a consumer
+# (initial copy, PK-only join-back) must be encoded exactly like queued rows.
+SESSION_SETTINGS = {"bytea_output": "hex", "extra_float_digits": "1", "IntervalStyle": "postgres"}
+
+
 def connect(dsn: str | None, *, autocommit: bool = True, application_name: str = "replicator") -> psycopg.Connection:
     """Opens a connection; failure is a UserError naming the server."""
     conninfo = resolve_dsn(dsn)
     try:
-        return psycopg.connect(conninfo, autocommit=autocommit, application_name=application_name)
+        conn = psycopg.connect(conninfo, autocommit=True, application_name=application_name)
+        for name, value in SESSION_SETTINGS.items():
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        conn.autocommit = autocommit
+        return conn
     except psycopg.OperationalError as exc:
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         reason = lines[0] if lines else "connection failed"
