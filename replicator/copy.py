@@ -113,9 +113,17 @@ def fetch_current_rows(conn: psycopg.Connection, table: CapturedTable, structure
     record = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type))
                                 for c in key_columns)
     join = sql.SQL(" AND ").join(sql.SQL("t.{0} = k.{0}").format(sql.Identifier(c.name)) for c in key_columns)
+    # Arrays, composites and jsonb travel as their JSON text in a string (capture_row_json):
+    # parse it back into a JSON value, which jsonb_to_recordset turns into the column's type.
+    structured = [c.name for c in key_columns if c.category in ("A", "C") or c.base_type == "jsonb"]
+    keys_json = sql.SQL("%s::jsonb")
+    if structured:
+        keys_json = sql.SQL("(SELECT jsonb_agg(e || jsonb_build_object({})) FROM jsonb_array_elements(%s::jsonb) e)"
+                            ).format(sql.SQL(", ").join(sql.SQL("{0}, (e->>{0})::jsonb").format(sql.Literal(name))
+                                                        for name in structured))
     query = sql.SQL("SELECT {expr}::text FROM {table} t"
-                    " JOIN jsonb_to_recordset(%s::jsonb) AS k({record}) ON {join} WHERE {filter}").format(
-        expr=_row_expr(conn, table, structure), table=_relation(conn, table),
+                    " JOIN jsonb_to_recordset({keys}) AS k({record}) ON {join} WHERE {filter}").format(
+        expr=_row_expr(conn, table, structure), table=_relation(conn, table), keys=keys_json,
         record=record, join=join, filter=_filter(table))
     payload = json.dumps([dict(zip(structure.key, key)) for key in keys])
     texts = [row[0] for row in conn.execute(query, (payload,))]

@@ -442,6 +442,26 @@ def test_pk_mode_applies_current_source_rows_for_collapsed_keys(dsn, conn, sourc
     assert sqlite_rows(replica, "p", ["id"]) == {(1,): {"id": 1, "v": "after truncate", "n": 1}}
 
 
+def test_pk_mode_reads_back_rows_keyed_by_arrays_composites_and_jsonb(dsn, conn, source, tmp_path):
+    """Such key values travel as JSON text: the join-back must turn them back into values."""
+    conn.execute("CREATE TYPE pair AS (x int, y text); CREATE DOMAIN nn AS int NOT NULL;"
+                 " CREATE TABLE odd (k int[], p pair, j jsonb, z float8[], n nn, v text, PRIMARY KEY (k, p, j, z))")
+    source.create_queue("q")
+    source.add_table("q", "odd", mode="pk")
+    replica = tmp_path / "r.db"
+    consume(dsn, replica)
+    conn.execute("""INSERT INTO odd VALUES ('{1,2}', '(1,"a b")', '{"a": 1.50, "b": [true]}', '{0.1,2}', 1, 'x'),"""
+                 """ ('{}', '(2,)', '[]', '{}', 2, 'y'), ('{3}', '(3,c)', '"s"', '{NaN}', 3, 'z')""")
+    consume(dsn, replica)
+    conn.execute("""UPDATE odd SET v = 'updated' WHERE k = '{1,2}'; DELETE FROM odd WHERE k = '{}'""")
+    consume(dsn, replica)
+    replica_rows = {k: (r["n"], r["v"]) for k, r in sqlite_rows(replica, "odd", ["k", "p", "j", "z"]).items()}
+    assert replica_rows == {
+        ("[1,2]", '{"x":1,"y":"a b"}', '{"a": 1.50, "b": [true]}', "[0.1,2]"): (1, "updated"),
+        ("[3]", '{"x":3,"y":"c"}', '"s"', '["NaN"]'): (3, "z"),
+    }
+
+
 def test_pk_mode_is_refused_for_nullable_key_columns(conn, source):
     conn.execute("CREATE TABLE nokey (k int, v text); CREATE TABLE nnkey (k int NOT NULL, v text)")
     source.create_queue("q")
