@@ -333,16 +333,19 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @cli.command()
 @click.argument("queue_name", metavar="QUEUE")
 @click.option("--target", "target_url", required=True,
-              help="sqlite:PATH, jsonl:PATH, jsonl:- (stdout), tsv:PATH or tsv:-.")
+              help="sqlite:PATH, spark:PATH (warehouse directory), jsonl:PATH, jsonl:- (stdout), tsv:PATH or tsv:-.")
 @click.option("--consumer", "consumer_name", help="Consumer name; default derived from the target.")
 @click.option("--tables", help="Only these tables of the queue (T,...).")
 @click.option("--once", is_flag=True, help="Apply one batch and exit.")
 @click.option("--until-caught-up", is_flag=True, help="Tick, apply everything committed before now, exit.")
 @click.option("--poll-interval", default=0.2, show_default=True, type=float,
               help="Seconds to wait when no batch is ready.")
+@click.option("--spark-master", help="spark: target: Spark master for compaction (default local[*]).")
+@click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="spark: target: a Spark setting (repeatable).")
 @pass_ctx
 def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str | None, tables: str | None,
-            once: bool, until_caught_up: bool, poll_interval: float) -> None:
+            once: bool, until_caught_up: bool, poll_interval: float, spark_master: str | None,
+            spark_conf: tuple[str, ...]) -> None:
     """Replicate QUEUE into a target, exactly once. Runs as a daemon unless
     --once or --until-caught-up; SIGTERM/SIGINT finish the current batch and exit 0.
 
@@ -350,13 +353,16 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
     Example:
         replicator consume main --target sqlite:replica.db
         replicator consume main --target jsonl:- --until-caught-up
+        replicator consume main --target spark:/data/warehouse
     """
     from .consumer import Consumer
     from .targets import open_target
 
     if once and until_caught_up:
         raise UserError("--once and --until-caught-up exclude each other")
-    target = open_target(target_url)
+    if (spark_master or spark_conf) and not target_url.startswith("spark:"):
+        raise UserError("--spark-master and --spark-conf apply to a spark: target only")
+    target = open_target(target_url, spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
     consumer = Consumer(db.resolve_dsn(ctx.dsn), queue_name, target, name=consumer_name,
                         tables=_split(tables) or None, poll_interval=poll_interval)
     stop = jobs.StopFlag() if once or until_caught_up else jobs.StopFlag().install()
@@ -365,6 +371,63 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
     finally:
         consumer.close()
         target.close()
+
+
+def _spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
+    from .spark.session import parse_conf
+    return parse_conf(pairs)
+
+
+@cli.group()
+def spark() -> None:
+    """Spark warehouse maintenance (targets spark:PATH)."""
+
+
+@spark.command("compact")
+@click.option("--target", "target_url", required=True, help="spark:PATH, the warehouse directory.")
+@click.option("--table", "tables", multiple=True, help="Only this table (schema.table or view name; repeatable).")
+@click.option("--min-logs", default=1, show_default=True, type=int,
+              help="Compact a table only if it has this many change log files.")
+@click.option("--spark-master", help="Spark master (default local[*]).")
+@click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="A Spark setting (repeatable).")
+def spark_compact(target_url: str, tables: tuple[str, ...], min_logs: int, spark_master: str | None,
+                  spark_conf: tuple[str, ...]) -> None:
+    """Fold the change logs of a Spark warehouse into new base snapshots. Safe
+    while a consumer writes the warehouse; readers never see a partial state.
+
+    \b
+    Example:
+        replicator spark compact --target spark:/data/warehouse
+    """
+    from .spark.compaction import compact
+    from .spark.session import get_session
+
+    scheme, _, path = target_url.partition(":")
+    if scheme != "spark" or not path:
+        raise UserError(f"invalid target {target_url!r}: use spark:PATH")
+    session = get_session(spark_master, _spark_conf(spark_conf), app_name="replicator compact")
+    done = compact(session, Path(path), tables=list(tables) or None, min_logs=min_logs)
+    for c in done:
+        click.echo(f"{c.table}: {c.logs} log file(s) folded into {c.rows} rows in {c.seconds:.1f}s"
+                   + ("" if c.committed else " (not committed: the table changed meanwhile; run again)"))
+    if not done:
+        click.echo("nothing to compact")
+
+
+@cli.command()
+@click.argument("role")
+@pass_ctx
+def grant(ctx: Context, role: str) -> None:
+    """Let ROLE run consumers with least privilege: read queues, events and
+    captured tables, keep its own position. Run it again after adding tables.
+
+    \b
+    Example:
+        replicator grant replica_reader
+    """
+    with ctx.source() as source:
+        tables = source.grant_consumer(role)
+    click.echo(f"{role} may consume; it reads {tables} captured table(s)")
 
 
 @cli.command()
@@ -397,6 +460,190 @@ def status(ctx: Context, as_json: bool) -> None:
     blockers = [{"queue": q["queue_name"], **b} for q in report["queues"] for b in q["rotation_blockers"]]
     if blockers:
         _print_rows(blockers, "rotation blocked by")
+
+
+# views -------------------------------------------------------------------------
+
+@cli.group()
+def view() -> None:
+    """Incremental views: SQL views of a SQLite target kept current after every batch."""
+
+
+def _view_sql(sql: str) -> str:
+    """--sql TEXT, or --sql @FILE."""
+    if sql.startswith("@"):
+        try:
+            return Path(sql[1:]).read_text()
+        except OSError as exc:
+            raise UserError(f"cannot read {sql[1:]}: {exc.strerror}") from None
+    return sql
+
+
+def _reason_line(reason: dict[str, Any] | None) -> str:
+    if not reason:
+        return ""
+    fragment = f" (at: {reason['fragment']})" if reason.get("fragment") else ""
+    return f"{reason['code']}: {reason['message']}{fragment}"
+
+
+_TARGET_HELP = "sqlite:PATH, the replica the view reads."
+_POLICY_HELP = ("auto: incremental when the query allows it, else (and for large changes) a full refresh; "
+                "incremental: refuse queries that cannot be; full: always recompute.")
+
+
+@view.command("create")
+@click.argument("name")
+@click.option("--target", "target_url", required=True, help=_TARGET_HELP)
+@click.option("--sql", "sql", required=True, help="The defining SELECT, in SQLite's dialect (or @FILE).")
+@click.option("--policy", type=click.Choice(["auto", "incremental", "full"]), default="auto", show_default=True,
+              help=_POLICY_HELP)
+def view_create(name: str, target_url: str, sql: str, policy: str) -> None:
+    """Create view NAME over replicated tables and compute it now. `replicator
+    consume` keeps it current after every batch, in the batch's transaction.
+
+    \b
+    Example:
+        replicator view create sales_by_customer --target sqlite:replica.db \\
+            --sql "SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM orders GROUP BY customer_id"
+    """
+    from .views import open_views
+
+    target, views = open_views(target_url)
+    try:
+        info = views.create(name, _view_sql(sql), policy)
+    finally:
+        target.close()
+    if info["maintenance"] == "incremental":
+        how = "maintained incrementally"
+    else:
+        how = f"refreshed in full after each batch ({_reason_line({'code': info['reason'], 'message': info['reason_message'], 'fragment': info['fragment']})})"
+    click.echo(f"view {info['view']} created: {info['rows']} rows, {how}")
+
+
+@view.command("explain")
+@click.argument("name", required=False)
+@click.option("--target", "target_url", required=True, help=_TARGET_HELP)
+@click.option("--sql", "sql", help="The SELECT to explain (or @FILE); default: the SQL of view NAME.")
+@click.option("--policy", type=click.Choice(["auto", "incremental", "full"]), default="auto", show_default=True,
+              help=_POLICY_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output, with the generated SQL.")
+def view_explain(name: str | None, target_url: str, sql: str | None, policy: str, as_json: bool) -> None:
+    """Say whether a query can be maintained incrementally, and if not, why
+    (reason code and the SQL fragment at fault). Changes nothing.
+
+    \b
+    Example:
+        replicator view explain --target sqlite:replica.db --sql "SELECT * FROM orders o LEFT JOIN customers c ON c.id = o.customer_id"
+        replicator view explain sales_by_customer --target sqlite:replica.db
+    """
+    from .views import open_views
+
+    if (name is None) == (sql is None):
+        raise UserError("name a view, or give the query with --sql")
+    target, views = open_views(target_url)
+    try:
+        if sql is None:
+            sql = views.info(name)["sql"]
+        result = views.explain(_view_sql(sql), policy)
+    finally:
+        target.close()
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    if result["maintenance"] == "incremental":
+        click.echo(f"incremental: {result['kind']} view, recomputed by key ({result['keys']})")
+        click.echo(f"tables: {', '.join(result['tables'])}")
+        if result["indexes"]:
+            click.echo(f"indexes used: {', '.join(result['indexes'])}")
+    else:
+        verdict = "refused with --policy incremental" if result["maintenance"] == "refused" else \
+            "full refresh after each batch that changes its tables"
+        click.echo(f"not incremental: {verdict}")
+        shown = result["reasons"] or ([result["reason"]] if result["reason"] else [])
+        for reason in shown:
+            click.echo(f"  {_reason_line(reason)}")
+    for note in result["notes"]:
+        click.echo(f"note: {note}")
+
+
+@view.command("list")
+@click.option("--target", "target_url", required=True, help=_TARGET_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def view_list(target_url: str, as_json: bool) -> None:
+    """List the target's views: how each is maintained and why, its last refresh.
+
+    \b
+    Example:
+        replicator view list --target sqlite:replica.db
+    """
+    from .views import open_views
+
+    target, views = open_views(target_url)
+    try:
+        rows = views.list()
+    finally:
+        target.close()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    out = []
+    for v in rows:
+        last = v["last_refresh"] or {}
+        out.append({"view": v["view"], "maintenance": v["maintenance"], "policy": v["policy"],
+                    "status": v["status"] if v["status"] == "ok" else f"{v['status']}: {v['status_reason']}",
+                    "rows": v["rows"],
+                    "last refresh": (f"{last['kind']}" + (f" ({last['reason']})" if last.get("reason") else "")
+                                     + (f", {last['keys']} keys" if last.get("keys") is not None else "")
+                                     + f", -{last['rows_deleted']}/+{last['rows_inserted']} rows"
+                                     + f", {last['seconds'] * 1000:.1f} ms, {last['at']}") if last else "",
+                    "why full": (f"{v['reason']}: {v['fragment']}" if v["reason"] else "")})
+    _print_rows(out, "views")
+
+
+@view.command("refresh")
+@click.argument("name")
+@click.option("--target", "target_url", required=True, help=_TARGET_HELP)
+@click.option("--full", is_flag=True, help="Recompute it even if it is up to date.")
+def view_refresh(name: str, target_url: str, full: bool) -> None:
+    """Recompute view NAME if it needs it (stale after a schema change, or
+    maintained in full), or always with --full.
+
+    \b
+    Example:
+        replicator view refresh sales_by_customer --target sqlite:replica.db --full
+    """
+    from .views import open_views
+
+    target, views = open_views(target_url)
+    try:
+        info, recomputed = views.refresh_now(name, full=full)
+    finally:
+        target.close()
+    if recomputed:
+        click.echo(f"view {info['view']} recomputed: {info['rows']} rows")
+    else:
+        click.echo(f"view {info['view']} is up to date (maintained incrementally after every batch); "
+                   f"--full recomputes it")
+
+
+@view.command("drop")
+@click.argument("name")
+@click.option("--target", "target_url", required=True, help=_TARGET_HELP)
+def view_drop(name: str, target_url: str) -> None:
+    """Drop view NAME and what it stored. The replicated tables are untouched.
+
+    \b
+    Example:
+        replicator view drop sales_by_customer --target sqlite:replica.db
+    """
+    from .views import open_views
+
+    target, views = open_views(target_url)
+    try:
+        views.drop(name)
+    finally:
+        target.close()
+    click.echo(f"view {name} dropped")
 
 
 def main() -> None:

@@ -61,3 +61,19 @@ def conn(dsn: str) -> Iterator[psycopg.Connection]:
 def source(dsn: str) -> Iterator[Source]:
     with Source.connect(dsn) as s:
         yield s
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local Spark session for the whole test run (starting one takes ~10 s);
+    the streaming source is registered in it."""
+    pytest.importorskip("pyspark")
+    from replicator.spark.session import get_session
+
+    session = get_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
+                                       "spark.driver.memory": "2g", "spark.ui.enabled": "false"},
+                          app_name="replicator tests")
+    try:
+        yield session
+    finally:
+        session.stop()

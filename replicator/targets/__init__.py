@@ -53,15 +53,20 @@ class Target(Protocol):
     def truncate(self, table: TargetTable) -> None: ...
 
 
-def open_target(url: str) -> Target:
-    """sqlite:PATH, jsonl:-, jsonl:PATH, tsv:-, tsv:PATH."""
+def open_target(url: str, *, spark_master: str | None = None,
+                spark_conf: dict[str, str] | None = None) -> Target:
+    """sqlite:PATH, jsonl:-, jsonl:PATH, tsv:-, tsv:PATH, spark:PATH (a warehouse directory;
+    Spark, with the given master and settings, only for compaction)."""
     scheme, sep, rest = url.partition(":")
     if not sep or not rest:
-        raise UserError(f"invalid target {url!r}: use sqlite:PATH, jsonl:PATH|- or tsv:PATH|-")
+        raise UserError(f"invalid target {url!r}: use sqlite:PATH, spark:PATH, jsonl:PATH|- or tsv:PATH|-")
     if scheme == "sqlite":
         from .sqlite import SqliteTarget
         return SqliteTarget(Path(rest))
     if scheme in ("jsonl", "tsv"):
         from .stream import StreamTarget
         return StreamTarget(rest, scheme)
-    raise UserError(f"unknown target scheme {scheme!r}: use sqlite:, jsonl: or tsv:")
+    if scheme == "spark":
+        from .spark import SparkTarget
+        return SparkTarget(Path(rest), master=spark_master, conf=spark_conf)
+    raise UserError(f"unknown target scheme {scheme!r}: use sqlite:, spark:, jsonl: or tsv:")

@@ -1,0 +1,325 @@
+"""The Spark warehouse on disk: layout, manifest, lock, type mapping.
+
+No Spark here (pyarrow only): the consumer writes change logs without a
+Spark job; replicator.spark.reader and .compact read them with Spark.
+
+Layout of a warehouse directory::
+
+    PATH/_manifest.json                 the commit point (replaced atomically)
+    PATH/_lock                          writers' lock (flock), held only while committing
+    PATH/<table>-<id>/<generation>/base-*.parquet     base snapshot of a generation
+    PATH/<table>-<id>/<generation>/compact-*/part-*   a base written by compaction
+    PATH/<table>-<id>/<generation>/log-<seq>.parquet  one change log file per batch
+
+A table's current state is its base plus its change log files, the latest
+row of each key winning (merge-on-read). Log files hold one row per key,
+``_seq`` (the file's sequence number: later files win) and ``_deleted``.
+A new generation (initial copy, copy again after a schema change, TRUNCATE)
+starts from a new base and no log. Compaction folds a generation's log into
+a new base. Nothing is visible until the manifest names it, and the
+manifest also holds the consumer positions: data and position commit
+together (write a temporary file, fsync, rename over the manifest).
+
+Parquet column names are physical: ``c<attnum>``. A column keeps its attnum
+through renames and a new column gets a new one, so in-place schema changes
+(add, drop, rename column) never rewrite files: the manifest's structure
+says which physical columns the table has and what they are called now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ..schema import Column, TableStructure
+
+MANIFEST = "_manifest.json"
+LOCK = "_lock"
+COMPACT_LOCK = "_compact.lock"
+FORMAT = 1
+SEQ = "_seq"
+DELETED = "_deleted"
+GARBAGE_RETENTION = 300.0   # seconds a replaced file stays for readers that listed it
+
+
+def crash_point(name: str) -> None:
+    """Crash injection for tests: REPLICATOR_CRASH_AT=NAME (or NAME@N, the Nth
+    time) makes the process SIGKILL itself when it reaches point NAME."""
+    wanted = os.environ.get("REPLICATOR_CRASH_AT")
+    if not wanted:
+        return
+    point, _, nth = wanted.partition("@")
+    if point != name:
+        return
+    count = _crash_counts.get(name, 0) + 1
+    _crash_counts[name] = count
+    if count >= int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_crash_counts: dict[str, int] = {}
+
+
+# type mapping ---------------------------------------------------------------------------
+
+_INT_TYPES = {"smallint": pa.int16(), "integer": pa.int32(), "bigint": pa.int64(),
+              "oid": pa.int64(), "xid": pa.int64(), "cid": pa.int64()}
+_TIMESTAMP_MAX = datetime(9999, 12, 31, 23, 59, 59, 999999)
+
+
+def arrow_type(column: Column) -> pa.DataType:
+    """The Parquet/Spark type of a PostgreSQL column (see docs/architecture.md).
+    Numerics stay text (exact digits, NaN); json, arrays, intervals, uuids... stay text."""
+    base = column.base_type
+    if column.category == "A":
+        return pa.string()
+    if base in _INT_TYPES:
+        return _INT_TYPES[base]
+    if base == "boolean":
+        return pa.bool_()
+    if base == "real":
+        return pa.float32()
+    if base == "double precision":
+        return pa.float64()
+    if base == "bytea":
+        return pa.binary()
+    if base == "date":
+        return pa.date32()
+    if base == "timestamp without time zone":
+        return pa.timestamp("us")
+    if base == "timestamp with time zone":
+        return pa.timestamp("us", tz="UTC")
+    return pa.string()
+
+
+def physical_name(column: Column) -> str:
+    return f"c{column.attnum}" if column.attnum else "n_" + column.name
+
+
+def physical_schema(structure: TableStructure, *, log: bool = False) -> pa.Schema:
+    fields = [pa.field(physical_name(c), arrow_type(c)) for c in structure.columns]
+    if log:
+        fields += [pa.field(SEQ, pa.int64()), pa.field(DELETED, pa.bool_())]
+    return pa.schema(fields)
+
+
+_FLOATS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
+def _temporal(value: str | None, typ: pa.DataType) -> Any:
+    """One date/timestamp text Arrow could not parse: infinities clamp to the
+    ends of the range, values outside it (BC, past 9999) become NULL."""
+    if value is None:
+        return None
+    if value in ("infinity", "-infinity"):
+        if pa.types.is_date(typ):
+            return datetime(9999, 12, 31).date() if value == "infinity" else datetime(1, 1, 1).date()
+        end = _TIMESTAMP_MAX if value == "infinity" else datetime(1, 1, 1)
+        return end.replace(tzinfo=timezone.utc) if typ.tz else end
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if pa.types.is_date(typ):
+        return parsed.date()
+    return parsed.astimezone(timezone.utc) if typ.tz else parsed
+
+
+def arrow_array(values: Sequence[Any], typ: pa.DataType) -> pa.Array:
+    """Decoded consumer values (replicator.schema decoders) as an Arrow array."""
+    if pa.types.is_floating(typ):
+        values = [_FLOATS.get(v, v) if isinstance(v, str) else v for v in values]
+        return pa.array(values, type=typ)
+    if pa.types.is_boolean(typ):
+        return pa.array([None if v is None else bool(v) for v in values], type=typ)
+    if pa.types.is_date(typ) or pa.types.is_timestamp(typ):
+        try:
+            return pa.array(values, type=pa.string()).cast(typ)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return pa.array([_temporal(v, typ) for v in values], type=typ)
+    if pa.types.is_string(typ):
+        return pa.array([v if v is None or isinstance(v, str) else str(v) for v in values], type=typ)
+    return pa.array(values, type=typ)
+
+
+def arrow_table(structure: TableStructure, rows: Sequence[Sequence[Any]], *,
+                seq: int | None = None, deleted: Sequence[bool] | None = None) -> pa.Table:
+    """Rows (tuples in the structure's column order) as an Arrow table with physical names;
+    with seq, a change log table."""
+    schema = physical_schema(structure, log=seq is not None)
+    columns = list(zip(*rows)) if rows else [() for _ in structure.columns]
+    arrays = [arrow_array(values, field.type) for values, field in zip(columns, schema)]
+    if seq is not None:
+        arrays.append(pa.array([seq] * len(rows), type=pa.int64()))
+        arrays.append(pa.array(deleted if deleted is not None else [False] * len(rows), type=pa.bool_()))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# files and the manifest ---------------------------------------------------------------------
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fsync_file(path)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def empty_manifest() -> dict[str, Any]:
+    return {"format": FORMAT, "version": 0, "next_seq": 1, "positions": {}, "tables": {}, "garbage": []}
+
+
+class Warehouse:
+    """A warehouse directory: reads and commits its manifest."""
+
+    def __init__(self, path: Path | str, *, create: bool = False) -> None:
+        self.path = Path(path).expanduser().resolve()
+        if create:
+            self.path.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / MANIFEST
+
+    def exists(self) -> bool:
+        return self.manifest_path.exists()
+
+    def read(self) -> dict[str, Any]:
+        """The committed manifest (an empty one before the first commit)."""
+        try:
+            data = json.loads(self.manifest_path.read_text())
+        except FileNotFoundError:
+            return empty_manifest()
+        if data.get("format") != FORMAT:
+            raise ValueError(f"{self.manifest_path} has format {data.get('format')}, expected {FORMAT}")
+        return data
+
+    @contextlib.contextmanager
+    def lock(self, name: str = LOCK, *, wait: bool = True) -> Iterator[bool]:
+        """An exclusive lock between writers (separate opens conflict, even in one process)."""
+        fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
+    def write(self, manifest: dict[str, Any]) -> None:
+        """Makes a manifest the committed one: temporary file, fsync, rename, fsync
+        of the directory. Call with the lock held."""
+        manifest["version"] = int(manifest.get("version", 0)) + 1
+        manifest["committed_at"] = time.time()
+        tmp = self.path / f"{MANIFEST}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(manifest, f, separators=(",", ":"))
+            f.flush()
+            os.fsync(f.fileno())
+        crash_point("spark-manifest-written")
+        os.replace(tmp, self.manifest_path)
+        fsync_dir(self.path)
+
+    def file(self, relative: str) -> Path:
+        return self.path / relative
+
+    def relative(self, path: Path) -> str:
+        return str(path.relative_to(self.path))
+
+    def collect_garbage(self, manifest: dict[str, Any], *, retention: float = GARBAGE_RETENTION) -> bool:
+        """Deletes files replaced more than `retention` seconds ago; returns
+        whether the manifest's garbage list changed (commit it then)."""
+        now = time.time()
+        keep, changed = [], False
+        for entry in manifest.get("garbage", []):
+            if now - entry["since"] >= retention:
+                for relative in entry["files"]:
+                    target = self.file(relative)
+                    with contextlib.suppress(FileNotFoundError):
+                        if target.is_dir():
+                            import shutil
+                            shutil.rmtree(target, ignore_errors=True)
+                        else:
+                            target.unlink()
+                    _remove_empty_parents(target.parent, self.path)
+                changed = True
+            else:
+                keep.append(entry)
+        manifest["garbage"] = keep
+        return changed
+
+    def referenced(self, manifest: dict[str, Any]) -> set[str]:
+        """Every file the manifest names (tables and garbage)."""
+        files: set[str] = set()
+        for table in manifest["tables"].values():
+            files.update(table["base"])
+            files.update(log["file"] for log in table["logs"])
+        for entry in manifest.get("garbage", []):
+            files.update(entry["files"])
+        return files
+
+    def remove_orphans(self, manifest: dict[str, Any], *, compaction: bool) -> int:
+        """Deletes files a crashed writer left behind: those no manifest names.
+        The consumer removes its own kind (logs and copied bases), a compaction
+        the bases compactions write (directories compact-*)."""
+        referenced = self.referenced(manifest)
+        referenced_dirs = {str(Path(f).parent) for f in referenced} | referenced
+        removed = 0
+        for table_dir in self.path.iterdir():
+            if not table_dir.is_dir():
+                continue
+            for path in sorted(table_dir.rglob("*"), reverse=True):
+                relative = self.relative(path)
+                is_compact = any(part.startswith("compact-") for part in Path(relative).parts)
+                if is_compact != compaction:
+                    continue
+                if path.is_file() and relative not in referenced and not _under(relative, referenced):
+                    path.unlink()
+                    removed += 1
+                elif path.is_dir() and relative not in referenced_dirs and not any(path.iterdir()):
+                    path.rmdir()
+            if not any(table_dir.iterdir()):
+                table_dir.rmdir()
+        return removed
+
+
+def _under(relative: str, referenced: set[str]) -> bool:
+    """Whether a file lies in a directory the manifest names as garbage."""
+    parts = Path(relative).parents
+    return any(str(p) in referenced for p in parts)
+
+
+def _remove_empty_parents(directory: Path, root: Path) -> None:
+    while directory != root and directory.is_dir():
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        directory = directory.parent
+
+
+def table_files(entry: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(base files, log files) of a manifest table entry, logs oldest first."""
+    return list(entry["base"]), [log["file"] for log in entry["logs"]]

@@ -1,0 +1,359 @@
+"""Spark target: every replicated table mirrored in a warehouse directory.
+
+A batch costs what the batch holds, not what the table holds: its changes,
+de-duplicated by key, are appended as one Parquet change log file per table
+(written with pyarrow, no Spark job), and the batch becomes visible, with the
+consumer position, when the manifest is replaced (replicator.spark.warehouse).
+Readers merge a table's base with its log (replicator.spark.reader);
+compaction folds the log into a new base (replicator.spark.compact), in a
+background thread once a table has `compact_after_logs` log files, or with
+`replicator spark compact`.
+
+A crash at any point leaves the last committed manifest, which names only
+complete files: the next run cleans up the files it had not committed and
+resumes from the manifest's position, exactly once.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from ..errors import UserError
+from ..schema import Change, TableStructure, target_table_name
+from ..spark.warehouse import Warehouse, arrow_table, crash_point, fsync_file, new_id, physical_schema
+from . import Row, TargetTable
+
+log = logging.getLogger("replicator")
+
+BASE_ROW_GROUP = 131072       # rows per row group of a copied base
+BASE_FILE_ROWS = 1 << 20      # rows per file of a copied base (files are read in parallel)
+LOG_SPILL_ROWS = 200_000      # distinct keys buffered per table before a log file is written
+COMPACT_AFTER_LOGS = 64
+
+
+@dataclass
+class _Pending:
+    """A table's changes in the open transaction."""
+    buffer: dict[tuple[Any, ...], tuple[bool, Row]] = field(default_factory=dict)
+    rows: list[Row] = field(default_factory=list)         # copied rows not yet in the base
+    writer: pq.ParquetWriter | None = None
+    writer_path: Path | None = None
+    writer_rows: int = 0
+    files: list[Path] = field(default_factory=list)       # written in this transaction
+
+
+class SparkTarget:
+    exactly_once = True
+
+    def __init__(self, path: Path | str, *, master: str | None = None, conf: Mapping[str, str] | None = None,
+                 spark: Any = None, compact_after_logs: int = COMPACT_AFTER_LOGS) -> None:
+        self.warehouse = Warehouse(path)
+        if not self.warehouse.path.parent.is_dir():
+            raise UserError(f"cannot create {self.warehouse.path}: directory {self.warehouse.path.parent} "
+                            f"does not exist")
+        try:
+            self.warehouse.path.mkdir(exist_ok=True)
+            with self.warehouse.lock():
+                manifest = self.warehouse.read()
+                self.warehouse.remove_orphans(manifest, compaction=False)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot use {self.warehouse.path} as a Spark warehouse: {exc}") from None
+        self.name = f"spark:{self.warehouse.path}"
+        self.master = master
+        self.conf = dict(conf or {})
+        self._spark = spark
+        self.compact_after_logs = compact_after_logs
+        self.manifest = manifest              # the committed manifest
+        self.work: dict[str, Any] | None = None  # the manifest as the open transaction sees it
+        self._ops: list[tuple[Any, ...]] = []
+        self._pending: dict[str, _Pending] = {}
+        self._compactor: threading.Thread | None = None
+        self._compact_error: BaseException | None = None
+
+    # state ---------------------------------------------------------------------------
+
+    def position(self, queue: str, consumer: str) -> int | None:
+        return self.manifest["positions"].get(f"{queue}/{consumer}")
+
+    def tables(self) -> dict[str, TargetTable]:
+        return {name: _target_table(name, entry) for name, entry in self.manifest["tables"].items()}
+
+    def _op(self, *op: Any) -> None:
+        assert self.work is not None, "no open transaction: call begin() first"
+        self._ops.append(op)
+        _replay(self.work, [op])
+
+    def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
+        self._op("position", f"{queue}/{consumer}", tick_id)
+
+    def save_table(self, table: TargetTable) -> None:
+        self._op("meta", table.source_name, _meta(table))
+
+    # transactions --------------------------------------------------------------------
+
+    def begin(self) -> None:
+        self.work = copy.deepcopy(self.manifest)
+        self._ops = []
+        self._pending = {}
+
+    def commit(self) -> None:
+        assert self.work is not None
+        for name in list(self._pending):
+            self._flush(name)
+            self._close_base(name)
+        crash_point("spark-log-written")
+        with self.warehouse.lock():
+            manifest = self.warehouse.read()
+            manifest["next_seq"] = max(manifest["next_seq"], self.work["next_seq"])
+            _replay(manifest, self._ops)
+            self.warehouse.collect_garbage(manifest)
+            self.warehouse.write(manifest)
+        crash_point("spark-committed")
+        self.manifest = manifest
+        self.work = None
+        self._ops = []
+        self._pending = {}
+        self._maybe_compact()
+
+    def rollback(self) -> None:
+        for pending in self._pending.values():
+            self._discard(pending)
+        self._pending = {}
+        self._ops = []
+        self.work = None
+
+    def close(self) -> None:
+        self.rollback()
+        if self._compactor is not None:
+            self._compactor.join()
+
+    # tables --------------------------------------------------------------------------
+
+    def _entry(self, name: str) -> dict[str, Any]:
+        assert self.work is not None
+        return self.work["tables"][name]
+
+    def create_table(self, table: TargetTable) -> None:
+        """Starts a new generation of the table: an empty base, no log."""
+        assert self.work is not None
+        name = table.source_name
+        old = self.work["tables"].get(name)
+        table_dir = old["dir"] if old else f"{_dir_name(table.structure)}-{new_id()}"
+        self._discard(self._pending.pop(name, None))
+        self._op("generation", name, {"dir": table_dir, "generation": f"{table_dir}/g-{new_id()}",
+                                      "base": [], "base_rows": 0, "logs": [], **_meta(table)})
+        self._pending[name] = _Pending()
+
+    def drop_table(self, table: TargetTable) -> None:
+        self._discard(self._pending.pop(table.source_name, None))
+        self._op("drop", table.source_name)
+
+    def alter_table(self, old: TargetTable, new: TargetTable, changes: list[Change]) -> None:
+        """In place: columns are stored by attnum, so only the recorded structure changes."""
+        self._flush(old.source_name)
+        self._close_base(old.source_name)
+        if old.source_name != new.source_name:
+            self._op("rename", old.source_name, new.source_name)
+            if old.source_name in self._pending:
+                self._pending[new.source_name] = self._pending.pop(old.source_name)
+        self._op("meta", new.source_name, _meta(new))
+
+    def schema_event(self, table: TargetTable, event: dict[str, Any]) -> None:
+        """Nothing to record: the manifest's structure is the record."""
+
+    # changes -------------------------------------------------------------------------
+
+    def _table_pending(self, name: str) -> _Pending:
+        pending = self._pending.get(name)
+        if pending is None:
+            pending = self._pending[name] = _Pending()
+        return pending
+
+    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+        pending = self._table_pending(table.source_name)
+        if op == "R":   # the copy of a new generation: straight into its base
+            pending.rows.extend(rows)
+            if len(pending.rows) >= BASE_ROW_GROUP:
+                self._write_base(table.source_name, pending)
+            return
+        positions = table.structure.key_positions()
+        buffer = pending.buffer
+        for row in rows:
+            buffer[tuple(row[i] for i in positions)] = (False, row)
+        if len(buffer) >= LOG_SPILL_ROWS:
+            self._flush(table.source_name)
+
+    def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
+        pending = self._table_pending(table.source_name)
+        buffer = pending.buffer
+        positions = table.structure.key_positions()
+        width = len(table.structure.columns)
+        for key in keys:
+            key = tuple(key)
+            row: list[Any] = [None] * width
+            for i, value in zip(positions, key):
+                row[i] = value
+            buffer[key] = (True, row)
+        if len(buffer) >= LOG_SPILL_ROWS:
+            self._flush(table.source_name)
+
+    def truncate(self, table: TargetTable) -> None:
+        """A new, empty generation: cost independent of the table's size."""
+        entry = self._entry(table.source_name)
+        self.create_table(_target_table(table.source_name, entry))
+
+    # files ---------------------------------------------------------------------------
+
+    def _structure(self, name: str) -> TableStructure:
+        return TableStructure.from_json(self._entry(name)["structure"])
+
+    def _flush(self, name: str) -> None:
+        """Writes the table's buffered changes as one change log file."""
+        pending = self._pending.get(name)
+        if pending is None or not pending.buffer:
+            return
+        assert self.work is not None
+        entry = self._entry(name)
+        seq = self.work["next_seq"]
+        self.work["next_seq"] = seq + 1
+        changes = list(pending.buffer.values())
+        pending.buffer = {}
+        data = arrow_table(self._structure(name), [row for _, row in changes], seq=seq,
+                           deleted=[deleted for deleted, _ in changes])
+        path = self.warehouse.file(f"{entry['generation']}/log-{seq:012d}-{new_id()}.parquet")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pending.files.append(path)
+        pq.write_table(data, path, compression="snappy")
+        fsync_file(path)
+        self._op("logs", name, [{"file": self.warehouse.relative(path), "seq": seq, "rows": len(changes),
+                                 "deletes": sum(1 for deleted, _ in changes if deleted)}])
+
+    def _write_base(self, name: str, pending: _Pending) -> None:
+        if not pending.rows:
+            return
+        entry = self._entry(name)
+        structure = self._structure(name)
+        if pending.writer is None:
+            path = self.warehouse.file(f"{entry['generation']}/base-{len(entry['base']):05d}.parquet")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pending.files.append(path)
+            pending.writer = pq.ParquetWriter(path, physical_schema(structure), compression="snappy")
+            pending.writer_path = path
+            pending.writer_rows = 0
+        pending.writer.write_table(arrow_table(structure, pending.rows), row_group_size=BASE_ROW_GROUP)
+        pending.writer_rows += len(pending.rows)
+        pending.rows = []
+        if pending.writer_rows >= BASE_FILE_ROWS:
+            self._close_base(name)
+
+    def _close_base(self, name: str) -> None:
+        pending = self._pending.get(name)
+        if pending is None:
+            return
+        if pending.rows:
+            self._write_base(name, pending)
+        if pending.writer is None:
+            return
+        pending.writer.close()
+        assert pending.writer_path is not None
+        fsync_file(pending.writer_path)
+        self._op("base", name, self.warehouse.relative(pending.writer_path), pending.writer_rows)
+        pending.writer = None
+        pending.writer_path = None
+
+    @staticmethod
+    def _discard(pending: _Pending | None) -> None:
+        if pending is None:
+            return
+        if pending.writer is not None:
+            pending.writer.close()
+            pending.writer = None
+        for path in pending.files:
+            path.unlink(missing_ok=True)
+        pending.files = []
+
+    # compaction ----------------------------------------------------------------------
+
+    def _maybe_compact(self) -> None:
+        if self.compact_after_logs <= 0:
+            return
+        if self._compactor is not None and self._compactor.is_alive():
+            return
+        due = [name for name, entry in self.manifest["tables"].items()
+               if len(entry["logs"]) >= self.compact_after_logs]
+        if not due:
+            return
+        self._compactor = threading.Thread(target=self._compact, args=(due,), name="replicator-compact",
+                                           daemon=True)
+        self._compactor.start()
+
+    def _compact(self, names: list[str]) -> None:
+        from ..spark.compaction import compact
+        from ..spark.session import get_session
+        try:
+            if self._spark is None:
+                self._spark = get_session(self.master, self.conf, app_name="replicator consumer")
+            compact(self._spark, self.warehouse.path, tables=names)
+        except BaseException as exc:   # the consumer goes on; the log is compacted later
+            self._compact_error = exc
+            log.warning("compaction of %s failed: %r", ", ".join(names), exc, exc_info=True)
+            self.compact_after_logs = 0
+
+
+def _dir_name(structure: TableStructure) -> str:
+    name = target_table_name(structure.schema, structure.name)
+    return "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in name)[:60] or "table"
+
+
+def _meta(table: TargetTable) -> dict[str, Any]:
+    return {"table_id": table.table_id, "mode": table.mode, "structure": table.structure.to_json(),
+            "copy_snapshot": table.copy_snapshot}
+
+
+def _target_table(name: str, entry: Mapping[str, Any]) -> TargetTable:
+    return TargetTable(source_name=name, table_id=entry["table_id"], mode=entry["mode"],
+                       structure=TableStructure.from_json(entry["structure"]), copy_snapshot=entry["copy_snapshot"])
+
+
+def _generation_garbage(manifest: dict[str, Any], entry: Mapping[str, Any]) -> None:
+    import time
+    manifest.setdefault("garbage", []).append({"files": [entry["generation"]], "since": time.time()})
+
+
+def _replay(manifest: dict[str, Any], ops: list[tuple[Any, ...]]) -> None:
+    """Applies a transaction's operations to a manifest: the consumer's own view
+    while the transaction is open, and the latest committed manifest (which a
+    compaction may have changed meanwhile) when it commits."""
+    tables = manifest["tables"]
+    for op in ops:
+        kind = op[0]
+        if kind == "position":
+            manifest["positions"][op[1]] = op[2]
+        elif kind == "meta":
+            tables[op[1]].update(op[2])
+        elif kind == "generation":
+            old = tables.get(op[1])
+            if old is not None and old["generation"] != op[2]["generation"]:
+                _generation_garbage(manifest, old)
+            tables[op[1]] = copy.deepcopy(op[2])
+        elif kind == "base":
+            tables[op[1]]["base"].append(op[2])
+            tables[op[1]]["base_rows"] += op[3]
+        elif kind == "logs":
+            tables[op[1]]["logs"].extend(copy.deepcopy(op[2]))
+        elif kind == "rename":
+            tables[op[2]] = tables.pop(op[1])
+        elif kind == "drop":
+            old = tables.pop(op[1], None)
+            if old is not None:
+                _generation_garbage(manifest, old)
+        else:
+            raise AssertionError(f"unknown manifest operation {kind}")

@@ -1,0 +1,374 @@
+"""The Spark mirror target: a warehouse directory kept equal to the source.
+
+Real PostgreSQL, real consumer, real local Spark (one session for the run).
+The oracle reads the source with SQL renderings chosen to match the Spark
+types (numeric as text, timestamptz as UTC text), independently of
+replicator.schema.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+pytest.importorskip("pyspark")
+
+from consumer_helpers import run_cli
+from replicator.consumer import Consumer
+from replicator.jobs import StopFlag
+from replicator.spark import compact, read_table, register_views
+from replicator.spark.warehouse import Warehouse
+from replicator.targets.spark import SparkTarget
+
+T_DDL = """
+    CREATE TABLE t (id int PRIMARY KEY, v text, n numeric(12,2), f double precision, b boolean,
+                    ts timestamptz, raw bytea, d date);
+    CREATE SCHEMA s;
+    CREATE TABLE s.u (k1 text, k2 int, payload jsonb, PRIMARY KEY (k1, k2));
+"""
+
+
+def source_rows(conn: psycopg.Connection, table: str) -> dict[tuple, dict[str, Any]]:
+    """The source table as {key: row}, values rendered as the warehouse must hold them."""
+    cols = conn.execute("SELECT attname, format_type(atttypid, NULL) FROM pg_attribute"
+                        " WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                        (table,)).fetchall()
+    exprs = []
+    for name, typ in cols:
+        q = f'"{name}"'
+        if typ == "timestamp with time zone":
+            exprs.append(f"to_char({q} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')")
+        elif typ in ("numeric", "jsonb", "json") or typ.endswith("[]"):
+            exprs.append(f"{q}::text")
+        elif typ == "date":
+            exprs.append(f"{q}::text")
+        else:
+            exprs.append(q)
+    key = [r[0] for r in conn.execute(
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid"
+        " AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisprimary", (table,))]
+    names = [c[0] for c in cols]
+    out = {}
+    for row in conn.execute(f"SELECT {', '.join(exprs)} FROM {table}"):
+        record = dict(zip(names, [bytes(v) if isinstance(v, memoryview) else v for v in row]))
+        out[tuple(record[k] for k in key)] = record
+    return out
+
+
+def warehouse_rows(spark, path: Path, table: str, key: list[str]) -> dict[tuple, dict[str, Any]]:
+    from pyspark.sql import functions as F
+    df = read_table(spark, path, table)
+    cols = []
+    for field in df.schema.fields:
+        name = field.name
+        if field.dataType.typeName() == "timestamp":
+            cols.append(F.date_format(F.col(name), "yyyy-MM-dd HH:mm:ss.SSSSSS").alias(name))
+        elif field.dataType.typeName() == "date":
+            cols.append(F.col(name).cast("string").alias(name))
+        else:
+            cols.append(F.col(name))
+    rows = [r.asDict() for r in df.select(*cols).collect()]
+    out = {}
+    for r in rows:
+        r = {k: bytes(v) if isinstance(v, bytearray) else v for k, v in r.items()}
+        out[tuple(r[k] for k in key)] = r
+    assert len(out) == len(rows), f"duplicate keys in {table}"
+    return out
+
+
+def assert_same(conn, spark, path, table: str, view: str, key: list[str]) -> None:
+    expected = source_rows(conn, table)
+    actual = warehouse_rows(spark, path, view, key)
+    for rows in (expected, actual):   # jsonb: compare as documents
+        for r in rows.values():
+            if "payload" in r and r["payload"] is not None:
+                r["payload"] = json.loads(r["payload"])
+    missing = expected.keys() - actual.keys()
+    extra = actual.keys() - expected.keys()
+    assert not missing and not extra, f"{table}: missing {sorted(missing)[:5]}, extra {sorted(extra)[:5]}"
+    wrong = [(k, expected[k], actual[k]) for k in expected if expected[k] != actual[k]]
+    assert not wrong, f"{table}: {len(wrong)} rows differ, e.g. {wrong[:3]}"
+
+
+def consume(dsn: str, target: SparkTarget) -> int:
+    consumer = Consumer(dsn, "q", target)
+    try:
+        return consumer.run(until_caught_up=True)
+    finally:
+        consumer.close()
+
+
+# the randomized oracle ------------------------------------------------------------------
+
+def _writer(dsn: str, seed: int, stop: threading.Event, errors: list[BaseException], rounds: int) -> None:
+    rnd = random.Random(seed)
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for _ in range(rounds):
+                if stop.is_set():
+                    return
+                try:
+                    _transaction(conn, rnd)
+                except psycopg.errors.DeadlockDetected:
+                    pass   # random multi-row writes of concurrent writers: expected now and then
+    except BaseException as exc:   # reported by the test
+        errors.append(exc)
+
+
+def _transaction(conn: psycopg.Connection, rnd: random.Random) -> None:
+    if True:
+        if True:
+                with conn.transaction():
+                    for _ in range(rnd.randint(1, 4)):
+                        op = rnd.random()
+                        i = rnd.randint(1, 400)
+                        if op < 0.45:
+                            conn.execute(
+                                "INSERT INTO t (id, v, n, f, b, ts, raw, d) VALUES (%s, %s, %s, %s, %s,"
+                                " now() - %s * interval '1 minute', %s, current_date - %s) ON CONFLICT (id) DO UPDATE"
+                                " SET v = excluded.v, n = excluded.n, f = excluded.f, b = excluded.b",
+                                (i, f"v{rnd.randint(0, 10**6)}\t\u00e9", f"{rnd.randint(-10**6, 10**6)}.{rnd.randint(0, 99):02d}",
+                                 rnd.choice([rnd.random(), float("inf"), None]), rnd.choice([True, False, None]),
+                                 rnd.randint(0, 10**5), bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 5))),
+                                 rnd.randint(0, 1000)))
+                        elif op < 0.6:
+                            conn.execute("DELETE FROM t WHERE id BETWEEN %s AND %s", (i, i + rnd.randint(0, 5)))
+                        elif op < 0.7:   # key change
+                            conn.execute("UPDATE t SET id = id + 1000 WHERE id = %s"
+                                         " AND NOT EXISTS (SELECT 1 FROM t WHERE id = %s + 1000)", (i, i))
+                        elif op < 0.8:
+                            conn.execute("UPDATE t SET v = v || 'x' WHERE id %% 7 = %s", (i % 7,))
+                        elif op < 0.93:
+                            conn.execute("INSERT INTO s.u VALUES (%s, %s, %s) ON CONFLICT (k1, k2) DO UPDATE"
+                                         " SET payload = excluded.payload",
+                                         (f"k{i % 13}", i % 17, json.dumps({"x": rnd.randint(0, 9), "y": [1, 2.5]})))
+                        else:
+                            conn.execute("DELETE FROM s.u WHERE k2 = %s", (i % 17,))
+
+
+def test_randomized_oracle_concurrent_writes_truncate_and_schema_change(dsn, conn, source, tmp_path, spark):
+    conn.execute(T_DDL)
+    conn.execute("INSERT INTO t SELECT g, 'init' || g, g * 1.5, g / 3.0, g % 2 = 0, now(), '\\x00ff', current_date"
+                 " FROM generate_series(1, 300) g")
+    conn.execute("INSERT INTO s.u SELECT 'k' || g, g, '{\"a\": 1}' FROM generate_series(1, 20) g")
+    source.create_queue("q")
+    source.add_table("q", "public.t")
+    source.add_table("q", "s.u")
+    path = tmp_path / "wh"
+    target = SparkTarget(path, spark=spark, compact_after_logs=6)
+    consumer = Consumer(dsn, "q", target, poll_interval=0.05)
+    stop_consumer = StopFlag()
+    consumer_errors: list[BaseException] = []
+
+    def run_consumer() -> None:
+        try:
+            consumer.run(stop=stop_consumer)
+        except BaseException as exc:
+            consumer_errors.append(exc)
+
+    def ticker() -> None:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            while not stop_ticker.is_set():
+                c.execute("SELECT replicator.ticker('q', true)")
+                time.sleep(0.05)
+
+    stop_ticker = threading.Event()
+    threads = [threading.Thread(target=run_consumer), threading.Thread(target=ticker)]
+    for th in threads:
+        th.start()
+    try:
+        for phase in range(3):
+            stop = threading.Event()
+            errors: list[BaseException] = []
+            writers = [threading.Thread(target=_writer, args=(dsn, 100 * phase + w, stop, errors, 40))
+                       for w in range(2)]
+            for w in writers:
+                w.start()
+            if phase == 1:
+                time.sleep(0.2)
+                conn.execute("TRUNCATE t")
+            if phase == 2:
+                time.sleep(0.2)
+                conn.execute("ALTER TABLE t ADD COLUMN extra int")     # in place: new column by attnum
+                conn.execute("UPDATE t SET extra = id * 2 WHERE id % 3 = 0")
+            for w in writers:
+                w.join()
+            if phase == 2:
+                conn.execute("ALTER TABLE s.u RENAME COLUMN payload TO body")
+                conn.execute("UPDATE s.u SET body = '[1]' WHERE k2 % 2 = 0")
+            assert not errors, errors
+            assert not consumer_errors, consumer_errors
+    finally:
+        stop_ticker.set()
+        stop_consumer.set()
+        for th in threads:
+            th.join(60)
+    assert not consumer_errors, consumer_errors
+    consume(dsn, target)   # catch up to now
+    if target._compactor is not None:
+        target._compactor.join()
+    assert target._compact_error is None, target._compact_error
+    assert_same(conn, spark, path, "t", "t", ["id"])
+    conn.execute("ALTER TABLE s.u RENAME COLUMN body TO payload")
+    consume(dsn, target)
+    assert_same(conn, spark, path, "s.u", "s__u", ["k1", "k2"])
+    manifest = Warehouse(path).read()
+    assert manifest["positions"], manifest
+    # compaction folds the logs and changes nothing a reader sees
+    compact(spark, path)
+    assert all(not entry["logs"] for entry in Warehouse(path).read()["tables"].values())
+    assert_same(conn, spark, path, "t", "t", ["id"])
+    assert sorted(register_views(spark, path)) == ["s__u", "t"]
+    assert spark.sql("SELECT count(*) FROM t").collect()[0][0] == conn.execute("SELECT count(*) FROM t").fetchone()[0]
+    target.close()
+
+
+# schema changes, types ------------------------------------------------------------------
+
+def test_schema_changes_in_place_and_by_copy_keep_tables_readable(dsn, conn, source, tmp_path, spark):
+    conn.execute("CREATE TABLE w (id int PRIMARY KEY, a text, b int, ts timestamp, d date, r real)")
+    conn.execute("INSERT INTO w VALUES (1, 'one', 1, '2024-01-02 03:04:05.5', '2024-01-02', 1.5),"
+                 " (2, 'two', 2, 'infinity', '0044-03-15 BC', 'NaN')")
+    source.create_queue("q")
+    source.add_table("q", "w")
+    path = tmp_path / "wh"
+    target = SparkTarget(path, spark=spark, compact_after_logs=0)
+    consume(dsn, target)
+    rows = {r["id"]: r for r in (x.asDict() for x in read_table(spark, path, "w").collect())}
+    assert rows[1]["a"] == "one" and str(rows[1]["ts"]) == "2024-01-02 03:04:05.500000"
+    assert str(rows[2]["ts"]) == "9999-12-31 23:59:59.999999" and rows[2]["d"] is None   # clamped / out of range
+    assert rows[2]["r"] != rows[2]["r"]  # NaN
+    # in place: rename, drop, add (no default): the files stay, the reader projects
+    conn.execute("ALTER TABLE w RENAME COLUMN a TO a2")
+    conn.execute("INSERT INTO w (id, a2, b) VALUES (3, 'three', 3)")
+    conn.execute("ALTER TABLE w DROP COLUMN b")
+    conn.execute("ALTER TABLE w ADD COLUMN c text")
+    conn.execute("INSERT INTO w (id, a2, c) VALUES (4, 'four', 'cee')")
+    generation = Warehouse(path).read()["tables"]["public.w"]["generation"]
+    consume(dsn, target)
+    entry = Warehouse(path).read()["tables"]["public.w"]
+    assert entry["generation"] == generation, "in-place changes must not copy again"
+    df = read_table(spark, path, "w")
+    assert df.columns == ["id", "a2", "ts", "d", "r", "c"]
+    got = {r["id"]: (r["a2"], r["c"]) for r in df.collect()}
+    assert got == {1: ("one", None), 2: ("two", None), 3: ("three", None), 4: ("four", "cee")}
+    # a column added with a default rewrites values: copied again, as a new generation
+    conn.execute("ALTER TABLE w ADD COLUMN e int NOT NULL DEFAULT 7")
+    conn.execute("UPDATE w SET e = 8 WHERE id = 4")
+    consume(dsn, target)
+    entry = Warehouse(path).read()["tables"]["public.w"]
+    assert entry["generation"] != generation
+    assert {r["id"]: r["e"] for r in read_table(spark, path, "w").collect()} == {1: 7, 2: 7, 3: 7, 4: 8}
+    # DROP TABLE removes it from the warehouse
+    conn.execute("DROP TABLE w")
+    consume(dsn, target)
+    assert "public.w" not in Warehouse(path).read()["tables"]
+    target.close()
+
+
+# crashes --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("point", ["spark-log-written", "spark-manifest-written"])
+def test_kill_9_during_commit_keeps_previous_state_and_next_run_converges(dsn, conn, source, tmp_path, spark,
+                                                                           point):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 500) g")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    url = f"spark:{path}"
+    done = run_cli(dsn, "consume", "q", "--target", url, "--until-caught-up")
+    assert done.returncode == 0, done.stderr
+    before = Warehouse(path).read()
+    state_before = {r["id"]: r["v"] for r in read_table(spark, path, "t").collect()}
+    conn.execute("UPDATE t SET v = v || '!' WHERE id <= 100")
+    conn.execute("DELETE FROM t WHERE id > 450")
+    conn.execute("INSERT INTO t VALUES (1000, 'new')")
+    import os
+    env = dict(os.environ, REPLICATOR_CRASH_AT=point)
+    import subprocess
+    from consumer_helpers import REPLICATOR, cli_env
+    crashed = subprocess.run([str(REPLICATOR), "consume", "q", "--target", url, "--until-caught-up"],
+                             env={**cli_env(dsn), "REPLICATOR_CRASH_AT": point}, capture_output=True, text=True,
+                             timeout=120)
+    del env
+    assert crashed.returncode == -9, crashed.stderr
+    after_crash = Warehouse(path).read()
+    assert after_crash["version"] == before["version"] and after_crash["positions"] == before["positions"]
+    assert {r["id"]: r["v"] for r in read_table(spark, path, "t").collect()} == state_before
+    leftovers = [p for p in path.rglob("*.parquet")
+                 if str(p.relative_to(path)) not in Warehouse(path).referenced(after_crash)
+                 and not any(str(q) in Warehouse(path).referenced(after_crash)
+                             for q in p.relative_to(path).parents)]
+    if point == "spark-log-written":
+        assert leftovers, "the crash should have left an uncommitted change log"
+    done = run_cli(dsn, "consume", "q", "--target", url, "--until-caught-up")
+    assert done.returncode == 0, done.stderr
+    assert_same(conn, spark, path, "t", "t", ["id"])
+    assert not any(p.exists() for p in leftovers), "uncommitted files must be cleaned up"
+    # applied exactly once: the next run finds nothing to do and changes nothing
+    version = Warehouse(path).read()["version"]
+    done = run_cli(dsn, "consume", "q", "--target", url, "--until-caught-up")
+    assert done.returncode == 0, done.stderr
+    assert_same(conn, spark, path, "t", "t", ["id"])
+    assert len(Warehouse(path).read()["tables"]["public.t"]["logs"]) == 1
+    assert Warehouse(path).read()["version"] >= version
+
+
+def test_truncate_makes_a_new_empty_generation_and_spills_large_batches(dsn, conn, source, tmp_path, spark,
+                                                                      monkeypatch):
+    import replicator.targets.spark as spark_target
+    monkeypatch.setattr(spark_target, "LOG_SPILL_ROWS", 50)
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    conn.execute("INSERT INTO t SELECT g, g FROM generate_series(1, 100) g")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    target = SparkTarget(path, spark=spark, compact_after_logs=0)
+    consume(dsn, target)
+    with conn.transaction():
+        conn.execute("UPDATE t SET v = v + 1")
+        conn.execute("TRUNCATE t")
+        conn.execute("INSERT INTO t SELECT g, -g FROM generate_series(50, 230) g")
+        conn.execute("UPDATE t SET v = 0 WHERE id > 200")
+        conn.execute("DELETE FROM t WHERE id < 60")
+    consume(dsn, target)
+    entry = Warehouse(path).read()["tables"]["public.t"]
+    assert entry["base"] == [] and len(entry["logs"]) >= 2, entry   # spilled once past 50 keys
+    assert_same(conn, spark, path, "t", "t", ["id"])
+    compact(spark, path, tables=["t"])
+    assert_same(conn, spark, path, "t", "t", ["id"])
+    target.close()
+
+
+def test_compact_command_and_errors(dsn, conn, source, tmp_path, spark):
+    from click.testing import CliRunner
+    from replicator.cli import cli
+
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    target = SparkTarget(path, compact_after_logs=0)
+    consume(dsn, target)   # the (empty) copy
+    for i in range(3):
+        conn.execute("INSERT INTO t VALUES (%s, %s)", (i, i))
+        consume(dsn, target)
+    target.close()
+    assert len(Warehouse(path).read()["tables"]["public.t"]["logs"]) == 3
+    result = CliRunner().invoke(cli, ["spark", "compact", "--target", f"spark:{path}"])
+    assert result.exit_code == 0, result.output
+    assert "public.t: 3 log file(s) folded into 3 rows" in result.output
+    assert Warehouse(path).read()["tables"]["public.t"]["logs"] == []
+    assert_same(conn, spark, path, "t", "t", ["id"])
+    bad = run_cli(dsn, "spark", "compact", "--target", "sqlite:x.db")
+    assert bad.returncode == 1 and "use spark:PATH" in bad.stderr
+    bad = run_cli(dsn, "consume", "q", "--target", "sqlite:" + str(tmp_path / "x.db"), "--spark-master", "local")
+    assert bad.returncode == 1 and "spark: target only" in bad.stderr
