@@ -142,6 +142,28 @@ BEGIN
         v_key := v_pk;
     ELSIF t.key_is_auto THEN
         v_key := replicator.comparable_columns(t.table_oid);
+    ELSIF t.key_is_pk AND cardinality(v_key) = cardinality(t.table_key) AND NOT EXISTS (
+              -- the primary key is gone: is the key still unique (a unique index on NOT NULL
+              -- key columns)? Else duplicates of it would silently collapse on targets.
+              SELECT 1 FROM pg_index i
+              WHERE i.indrelid = t.table_oid AND i.indisunique AND i.indimmediate
+                AND i.indpred IS NULL AND i.indexprs IS NULL
+                AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) k(attnum)
+                                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                                WHERE NOT a.attnotnull OR a.attname <> ALL (v_key))) THEN
+        IF t.table_mode <> 'full' THEN
+            RAISE EXCEPTION 'table %.% is captured in pk mode with key (%), which this statement leaves without a unique constraint',
+                v_schema, v_name, array_to_string(t.table_key, ', ')
+                USING HINT = 'replace the primary key in the same statement (ALTER TABLE ... DROP CONSTRAINT ..., '
+                             'ADD PRIMARY KEY (...)), or keep a unique index on the key columns';
+        END IF;
+        -- Full mode: every comparable column becomes the key (as for a keyless table
+        -- created in a followed schema) until a primary key is added again.
+        t.key_is_pk := false;
+        t.key_is_auto := true;
+        v_key := replicator.comparable_columns(t.table_oid);
+        RAISE WARNING 'replicator: %.% has no primary key any more: captured with every column as its key until one is added',
+            v_schema, v_name;
     END IF;
     IF cardinality(v_key) = 0 OR (NOT t.key_is_auto AND v_key IS DISTINCT FROM v_pk
                                   AND cardinality(v_key) < cardinality(t.table_key)) THEN

@@ -92,6 +92,7 @@ class Consumer:
         self._table_ids: list[int] | None = None
         self._following: dict[int, TargetTable] = {}
         self._captured: dict[int, CapturedTable] = {}
+        self._deferred = False
         self._connected_once = False
 
     # connection and start-up -------------------------------------------------------
@@ -152,8 +153,17 @@ class Consumer:
             if unknown:
                 raise UserError(f"queue {self.queue!r} does not capture {', '.join(unknown)}")
         known = {t.table_id: t for t in self.target.tables().values()}
+        by_name = self.target.tables()
+        self._deferred = False
         for table in captured:
             if table.table_id not in known and table.structure is not None:
+                holder = by_name.get(table.name)
+                if holder is not None and holder.table_id != table.table_id and holder.table_id in ids:
+                    # Another captured table still has this name in the target: its
+                    # RENAME (ALTER TABLE t RENAME TO t_old; CREATE TABLE t) is in a batch
+                    # not applied yet. Copy once that batch has freed the name.
+                    self._deferred = True
+                    continue
                 self.target.begin()
                 try:
                     self.copy_table(table)
@@ -162,8 +172,12 @@ class Consumer:
                     self.target.rollback()
                     raise
         self._captured = {t.table_id: t for t in captured}
-        self._following = {t.table_id: t for t in self.target.tables().values() if t.table_id in self._captured}
-        self._table_ids = ids
+        # Tables no queue captures any more (dropped, removed) are still followed: their
+        # last events, a DROP's S event among them, are still in the queue.
+        still_captured = {t.table_id for t in self.source.tables()}
+        self._following = {t.table_id: t for t in self.target.tables().values()
+                           if t.table_id in self._captured or t.table_id not in still_captured}
+        self._table_ids = None if self._deferred else ids
 
     def copy_table(self, table: CapturedTable) -> TargetTable:
         """(Re)creates the table in the target and copies it in a REPEATABLE READ
@@ -213,6 +227,8 @@ class Consumer:
             self._table_ids = None  # reload table state (copy snapshots) from the target
             raise
         self.source.finish_batch(batch_id)
+        if self._deferred:
+            self.sync_tables()
         stats.seconds = time.monotonic() - started
         log.debug("batch %s (tick %s): %d events, %d rows in %.3fs",
                   batch_id, info.tick_id, stats.events, stats.rows, stats.seconds)
@@ -265,8 +281,8 @@ class Consumer:
         in place where no value changed, else by copying the table again (in
         this transaction, within the snapshot rules of the initial copy)."""
         kind = event.get("kind")
-        self.target.schema_event(table, event)
         if kind == "dropped":
+            self.target.schema_event(table, event)
             self.target.drop_table(table)
             del self._following[table.table_id]
             log.info("event %s: %s dropped (%s)", ev_id, table.source_name, event.get("tag"))
@@ -278,6 +294,7 @@ class Consumer:
         new_structure = TableStructure.from_source(event["structure"], event["columns"], event["key"])
         changes = reconcile(table.structure, new_structure)
         if changes is not None:
+            self.target.schema_event(table, event)
             new_table = TargetTable(source_name=new_structure.qualified_name, table_id=table.table_id,
                                     mode=table.mode, structure=new_structure, copy_snapshot=table.copy_snapshot)
             self.target.alter_table(table, new_table, changes)
@@ -287,11 +304,21 @@ class Consumer:
         assert self.source is not None
         current = next((t for t in self.source.tables(self.queue) if t.table_id == table.table_id), None)
         if current is None or current.structure is None:
-            # Dropped since: its drop event follows and is the last word on it.
+            # Dropped since: its rows cannot be read back, and the table ends dropped (its
+            # DROP, later in the queue, is the last word on it): drop it now.
+            self.target.schema_event(table, {"kind": "dropped", "tag": event.get("tag"), "sql": event.get("sql"),
+                                             "schema": table.structure.schema, "name": table.structure.name})
             self.target.drop_table(table)
             del self._following[table.table_id]
             return
         self._captured[table.table_id] = current
+        # The copy replaces every row: a stream says so (T) before the change and the copied
+        # rows. The copy is in the table's current structure (later S events are in the copy):
+        # the change announced is to that structure.
+        self.target.truncate(table)
+        self.target.schema_event(table, {**event, "schema": current.schema, "name": current.table,
+                                         "key": current.key, "columns": current.columns,
+                                         "structure": current.structure})
         if current.name != table.source_name:
             self.target.drop_table(table)
         self._following[table.table_id] = self.copy_table(current)
@@ -302,7 +329,8 @@ class Consumer:
         the rows found, delete the keys not found."""
         assert self.source is not None
         keys = pending.keys.pop(table.table_id, None)
-        if not keys:
+        if not keys or table.table_id not in self._captured:
+            # (a table no longer captured cannot be read back: its DROP event follows)
             return
         key_list = list(keys)
         rows = source_copy.fetch_current_rows(self.source.conn, self._captured[table.table_id],

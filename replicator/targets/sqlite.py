@@ -145,6 +145,16 @@ class SqliteTarget:
         return stmt
 
     def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+        if op != "R" and not all(c.not_null for c in table.structure.key_columns()):
+            # A NULL in a SQLite key never conflicts (INSERT OR REPLACE would add a second
+            # row): a key with nullable columns (--key, the automatic key) is replaced by
+            # hand, row by row, so that rows of one call with the same key replace each other.
+            delete, insert = self._statement(table, "delete"), self._statement(table, "upsert")
+            positions = table.structure.key_positions()
+            for row in rows:
+                self.db.execute(delete, [row[i] for i in positions])
+                self.db.execute(insert, row)
+            return
         self.db.executemany(self._statement(table, "upsert"), rows)
 
     def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:

@@ -121,9 +121,15 @@ class StreamTarget:
         self.save_table(new)
 
     def schema_event(self, table: TargetTable, event: dict[str, Any]) -> None:
-        """One line per schema change, in order with the row changes."""
-        self._write({"op": "S", "table": table.source_name,
-                     **{k: event.get(k) for k in ("kind", "tag", "sql", "schema", "name", "key", "columns")}})
+        """One line per schema change, in order with the row changes. "structure"
+        describes every column with its attnum, which identifies it through renames:
+        a reader tells a RENAME COLUMN from a DROP and an ADD by it."""
+        record = {"op": "S", "table": table.source_name,
+                  **{k: event.get(k) for k in ("kind", "tag", "sql", "schema", "name", "key", "columns")}}
+        if event.get("structure"):
+            record["structure"] = [{k: c.get(k) for k in ("name", "attnum", "type", "not_null", "default")}
+                                   for c in event["structure"]["columns"]]
+        self._write(record)
 
     # changes -------------------------------------------------------------------------
 

@@ -1,0 +1,384 @@
+"""Schema changes applied to targets: after each DDL of a long sequence, run
+while writer threads keep changing rows, the SQLite replica and a replay of
+the JSON-lines stream equal the source, value by value. The DDL reaches the
+queue by the event triggers or by `replicator execute`; the consumer may be
+behind several DDLs; pgcapture's known failures are regression cases.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from ddl_helpers import (StreamReplay, Writers, assert_sqlite_equals_source, assert_stream_equals_source, attnums,
+                         source_rows, source_tables, sqlite_rows, stream_lines)
+from consumer_helpers import run_cli
+from replicator.consumer import Consumer
+from replicator.ddl import execute_script
+from replicator.errors import UserError
+from replicator.targets import open_target
+
+
+class Replicas:
+    """A SQLite replica and a JSON-lines stream of queue q, each applied by its own
+    long-lived consumer (as a daemon would), brought up to date on demand."""
+
+    def __init__(self, dsn: str, tmp_path: Path) -> None:
+        self.dsn = dsn
+        self.sqlite_path = tmp_path / "replica.db"
+        self.stream_path = tmp_path / "changes.jsonl"
+        self.consumers = [Consumer(dsn, "q", open_target(f"sqlite:{self.sqlite_path}")),
+                          Consumer(dsn, "q", open_target(f"jsonl:{self.stream_path}"))]
+
+    def catch_up(self) -> None:
+        for consumer in self.consumers:
+            consumer.run(until_caught_up=True)
+
+    def close(self) -> None:
+        for consumer in self.consumers:
+            consumer.close()
+            consumer.target.close()
+
+
+class Oracle:
+    """Compares both replicas with the source; remembers each table's columns by
+    attnum when it first appears, as a stream reader that saw its creation would."""
+
+    def __init__(self, conn: psycopg.Connection, replicas: Replicas) -> None:
+        self.conn = conn
+        self.replicas = replicas
+        self.layouts: dict[str, dict[int, str]] = {}
+        self.note_new_tables()
+
+    def note_new_tables(self) -> None:
+        for table in source_tables(self.conn):
+            self.layouts.setdefault(f"public.{table}", attnums(self.conn, table))
+
+    def check(self, step: str) -> StreamReplay:
+        self.note_new_tables()
+        assert_sqlite_equals_source(self.conn, self.replicas.sqlite_path, step)
+        replay = StreamReplay(self.layouts).replay(stream_lines(self.replicas.stream_path))
+        assert_stream_equals_source(self.conn, replay, step)
+        return replay
+
+
+def base_tables(conn: psycopg.Connection, source) -> None:
+    """t (full mode, through the followed schema public) and p (pk mode)."""
+    source.create_queue("q")
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY, a int NOT NULL DEFAULT 0, b text)")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, a int NOT NULL DEFAULT 0, b text)")
+    conn.execute("INSERT INTO t SELECT g, g, 'b' || g FROM generate_series(1, 40) g")
+    conn.execute("INSERT INTO p SELECT g, g, 'b' || g FROM generate_series(1, 40) g")
+    source.add_table("q", "p", mode="pk")
+    assert source.follow_schema("q", "public") == 1
+
+
+# Each step is one script: one transaction, sent as one string (event triggers) or
+# run by `replicator execute` (statement by statement, in one transaction).
+DDL_STEPS = [
+    "ALTER TABLE t ADD COLUMN c text",
+    "ALTER TABLE t ADD COLUMN d int DEFAULT 42",
+    "ALTER TABLE t ADD COLUMN e timestamptz DEFAULT now()",
+    "ALTER TABLE t ADD COLUMN f float8 DEFAULT random()",
+    # DDL inside a transaction, with DML before and after it
+    "INSERT INTO t (id, a, b) VALUES (-1, 1, 'before'); ALTER TABLE t ADD COLUMN g int;"
+    " UPDATE t SET g = id % 7, c = 'c' || id WHERE id % 3 = 0; INSERT INTO t (id, a, b, g) VALUES (-2, 2, 'after', 99)",
+    "ALTER TABLE p ADD COLUMN x int DEFAULT 5",
+    "ALTER TABLE t RENAME COLUMN b TO bb",
+    "ALTER TABLE p RENAME COLUMN b TO bb",
+    "ALTER TABLE t ALTER COLUMN d TYPE numeric(12,2) USING d / 8.0",
+    "ALTER TABLE p ALTER COLUMN x TYPE bigint USING x * 1000 + id",
+    "ALTER TABLE t DROP COLUMN f",
+    "ALTER TABLE p DROP COLUMN bb",
+    "ALTER TABLE t RENAME TO t2",
+    "ALTER TABLE t2 DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (a, id)",       # change the primary key
+    "ALTER TABLE t2 DROP CONSTRAINT t2_pkey",                               # drop it: every column is the key
+    "UPDATE t2 SET c = 'k' || id WHERE id % 5 = 0; UPDATE t2 SET c = c",
+    "ALTER TABLE t2 ADD PRIMARY KEY (id)",                                  # add one again
+    "CREATE TABLE n (id int PRIMARY KEY, v text); INSERT INTO n SELECT g, 'n' || g FROM generate_series(1, 20) g",
+    "CREATE TABLE m AS SELECT id, a, bb FROM t2",
+    "UPDATE m SET a = a + 1 WHERE id % 2 = 0; UPDATE m SET bb = bb; INSERT INTO m VALUES (-5, 5, NULL)",
+    "SELECT id, a INTO s FROM t2 WHERE id % 2 = 1",
+    "TRUNCATE t2",
+    "DROP TABLE n",
+]
+
+
+def apply_step(conn: psycopg.Connection, source, capture: str, step: str) -> None:
+    """Runs a step's script; a deadlock with the writers rolls it back whole: run it again."""
+    while True:
+        try:
+            if capture == "execute":
+                execute_script(source, "q", step)
+            else:
+                conn.execute(step)
+            return
+        except psycopg.errors.DeadlockDetected:
+            continue
+        except UserError as exc:
+            if "deadlock detected" not in str(exc):
+                raise
+
+
+@pytest.mark.parametrize("capture", ["event_triggers", "execute"])
+def test_replicas_equal_the_source_after_each_ddl_while_writers_run(dsn, conn, source, tmp_path, capture):
+    if capture == "execute":
+        conn.execute("DROP EVENT TRIGGER replicator_ddl_command_end")
+        conn.execute("DROP EVENT TRIGGER replicator_sql_drop")
+    base_tables(conn, source)
+    replicas = Replicas(dsn, tmp_path)
+    oracle = Oracle(conn, replicas)
+    writers = Writers(dsn, ["t", "p"]).start()
+    try:
+        writers.wait_for_ops(3)
+        writers.pause()
+        replicas.catch_up()
+        oracle.check("initial copy")
+        writers.resume()
+        for step in DDL_STEPS:
+            writers.wait_for_ops(2)                  # the DDL meets writes in flight
+            apply_step(conn, source, capture, step)
+            writers.wait_for_ops(3)
+            writers.pause()
+            replicas.catch_up()
+            replay = oracle.check(step)
+            writers.resume()
+    finally:
+        writers.stop()
+        replicas.close()
+    writers.check()
+    assert sum(writers.ops) > 50
+    # The stream announced each change of t, once, in the order they were made.
+    announced = [line["sql"] for line in replay.schema_events if line["table"] in ("public.t", "public.t2")]
+    made = ["ADD COLUMN c", "ADD COLUMN d", "ADD COLUMN e", "ADD COLUMN f", "ADD COLUMN g", "RENAME COLUMN b TO bb",
+            "ALTER COLUMN d TYPE", "DROP COLUMN f", "RENAME TO t2", "ADD PRIMARY KEY (a, id)",
+            "DROP CONSTRAINT t2_pkey", "ADD PRIMARY KEY (id)"]
+    assert len(announced) == len(made) and all(m in a for m, a in zip(made, announced)), announced
+    assert [line["kind"] for line in replay.schema_events if line["table"] == "public.n"] == ["dropped"]
+
+
+def test_stream_shows_the_schema_change_between_the_row_changes_of_its_transaction(dsn, conn, source, tmp_path):
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    source.add_table("q", "t")
+    stream = tmp_path / "changes.jsonl"
+    target = open_target(f"jsonl:{stream}")
+    consumer = Consumer(dsn, "q", target)
+    try:
+        consumer.run(until_caught_up=True)
+        with conn.transaction():
+            conn.execute("INSERT INTO t VALUES (1, 'a')")
+            conn.execute("ALTER TABLE t ADD COLUMN w int")
+            conn.execute("INSERT INTO t VALUES (2, 'b', 20)")
+            conn.execute("UPDATE t SET w = 10 WHERE id = 1")
+        conn.execute("INSERT INTO t VALUES (3, 'c', 30)")
+        conn.execute("ALTER TABLE t RENAME COLUMN v TO label")
+        conn.execute("DELETE FROM t WHERE id = 2")
+        conn.execute("ALTER TABLE t RENAME TO things")
+        conn.execute("UPDATE things SET label = 'C' WHERE id = 3")
+        consumer.run(until_caught_up=True)
+    finally:
+        consumer.close()
+        target.close()
+    lines = [(line["op"], line["table"], line["sql"] if line["op"] == "S" else line.get("row") or line["key"])
+             for line in stream_lines(stream)]
+    assert lines == [
+        ("I", "public.t", {"id": 1, "v": "a"}),
+        ("S", "public.t", "ALTER TABLE t ADD COLUMN w int"),
+        ("I", "public.t", {"id": 2, "v": "b", "w": 20}),
+        ("U", "public.t", {"id": 1, "v": "a", "w": 10}),
+        ("I", "public.t", {"id": 3, "v": "c", "w": 30}),
+        ("S", "public.t", "ALTER TABLE t RENAME COLUMN v TO label"),
+        ("D", "public.t", {"id": 2}),
+        ("S", "public.t", "ALTER TABLE t RENAME TO things"),
+        ("U", "public.things", {"id": 3, "label": "C", "w": 30}),
+    ]
+    schema_lines = [line for line in stream_lines(stream) if line["op"] == "S"]
+    assert [(s["kind"], s["tag"], s["schema"], s["name"], s["columns"]) for s in schema_lines] == [
+        ("altered", "ALTER TABLE", "public", "t", ["id", "v", "w"]),
+        ("altered", "ALTER TABLE", "public", "t", ["id", "label", "w"]),
+        ("altered", "ALTER TABLE", "public", "things", ["id", "label", "w"]),
+    ]
+    # attnum tells the reader that "label" is "v" renamed, not a new column
+    assert {c["name"]: c["attnum"] for c in schema_lines[1]["structure"]} == {"id": 1, "label": 2, "w": 3}
+
+
+def test_consumer_behind_several_ddls_catches_up_across_them(dsn, conn, source, tmp_path):
+    base_tables(conn, source)
+    sqlite_path, stream_path = tmp_path / "replica.db", tmp_path / "changes.jsonl"
+    layouts = {}
+
+    def consume_all(step: str) -> None:
+        for target in (f"sqlite:{sqlite_path}", f"jsonl:{stream_path}"):
+            result = run_cli(dsn, "consume", "q", "--target", target, "--until-caught-up")
+            assert result.returncode == 0, result.stderr
+        for table in source_tables(conn):
+            layouts.setdefault(f"public.{table}", attnums(conn, table))
+        assert_sqlite_equals_source(conn, sqlite_path, step)
+        assert_stream_equals_source(conn, StreamReplay(layouts).replay(stream_lines(stream_path)), step)
+
+    consume_all("initial copy")
+    # While no consumer runs: in place changes, re-copies, a table swapped for a new one
+    # of the same name, a table created and one dropped, rows written between them all.
+    for script in [
+        "ALTER TABLE t ADD COLUMN c text; UPDATE t SET c = 'c' || id WHERE id < 10",
+        "ALTER TABLE p ADD COLUMN x int DEFAULT 7; UPDATE p SET a = a + 1 WHERE id % 4 = 0",
+        "ALTER TABLE t ADD COLUMN ts timestamptz DEFAULT now(); DELETE FROM t WHERE id % 9 = 0",
+        "ALTER TABLE p RENAME COLUMN b TO bb; UPDATE p SET bb = bb || '!' WHERE id < 5",
+        "ALTER TABLE t RENAME COLUMN b TO bb; INSERT INTO t (id, a, bb) VALUES (100, 1, 'new')",
+        "ALTER TABLE t ALTER COLUMN a TYPE bigint USING a * 3; UPDATE t SET a = a + 1 WHERE id = 100",
+        "ALTER TABLE p DROP COLUMN x; DELETE FROM p WHERE id = 3",
+        "ALTER TABLE t RENAME TO t_old; CREATE TABLE t (id int PRIMARY KEY, note text);"
+        " INSERT INTO t VALUES (1, 'fresh'), (2, 'fresh'); INSERT INTO t_old (id, a) VALUES (101, 1)",
+        "CREATE TABLE keep AS SELECT id, bb FROM t_old WHERE id < 20",
+        "CREATE TABLE gone (id int PRIMARY KEY); INSERT INTO gone VALUES (1)",
+        "UPDATE gone SET id = 2; DROP TABLE gone",
+        "UPDATE keep SET bb = NULL WHERE id < 5; UPDATE t SET note = 'updated' WHERE id = 2",
+    ]:
+        conn.execute(script)
+    consume_all("catching up")
+    assert set(source_tables(conn)) == {"t", "t_old", "p", "keep"}
+
+
+# pgcapture's known failures ------------------------------------------------------------------
+
+def test_create_table_as_and_select_into_rows_reach_the_targets_exactly_once(dsn, conn, source, tmp_path):
+    source.create_queue("q")
+    conn.execute("CREATE SCHEMA app")
+    conn.execute("CREATE TABLE app.src (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO app.src SELECT g, CASE WHEN g % 3 = 0 THEN NULL ELSE 'v' || g END"
+                 " FROM generate_series(1, 30) g")
+    source.follow_schema("q", "app")
+    sqlite_path, stream_path = tmp_path / "replica.db", tmp_path / "changes.jsonl"
+    targets = [open_target(f"sqlite:{sqlite_path}"), open_target(f"jsonl:{stream_path}")]
+    consumers = [Consumer(dsn, "q", target) for target in targets]
+    try:
+        for consumer in consumers:
+            consumer.run(until_caught_up=True)
+        conn.execute("CREATE TABLE app.copied AS SELECT id, v FROM app.src WHERE id <= 20")
+        conn.execute("SELECT id, v INTO app.selected FROM app.src WHERE id > 20")
+        with conn.transaction():        # a CREATE TABLE AS followed by writes in its transaction
+            conn.execute("CREATE TABLE app.busy AS SELECT id, v FROM app.src WHERE id <= 5")
+            conn.execute("INSERT INTO app.busy VALUES (6, 'six')")
+        for consumer in consumers:
+            consumer.run(until_caught_up=True)
+        # Keyless tables are keyed on every column; rows with NULLs are rewritten, not doubled.
+        conn.execute("UPDATE app.copied SET v = v")
+        conn.execute("UPDATE app.copied SET id = id + 100 WHERE id % 2 = 0")
+        conn.execute("DELETE FROM app.selected WHERE id % 2 = 0")
+        conn.execute("UPDATE app.busy SET v = 'x' WHERE v IS NULL")
+        for consumer in consumers:
+            consumer.run(until_caught_up=True)
+    finally:
+        for consumer in consumers:
+            consumer.close()
+            consumer.target.close()
+    for table, count in [("copied", 20), ("selected", 5), ("busy", 6)]:
+        expected = source_rows(conn, table, "app")
+        assert sum(expected.values()) == count
+        assert sqlite_rows(sqlite_path, f"app__{table}") == expected, table
+    lines = stream_lines(stream_path)
+    replay = StreamReplay({}).replay(lines)
+    for table in ("copied", "selected", "busy"):
+        assert replay.rows(f"app.{table}") == source_rows(conn, table, "app"), table
+        # each row the CREATE TABLE AS wrote was delivered once (copy), never also as an insert
+        delivered = [tuple(line["row"].values()) for line in lines
+                     if line["table"] == f"app.{table}" and line["op"] in ("R", "I")]
+        assert len(delivered) == len(set(delivered)), table
+
+
+def test_create_table_and_insert_sent_as_one_string_reach_the_targets_exactly_once(dsn, conn, source, tmp_path):
+    source.create_queue("q")
+    conn.execute("CREATE SCHEMA app")
+    source.follow_schema("q", "app")
+    sqlite_path, stream_path = tmp_path / "replica.db", tmp_path / "changes.jsonl"
+    for target in (f"sqlite:{sqlite_path}", f"jsonl:{stream_path}"):
+        assert run_cli(dsn, "consume", "q", "--target", target, "--until-caught-up").returncode == 0
+    # one string, simple query protocol: both statements in one implicit transaction
+    conn.execute("CREATE TABLE app.orders (id int PRIMARY KEY, total numeric(10,2), at timestamptz DEFAULT now());"
+                 " INSERT INTO app.orders (id, total) SELECT g, g * 1.5 FROM generate_series(1, 50) g;"
+                 " UPDATE app.orders SET total = 0 WHERE id = 1")
+    conn.execute("INSERT INTO app.orders (id, total) VALUES (51, 7.25)")
+    for target in (f"sqlite:{sqlite_path}", f"jsonl:{stream_path}"):
+        result = run_cli(dsn, "consume", "q", "--target", target, "--until-caught-up")
+        assert result.returncode == 0, result.stderr
+    expected = source_rows(conn, "orders", "app")
+    assert sum(expected.values()) == 51
+    assert sqlite_rows(sqlite_path, "app__orders") == expected
+    lines = [line for line in stream_lines(stream_path) if line["table"] == "app.orders"]
+    assert StreamReplay({}).replay(lines).rows("app.orders") == expected
+    assert sorted(line["key"]["id"] for line in lines if line["op"] in ("R", "I")) == list(range(1, 52))
+
+
+def test_column_added_with_default_now_holds_the_source_values_on_targets(dsn, conn, source, tmp_path):
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    conn.execute("INSERT INTO t SELECT generate_series(1, 10)")
+    source.add_table("q", "t")
+    sqlite_path = tmp_path / "replica.db"
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{sqlite_path}", "--until-caught-up").returncode == 0
+    conn.execute("ALTER TABLE t ADD COLUMN seen timestamptz DEFAULT now(), ADD COLUMN r float8 DEFAULT random()")
+    conn.execute("ALTER TABLE t ADD COLUMN n int NOT NULL DEFAULT 3")
+    conn.execute("INSERT INTO t (id) VALUES (11)")
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{sqlite_path}", "--until-caught-up").returncode == 0
+    replica = sqlite_rows(sqlite_path, "t")
+    assert replica == source_rows(conn, "t")
+    assert len({dict(row)["seen"] for row in replica}) == 2       # the ALTER's now(), the INSERT's
+    assert all(dict(row)["seen"] is not None and dict(row)["n"] == 3 for row in replica)
+
+
+# refusals and unsupported changes ------------------------------------------------------------
+
+def test_dropping_the_primary_key_keeps_rows_with_the_old_key_apart(dsn, conn, source, tmp_path):
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    source.add_table("q", "t")
+    sqlite_path = tmp_path / "replica.db"
+    target = open_target(f"sqlite:{sqlite_path}")
+    consumer = Consumer(dsn, "q", target)
+    try:
+        consumer.run(until_caught_up=True)
+        conn.execute("ALTER TABLE t DROP CONSTRAINT t_pkey")
+        conn.execute("INSERT INTO t VALUES (1, 'another one')")      # the old key, twice
+        consumer.run(until_caught_up=True)
+        assert sqlite_rows(sqlite_path, "t") == source_rows(conn, "t")
+        conn.execute("DELETE FROM t WHERE v = 'a'")
+        conn.execute("ALTER TABLE t ADD PRIMARY KEY (id)")
+        conn.execute("UPDATE t SET v = 'one' WHERE id = 1")
+        consumer.run(until_caught_up=True)
+        assert sqlite_rows(sqlite_path, "t") == source_rows(conn, "t")
+        assert sum(source_rows(conn, "t").values()) == 2
+    finally:
+        consumer.close()
+        target.close()
+
+
+def test_unknown_schema_change_stops_the_consumer_naming_the_event_and_the_way_out(dsn, conn, source, tmp_path):
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    table_id = source.add_table("q", "t")
+    sqlite_path = tmp_path / "replica.db"
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{sqlite_path}", "--until-caught-up").returncode == 0
+    conn.execute("INSERT INTO t VALUES (1, 'before')")
+    # what a newer source would queue for a change this consumer does not know
+    ev_id = conn.execute("SELECT replicator.insert_schema_event(%s, '{\"kind\": \"partitioned\", "
+                         "\"tag\": \"ALTER TABLE\"}')", (table_id,)).fetchone()[0]
+    conn.execute("INSERT INTO t VALUES (2, 'after')")
+    result = run_cli(dsn, "consume", "q", "--target", f"sqlite:{sqlite_path}", "--until-caught-up")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: event {ev_id} is a schema change of kind 'partitioned' on public.t, which this version of "
+        f"replicator cannot apply: upgrade the consumer, or remove the table from the queue and add it again")
+    assert "Traceback" not in result.stderr
+    # nothing of the batch was applied: not the row before the event either
+    assert sqlite_rows(sqlite_path, "t") == {}
+    with pytest.raises(UserError, match=f"event {ev_id} is a schema change"):
+        consumer = Consumer(dsn, "q", open_target(f"sqlite:{sqlite_path}"))
+        try:
+            consumer.run(until_caught_up=True)
+        finally:
+            consumer.close()
+            consumer.target.close()

@@ -1,0 +1,341 @@
+"""DDL capture at the source: S events queued by the event triggers or by
+`replicator execute`, in the DDL's transaction and among its row changes;
+capture triggers regenerated; new tables of followed schemas captured from
+their first row; changes that would break replication refused with the way out.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from decimal import Decimal
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from consumer_helpers import run_cli
+from queue_util import read_events
+from replicator.ddl import execute_script
+from replicator.errors import UserError
+from replicator.install import has_event_triggers, install
+from replicator.source import Source
+
+_roles = itertools.count()
+
+
+@pytest.fixture
+def q(source):
+    """Queue "q" with consumer "c"."""
+    source.create_queue("q")
+    source.register_consumer("q", "c")
+    return source
+
+
+@pytest.fixture
+def no_event_triggers(conn):
+    """The database as a role that may not create event triggers would have it."""
+    conn.execute("DROP EVENT TRIGGER replicator_ddl_command_end")
+    conn.execute("DROP EVENT TRIGGER replicator_sql_drop")
+    assert not has_event_triggers(conn)
+
+
+def schema_events(events):
+    return [e for e in events if e.type == "S"]
+
+
+def column_summary(event) -> list[tuple]:
+    return [(c["name"], c["attnum"], c["type"], c["not_null"], c["default"]) for c in event.data["structure"]["columns"]]
+
+
+# event triggers -----------------------------------------------------------------------------
+
+def test_ddl_queues_a_schema_event_in_its_transaction_between_its_row_changes(conn, q):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    table_id = q.add_table("q", "t")
+    with conn.transaction():
+        conn.execute("INSERT INTO t VALUES (1, 'a')")
+        conn.execute("ALTER TABLE t ADD COLUMN n numeric(8,2) NOT NULL DEFAULT 1.5")
+        conn.execute("INSERT INTO t VALUES (2, 'b', 2.25)")
+    events = read_events(q)
+    assert [(e.type, e.table) for e in events] == [("I", table_id), ("S", table_id), ("I", table_id)]
+    assert len({e.txid for e in events}) == 1 and [e.ev_id for e in events] == sorted(e.ev_id for e in events)
+    s = events[1].data
+    assert (s["kind"], s["tag"], s["sql"]) == ("altered", "ALTER TABLE",
+                                              "ALTER TABLE t ADD COLUMN n numeric(8,2) NOT NULL DEFAULT 1.5")
+    assert (s["schema"], s["name"], s["key"], s["columns"]) == ("public", "t", ["id"], ["id", "v", "n"])
+    assert column_summary(events[1]) == [("id", 1, "integer", True, None), ("v", 2, "text", False, None),
+                                         ("n", 3, "numeric(8,2)", True, "1.5")]
+    # the capture trigger was regenerated in the same transaction: the second row has n
+    assert events[0].items == [[1, "a"]] and events[2].items == [[2, "b", Decimal("2.25")]]
+
+
+def test_ddl_inside_a_do_block_is_announced_between_the_blocks_writes(conn, q):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    q.add_table("q", "t")
+    conn.execute("DO $$ BEGIN INSERT INTO t VALUES (1, 'a'); ALTER TABLE t ADD COLUMN n int;"
+                 " INSERT INTO t VALUES (2, 'b', 2); END $$")
+    assert [(e.type, e.items if e.type != "S" else e.data["columns"]) for e in read_events(q)] == [
+        ("I", [[1, "a"]]), ("S", ["id", "v", "n"]), ("I", [[2, "b", 2]])]
+
+
+def test_rolled_back_ddl_queues_nothing_and_leaves_capture_as_it_was(conn, q):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    q.add_table("q", "t")
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        with conn.transaction():
+            conn.execute("ALTER TABLE t ADD COLUMN n int")
+            conn.execute("SELECT 1 / 0")
+    conn.execute("INSERT INTO t VALUES (1, 'a')")
+    assert [(e.type, e.items) for e in read_events(q)] == [("I", [[1, "a"]])]
+
+
+def test_schema_event_goes_to_every_queue_that_captures_the_table_and_no_other(conn, source):
+    for name in ("q1", "q2", "q3"):
+        source.create_queue(name)
+        source.register_consumer(name, "c")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
+    source.add_table("q1", "t")
+    source.add_table("q2", "t")
+    source.add_table("q3", "other")
+    conn.execute("ALTER TABLE t RENAME TO t2")
+    for name in ("q1", "q2"):
+        [event] = read_events(source, name)
+        assert (event.type, event.data["name"], event.data["sql"]) == ("S", "t2", "ALTER TABLE t RENAME TO t2")
+    assert read_events(source, "q3") == []
+
+
+def test_ddl_that_changes_nothing_targets_depend_on_queues_nothing(conn, q):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    q.add_table("q", "t")
+    conn.execute("CREATE INDEX ON t (v)")
+    conn.execute("ALTER TABLE t ALTER COLUMN v SET DEFAULT 'x'")
+    conn.execute("COMMENT ON TABLE t IS 'hello'")
+    conn.execute("CREATE TABLE unrelated (id int)")
+    conn.execute("ALTER TABLE unrelated ADD COLUMN w int")
+    assert read_events(q) == []
+
+
+def test_capture_follows_column_and_key_changes(conn, q):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text, w int)")
+    q.add_table("q", "t")
+    conn.execute("INSERT INTO t VALUES (1, 'a', 10)")
+    conn.execute("ALTER TABLE t DROP COLUMN w")
+    conn.execute("ALTER TABLE t RENAME COLUMN v TO label")
+    conn.execute("UPDATE t SET label = 'b'")
+    conn.execute("ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (label, id)")
+    conn.execute("DELETE FROM t")
+    events = read_events(q)
+    assert [(e.type, e.items if e.type != "S" else e.data["key"]) for e in events] == [
+        ("I", [[1, "a", 10]]),
+        ("S", ["id"]),
+        ("S", ["id"]),
+        ("U", [[1, "b"]]),
+        ("S", ["label", "id"]),
+        ("D", [["b", 1]]),          # the delete carries the new key
+    ]
+    assert events[2].data["columns"] == ["id", "label"]
+    assert [c["attnum"] for c in events[2].data["structure"]["columns"]] == [1, 2]
+
+
+def test_change_that_removes_the_key_is_refused_with_the_way_out(conn, q):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    q.add_table("q", "t")
+    with pytest.raises(psycopg.errors.RaiseException) as refused:
+        conn.execute("ALTER TABLE t DROP COLUMN id")
+    assert refused.value.diag.message_primary == "table public.t is captured with key (id), which this statement removes"
+    assert refused.value.diag.message_hint == "remove the table from its queue first: replicator table remove q public.t"
+    assert [r[0] for r in conn.execute("SELECT attname FROM pg_attribute WHERE attrelid = 't'::regclass"
+                                       " AND attnum > 0 AND NOT attisdropped ORDER BY attnum")] == ["id", "v"]
+    # pk mode needs a key it can read rows back by: dropping the primary key is refused too
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY, v text)")
+    q.add_table("q", "p", mode="pk")
+    with pytest.raises(psycopg.errors.RaiseException) as refused:
+        conn.execute("ALTER TABLE p DROP CONSTRAINT p_pkey")
+    assert "pk mode with key (id)" in refused.value.diag.message_primary
+    assert "ADD PRIMARY KEY" in refused.value.diag.message_hint
+    assert read_events(q) == []
+    # the way out works
+    q.remove_table("q", "t")
+    conn.execute("ALTER TABLE t DROP COLUMN id")
+
+
+def test_dropped_primary_key_gives_way_to_every_column_unless_a_unique_index_keeps_the_key(conn, q):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text, j json)")
+    conn.execute("CREATE TABLE u (id int PRIMARY KEY, v text)")
+    conn.execute("CREATE UNIQUE INDEX u_id ON u (id)")
+    q.add_table("q", "t")
+    q.add_table("q", "u")
+    conn.execute("ALTER TABLE t DROP CONSTRAINT t_pkey")
+    conn.execute("ALTER TABLE u DROP CONSTRAINT u_pkey")
+    conn.execute("INSERT INTO t VALUES (1, 'a', '{}'), (1, 'b', '{}')")   # the old key, twice
+    conn.execute("DELETE FROM t WHERE v = 'b'")
+    conn.execute("ALTER TABLE t ADD PRIMARY KEY (id)")                     # a primary key again
+    conn.execute("DELETE FROM t")
+    events = read_events(q)
+    assert [(e.type, e.data["key"] if e.type == "S" else e.items) for e in events] == [
+        ("S", ["id", "v"]),                    # json has no equality: not part of the key
+        ("I", [[1, "a", "{}"], [1, "b", "{}"]]),
+        ("D", [[1, "b"]]),
+        ("S", ["id"]),
+        ("D", [[1]]),
+    ]
+    # u is still keyed by id (the unique index): nothing to announce
+    assert q.tables("q")[1].key == ["id"]
+
+
+def test_dropped_and_renamed_tables_are_announced_and_no_longer_captured_when_dropped(conn, q):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    table_id = q.add_table("q", "t")
+    with conn.transaction():
+        conn.execute("INSERT INTO t VALUES (1)")
+        conn.execute("DROP TABLE t")
+    events = read_events(q)
+    assert [(e.type, e.table) for e in events] == [("I", table_id), ("S", table_id)]
+    assert (events[1].data["kind"], events[1].data["tag"], events[1].data["sql"]) == (
+        "dropped", "DROP TABLE", "DROP TABLE t")
+    assert q.tables("q") == []
+
+
+# followed schemas ---------------------------------------------------------------------------
+
+def test_tables_created_in_a_followed_schema_are_captured_from_their_first_row(dsn, conn, q):
+    conn.execute("CREATE SCHEMA app")
+    result = run_cli(dsn, "table", "add", "q", "--schema", "app")
+    assert result.returncode == 0 and "following schema app" in result.stdout
+    # one client string, simple query protocol: one transaction
+    conn.execute("CREATE TABLE app.a (id int PRIMARY KEY, v text); INSERT INTO app.a VALUES (1, 'x'), (2, 'y')")
+    conn.execute("CREATE TABLE app.b AS SELECT g AS id FROM generate_series(1, 3) g")
+    conn.execute("SELECT 1 AS id INTO app.c")
+    conn.execute("CREATE TABLE elsewhere (id int PRIMARY KEY)")
+    conn.execute("INSERT INTO app.b VALUES (4)")
+    events = read_events(q)
+    ids = {t.name: t.table_id for t in q.tables("q")}
+    assert set(ids) == {"app.a", "app.b", "app.c"}
+    assert [(e.type, e.table, e.data["kind"] if e.type == "S" else e.items) for e in events] == [
+        ("S", ids["app.a"], "created"), ("I", ids["app.a"], [[1, "x"], [2, "y"]]),
+        ("S", ids["app.b"], "created"),              # its rows reach consumers by their copy
+        ("S", ids["app.c"], "created"),
+        ("I", ids["app.b"], [[4]]),
+    ]
+    assert events[0].txid == events[1].txid
+    assert [e.data["tag"] for e in schema_events(events)] == ["CREATE TABLE", "CREATE TABLE AS", "SELECT INTO"]
+    assert events[2].data["key"] == ["id"]           # keyless: every comparable column is the key
+
+
+# replicator execute -------------------------------------------------------------------------
+
+def test_execute_queues_schema_events_in_order_with_the_scripts_row_changes(conn, q, no_event_triggers, tmp_path):
+    conn.execute("CREATE SCHEMA app")
+    conn.execute("CREATE TABLE app.t (id int PRIMARY KEY, v text)")
+    q.follow_schema("q", "app")
+    ids = {t.name: t.table_id for t in q.tables("q")}
+    assert [(e.type, e.data["tag"]) for e in read_events(q)] == [("S", "FOLLOW SCHEMA")]
+    # without event triggers a DDL outside `execute` is not announced
+    conn.execute("CREATE TABLE app.unseen (id int PRIMARY KEY)")
+    assert read_events(q) == []
+    conn.execute("DROP TABLE app.unseen")
+    script = tmp_path / "migration.sql"
+    script.write_text("""
+        -- add a column, fill it
+        INSERT INTO app.t VALUES (1, 'before');
+        ALTER TABLE app.t ADD COLUMN n int;
+        UPDATE app.t SET n = 7 WHERE id = 1;  /* a comment */
+        CREATE TABLE app.new (id int PRIMARY KEY, s text); INSERT INTO app.new VALUES (1, 'semi;colon');
+        ALTER TABLE app.t RENAME TO renamed;
+        DROP TABLE app.new;
+    """)
+    queued = execute_script(q, "q", script.read_text())
+    assert queued == 4
+    events = read_events(q)
+    new_id = events[3].table
+    assert [(e.type, e.table, e.data["kind"] if e.type == "S" else e.items) for e in events] == [
+        ("I", ids["app.t"], [[1, "before"]]),
+        ("S", ids["app.t"], "altered"),
+        ("U", ids["app.t"], [[1, "before", 7]]),
+        ("S", new_id, "created"),
+        ("I", new_id, [[1, "semi;colon"]]),
+        ("S", ids["app.t"], "altered"),
+        ("S", new_id, "dropped"),
+    ]
+    assert len({e.txid for e in events}) == 1
+    # each event names its own statement (sqlparse keeps a comment with the statement after it)
+    assert [(e.data["tag"], e.data["sql"].split("*/")[-1].strip()) for e in schema_events(events)] == [
+        ("ALTER TABLE", "ALTER TABLE app.t ADD COLUMN n int;"),
+        ("CREATE TABLE", "CREATE TABLE app.new (id int PRIMARY KEY, s text);"),
+        ("ALTER TABLE", "ALTER TABLE app.t RENAME TO renamed;"),
+        ("DROP TABLE", "DROP TABLE app.new;"),
+    ]
+    assert events[5].data["name"] == "renamed" and events[1].data["columns"] == ["id", "v", "n"]
+
+
+def test_execute_refuses_a_statement_that_changes_a_table_and_writes_its_rows(conn, q, no_event_triggers):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    q.add_table("q", "t")
+    with pytest.raises(UserError, match=r"statement 2 both changes the structure of public\.t and writes its rows"):
+        execute_script(q, "q", "INSERT INTO t VALUES (1, 'a');"
+                               " DO $$ BEGIN ALTER TABLE t ADD COLUMN n int; INSERT INTO t VALUES (2, 'b', 2); END $$;")
+    assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 't'::regclass AND attname = 'n'"
+                        ).fetchone()[0] == 0
+    assert read_events(q) == []
+    # a DO block writing one table and changing another is fine
+    conn.execute("CREATE TABLE log (id int PRIMARY KEY)")
+    q.add_table("q", "log")
+    assert execute_script(q, "q", "DO $$ BEGIN ALTER TABLE t ADD COLUMN n int; INSERT INTO log VALUES (1); END $$") == 1
+
+
+def test_execute_applies_nothing_when_a_statement_fails(dsn, conn, q, no_event_triggers, tmp_path):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    q.add_table("q", "t")
+    script = tmp_path / "broken.sql"
+    script.write_text("ALTER TABLE t ADD COLUMN n int;\nINSERT INTO t VALUES (1, 'a', 1);\nINSERT INTO nowhere VALUES (1);\n")
+    result = run_cli(dsn, "execute", "q", str(script))
+    assert result.returncode == 1
+    assert result.stderr.strip() == ('error: statement 3 failed, nothing was applied: '
+                                     'relation "nowhere" does not exist')
+    assert read_events(q) == []
+    assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 't'::regclass AND attname = 'n'"
+                        ).fetchone()[0] == 0
+
+
+# installing without the privilege -----------------------------------------------------------
+
+@pytest.fixture
+def owner_dsn(pg_server):
+    """A database owned by a role that is not superuser (it may not create event triggers)."""
+    role = f"app_{os.getpid()}_{next(_roles)}"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(role), sql.Identifier(role)))
+    yield f"host=127.0.0.1 port={pg_server.port} user={role} dbname={role}"
+    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def test_install_without_the_privilege_says_so_and_execute_captures_ddl(owner_dsn, tmp_path):
+    result = run_cli(owner_dsn, "install")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == ("event triggers not allowed for this role: DDL on captured tables "
+                                              "must go through `replicator execute QUEUE FILE.sql`")
+    with psycopg.connect(owner_dsn, autocommit=True) as conn:
+        assert install(conn).event_triggers is False            # again: idempotent, same answer
+        assert not has_event_triggers(conn)
+        source = Source(conn)
+        source.create_queue("q")
+        source.register_consumer("q", "c")
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        source.add_table("q", "t")
+        conn.execute("INSERT INTO t VALUES (1, 'a')")
+        script = tmp_path / "change.sql"
+        script.write_text("ALTER TABLE t ADD COLUMN n int DEFAULT 5;\nINSERT INTO t (id, v) VALUES (2, 'b');\n")
+        result = run_cli(owner_dsn, "execute", "q", str(script))
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == f"{script} applied; 1 schema change(s) queued"
+        events = read_events(source)
+        assert [(e.type, e.items if e.type != "S" else e.data["columns"]) for e in events] == [
+            ("I", [[1, "a"]]), ("S", ["id", "v", "n"]), ("I", [[2, "b", 5]])]
+        assert column_summary(events[1])[2] == ("n", 3, "integer", False, "5")
+
