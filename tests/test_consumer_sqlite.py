@@ -151,11 +151,12 @@ def test_values_reach_sqlite_with_the_documented_type_mapping(dsn, conn, source,
 
 def test_replica_names_drop_public_and_join_other_schemas_with_double_underscore(dsn, conn, source, tmp_path):
     conn.execute("CREATE SCHEMA sales; CREATE TABLE sales.orders (id int PRIMARY KEY);"
+                 " CREATE TABLE sales.lines (qty int, line int, order_id int, PRIMARY KEY (order_id, line));"
                  " CREATE TABLE orders (id int PRIMARY KEY); CREATE TABLE \"Mixed Case\" (id int PRIMARY KEY);"
                  " INSERT INTO sales.orders VALUES (1); INSERT INTO orders VALUES (2);"
                  " INSERT INTO \"Mixed Case\" VALUES (3)")
     source.create_queue("q")
-    for name in ("sales.orders", "orders", '"Mixed Case"'):
+    for name in ("sales.orders", "orders", '"Mixed Case"', "sales.lines"):
         source.add_table("q", name)
     replica = tmp_path / "r.db"
     consume(dsn, replica)
@@ -163,12 +164,13 @@ def test_replica_names_drop_public_and_join_other_schemas_with_double_underscore
     try:
         names = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'"
                                            " AND name NOT LIKE '\\_replicator%' ESCAPE '\\'")}
-        assert names == {"sales__orders", "orders", "Mixed Case"}
+        assert names == {"sales__orders", "orders", "Mixed Case", "sales__lines"}
         assert db.execute("SELECT id FROM sales__orders").fetchall() == [(1,)]
         assert db.execute("SELECT id FROM orders").fetchall() == [(2,)]
         assert db.execute('SELECT id FROM "Mixed Case"').fetchall() == [(3,)]
     finally:
         db.close()
+    assert sqlite_primary_key(replica, "sales__lines") == ["order_id", "line"]
 
 
 # generated values against the oracle --------------------------------------------------

@@ -124,6 +124,27 @@ def test_tsv_has_escaped_tab_separated_key_value_pairs(dsn, conn, queue_t, tmp_p
     assert records[-1]["row.v"] is None and lines[-2].split("\t")[9] == "\\N"
 
 
+def test_pk_mode_stream_shows_one_line_per_collapsed_key_with_the_current_row(dsn, conn, source, tmp_path):
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY, n int)")
+    conn.execute("INSERT INTO p VALUES (1, 0), (2, 0)")
+    source.create_queue("q")
+    source.add_table("q", "p", mode="pk")
+    out = tmp_path / "changes.jsonl"
+    assert run_cli(dsn, "consume", "q", "--target", f"jsonl:{out}", "--until-caught-up").returncode == 0
+    with conn.transaction():
+        for _ in range(5):
+            conn.execute("UPDATE p SET n = n + 1 WHERE id = 1")
+        conn.execute("INSERT INTO p VALUES (3, 0)")
+        conn.execute("DELETE FROM p WHERE id = 3")
+        conn.execute("DELETE FROM p WHERE id = 2")
+    conn.execute("UPDATE p SET n = 100 WHERE id = 1")      # later than the batch: read back anyway
+    assert run_cli(dsn, "consume", "q", "--target", f"jsonl:{out}", "--until-caught-up").returncode == 0
+    changes = read_jsonl(out)[2:]                          # after the two copied rows
+    upserts = [r for r in changes if r["op"] != "D"]
+    assert upserts == [{"op": "U", "table": "public.p", "key": {"id": 1}, "row": {"id": 1, "n": 100}}]
+    assert sorted(r["key"]["id"] for r in changes if r["op"] == "D") == [2, 3]
+
+
 STREAM_KILLER = textwrap.dedent("""
     import os, signal, sys
     from replicator import cli
