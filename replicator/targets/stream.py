@@ -4,9 +4,10 @@ key/value pairs (tsv), to stdout or a file.
 A file stream is exactly-once: on commit the file is flushed and synced,
 then a sidecar file ``PATH.position`` records the position and the file's
 length; on start the file is cut back to that length, so lines of a batch
-that was not committed are written again once, never twice. On stdout the
-position lives only in the source (at least once: a crash may repeat the
-last batch).
+that was not committed are written again once, never twice. On stdout nothing
+is stored: every run starts, like a Debezium snapshot, with the current rows
+of every table (op "R") and then follows the changes from the source
+consumer's position, which a crash may leave one batch behind (at least once).
 """
 
 from __future__ import annotations
