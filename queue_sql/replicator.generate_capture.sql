@@ -13,6 +13,8 @@ LANGUAGE sql STABLE AS $$
 --      Values are JSON scalars as json_build_array renders them, except
 --      json/jsonb, arrays and composites, which travel as their JSON text in
 --      a string, so a target stores PostgreSQL's own rendering unchanged.
+--      A column the table no longer has reads as NULL (a consumer reading
+--      back rows of a structure it has not caught up with yet).
 --
 -- Parameters:
 --      p_alias     - range variable the columns belong to
@@ -26,6 +28,7 @@ LANGUAGE sql STABLE AS $$
     WITH cols AS (
         SELECT c.ord,
                CASE
+                   WHEN a.attnum IS NULL THEN 'NULL'
                    WHEN bt.typname IN ('json', 'jsonb') THEN format('%I.%I::text', p_alias, c.col)
                    WHEN bt.typcategory IN ('A', 'C') THEN format('to_json(%I.%I)::text', p_alias, c.col)
                    ELSE format('%I.%I', p_alias, c.col)
