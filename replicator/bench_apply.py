@@ -139,6 +139,7 @@ class Result:
     events: int
     seconds: float
     cpu: float
+    server: float
 
     @property
     def rate(self) -> float:
@@ -208,12 +209,12 @@ def queue_size(dsn: str, queue: str) -> tuple[int, int]:
 # (a) the raw bound -------------------------------------------------------------------------
 
 
-def raw_apply(dsn: str, queue: str, consumer: str, start_tick: int, path: Path) -> tuple[int, int]:
+def raw_apply(dsn: str, queue: str, consumer: str, start_tick: int, path: Path) -> tuple[int, int, float]:
     """The raw bound: every batch fetched as replicator fetches it
     (Source.batch_events: the batch query through a server-side cursor), each
     event json.loads'ed and its items executemany'd as they are into a plain
     SQLite table with the target's pragmas: no decoding, no table state, no
-    position. Returns (events, row changes)."""
+    position. Returns (events, row changes, server CPU seconds)."""
     lite = sqlite3.connect(path, isolation_level=None)
     for pragma in getattr(sqlite_target, "PRAGMAS", ("journal_mode = WAL", "synchronous = NORMAL")):
         lite.execute(f"PRAGMA {pragma}")
@@ -224,6 +225,7 @@ def raw_apply(dsn: str, queue: str, consumer: str, start_tick: int, path: Path) 
     events = rows = 0
     loads = json.loads
     with Source.connect(dsn) as src:
+        server = backend_cpu(src.conn.info.backend_pid)
         src.set_consumer_position(queue, consumer, start_tick)
         src.tick(queue, force=True)
         while True:
@@ -238,8 +240,15 @@ def raw_apply(dsn: str, queue: str, consumer: str, start_tick: int, path: Path) 
                 rows += len(items)
             lite.execute("COMMIT")
             src.finish_batch(batch)
+        server = backend_cpu(src.conn.info.backend_pid) - server
     lite.close()
-    return events, rows
+    return events, rows, server
+
+
+def backend_cpu(pid: int) -> float:
+    """CPU seconds a local PostgreSQL backend has used (utime + stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(fn: Any, profile: Path | None = None) -> tuple[Any, float, float]:
@@ -357,20 +366,26 @@ def throughput(args: argparse.Namespace, figures: dict[str, Any], dsn: str, work
         return args.profile / f"{name}.prof" if args.profile and run == 0 else None
 
     names = ("(a) raw bound", "(b) replicator, full mode", "(c) replicator, pk mode")
-    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+    load_before = os.getloadavg()[0]
     for run in range(args.repeat):
         path = workdir / f"raw_{run}.db"
-        (ev, rw), secs, cpu = measure(lambda: raw_apply(dsn, "bench_full", "raw", start, path), profile("raw", run))
+        (ev, rw, server), secs, cpu = measure(lambda: raw_apply(dsn, "bench_full", "raw", start, path),
+                                              profile("raw", run))
         assert (ev, rw) == (events, rows), ((ev, rw), (events, rows))
-        runs[names[0]].append((secs, cpu))
+        runs[names[0]].append((secs, cpu, server))
         counts = {path.name: sqlite_count(path, "cache_item")}
         for name, queue in zip(names[1:], ("bench_full", "bench_pk")):
             path = workdir / f"{queue}_{run}.db"
             c = fresh_replica(dsn, workdir, queue, path)
+            assert c.source is not None
+            pid = c.source.conn.info.backend_pid
+            server = backend_cpu(pid)
             _, secs, cpu = measure(lambda: c.run(until_caught_up=True), profile(queue[6:], run))
+            server = backend_cpu(pid) - server
             c.close()
             c.target.close()
-            runs[name].append((secs, cpu))
+            runs[name].append((secs, cpu, server))
             counts[path.name] = sqlite_count(path, "cache_item")
         if set(counts.values()) != {expected}:  # every replica agrees with the source
             raise SystemExit(f"replicas disagree with the source ({expected} rows): {counts}")
@@ -379,22 +394,26 @@ def throughput(args: argparse.Namespace, figures: dict[str, Any], dsn: str, work
         for path in workdir.glob(f"*_{run}.db*"):
             path.unlink()
 
-    results = [Result(name, rows, events, statistics.median(s for s, _ in r), statistics.median(c for _, c in r))
-               for name, r in runs.items()]
+    load_after = os.getloadavg()[0]
+    results = [Result(name, rows, events, statistics.median(x[0] for x in r), statistics.median(x[1] for x in r),
+                      statistics.median(x[2] for x in r)) for name, r in runs.items()]
     raw = results[0].rate
     table = Table(title=f"Apply throughput into SQLite: {rows:,} row changes in {events:,} events "
                         f"({rows / events:.1f} rows/event), median of {args.repeat} runs")
-    for col in ("apply", "seconds", "row changes/s", "events/s", "vs raw", "client CPU s"):
+    for col in ("apply", "seconds", "row changes/s", "events/s", "vs raw", "client CPU s", "server CPU s"):
         table.add_column(col, justify="left" if col == "apply" else "right")
     for r in results:
         table.add_row(r.name, f"{r.seconds:.2f}", f"{r.rate:,.0f}", f"{r.events / r.seconds:,.0f}",
-                      f"{r.rate / raw:.0%}", f"{r.cpu:.2f}")
+                      f"{r.rate / raw:.0%}", f"{r.cpu:.2f}", f"{r.server:.2f}")
     console.print(table)
-    console.print("row changes: rows inserted, updated or deleted; an event is one queue row (one "
-                  "statement's changes, up to 1000 rows). client CPU: this process, not PostgreSQL.")
-    figures["throughput"] = {"rows": rows, "events": events, "repeat": args.repeat, "results": [
+    console.print("row changes: rows inserted, updated or deleted; an event is one queue row (one statement's "
+                  "changes, up to 1000 rows). client CPU: this process; server CPU: its PostgreSQL backend. "
+                  f"Load average {load_before:.1f} before, {load_after:.1f} after, on {os.cpu_count()} CPUs.")
+    figures["throughput"] = {"rows": rows, "events": events, "repeat": args.repeat,
+                             "loadavg": [load_before, load_after], "results": [
         {"name": r.name, "seconds": r.seconds, "rows_per_s": r.rate, "events_per_s": r.events / r.seconds,
-         "vs_raw": r.rate / raw, "cpu": r.cpu, "runs": runs[r.name]} for r in results]}
+         "vs_raw": r.rate / raw, "client_cpu": r.cpu, "server_cpu": r.server, "runs": runs[r.name]}
+        for r in results]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from psycopg import sql
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from .schema import Decoder, TableStructure, parse_json
+from .schema import RowsDecoder, TableStructure, parse_json
 from .source import CapturedTable
 
 COPY_CHUNK_ROWS = 5000
@@ -47,8 +47,8 @@ def _filter(table: CapturedTable) -> sql.Composable:
     return sql.SQL("({})").format(sql.SQL(table.row_filter)) if table.row_filter else sql.SQL("true")
 
 
-def decode_rows(texts: Iterable[str], decoders: Sequence[Decoder]) -> list[tuple[Any, ...]]:
-    return [tuple(d(v) for d, v in zip(decoders, parse_json(text))) for text in texts]
+def decode_rows(texts: Iterable[str], decode: RowsDecoder) -> list[Sequence[Any]]:
+    return decode([parse_json(text) for text in texts])
 
 
 class SnapshotCopy:
@@ -79,22 +79,22 @@ class SnapshotCopy:
         self.conn.rollback()
         self.conn.close()
 
-    def chunks(self) -> Iterator[list[tuple[Any, ...]]]:
+    def chunks(self) -> Iterator[list[Sequence[Any]]]:
         """Decoded rows, COPY_CHUNK_ROWS at a time, streamed with binary COPY."""
         query = sql.SQL("COPY (SELECT {expr}::text FROM {table} t WHERE {filter}) TO STDOUT (FORMAT binary)").format(
             expr=_row_expr(self.conn, self.table, self.structure),
             table=_relation(self.conn, self.table), filter=_filter(self.table))
-        decoders = self.structure.row_decoders()
+        decode = self.structure.rows_decoder()
         with self.conn.cursor() as cur, cur.copy(query) as copy:
             copy.set_types(["text"])
             texts: list[str] = []
             for (text,) in copy.rows():
                 texts.append(text)
                 if len(texts) >= COPY_CHUNK_ROWS:
-                    yield decode_rows(texts, decoders)
+                    yield decode_rows(texts, decode)
                     texts = []
             if texts:
-                yield decode_rows(texts, decoders)
+                yield decode_rows(texts, decode)
 
 
 def copy_progress() -> Progress:
@@ -105,7 +105,7 @@ def copy_progress() -> Progress:
 
 
 def fetch_current_rows(conn: psycopg.Connection, table: CapturedTable, structure: TableStructure,
-                       keys: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+                       keys: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
     """The PK-only join-back: current rows of the given keys (as found in
     events: JSON values in key order), in one query. Keys whose row is gone,
     or outside the table's row filter, are simply not returned."""
@@ -127,4 +127,4 @@ def fetch_current_rows(conn: psycopg.Connection, table: CapturedTable, structure
         record=record, join=join, filter=_filter(table))
     payload = json.dumps([dict(zip(structure.key, key)) for key in keys])
     texts = [row[0] for row in conn.execute(query, (payload,))]
-    return decode_rows(texts, structure.row_decoders())
+    return decode_rows(texts, structure.rows_decoder())

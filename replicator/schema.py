@@ -12,7 +12,6 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from functools import partial
 from typing import Any
 
 Decoder = Callable[[Any], Any]
@@ -22,7 +21,21 @@ _FLOAT_TYPES = {"real", "double precision"}
 
 # One JSON parser for events, the copy and the join-back: numbers that are not
 # integers stay text, so numeric values keep their exact digits and scale.
-parse_json: Callable[[str], Any] = partial(json.loads, parse_float=str)
+_JSON = json.JSONDecoder(parse_float=str)
+_scan_json = _JSON.scan_once
+
+
+def parse_json(text: str) -> Any:
+    """json.loads(text, parse_float=str), without building a decoder per call
+    and, for text that is one JSON value with nothing around it (as
+    PostgreSQL renders ev_data), without the whitespace matching around it."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        return _JSON.decode(text)  # leading whitespace, or the error json.loads raises
+    if end != len(text):
+        return _JSON.decode(text)
+    return value
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,14 @@ class TableStructure:
     def key_decoders(self) -> list[Decoder]:
         return [decoder_for(c) for c in self.key_columns()]
 
+    def rows_decoder(self) -> "RowsDecoder":
+        """Decodes a list of captured rows (JSON arrays in column order)."""
+        return rows_decoder(self.row_decoders())
+
+    def keys_decoder(self) -> "RowsDecoder":
+        """Decodes a list of captured keys (JSON arrays in key order)."""
+        return rows_decoder(self.key_decoders())
+
 
 @dataclass(frozen=True)
 class Change:
@@ -128,36 +149,89 @@ def reconcile(old: TableStructure, new: TableStructure) -> list[Change] | None:
     return changes
 
 
-def _timestamptz_to_utc(value: str) -> str:
+def _timestamptz_to_utc(value: str | None) -> str | None:
     """ISO 8601 in UTC with offset; values Python cannot represent (infinity,
     BC, years past 9999) stay as PostgreSQL rendered them."""
+    if value is None:
+        return None
+    # Already in UTC with no or all six fractional digits: isoformat() would
+    # give back the same text (PostgreSQL drops trailing zeros of a fraction,
+    # isoformat() does not, so other lengths take the long way).
+    if value.endswith("+00:00") and (len(value) == 32 or len(value) == 25):
+        return value
     try:
         return datetime.fromisoformat(value).astimezone(timezone.utc).isoformat()
     except ValueError:
         return value
 
 
+_NON_FINITE = frozenset(("NaN", "Infinity", "-Infinity"))
+
+
 def _float(value: Any) -> Any:
     """Finite values as floats; NaN and the infinities as PostgreSQL spells
     them (SQLite would store NaN as NULL, JSON has no spelling for them)."""
-    if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity"):
+    if value is None or value in _NON_FINITE:
         return value
     return float(value)
 
 
-def _bytea(value: str) -> bytes:
+def _bytea(value: str | None) -> bytes | None:
+    if value is None:
+        return None
     if value.startswith("\\x"):
         return bytes.fromhex(value[2:])
     raise ValueError("bytea values must be captured with bytea_output = 'hex'")
+
+
+def _bool(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _numeric(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _identity(value: Any) -> Any:
     return value
 
 
-def _nullable(fn: Decoder) -> Decoder:
-    def decode(value: Any) -> Any:
-        return None if value is None else fn(value)
+RowsDecoder = Callable[[list[Any]], list[Sequence[Any]]]
+
+
+def rows_decoder(decoders: Sequence[Decoder]) -> RowsDecoder:
+    """One function decoding a list of captured rows (or keys) into target rows.
+
+    Values whose decoder is the identity are not touched: when every column's
+    is, rows are the parsed arrays themselves; otherwise each row becomes a
+    tuple built by one generated expression that calls only the other
+    columns' decoders, e.g. ``lambda r: (r[0], r[1], d2(r[2]))``. A row with
+    fewer values than decoders (or, for the identity, another number of
+    values) is decoded as zip() would, as before.
+    """
+    decoders = list(decoders)
+    n = len(decoders)
+
+    def by_zip(items: list[Any]) -> list[Sequence[Any]]:
+        return [tuple(d(v) for d, v in zip(decoders, item)) for item in items]
+
+    if all(d is _identity for d in decoders):
+        def same(items: list[Any]) -> list[Sequence[Any]]:
+            for item in items:
+                if len(item) != n:
+                    return by_zip(items)
+            return items
+        return same
+
+    env = {f"d{i}": d for i, d in enumerate(decoders) if d is not _identity}
+    body = ", ".join(f"r[{i}]" if d is _identity else f"d{i}(r[{i}])" for i, d in enumerate(decoders))
+    row = eval(f"lambda r: ({body},)", env)  # only column positions and env names: no outside text
+
+    def decode(items: list[Any]) -> list[Sequence[Any]]:
+        try:
+            return list(map(row, items))
+        except IndexError:
+            return by_zip(items)
     return decode
 
 
@@ -170,15 +244,15 @@ def decoder_for(column: Column) -> Decoder:
     if base in _INTEGER_TYPES:
         return _identity
     if base == "boolean":
-        return _nullable(int)
+        return _bool
     if base in _FLOAT_TYPES:
-        return _nullable(_float)
+        return _float
     if base == "numeric":
-        return _nullable(str)
+        return _numeric
     if base == "bytea":
-        return _nullable(_bytea)
+        return _bytea
     if base == "timestamp with time zone":
-        return _nullable(_timestamptz_to_utc)
+        return _timestamptz_to_utc
     return _identity
 
 

@@ -18,6 +18,12 @@ from typing import Any
 from ..schema import Change, TableStructure, sqlite_type, target_table_name
 from . import Row, TargetTable
 
+# WAL: readers are never blocked and see whole batches; NORMAL: a commit is
+# durable at the next checkpoint (a crash of the machine may lose the last
+# batches, never part of one, and the consumer applies them again from its
+# position). A page cache of 64 MiB instead of SQLite's 2 MiB: random key
+# updates of a table of more than a few MB otherwise go to the OS per page.
+PRAGMAS = ("journal_mode = WAL", "synchronous = NORMAL", "cache_size = -65536")
 _STATE = "_replicator_position"
 _TABLES = "_replicator_tables"
 
@@ -36,8 +42,8 @@ class SqliteTarget:
             raise UserError(f"cannot create {self.path}: directory {self.path.parent} does not exist")
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode = WAL")
-            self.db.execute("PRAGMA synchronous = NORMAL")
+            for pragma in PRAGMAS:
+                self.db.execute(f"PRAGMA {pragma}")
             self.db.execute(f"CREATE TABLE IF NOT EXISTS {_STATE} (queue TEXT, consumer TEXT, last_tick INTEGER,"
                             " PRIMARY KEY (queue, consumer))")
             self.db.execute(f"CREATE TABLE IF NOT EXISTS {_TABLES} (source_name TEXT PRIMARY KEY,"
