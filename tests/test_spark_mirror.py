@@ -357,6 +357,9 @@ def test_compact_command_and_errors(dsn, conn, source, tmp_path, spark):
     source.add_table("q", "t")
     path = tmp_path / "wh"
     target = SparkTarget(path, compact_after_logs=0)
+    from replicator.errors import UserError
+    with pytest.raises(UserError, match="another consumer is writing"):
+        SparkTarget(path)
     consume(dsn, target)   # the (empty) copy
     for i in range(3):
         conn.execute("INSERT INTO t VALUES (%s, %s)", (i, i))

@@ -139,17 +139,25 @@ def _temporal(value: str | None, typ: pa.DataType) -> Any:
 def arrow_array(values: Sequence[Any], typ: pa.DataType) -> pa.Array:
     """Decoded consumer values (replicator.schema decoders) as an Arrow array."""
     if pa.types.is_floating(typ):
-        values = [_FLOATS.get(v, v) if isinstance(v, str) else v for v in values]
-        return pa.array(values, type=typ)
-    if pa.types.is_boolean(typ):
-        return pa.array([None if v is None else bool(v) for v in values], type=typ)
+        try:
+            return pa.array(values, type=typ)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):   # NaN, Infinity as text
+            return pa.array([_FLOATS.get(v, v) if isinstance(v, str) else v for v in values], type=typ)
+    if pa.types.is_boolean(typ):   # decoded as 0/1
+        try:
+            return pa.array(values, type=pa.int8()).cast(typ)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+            return pa.array([None if v is None else bool(v) for v in values], type=typ)
     if pa.types.is_date(typ) or pa.types.is_timestamp(typ):
         try:
             return pa.array(values, type=pa.string()).cast(typ)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return pa.array([_temporal(v, typ) for v in values], type=typ)
     if pa.types.is_string(typ):
-        return pa.array([v if v is None or isinstance(v, str) else str(v) for v in values], type=typ)
+        try:
+            return pa.array(values, type=typ)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+            return pa.array([v if v is None or isinstance(v, str) else str(v) for v in values], type=typ)
     return pa.array(values, type=typ)
 
 

@@ -17,7 +17,9 @@ resumes from the manifest's position, exactly once.
 from __future__ import annotations
 
 import copy
+import fcntl
 import logging
+import os
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -61,6 +63,13 @@ class SparkTarget:
                             f"does not exist")
         try:
             self.warehouse.path.mkdir(exist_ok=True)
+            # One consumer process writes a warehouse: it removes what a crashed one left.
+            self._owner = os.open(self.warehouse.path / "_consumer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(self._owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(self._owner)
+                raise UserError(f"another consumer is writing the Spark warehouse {self.warehouse.path}") from None
             with self.warehouse.lock():
                 manifest = self.warehouse.read()
                 self.warehouse.remove_orphans(manifest, compaction=False)
@@ -134,6 +143,9 @@ class SparkTarget:
         self.rollback()
         if self._compactor is not None:
             self._compactor.join()
+        if self._owner >= 0:
+            os.close(self._owner)
+            self._owner = -1
 
     # tables --------------------------------------------------------------------------
 
