@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         figures["spark"] = spark.version
         figures["spark_start"] = time.perf_counter() - started
         console.print(f"Spark {spark.version} local session started in {figures['spark_start']:.1f}s")
-        for rows in (int(s) for s in args.sizes.split(",")):
+        for rows in (int(s) for s in args.sizes.split(",") if s.strip()):
             bench_table(args, spark, workdir, rows, figures)
         if not args.skip_copy:
             bench_copy(args, workdir, figures)

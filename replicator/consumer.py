@@ -225,10 +225,18 @@ class Consumer:
             self.target.create_table(target_table)
             with source_copy.copy_progress() as progress:
                 task = progress.add_task(f"copy {table.name}", total=snap.estimated_rows or None)
-                for chunk in snap.chunks():
-                    self.target.upsert(target_table, "R", chunk)
-                    rows += len(chunk)
-                    progress.update(task, completed=rows)
+                # A target may copy a large table itself, in parallel (Spark: copy_from);
+                # None means it leaves the copy to this loop.
+                copy_from = getattr(self.target, "copy_from", None)
+                copied = None if copy_from is None else copy_from(
+                    target_table, snap, lambda n: progress.update(task, completed=n))
+                if copied is not None:
+                    rows = copied
+                else:
+                    for chunk in snap.chunks():
+                        self.target.upsert(target_table, "R", chunk)
+                        rows += len(chunk)
+                        progress.update(task, completed=rows)
                 progress.update(task, total=rows, completed=rows)
         log.info("copied %s: %d rows in %.1fs", table.name, rows, time.monotonic() - started)
         return target_table

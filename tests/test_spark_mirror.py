@@ -375,3 +375,28 @@ def test_compact_command_and_errors(dsn, conn, source, tmp_path, spark):
     assert bad.returncode == 1 and "use spark:PATH" in bad.stderr
     bad = run_cli(dsn, "consume", "q", "--target", "sqlite:" + str(tmp_path / "x.db"), "--spark-master", "local")
     assert bad.returncode == 1 and "spark: target only" in bad.stderr
+
+
+def test_parallel_initial_copy_reads_one_snapshot_in_block_ranges(dsn, conn, source, tmp_path, spark, monkeypatch):
+    import replicator.spark.parallel_copy as parallel_copy
+    monkeypatch.setattr(parallel_copy, "PARALLEL_MIN_ROWS", 1)
+    monkeypatch.setattr(parallel_copy, "workers_for", lambda rows: 3)
+    conn.execute(T_DDL)
+    conn.execute("INSERT INTO t SELECT g, repeat('x', 50) || g, g / 4.0, g, g % 2 = 0, now(), '\\x01', current_date"
+                 " FROM generate_series(1, 6000) g")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    target = SparkTarget(path, spark=spark, compact_after_logs=0)
+    consumer = Consumer(dsn, "q", target)
+    consumer.connect()
+    conn.execute("UPDATE t SET v = 'before the copy' WHERE id <= 10")   # in the copy; its event is skipped
+    consumer.sync_tables()
+    entry = Warehouse(path).read()["tables"]["public.t"]
+    assert len(entry["base"]) == 3 and entry["base_rows"] == 6000, entry
+    consumer.run(until_caught_up=True)
+    consumer.close()
+    conn.execute("DELETE FROM t WHERE id % 100 = 0")
+    consume(dsn, target)
+    assert_same(conn, spark, path, "t", "t", ["id"])
+    target.close()

@@ -21,7 +21,7 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,6 +216,37 @@ class SparkTarget:
             buffer[key] = (True, row)
         if len(buffer) >= LOG_SPILL_ROWS:
             self._flush(table.source_name)
+
+    def copy_from(self, table: TargetTable, snap: Any, progress: Callable[[int], None]) -> int | None:
+        """The initial copy of a large table, split over worker processes that read
+        ranges of it in the copy's snapshot and write base files themselves
+        (replicator.spark.parallel_copy). None: not splittable or small, copy
+        it through upsert()."""
+        from psycopg import sql
+
+        from .. import copy as source_copy
+        from ..spark import parallel_copy
+
+        workers = parallel_copy.workers_for(snap.estimated_rows)
+        ranges = parallel_copy.block_ranges(snap.conn, snap.table.oid, workers)
+        if ranges is None:
+            return None
+        name = table.source_name
+        pending = self._table_pending(name)
+        directory = self.warehouse.file(self._entry(name)["generation"])
+        directory.mkdir(parents=True, exist_ok=True)
+        select = sql.SQL("SELECT {expr}::text FROM {table} t WHERE {filter}").format(
+            expr=source_copy._row_expr(snap.conn, snap.table, table.structure),
+            table=source_copy._relation(snap.conn, snap.table), filter=source_copy._filter(snap.table))
+        prefix = directory / f"base-{new_id()}"
+        try:
+            files = parallel_copy.copy_parallel(snap.conn, snap.dsn, select, table.structure, ranges, prefix,
+                                                progress)
+        finally:   # written files are the transaction's, whatever happens
+            pending.files.extend(prefix.parent.glob(prefix.name + "-*.parquet"))
+        for path, rows in files:
+            self._op("base", name, self.warehouse.relative(path), rows)
+        return sum(rows for _, rows in files)
 
     def truncate(self, table: TargetTable) -> None:
         """A new, empty generation: cost independent of the table's size."""
