@@ -208,7 +208,8 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             ).fetchone()[0]
             if end is None:
                 return start
-            layouts = dict(start["layouts"])
+            # tables added since the start offset: as the catalog has them (their DDL since is in the S events)
+            layouts = {**self._catalog_layouts(conn), **start["layouts"]}
             for _ev_id, table_id, layout in self._timeline(conn, event_table, start["tick"], end, queue_id):
                 if layout is None:
                     layouts.pop(table_id, None)
@@ -248,6 +249,7 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             seqs = dict(conn.execute("SELECT tick_id, tick_event_seq FROM replicator.tick WHERE tick_queue = %s"
                                      " AND tick_id IN (%s, %s)", (queue_id, start["tick"], end["tick"])).fetchall())
             timeline = self._timeline(conn, event_table, start["tick"], end["tick"], queue_id)
+            layouts = {**self._catalog_layouts(conn), **start["layouts"]}
         lo, hi = seqs[start["tick"]], seqs[end["tick"]]
         n = max(1, min(self.partitions_count, hi - lo))
         bounds = [lo + (hi - lo) * i // n for i in range(n + 1)]
@@ -255,7 +257,7 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return [ReplicatorPartition(dsn=self.dsn, event_table=event_table, prev_snapshot=ticks[0][1],
                                     cur_snapshot=ticks[-1][1], lo=None if i == 0 else bounds[i],
                                     hi=None if i == n - 1 else bounds[i + 1], ticks=ticks[1:],
-                                    layouts=start["layouts"], timeline=timeline)
+                                    layouts=layouts, timeline=timeline)
                 for i in range(n)]
 
     def read(self, partition: ReplicatorPartition):  # type: ignore[override]
