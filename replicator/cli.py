@@ -405,6 +405,9 @@ def spark_compact(target_url: str, tables: tuple[str, ...], min_logs: int, spark
     scheme, _, path = target_url.partition(":")
     if scheme != "spark" or not path:
         raise UserError(f"invalid target {target_url!r}: use spark:PATH")
+    from .spark.warehouse import Warehouse
+    if not Warehouse(path).exists():   # before starting Spark
+        raise UserError(f"{Warehouse(path).path} is not a replicator Spark warehouse (no manifest)")
     session = get_session(spark_master, _spark_conf(spark_conf), app_name="replicator compact")
     done = compact(session, Path(path), tables=list(tables) or None, min_logs=min_logs)
     for c in done:
