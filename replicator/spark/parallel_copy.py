@@ -27,7 +27,7 @@ from .warehouse import arrow_table, fsync_file, physical_schema
 
 PARALLEL_MIN_ROWS = 500_000     # smaller tables are copied by the consumer process alone
 ROW_GROUP = 131072
-FILE_ROWS = 1 << 20
+FILE_ROWS = 1 << 18
 
 _progress: Any = None
 

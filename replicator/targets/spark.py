@@ -36,7 +36,7 @@ from . import Row, TargetTable
 log = logging.getLogger("replicator")
 
 BASE_ROW_GROUP = 131072       # rows per row group of a copied base
-BASE_FILE_ROWS = 1 << 20      # rows per file of a copied base (files are read in parallel)
+BASE_FILE_ROWS = 1 << 18      # rows per file of a copied base (files are read in parallel)
 LOG_SPILL_ROWS = 200_000      # distinct keys buffered per table before a log file is written
 COMPACT_AFTER_LOGS = 64
 
