@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from consumer_helpers import run_cli
+from consumer_helpers import REPLICATOR, cli_env, run_cli
 from replicator.consumer import Consumer
 from replicator.jobs import StopFlag
 from replicator.spark import compact, read_table, register_views
@@ -291,14 +292,10 @@ def test_kill_9_during_commit_keeps_previous_state_and_next_run_converges(dsn, c
     conn.execute("UPDATE t SET v = v || '!' WHERE id <= 100")
     conn.execute("DELETE FROM t WHERE id > 450")
     conn.execute("INSERT INTO t VALUES (1000, 'new')")
-    import os
-    env = dict(os.environ, REPLICATOR_CRASH_AT=point)
-    import subprocess
-    from consumer_helpers import REPLICATOR, cli_env
+    # The consumer SIGKILLs itself at the named point of its commit (replicator.spark.warehouse.crash_point).
     crashed = subprocess.run([str(REPLICATOR), "consume", "q", "--target", url, "--until-caught-up"],
                              env={**cli_env(dsn), "REPLICATOR_CRASH_AT": point}, capture_output=True, text=True,
                              timeout=120)
-    del env
     assert crashed.returncode == -9, crashed.stderr
     after_crash = Warehouse(path).read()
     assert after_crash["version"] == before["version"] and after_crash["positions"] == before["positions"]
