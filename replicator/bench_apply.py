@@ -223,22 +223,30 @@ def raw_apply(dsn: str, queue: str, consumer: str, start_tick: int, path: Path) 
     upsert = "INSERT OR REPLACE INTO cache_item VALUES (?, ?, ?, ?, ?, ?, ?)"
     delete = "DELETE FROM cache_item WHERE id = ?"
     events = rows = 0
+    rows_per_event = 1000.0  # batches sized as the consumer sizes them
     loads = json.loads
     with Source.connect(dsn) as src:
         server = backend_cpu(src.conn.info.backend_pid)
         src.set_consumer_position(queue, consumer, start_tick)
         src.tick(queue, force=True)
         while True:
-            batch = src.next_batch(queue, consumer, consumer_mod.MAX_BATCH_EVENTS)
+            limit = getattr(consumer_mod, "batch_event_limit", lambda m, _: m)(consumer_mod.MAX_BATCH_EVENTS,
+                                                                               rows_per_event)
+            batch = src.next_batch(queue, consumer, limit)
             if batch is None:
                 break
+            batch_events = batch_rows = 0
             lite.execute("BEGIN")
             for _id, _txid, _time, ev_type, _table, data in src.batch_events(batch):
                 items = loads(data)
                 lite.executemany(delete if ev_type == "D" else upsert, items)
-                events += 1
-                rows += len(items)
+                batch_events += 1
+                batch_rows += len(items)
             lite.execute("COMMIT")
+            events += batch_events
+            rows += batch_rows
+            if batch_events:
+                rows_per_event = max(1.0, batch_rows / batch_events, rows_per_event / 2)
             src.finish_batch(batch)
         server = backend_cpu(src.conn.info.backend_pid) - server
     lite.close()
@@ -431,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="throughput: runs of each apply over the same queue, the median is reported (default 3)")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
-    parser.add_argument("--profile", type=Path, help="write cProfile stats of each apply to DIR/{raw,full,pk}.prof")
+    parser.add_argument("--profile", type=Path, help="write cProfile stats of each apply's first run to DIR/{raw,full,pk}.prof (slows that run)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the SQLite files (their directory is printed)")
     args = parser.parse_args(argv)

@@ -29,8 +29,18 @@ from .targets import Target, TargetTable
 log = logging.getLogger("replicator")
 
 JOIN_BACK_KEYS = 5000
-MAX_BATCH_EVENTS = 20000
+# A consumer that is behind merges ticks into one batch (one target transaction):
+# at most MAX_BATCH_EVENTS events and about BATCH_ROWS row changes, at the rows per
+# event of the batches applied so far (an event holds 1 to 1000 rows). Fewer, larger
+# batches cost less per row: a SQLite commit writes every page the batch touched.
+MAX_BATCH_EVENTS = 100000
+BATCH_ROWS = 200000
 RUN_ROWS = 5000  # rows of consecutive same-kind events applied in one call, at most
+
+
+def batch_event_limit(max_events: int, rows_per_event: float) -> int:
+    """Events to merge into the next batch: about BATCH_ROWS rows, at most max_events."""
+    return max(1, min(max_events, int(BATCH_ROWS / max(rows_per_event, 1.0))))
 
 
 def default_consumer_name(target: Target) -> str:
@@ -120,6 +130,7 @@ class Consumer:
         self.table_filter = tables
         self.poll_interval = poll_interval
         self.max_batch_events = max_batch_events
+        self.rows_per_event = 1000.0  # until a batch shows the queue's
         self.source: Source | None = None
         self._table_ids: list[int] | None = None
         self._following: dict[int, TargetTable] = {}
@@ -247,7 +258,8 @@ class Consumer:
         """Applies the next batch, if there is one."""
         assert self.source is not None
         self.sync_tables()
-        batch_id = self.source.next_batch(self.queue, self.name, self.max_batch_events)
+        batch_id = self.source.next_batch(self.queue, self.name,
+                                          batch_event_limit(self.max_batch_events, self.rows_per_event))
         if batch_id is None:
             return None
         started = time.monotonic()
@@ -269,6 +281,10 @@ class Consumer:
         self.source.finish_batch(batch_id)
         if self._deferred:
             self.sync_tables()
+        if stats.rows:
+            # Up at once, down by half a batch: a bulk load's rows per event are not
+            # forgotten at the first batch of small events.
+            self.rows_per_event = max(1.0, stats.rows / stats.events, self.rows_per_event / 2)
         stats.seconds = time.monotonic() - started
         log.debug("batch %s (tick %s): %d events, %d rows in %.3fs",
                   batch_id, info.tick_id, stats.events, stats.rows, stats.seconds)

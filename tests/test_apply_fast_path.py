@@ -191,3 +191,31 @@ def test_runs_of_updates_to_one_key_leave_the_last_values_in_sqlite(dsn, conn, s
         target.close()
     with sqlite3.connect(tmp_path / "r.db") as lite:
         assert lite.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [(1, 49)]
+
+
+def test_batches_are_sized_by_rows_at_the_rows_per_event_seen():
+    from replicator.consumer import BATCH_ROWS, batch_event_limit
+    assert batch_event_limit(100000, 1000.0) == BATCH_ROWS // 1000
+    assert batch_event_limit(100000, 1.0) == 100000          # the cap
+    assert batch_event_limit(1, 2.5) == 1                    # a user's smaller cap wins
+    assert batch_event_limit(100000, 1e9) == 1               # at least one event (next_batch: one tick)
+
+
+def test_a_consumer_learns_rows_per_event_and_forgets_a_bulk_load_by_halves(dsn, conn, source, tmp_path):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    target = open_target(f"sqlite:{tmp_path / 'r.db'}")
+    consumer = Consumer(dsn, "q", target, name="c")
+    try:
+        consumer.run(until_caught_up=True)
+        conn.execute("INSERT INTO t SELECT g, 0 FROM generate_series(1, 999) g")
+        consumer.run(until_caught_up=True)
+        assert consumer.rows_per_event == 999.0
+        for i in range(1, 11):
+            conn.execute("UPDATE t SET v = v + 1 WHERE id = %s", (i,))
+        consumer.run(until_caught_up=True)
+        assert consumer.rows_per_event == 499.5
+    finally:
+        consumer.close()
+        target.close()
