@@ -150,6 +150,22 @@ def read_state(spark: Any, path: Path) -> tuple[float, int]:
     return time.perf_counter() - started, row["n"]
 
 
+def spark_log_write(spark: Any, workdir: Path, repeat: int) -> float:
+    """The alternative to pyarrow for a batch: the same 10k-change log written by a Spark job."""
+    from .spark.reader import _physical_struct
+    from .spark.warehouse import arrow_table
+    rnd = random.Random(7)
+    times = []
+    for i in range(repeat):
+        upserts, _ = change_batch(1_000_000, 10000, rnd, [1_000_000])
+        data = arrow_table(STRUCTURE, upserts, seq=i + 1)
+        started = time.perf_counter()
+        spark.createDataFrame(data, schema=_physical_struct(STRUCTURE, log=True)).coalesce(1).write.parquet(
+            str(workdir / f"spark-log-{repeat}-{i}"))
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
 def bench_table(args: argparse.Namespace, spark: Any, workdir: Path, rows: int, figures: dict[str, Any]) -> None:
     path = workdir / f"wh-{rows}"
     started = time.perf_counter()
@@ -257,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         figures["spark"] = spark.version
         figures["spark_start"] = time.perf_counter() - started
         console.print(f"Spark {spark.version} local session started in {figures['spark_start']:.1f}s")
+        spark_log_write(spark, workdir, 1)   # warm-up
+        figures["spark_log_write_10000"] = spark_log_write(spark, workdir, args.repeat)
+        console.print(f"a 10k-change log written by a Spark job instead of pyarrow: "
+                      f"median {figures['spark_log_write_10000']:.3f}s (the table size does not matter)")
         for rows in (int(s) for s in args.sizes.split(",") if s.strip()):
             bench_table(args, spark, workdir, rows, figures)
         if not args.skip_copy:
