@@ -17,6 +17,7 @@ from psycopg import sql
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from . import db
 from .schema import RowsDecoder, TableStructure, parse_json
 from .source import CapturedTable
 
@@ -66,7 +67,7 @@ class SnapshotCopy:
         self.estimated_rows = 0
 
     def __enter__(self) -> "SnapshotCopy":
-        self.conn = psycopg.connect(self.dsn, application_name="replicator copy")
+        self.conn = db.connect(self.dsn, autocommit=False, application_name="replicator copy")
         self.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         self.conn.read_only = True
         # The first statement fixes the transaction's snapshot: this is it.
