@@ -82,6 +82,7 @@ def install(conn: psycopg.Connection, *, up_to: int | None = None) -> InstallRes
                          (migration.version, migration.name))
             applied.append(migration)
         if up_to is None:
+            _drop_library_functions(conn)
             for path in sorted(QUEUE_SQL_DIR.glob("*.sql")):
                 conn.execute(path.read_text())
             _regenerate_captures(conn)
@@ -102,6 +103,24 @@ def has_event_triggers(conn: psycopg.Connection) -> bool:
     return conn.execute("SELECT count(*) = 2 FROM pg_event_trigger"
                         " WHERE evtname IN ('replicator_ddl_command_end', 'replicator_sql_drop')"
                         " AND evtenabled <> 'D'").fetchone()[0]
+
+
+def _drop_library_functions(conn: psycopg.Connection) -> None:
+    """Drops the functions of queue_sql/ before they are created again: CREATE OR
+    REPLACE cannot change a function's result type or arguments, and a function
+    a newer version no longer has must not linger. Generated capture functions
+    stay (the triggers use them); the event triggers go and are created again."""
+    conn.execute("""
+        DO $$
+        DECLARE
+            f regprocedure;
+        BEGIN
+            FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+                     WHERE p.pronamespace = 'replicator'::regnamespace AND p.proname !~ '^capture_[0-9]+$'
+            LOOP
+                EXECUTE format('DROP FUNCTION %s CASCADE', f);
+            END LOOP;
+        END $$""")
 
 
 def _regenerate_captures(conn: psycopg.Connection) -> None:

@@ -127,3 +127,17 @@ def test_uninstall_leaves_nothing_behind_and_keeps_application_data(conn, source
     uninstall(conn)                                             # nothing left to remove: no error
     assert install(conn).applied == migrations()
     assert Source(conn).queues() == []
+
+
+def test_install_replaces_a_function_whose_result_type_changed(dsn, conn, source):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    # An older version's function with another result type: CREATE OR REPLACE alone cannot replace it.
+    conn.execute("DROP FUNCTION replicator.table_info(text)")
+    conn.execute("CREATE FUNCTION replicator.table_info(p_queue_name text DEFAULT NULL)"
+                 " RETURNS TABLE (old_column int) LANGUAGE sql AS 'SELECT 1'")
+    install(conn)
+    assert [t.name for t in source.tables("q")] == ["public.t"]
+    conn.execute("INSERT INTO t VALUES (1)")
+    assert conn.execute("SELECT count(*) FROM replicator.event_1 WHERE ev_type = 'I'").fetchone()[0] == 1
