@@ -22,6 +22,7 @@ import psycopg
 from . import copy as source_copy
 from .errors import UserError
 from .jobs import StopFlag
+from .snapshots import snapshot_xmax, snapshot_xmin, txid_visible
 from .schema import RowsDecoder, TableStructure, parse_json, reconcile
 from .source import CapturedTable, Source
 from .targets import Target, TargetTable
@@ -49,24 +50,6 @@ def default_consumer_name(target: Target) -> str:
     scheme, _, where = target.name.partition(":")
     readable = "stdout" if where == "-" else re.sub(r"[^A-Za-z0-9]+", "_", where.rsplit("/", 1)[-1]).strip("_")[:40]
     return f"{scheme}_{readable}_{digest}"
-
-
-def txid_visible(txid: int, snapshot: str) -> bool:
-    """txid_visible_in_snapshot() for a 'xmin:xmax:xip,...' snapshot text."""
-    xmin, xmax, xip = snapshot.split(":")
-    if txid < int(xmin):
-        return True
-    if txid >= int(xmax):
-        return False
-    return str(txid) not in xip.split(",")
-
-
-def snapshot_xmin(snapshot: str) -> int:
-    return int(snapshot.split(":")[0])
-
-
-def snapshot_xmax(snapshot: str) -> int:
-    return int(snapshot.split(":")[1])
 
 
 @dataclass

@@ -41,6 +41,8 @@ from typing import Any
 import psycopg
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from ..snapshots import txid_visible
+
 try:  # PySpark >= 4.1
     from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 except ImportError:  # pragma: no cover
@@ -72,15 +74,6 @@ def _object(names: list[str], values: list[Any]) -> str:
 
 def _array(values: list[Any]) -> str:
     return "[" + ", ".join(_dump(v) for v in values) + "]"
-
-
-def txid_visible(txid: int, snapshot: str) -> bool:
-    xmin, xmax, xip = snapshot.split(":")
-    if txid < int(xmin):
-        return True
-    if txid >= int(xmax):
-        return False
-    return str(txid) not in xip.split(",")
 
 
 def _window_sql(event_table: str, prev_snapshot: str, cur_snapshot: str) -> tuple[str, list[Any]]:
