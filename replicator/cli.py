@@ -589,18 +589,23 @@ def view_list(target_url: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    out = []
+    if not rows:
+        click.echo("(no views)")
+        return
+    width = max(len(v["view"]) for v in rows)
     for v in rows:
-        last = v["last_refresh"] or {}
-        out.append({"view": v["view"], "maintenance": v["maintenance"], "policy": v["policy"],
-                    "status": v["status"] if v["status"] == "ok" else f"{v['status']}: {v['status_reason']}",
-                    "rows": v["rows"],
-                    "last refresh": (f"{last['kind']}" + (f" ({last['reason']})" if last.get("reason") else "")
-                                     + (f", {last['keys']} keys" if last.get("keys") is not None else "")
-                                     + f", -{last['rows_deleted']}/+{last['rows_inserted']} rows"
-                                     + f", {last['seconds'] * 1000:.1f} ms, {last['at']}") if last else "",
-                    "why full": (f"{v['reason']}: {v['fragment']}" if v["reason"] else "")})
-    _print_rows(out, "views")
+        status = "ok" if v["status"] == "ok" else f"STALE: {v['status_reason']}"
+        click.echo(f"{v['view']:<{width}}  {v['maintenance']} (policy {v['policy']}), {v['rows']} rows, {status}")
+        last = v["last_refresh"]
+        if last:
+            done = last["kind"] + (f" ({last['reason'].split(':')[0]})" if last.get("reason") else "")
+            if last.get("keys") is not None:
+                done += f", {last['keys']} keys"
+            done += (f", -{last['rows_deleted']} +{last['rows_inserted']} ~{last['rows_updated'] or 0} rows"
+                     f" in {last['seconds'] * 1000:.1f} ms at {last['at']}")
+            click.echo(f"{'':<{width}}  last refresh: {done}")
+        if v["reason"]:
+            click.echo(f"{'':<{width}}  why full: {v['reason']}: {v['reason_message']} (at: {v['fragment']})")
 
 
 @view.command("refresh")

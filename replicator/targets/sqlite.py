@@ -17,6 +17,7 @@ from typing import Any
 
 from ..schema import Change, TableStructure, sqlite_type, target_table_name
 from . import Row, TargetTable
+from .sqlite_views import SqliteViews
 
 # WAL: readers are never blocked and see whole batches; NORMAL: a commit is
 # durable at the next checkpoint (a crash of the machine may lose the last
@@ -48,6 +49,7 @@ class SqliteTarget:
                             " PRIMARY KEY (queue, consumer))")
             self.db.execute(f"CREATE TABLE IF NOT EXISTS {_TABLES} (source_name TEXT PRIMARY KEY,"
                             " table_id INTEGER, mode TEXT, structure TEXT, copy_snapshot TEXT)")
+            self.views = SqliteViews(self.db)   # incremental views, refreshed in commit()
         except sqlite3.Error as exc:
             raise UserError(f"cannot use {self.path} as a SQLite target: {exc}") from None
         self._statements: dict[tuple[str, str], str] = {}
@@ -78,13 +80,20 @@ class SqliteTarget:
 
     def begin(self) -> None:
         self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.views.begun()
+        except BaseException:
+            self.rollback()
+            raise
 
     def commit(self) -> None:
+        self.views.before_commit()
         self.db.execute("COMMIT")
 
     def rollback(self) -> None:
         if self.db.in_transaction:
             self.db.execute("ROLLBACK")
+        self.views.rolled_back()
 
     def close(self) -> None:
         self.db.close()
@@ -100,6 +109,7 @@ class SqliteTarget:
         s = table.structure
         name = quote(self.table_name(table))
         columns = [f"{quote(c.name)} {sqlite_type(c)}" for c in s.columns]
+        self.views.schema_changing(self.table_name(table))
         self.db.execute(f"DROP TABLE IF EXISTS {name}")
         self.db.execute(f"CREATE TABLE {name} ({', '.join(columns)}, "
                         f"PRIMARY KEY ({', '.join(quote(k) for k in s.key)}))")
@@ -107,6 +117,7 @@ class SqliteTarget:
         self.save_table(table)
 
     def drop_table(self, table: TargetTable) -> None:
+        self.views.schema_changing(self.table_name(table))
         self.db.execute(f"DROP TABLE IF EXISTS {quote(self.table_name(table))}")
         self.db.execute(f"DELETE FROM {_TABLES} WHERE source_name = ?", (table.source_name,))
         self._statements.clear()
@@ -114,6 +125,9 @@ class SqliteTarget:
     def alter_table(self, old: TargetTable, new: TargetTable, changes: list[Change]) -> None:
         """Applies a reconciled schema change in place (see schema.reconcile)."""
         name = quote(self.table_name(old))
+        self.views.schema_changing(self.table_name(old), tuple(c.name for c in changes if c.action == "drop_column"))
+        if self.table_name(new) != self.table_name(old):
+            self.views.schema_changing(self.table_name(new))
         for change in changes:
             if change.action == "rename_table":
                 name = quote(self.table_name(new))
@@ -151,6 +165,7 @@ class SqliteTarget:
         return stmt
 
     def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+        self.views.note_write(self.table_name(table))
         if op != "R" and not all(c.not_null for c in table.structure.key_columns()):
             # A NULL in a SQLite key never conflicts (INSERT OR REPLACE would add a second
             # row): a key with nullable columns (--key, the automatic key) is replaced by
@@ -164,7 +179,9 @@ class SqliteTarget:
         self.db.executemany(self._statement(table, "upsert"), rows)
 
     def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
+        self.views.note_write(self.table_name(table))
         self.db.executemany(self._statement(table, "delete"), keys)
 
     def truncate(self, table: TargetTable) -> None:
+        self.views.table_truncated(self.table_name(table))
         self.db.execute(f"DELETE FROM {quote(self.table_name(table))}")

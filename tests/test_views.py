@@ -1,0 +1,408 @@
+"""Incremental views without PostgreSQL: what `explain` says and why (reason
+codes and fragments), the `view` commands and their errors, the refresh log,
+crash safety of the refresh inside the batch's transaction, views over views,
+and a refresh that fails. Batches are applied through SqliteTarget's API, as
+the consumer does."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from consumer_helpers import run_cli
+from replicator.errors import UserError
+from replicator.targets import sqlite_views
+from views_helpers import open_target, table, view_differences
+
+ORDERS = table("orders", [("id", "int", True), ("cid", "int", False), ("amount", "int", False),
+                          ("status", "text", False)], ["id"], 1)
+CUSTOMERS = table("customers", [("id", "int", True), ("region", "text", False), ("name", "text", False)], ["id"], 2)
+REGIONS = table("regions", [("name", "text", True), ("zone", "text", False)], ["name"], 3)
+PLANETS = table("planets", [("name", "text", True)], ["name"], 4)
+
+
+@pytest.fixture
+def replica(tmp_path: Path) -> Path:
+    path = tmp_path / "replica.db"
+    t = open_target(path)
+    t.begin()
+    for tbl in (ORDERS, CUSTOMERS, REGIONS, PLANETS):
+        t.create_table(tbl)
+    t.upsert(ORDERS, "R", [(i, i % 20 if i % 9 else None, i * 3 % 50, ["new", "paid", None][i % 3])
+                           for i in range(1, 301)])
+    t.upsert(CUSTOMERS, "R", [(i, ["eu", "us", None][i % 3], f"c{i}") for i in range(20)])
+    t.upsert(REGIONS, "R", [("eu", "z1"), ("us", "z2")])
+    t.commit()
+    t.db.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")   # not replicated
+    t.close()
+    return path
+
+
+@pytest.fixture
+def target(replica: Path):
+    t = open_target(replica)
+    yield t
+    t.close()
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("", *args)
+
+
+# explain: reason codes and fragments -------------------------------------------------------
+
+REFUSED = [
+    ("SELECT o.id, c.name FROM orders o LEFT JOIN customers c ON c.id = o.cid", "OUTER_JOIN", "LEFT JOIN customers"),
+    ("SELECT o.id FROM orders o FULL OUTER JOIN customers c ON c.id = o.cid", "OUTER_JOIN", "FULL OUTER JOIN"),
+    ("SELECT id, row_number() OVER (ORDER BY amount) AS r FROM orders", "WINDOW_FUNCTION",
+     "row_number() OVER (ORDER BY amount)"),
+    ("SELECT id, sum(amount) OVER w FROM orders WINDOW w AS (ORDER BY id)", "WINDOW_FUNCTION", "sum(amount) OVER w"),
+    ("SELECT id FROM orders ORDER BY amount LIMIT 10", "LIMIT", "LIMIT 10"),
+    ("SELECT id, random() AS r FROM orders", "NONDETERMINISTIC", "random()"),
+    ("SELECT id FROM orders WHERE date('now') > '2000-01-01'", "NONDETERMINISTIC", "date('now')"),
+    ("SELECT id, CURRENT_TIMESTAMP FROM orders", "NONDETERMINISTIC", "CURRENT_TIMESTAMP"),
+    ("SELECT id FROM orders WHERE cid IN (SELECT id FROM customers)", "SUBQUERY", "(SELECT id FROM customers)"),
+    ("SELECT x.id FROM (SELECT id FROM orders) x", "SUBQUERY", "(SELECT id FROM orders)"),
+    ("SELECT id FROM orders UNION SELECT id FROM customers", "SET_OPERATION", "UNION"),
+    ("SELECT id FROM orders UNION ALL SELECT id FROM customers", "SET_OPERATION", "UNION ALL"),
+    ("WITH x AS (SELECT id FROM orders) SELECT id FROM x", "CTE", "WITH x AS"),
+    ("SELECT count(*) FROM orders", "NO_KEY", "(no GROUP BY)"),
+    ("SELECT o.id FROM orders o JOIN customers c USING (id)", "JOIN_USING", "USING (id)"),
+    ("SELECT * FROM orders NATURAL JOIN customers", "JOIN_USING", "NATURAL JOIN customers"),
+    ("SELECT o.id, c.id FROM orders o, customers c WHERE o.amount > c.id", "NO_EQUI_JOIN", "customers AS c"),
+    ("SELECT o.id FROM orders o JOIN customers c ON c.id = o.cid JOIN regions r ON r.name = c.region"
+     " JOIN planets p ON p.name = r.zone", "TOO_MANY_TABLES", "orders o JOIN"),
+    ("SELECT cid, amount, count(*) FROM orders GROUP BY cid", "BARE_COLUMN", "amount"),
+    ("SELECT cid, group_concat(status) FROM orders GROUP BY cid", "ORDER_DEPENDENT", "group_concat(status)"),
+    ("SELECT status COLLATE NOCASE, count(*) FROM orders GROUP BY status COLLATE NOCASE", "COLLATION",
+     "status COLLATE NOCASE"),
+    ("SELECT n.id, o.amount FROM notes n JOIN orders o ON o.id = n.id", "NOT_REPLICATED", "notes"),
+    ("SELECT DISTINCT cid, count(*) FROM orders GROUP BY cid", "DISTINCT_AGGREGATE", "SELECT DISTINCT"),
+    ("SELECT o.id, j.value FROM orders o, json_each('[1,2]') j", "TABLE_FUNCTION", "json_each('[1,2]')"),
+]
+
+
+@pytest.mark.parametrize("sql,code,fragment", REFUSED, ids=[r[1] + "-" + str(i) for i, r in enumerate(REFUSED)])
+def test_explain_names_the_reason_and_the_fragment(target, sql, code, fragment):
+    result = target.views.explain(sql)
+    assert result["maintenance"] == "full", result
+    fragments = [r["fragment"] for r in result["reasons"] if r["code"] == code]
+    assert fragments, result["reasons"]
+    assert any(fragment in f for f in fragments), (fragments, fragment)
+    refused = target.views.explain(sql, "incremental")
+    assert refused["maintenance"] == "refused"
+
+
+INCREMENTAL = [
+    ("SELECT id, amount FROM orders WHERE amount > 10", "rows", "orders(id)"),
+    ("SELECT * FROM orders", "rows", "orders(id)"),
+    ("SELECT cid, count(*), sum(amount), avg(amount), min(amount), max(amount), count(DISTINCT status),"
+     " total(amount) FROM orders GROUP BY cid HAVING sum(amount) > 3", "aggregate", "cid"),
+    ("SELECT DISTINCT status FROM orders", "distinct", "status"),
+    ("SELECT o.id, c.name FROM orders o JOIN customers c ON c.id = o.cid", "rows", "o(id), c(id)"),
+    ("SELECT r.zone, count(*) FROM orders o INNER JOIN customers c ON o.cid = c.id, regions r"
+     " WHERE r.name = c.region GROUP BY r.zone", "aggregate", "r.zone"),
+    ("SELECT id, amount FROM orders ORDER BY amount", "rows", "orders(id)"),
+    ("select CID as k, COUNT(*) from main.ORDERS group by k", "aggregate", "CID"),
+]
+
+
+@pytest.mark.parametrize("sql,kind,keys", INCREMENTAL)
+def test_explain_accepts_the_supported_shapes(target, sql, kind, keys):
+    result = target.views.explain(sql, "incremental")
+    assert result["maintenance"] == "incremental", result
+    assert (result["kind"], result["keys"]) == (kind, keys)
+    assert result["statements"]["incremental"]
+
+
+def test_explain_refuses_what_is_not_a_view(target):
+    for sql, message in [("DELETE FROM orders", "a view is defined by a SELECT"),
+                         ("SELECT 1; SELECT 2", "one SELECT statement"),
+                         ("SELECT * FROM nowhere", "not a table of the target"),
+                         ("SELECT nope FROM orders", "does not run on the target: no such column"),
+                         ("SELECT id FROM orders WHERE id = ?", "parameters")]:
+        with pytest.raises(UserError, match=message):
+            target.views.explain(sql)
+
+
+# the commands --------------------------------------------------------------------------
+
+def test_commands_create_explain_list_refresh_drop(replica):
+    url = f"sqlite:{replica}"
+    created = cli("view", "create", "per_customer", "--target", url, "--sql",
+                  "SELECT cid, count(*) AS n, sum(amount) AS total FROM orders GROUP BY cid")
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.strip() == "view per_customer created: 21 rows, maintained incrementally"
+    created = cli("view", "create", "ranked", "--target", url, "--sql",
+                  "SELECT id, rank() OVER (ORDER BY amount) AS r FROM orders")
+    assert created.returncode == 0, created.stderr
+    assert "refreshed in full after each batch (WINDOW_FUNCTION:" in created.stdout
+    assert "(at: rank() OVER (ORDER BY amount))" in created.stdout
+
+    explained = cli("view", "explain", "--target", url, "--sql",
+                    "SELECT o.id FROM orders o LEFT JOIN customers c ON c.id = o.cid LIMIT 3")
+    assert explained.returncode == 0, explained.stderr
+    assert explained.stdout.splitlines() == [
+        "not incremental: full refresh after each batch that changes its tables",
+        "  LIMIT: LIMIT/OFFSET depend on rows outside the changed keys (at: LIMIT 3)",
+        "  OUTER_JOIN: outer joins are not maintained incrementally (inner joins are) (at: LEFT JOIN customers)"]
+    explained = cli("view", "explain", "per_customer", "--target", url)
+    assert explained.stdout.splitlines()[0] == "incremental: aggregate view, recomputed by key (cid)"
+    as_json = json.loads(cli("view", "explain", "ranked", "--target", url, "--json").stdout)
+    assert as_json["reasons"][0]["code"] == "WINDOW_FUNCTION"
+
+    listed = json.loads(cli("view", "list", "--target", url, "--json").stdout)
+    assert [(v["view"], v["maintenance"], v["reason"], v["rows"]) for v in listed] == [
+        ("per_customer", "incremental", None, 21), ("ranked", "full", "WINDOW_FUNCTION", 300)]
+    assert listed[1]["fragment"] == "rank() OVER (ORDER BY amount)"
+    table = cli("view", "list", "--target", url)
+    assert "per_customer" in table.stdout and "WINDOW_FUNCTION" in table.stdout
+
+    refreshed = cli("view", "refresh", "per_customer", "--target", url)
+    assert "is up to date" in refreshed.stdout
+    refreshed = cli("view", "refresh", "per_customer", "--target", url, "--full")
+    assert refreshed.stdout.strip() == "view per_customer recomputed: 21 rows"
+    assert cli("view", "refresh", "ranked", "--target", url).stdout.strip() == "view ranked recomputed: 300 rows"
+
+    assert cli("view", "drop", "ranked", "--target", url).stdout.strip() == "view ranked dropped"
+    db = sqlite3.connect(replica)
+    names = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE name LIKE '%ranked%'")}
+    db.close()
+    assert names == set()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["view", "create", "v", "--target", "sqlite:/nonexistent/r.db", "--sql", "SELECT 1"], "error: no replica at"),
+    (["view", "create", "v", "--target", "jsonl:-", "--sql", "SELECT 1"], "has no tables to define views on"),
+    (["view", "create", "v", "--target", "spark:/tmp/w", "--sql", "SELECT 1"], "not supported yet"),
+    (["view", "create", "v", "--target", "{url}", "--sql", "SELEKT 1"], "a view is defined by a SELECT"),
+    (["view", "create", "v", "--target", "{url}", "--sql", "SELECT * FROM nope"], "nope, which is not a table"),
+    (["view", "create", "v", "--target", "{url}", "--sql", "SELECT nope FROM orders"], "no such column: nope"),
+    (["view", "create", "orders", "--target", "{url}", "--sql", "SELECT id FROM orders"], "already has a table"),
+    (["view", "create", "9v", "--target", "{url}", "--sql", "SELECT id FROM orders"], "invalid view name"),
+    (["view", "create", "_replicator_x", "--target", "{url}", "--sql", "SELECT id FROM orders"], "reserved"),
+    (["view", "create", "v", "--target", "{url}", "--policy", "incremental", "--sql",
+      "SELECT id FROM orders LIMIT 1"], "cannot be maintained incrementally: LIMIT"),
+    (["view", "create", "v", "--target", "{url}", "--sql", "@/nonexistent.sql"], "cannot read /nonexistent.sql"),
+    (["view", "drop", "v", "--target", "{url}"], "no view 'v'"),
+    (["view", "refresh", "v", "--target", "{url}"], "no view 'v'"),
+    (["view", "explain", "--target", "{url}"], "name a view, or give the query with --sql"),
+])
+def test_command_errors_are_one_line_and_exit_1(replica, args, message):
+    result = cli(*[a.replace("{url}", f"sqlite:{replica}") for a in args])
+    assert result.returncode == 1, result
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
+    assert message in result.stderr, result.stderr
+    assert not Path("/nonexistent/r.db").exists()
+
+
+def test_create_twice_and_a_view_others_read(target):
+    target.views.create("per_customer", "SELECT cid, count(*) AS n FROM orders GROUP BY cid")
+    with pytest.raises(UserError, match="exists: drop it first"):
+        target.views.create("PER_customer", "SELECT 1 FROM orders")
+    # a view over a view: refreshed in full, after the one it reads
+    info = target.views.create("busiest", "SELECT max(n) AS most, count(*) AS customers FROM per_customer")
+    assert (info["maintenance"], info["reason"]) == ("full", "NOT_REPLICATED")
+    with pytest.raises(UserError, match="read by view"):
+        target.views.drop("per_customer")
+    target.begin()
+    target.upsert(ORDERS, "U", [(i, 5, 1, "new") for i in range(1, 120)])
+    target.commit()
+    for name, sql in [("per_customer", "SELECT cid, count(*) AS n FROM orders GROUP BY cid"),
+                      ("busiest", "SELECT max(n) AS most, count(*) AS customers FROM per_customer")]:
+        assert view_differences(target.db, name, sql) is None
+    assert target.db.execute("SELECT most FROM busiest").fetchone()[0] == \
+        target.db.execute("SELECT count(*) FROM orders WHERE cid = 5").fetchone()[0]
+
+
+def test_policies_and_the_auto_threshold(target, monkeypatch):
+    sql = "SELECT cid, sum(amount) AS total FROM orders GROUP BY cid"
+    for policy in ("auto", "incremental", "full"):
+        target.views.create(f"v_{policy}", sql, policy)
+
+    def last() -> dict[str, tuple[str, str]]:
+        return {v["view"]: (v["last_refresh"]["kind"], v["last_refresh"]["reason"]) for v in target.views.list()}
+
+    target.begin()
+    target.upsert(ORDERS, "U", [(1, 3, 7, "new")])       # 2 of 21 groups
+    target.commit()
+    assert last() == {"v_auto": ("incremental", ""), "v_incremental": ("incremental", ""),
+                      "v_full": ("full", "POLICY_FULL")}
+    target.begin()
+    target.upsert(ORDERS, "U", [(i, i % 19, 7, "new") for i in range(1, 60)])   # every group
+    target.commit()
+    kinds = last()
+    assert kinds["v_auto"][0] == "full" and kinds["v_auto"][1].startswith("THRESHOLD")
+    assert kinds["v_incremental"] == ("incremental", "")
+    monkeypatch.setattr(sqlite_views, "AUTO_FULL_SHARE", 1.0)
+    target.begin()
+    target.upsert(ORDERS, "U", [(i, i % 19, 8, "new") for i in range(1, 60)])
+    target.commit()
+    assert last()["v_auto"] == ("incremental", "")
+    target.begin()
+    target.upsert(PLANETS, "U", [("mars",)])    # no view reads it: nothing recorded
+    target.commit()
+    target.begin()
+    target.upsert(ORDERS, "U", [(1000, None, 1, "void")])
+    target.delete(ORDERS, [(1000,)])           # in and out in one batch: recomputed, no change
+    target.commit()
+    for policy in ("auto", "incremental", "full"):
+        assert view_differences(target.db, f"v_{policy}", sql) is None
+    log = target.views.refreshes("v_incremental")
+    assert [r["kind"] for r in log[:2]] == ["incremental", "incremental"]
+    assert log[0]["keys"] == 1 and log[0]["rows_deleted"] == 1   # the NULL group of order 1000 vanished again
+
+
+def test_the_refresh_log_keeps_the_last_records(target, monkeypatch):
+    monkeypatch.setattr(sqlite_views, "KEEP_REFRESHES", 5)
+    target.views.create("v", "SELECT id, amount FROM orders WHERE amount > 10", "incremental")
+    for i in range(12):
+        target.begin()
+        target.upsert(ORDERS, "U", [(1, 2, i, "new")])
+        target.commit()
+    seqs = [r["seq"] for r in target.views.refreshes("v", 100)]
+    assert seqs == [13, 12, 11, 10, 9]
+
+
+def test_a_refresh_that_fails_marks_the_view_stale_and_the_batch_commits(target):
+    target.views.create("absolute", "SELECT id, abs(amount) AS a FROM orders", "incremental")
+    target.views.create("fine", "SELECT cid, count(*) AS n FROM orders GROUP BY cid", "incremental")
+    target.begin()
+    target.upsert(ORDERS, "U", [(5, 1, -9223372036854775808, "new"), (6, 1, 1, "new")])   # abs() overflows
+    target.commit()
+    state = {v["view"]: (v["status"], v["status_reason"]) for v in target.views.list()}
+    assert state["absolute"][0] == "stale" and "integer overflow" in state["absolute"][1]
+    assert state["fine"] == ("ok", None)
+    assert target.db.execute("SELECT amount FROM orders WHERE id = 5").fetchone() == (-9223372036854775808,)
+    assert view_differences(target.db, "fine", "SELECT cid, count(*) AS n FROM orders GROUP BY cid") is None
+    target.begin()
+    target.upsert(ORDERS, "U", [(5, 1, 5, "new")])
+    target.commit()
+    info, recomputed = target.views.refresh_now("absolute")
+    assert recomputed and info["status"] == "ok"
+    assert view_differences(target.db, "absolute", "SELECT id, abs(amount) AS a FROM orders") is None
+
+
+CRASHER = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, sys.argv[2])
+    from pathlib import Path
+    from views_helpers import open_target
+    from test_views import ORDERS, CUSTOMERS
+    t = open_target(Path(sys.argv[1]))
+    t.begin()
+    t.upsert(ORDERS, "U", [(i, 1, 1, "crash") for i in range(1, 100)])
+    t.upsert(CUSTOMERS, "U", [(1, "crash", "crash")])
+    t.views.before_commit()           # every view refreshed, in the transaction
+    os._exit(9)                       # and the process dies before COMMIT
+""")
+
+
+def test_a_crash_after_the_refresh_before_the_commit_leaves_rows_and_views_as_they_were(replica):
+    views = {"per_customer": "SELECT cid, count(*) AS n FROM orders GROUP BY cid",
+             "lines": "SELECT o.id, c.name FROM orders o JOIN customers c ON c.id = o.cid"}
+    t = open_target(replica)
+    for name, sql in views.items():
+        t.views.create(name, sql, "incremental")
+    before = {name: sorted(t.db.execute(f"SELECT * FROM {name}").fetchall(), key=repr) for name in views}
+    t.close()
+    crashed = subprocess.run([sys.executable, "-c", CRASHER, str(replica), str(Path(__file__).parent)],
+                             capture_output=True, text=True, timeout=60)
+    assert crashed.returncode == 9, crashed.stderr
+    t = open_target(replica)
+    assert t.db.execute("SELECT count(*) FROM orders WHERE status = 'crash'").fetchone() == (0,)
+    for name, sql in views.items():
+        assert sorted(t.db.execute(f"SELECT * FROM {name}").fetchall(), key=repr) == before[name]
+        assert view_differences(t.db, name, sql) is None
+    # the same changes, now committed by a new connection (new TEMP triggers)
+    t.begin()
+    t.upsert(ORDERS, "U", [(i, 1, 1, "crash") for i in range(1, 100)])
+    t.upsert(CUSTOMERS, "U", [(1, "crash", "crash")])
+    t.commit()
+    for name, sql in views.items():
+        assert view_differences(t.db, name, sql) is None
+    assert {v["last_refresh"]["kind"] for v in t.views.list()} == {"incremental"}
+    t.close()
+
+
+def test_schema_changes_through_the_target_api(target):
+    """The hooks the consumer's schema changes go through: add, rename and drop of
+    columns (DROP COLUMN must not be blocked by the capture triggers or the helper
+    indexes), a table copied again, truncated, dropped."""
+    from replicator.schema import Change, Column
+    views = {"per_customer": "SELECT cid, count(*) AS n, sum(amount) AS s FROM orders GROUP BY cid",
+             "lines": "SELECT o.id, o.status, c.name FROM orders o JOIN customers c ON c.id = o.cid"}
+    for name, sql in views.items():
+        target.views.create(name, sql, "incremental")
+
+    def state() -> dict[str, str]:
+        return {v["view"]: v["status"] for v in target.views.list()}
+
+    new_col = Column(name="note", type="text", base_type="text", category="S", not_null=False, attnum=5)
+    wider = table("orders", [("id", "int", True), ("cid", "int", False), ("amount", "int", False),
+                             ("status", "text", False), ("note", "text", False)], ["id"], 1)
+    target.begin()
+    target.alter_table(ORDERS, wider, [Change("add_column", name="note", column=new_col)])
+    target.upsert(wider, "U", [(1, 7, 1, "x", "n")])
+    target.commit()
+    assert state() == {"per_customer": "ok", "lines": "ok"}
+    for name, sql in views.items():
+        assert view_differences(target.db, name, sql) is None
+    # drop a column the aggregate reads (amount): it is indexed by the view's helper index
+    narrow = table("orders", [("id", "int", True), ("cid", "int", False), ("status", "text", False),
+                              ("note", "text", False)], ["id"], 1)
+    target.begin()
+    target.alter_table(wider, narrow, [Change("drop_column", name="amount")])
+    target.upsert(narrow, "U", [(2, 7, "y", "m")])
+    target.commit()
+    assert state() == {"per_customer": "stale", "lines": "ok"}
+    reason = next(v["status_reason"] for v in target.views.list() if v["view"] == "per_customer")
+    assert "amount" in reason and reason.startswith("SCHEMA_CHANGE")
+    assert view_differences(target.db, "lines", views["lines"]) is None
+    # the incremental machinery still runs for the other view
+    target.begin()
+    target.upsert(narrow, "U", [(3, 2, "z", "m")])
+    target.truncate(CUSTOMERS)
+    target.upsert(CUSTOMERS, "U", [(2, "eu", "back")])
+    target.commit()
+    assert view_differences(target.db, "lines", views["lines"]) is None
+    assert target.views.refreshes("lines")[0]["reason"] == "TRUNCATE"
+    target.begin()
+    target.upsert(narrow, "U", [(4, 2, "z", "m")])
+    target.commit()
+    assert target.views.refreshes("lines")[0]["kind"] == "incremental"
+    # the customers table copied again (same name): re-validated, refreshed in full
+    target.begin()
+    target.create_table(CUSTOMERS)
+    target.upsert(CUSTOMERS, "R", [(2, "us", "again")])
+    target.commit()
+    assert target.views.refreshes("lines")[0]["reason"] == "SCHEMA_CHANGE"
+    assert view_differences(target.db, "lines", views["lines"]) is None
+    target.begin()
+    target.drop_table(CUSTOMERS)
+    target.commit()
+    assert state()["lines"] == "stale"
+
+
+def test_auto_learns_the_cost_of_keys_from_its_refresh_log(target):
+    sql = "SELECT o.id, o.amount, c.name FROM orders o JOIN customers c ON c.id = o.cid"
+    target.views.create("lines", sql, "auto")
+    full = target.views.refreshes("lines")[0]["seconds"]
+    # two incremental refreshes of 100 keys at 10 ms a key: far dearer than the full refresh
+    for seq in (100, 101):
+        target.db.execute("INSERT INTO _replicator_view_refresh VALUES ('lines', ?, '', 'incremental', '', 100,"
+                          " 0, 0, 100, 1.0)", (seq,))
+    target.db.execute("UPDATE _replicator_views SET seq = 101 WHERE name = 'lines'")
+    target.begin()
+    target.upsert(ORDERS, "U", [(1, 2, 40, "new"), (2, 3, 41, "new")])
+    target.commit()
+    last = target.views.refreshes("lines")[0]
+    assert last["kind"] == "full" and last["reason"].startswith("COST: about 2 keys at 10000 µs"), (last, full)
+    assert view_differences(target.db, "lines", sql) is None
