@@ -56,6 +56,44 @@ LANGUAGE sql STABLE AS $$
     SELECT 'replicator.' || quote_ident('capture_' || p_table_id);
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.capture_fast_insert(
+    p_queue_id integer, p_cols text, p_row text, p_rows text, p_check text)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.capture_fast_insert(p_queue_id, p_cols, p_row, p_rows, p_check)
+--
+--      Part of replicator.generate_capture(): the PL/pgSQL writing the rows
+--      of a statement of up to 1000 rows as one event, with one aggregate
+--      over at most 1001 rows. FOUND is false when there are no rows, more
+--      than 1000, or p_check is false. The event goes straight into the
+--      current partition (a CASE arm per partition, needing no tuple
+--      routing) when the queue has at most 8, else through the parent.
+--
+-- Parameters:
+--      p_queue_id  - the queue
+--      p_cols      - the event table's columns, in their order
+--      p_row       - their values; {slot} stands for the slot, items are s.r
+--      p_rows      - the query of the items, as "r"
+--      p_check     - more HAVING conditions, starting with ' AND ', or ''
+-- ----------------------------------------------------------------------
+    WITH q AS (SELECT queue_ntables AS n FROM replicator.queue WHERE queue_id = p_queue_id),
+    stmt AS (
+        SELECT i, 'INSERT INTO ' || CASE WHEN i < 0 THEN replicator.event_table(p_queue_id)
+                                         ELSE replicator.event_partition(p_queue_id, i) END
+                  || ' (' || p_cols || ') SELECT '
+                  || replace(p_row, '{slot}', CASE WHEN i < 0 THEN 'v_slot' ELSE i || '::smallint' END)
+                  || ' FROM (' || p_rows || ' LIMIT 1001) s HAVING count(*) BETWEEN 1 AND 1000' || p_check || ';' AS sql
+        FROM q, generate_series(-1, CASE WHEN q.n <= 8 THEN q.n - 1 ELSE -1 END) i)
+    SELECT CASE WHEN count(*) = 1 THEN min(sql)
+           ELSE 'CASE v_slot'
+                || string_agg(E'\n        WHEN ' || i || E' THEN\n            ' || sql, '' ORDER BY i) FILTER (WHERE i >= 0)
+                || E'\n        ELSE\n            ' || min(sql) FILTER (WHERE i < 0)
+                || E'\n        END CASE;'
+           END
+    FROM stmt;
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.generate_capture(p_table_id integer)
 RETURNS void
 LANGUAGE plpgsql AS $gen$
@@ -81,6 +119,25 @@ LANGUAGE plpgsql AS $gen$
 --      column changed. With a row filter, rows outside it are not queued;
 --      a row updated out of the filter is queued as a D of its key.
 --
+--      The generated code is shaped for speed (bin/bench-capture measures
+--      it; docs/benchmarks.md says what was tried):
+--      - a statement of up to 1000 rows is one INSERT ... SELECT with a
+--        single aggregate and no projection step (the event table's columns
+--        in their order, defaults inlined), written straight into the
+--        current partition (no tuple routing; queues of up to 8 event
+--        tables); larger statements take the chunked form (row_number() /
+--        1000 groups) into the parent;
+--      - the current partition is read with pg_sequence_last_value(), a
+--        plain expression, not a query;
+--      - an UPDATE looks for vanished keys (old keys EXCEPT new keys) only
+--        when its keys may have changed: when the old rows' keys, in
+--        transition table order, are not the new rows' keys in the same
+--        order. Equal lists prove that no old key vanished; PostgreSQL
+--        stores the old and new row of each update side by side, so an
+--        update that changes no key has equal lists (were the order ever
+--        different, the exact form runs: slower, still right). Tables with
+--        a row filter or ignored columns always look.
+--
 -- Parameters:
 --      p_table_id  - replicator.captured_table id
 -- ----------------------------------------------------------------------
@@ -89,13 +146,20 @@ DECLARE
     v_table text;
     v_oid regclass;
     v_fn text := replicator.capture_function(p_table_id);
+    v_evtable text;
     v_tracked text[];
     v_filter text;
     v_payload_n text;
+    v_payload_o text;
     v_changed text := '';
     v_keys_o text;
     v_keys_n text;
-    v_insert text;
+    v_cols text;
+    v_row text;
+    v_chunked text;
+    v_key_n text;
+    v_key_o text;
+    v_upd text;
     v_body text;
     v_part regclass;
 BEGIN
@@ -108,10 +172,12 @@ BEGIN
     IF v_oid IS NULL THEN
         RAISE EXCEPTION 'table % does not exist', v_table;
     END IF;
+    v_evtable := replicator.event_table(t.queue_id);
     v_tracked := ARRAY(SELECT c FROM unnest(t.table_columns) c WHERE c <> ALL (t.table_ignore));
     v_filter := coalesce('(' || t.table_where || ')', 'true');
     v_payload_n := replicator.capture_row_json('n',
         CASE t.table_mode WHEN 'full' THEN v_tracked ELSE t.table_key END, v_oid);
+    v_payload_o := replicator.capture_row_json('o', t.table_key, v_oid);
     IF cardinality(t.table_ignore) > 0 THEN
         v_changed := format(' AND %s::text NOT IN (SELECT %s::text FROM old_rows o WHERE %s)',
                             replicator.capture_row_json('n', v_tracked, v_oid),
@@ -120,44 +186,87 @@ BEGIN
     v_keys_o := (SELECT string_agg('o.' || quote_ident(k), ', ') FROM unnest(t.table_key) k);
     v_keys_n := (SELECT string_agg('n.' || quote_ident(k), ', ') FROM unnest(t.table_key) k);
 
-    -- One event per 1000 items: a statement touching millions of rows must
-    -- never build a JSON value past PostgreSQL's 1 GB limit.
-    v_insert := format($f$
-        INSERT INTO %1$s (ev_slot, ev_id, ev_type, ev_table, ev_data)
-        SELECT (SELECT last_value FROM %2$s)::smallint, nextval(%3$L), s.t, %4$s, json_agg(s.r)
-        FROM (%%s) s
-        GROUP BY s.t, s.g;$f$,
-        replicator.event_table(t.queue_id), replicator.event_slot_seq(t.queue_id),
-        replicator.event_id_seq(t.queue_id), p_table_id);
+    -- The event row: every column of the event table in its order, so that
+    -- INSERT ... SELECT needs no projection on top of the aggregate; columns
+    -- not set here get their default. Placeholders {slot} and {type}.
+    SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum),
+           string_agg(CASE a.attname
+                          WHEN 'ev_id' THEN format('nextval(%L)', replicator.event_id_seq(t.queue_id))
+                          WHEN 'ev_table' THEN p_table_id::text
+                          WHEN 'ev_slot' THEN '{slot}'
+                          WHEN 'ev_type' THEN '{type}::"char"'
+                          WHEN 'ev_data' THEN 'json_agg(s.r)'
+                          ELSE coalesce(pg_get_expr(d.adbin, d.adrelid), 'NULL')
+                      END, ', ' ORDER BY a.attnum)
+    INTO v_cols, v_row
+    FROM pg_attribute a
+    LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+    WHERE a.attrelid = v_evtable::regclass AND a.attnum > 0 AND NOT a.attisdropped;
+    -- Any number of rows (a query of type "t", item "r" and chunk "g"): one event
+    -- per 1000 items, so that a statement touching millions of rows never builds
+    -- a JSON value past PostgreSQL's 1 GB limit. Through the parent table.
+    v_chunked := 'INSERT INTO ' || v_evtable || ' (' || v_cols || ') SELECT '
+                 || replace(replace(v_row, '{slot}', 'v_slot'), '{type}', 's.t') || ' FROM (';
+
+    -- Old keys that no new row kept are looked for only when a key may have
+    -- changed (see the header): the fast form of an UPDATE also requires the
+    -- list of new keys to be the list of old keys.
+    v_upd := v_chunked || format(
+        $q$SELECT 'U' AS t, %1$s AS r, row_number() OVER () / 1000 AS g
+            FROM new_rows n WHERE %2$s%3$s
+            UNION ALL
+            SELECT 'D', %4$s, row_number() OVER () / 1000
+            FROM (SELECT %5$s FROM old_rows o WHERE %2$s
+                  EXCEPT SELECT %6$s FROM new_rows n WHERE %2$s) o$q$,
+        v_payload_n, v_filter, v_changed, v_payload_o, v_keys_o, v_keys_n) || ') s GROUP BY s.t, s.g;';
+    IF t.table_where IS NULL AND cardinality(t.table_ignore) = 0 THEN
+        v_key_n := CASE WHEN cardinality(t.table_key) = 1 THEN v_keys_n ELSE 'ROW(' || v_keys_n || ')' END;
+        v_key_o := CASE WHEN cardinality(t.table_key) = 1 THEN v_keys_o ELSE 'ROW(' || v_keys_o || ')' END;
+        v_upd := format($f$%1$s
+        IF NOT FOUND AND EXISTS (SELECT FROM new_rows) THEN
+            %2$s
+        END IF;$f$,
+            replicator.capture_fast_insert(t.queue_id, v_cols, replace(v_row, '{type}', quote_literal('U')),
+                format('SELECT %s AS r, %s AS k FROM new_rows n', v_payload_n, v_key_n),
+                format(' AND array_agg(s.k) IS NOT DISTINCT FROM'
+                       ' (SELECT array_agg(o.k) FROM (SELECT %s AS k FROM old_rows o LIMIT 1001) o)', v_key_o)),
+            v_upd);
+    END IF;
 
     v_body := format($f$
+DECLARE
+    v_slot smallint := pg_sequence_last_value(%1$L::regclass);
 BEGIN
-    IF TG_OP = 'INSERT' THEN%1$s
-    ELSIF TG_OP = 'UPDATE' THEN%2$s
-    ELSIF TG_OP = 'DELETE' THEN%3$s
+    IF TG_OP = 'INSERT' THEN
+        %2$s
+        IF NOT FOUND AND EXISTS (SELECT FROM new_rows n WHERE %3$s OFFSET 1000) THEN
+            %4$s
+        END IF;
+    ELSIF TG_OP = 'UPDATE' THEN
+        %5$s
+    ELSIF TG_OP = 'DELETE' THEN
+        %6$s
+        IF NOT FOUND AND EXISTS (SELECT FROM old_rows o WHERE %3$s OFFSET 1000) THEN
+            %7$s
+        END IF;
     ELSE
-        INSERT INTO %4$s (ev_slot, ev_id, ev_type, ev_table, ev_data)
-        VALUES ((SELECT last_value FROM %5$s)::smallint, nextval(%6$L), 'T', %7$s, NULL);
+        INSERT INTO %8$s (%9$s) VALUES (%10$s);
     END IF;
     RETURN NULL;
 END;$f$,
-        format(v_insert, format(
-            $q$SELECT 'I'::"char" AS t, %s AS r, row_number() OVER () / 1000 AS g
-            FROM new_rows n WHERE %s$q$, v_payload_n, v_filter)),
-        format(v_insert, format(
-            $q$SELECT 'U'::"char" AS t, %1$s AS r, row_number() OVER () / 1000 AS g
-            FROM new_rows n WHERE %2$s%3$s
-            UNION ALL
-            SELECT 'D'::"char", %4$s, row_number() OVER () / 1000
-            FROM (SELECT %5$s FROM old_rows o WHERE %2$s
-                  EXCEPT SELECT %6$s FROM new_rows n WHERE %2$s) o$q$,
-            v_payload_n, v_filter, v_changed, replicator.capture_row_json('o', t.table_key, v_oid),
-            v_keys_o, v_keys_n)),
-        format(v_insert, format(
-            $q$SELECT 'D'::"char" AS t, %s AS r, row_number() OVER () / 1000 AS g
-            FROM old_rows o WHERE %s$q$, replicator.capture_row_json('o', t.table_key, v_oid), v_filter)),
-        replicator.event_table(t.queue_id), replicator.event_slot_seq(t.queue_id),
-        replicator.event_id_seq(t.queue_id), p_table_id);
+        replicator.event_slot_seq(t.queue_id),
+        replicator.capture_fast_insert(t.queue_id, v_cols, replace(v_row, '{type}', quote_literal('I')),
+            format('SELECT %s AS r FROM new_rows n WHERE %s', v_payload_n, v_filter), ''),
+        v_filter,
+        v_chunked || format($q$SELECT 'I' AS t, %s AS r, row_number() OVER () / 1000 AS g FROM new_rows n WHERE %s$q$,
+                            v_payload_n, v_filter) || ') s GROUP BY s.t, s.g;',
+        v_upd,
+        replicator.capture_fast_insert(t.queue_id, v_cols, replace(v_row, '{type}', quote_literal('D')),
+            format('SELECT %s AS r FROM old_rows o WHERE %s', v_payload_o, v_filter), ''),
+        v_chunked || format($q$SELECT 'D' AS t, %s AS r, row_number() OVER () / 1000 AS g FROM old_rows o WHERE %s$q$,
+                            v_payload_o, v_filter) || ') s GROUP BY s.t, s.g;',
+        v_evtable, v_cols,
+        replace(replace(replace(v_row, '{slot}', 'v_slot'), '{type}', quote_literal('T')), 'json_agg(s.r)', 'NULL'));
 
     IF position('$capture$' IN v_body) > 0 THEN
         RAISE EXCEPTION 'the row filter of % must not contain $capture$', v_table;
