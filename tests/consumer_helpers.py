@@ -78,7 +78,13 @@ class Daemon:
     def terminate(self, timeout: float = 60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # Still running: its stacks (SIGUSR1, see StopFlag.install) say where it waits.
+            self.proc.send_signal(signal.SIGUSR1)
+            wait_until(lambda: "most recent call first" in self.log(), 10, "the daemon's stack dump")
+            raise AssertionError(f"still running {timeout}s after SIGTERM:\n{self.log()[-6000:]}") from None
         self._close()
         return rc
 
