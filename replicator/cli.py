@@ -469,7 +469,7 @@ def status(ctx: Context, as_json: bool) -> None:
 
 @cli.group()
 def view() -> None:
-    """Incremental views: SQL views of a SQLite target kept current after every batch."""
+    """Incremental views: SQL views of a SQLite or Spark target kept current after every batch."""
 
 
 def _view_sql(sql: str) -> str:
@@ -489,7 +489,7 @@ def _reason_line(reason: dict[str, Any] | None) -> str:
     return f"{reason['code']}: {reason['message']}{fragment}"
 
 
-_TARGET_HELP = "sqlite:PATH, the replica the view reads."
+_TARGET_HELP = "sqlite:PATH or spark:PATH, the replica the view reads."
 _POLICY_HELP = ("auto: incremental when the query allows it, else (and for large changes) a full refresh; "
                 "incremental: refuse queries that cannot be; full: always recompute.")
 
@@ -497,7 +497,8 @@ _POLICY_HELP = ("auto: incremental when the query allows it, else (and for large
 @view.command("create")
 @click.argument("name")
 @click.option("--target", "target_url", required=True, help=_TARGET_HELP)
-@click.option("--sql", "sql", required=True, help="The defining SELECT, in SQLite's dialect (or @FILE).")
+@click.option("--sql", "sql", required=True,
+              help="The defining SELECT, in the target's dialect: SQLite or Spark SQL (or @FILE).")
 @click.option("--policy", type=click.Choice(["auto", "incremental", "full"]), default="auto", show_default=True,
               help=_POLICY_HELP)
 def view_create(name: str, target_url: str, sql: str, policy: str) -> None:
@@ -511,11 +512,8 @@ def view_create(name: str, target_url: str, sql: str, policy: str) -> None:
     """
     from .views import open_views
 
-    target, views = open_views(target_url)
-    try:
+    with open_views(target_url) as views:
         info = views.create(name, _view_sql(sql), policy)
-    finally:
-        target.close()
     if info["maintenance"] == "incremental":
         how = "maintained incrementally"
     else:
@@ -543,13 +541,10 @@ def view_explain(name: str | None, target_url: str, sql: str | None, policy: str
 
     if (name is None) == (sql is None):
         raise UserError("name a view, or give the query with --sql")
-    target, views = open_views(target_url)
-    try:
+    with open_views(target_url) as views:
         if sql is None:
             sql = views.info(name)["sql"]
         result = views.explain(_view_sql(sql), policy)
-    finally:
-        target.close()
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -581,11 +576,8 @@ def view_list(target_url: str, as_json: bool) -> None:
     """
     from .views import open_views
 
-    target, views = open_views(target_url)
-    try:
+    with open_views(target_url) as views:
         rows = views.list()
-    finally:
-        target.close()
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -622,11 +614,8 @@ def view_refresh(name: str, target_url: str, full: bool) -> None:
     """
     from .views import open_views
 
-    target, views = open_views(target_url)
-    try:
+    with open_views(target_url) as views:
         info, recomputed = views.refresh_now(name, full=full)
-    finally:
-        target.close()
     if recomputed:
         click.echo(f"view {info['view']} recomputed: {info['rows']} rows")
     else:
@@ -646,11 +635,8 @@ def view_drop(name: str, target_url: str) -> None:
     """
     from .views import open_views
 
-    target, views = open_views(target_url)
-    try:
+    with open_views(target_url) as views:
         views.drop(name)
-    finally:
-        target.close()
     click.echo(f"view {name} dropped")
 
 

@@ -27,7 +27,8 @@ does not prepare demotes the view to a full refresh (reason REWRITE).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,7 +68,10 @@ _AGGREGATES = {"count", "sum", "total", "avg", "min", "max", "group_concat", "st
 _ORDER_DEPENDENT = {"group_concat", "string_agg", "json_group_array", "json_group_object",
                     "jsonb_group_array", "jsonb_group_object"}
 _NONDETERMINISTIC = {"random", "randomblob", "changes", "total_changes", "last_insert_rowid",
-                     "sqlite_offset", "load_extension"}
+                     "sqlite_offset", "load_extension",
+                     # Spark SQL
+                     "rand", "randn", "uuid", "shuffle", "monotonically_increasing_id",
+                     "spark_partition_id", "input_file_name", "now", "current_timezone", "localtimestamp"}
 _DATE_FUNCTIONS = {"date", "time", "datetime", "julianday", "unixepoch", "strftime", "timediff"}
 _NOW_WORDS = {"current_timestamp", "current_date", "current_time"}
 # Words that end a table reference in FROM (so they are not taken for its alias).
@@ -263,9 +267,11 @@ class Analysis:
 
 
 class _Parser:
-    def __init__(self, sql: str, catalog: Callable[[str], TableInfo | None]) -> None:
+    def __init__(self, sql: str, catalog: Callable[[str], TableInfo | None],
+                 quote_identifier: Callable[[str], str]) -> None:
         self.sql = sql
         self.catalog = catalog
+        self.quote = quote_identifier
         self.a = Analysis(sql=sql)
 
     def text(self, tokens: Sequence[Token]) -> str:
@@ -621,8 +627,8 @@ class _Parser:
             if not item:
                 raise UserError("the view's select list has an empty item")
             if len(item) == 1 and item[0].text == "*":
-                cols = [f"{quote(o.alias)}.{quote(c)}" for o in a.occurrences for c, _ in o.table.columns]
-                expanded.append(", ".join(f"{quote(o.alias)}.*" for o in a.occurrences) if a.occurrences
+                cols = [f"{self.quote(o.alias)}.{self.quote(c)}" for o in a.occurrences for c, _ in o.table.columns]
+                expanded.append(", ".join(f"{self.quote(o.alias)}.*" for o in a.occurrences) if a.occurrences
                                 else "*")
                 items.extend(([Token("raw", c, 0, 0)], None) for c in cols)
                 continue
@@ -631,7 +637,7 @@ class _Parser:
                 occ = next((o for o in a.occurrences if o.alias.lower() == qualifier), None)
                 expanded.append(self.text(item))
                 if occ is not None:
-                    items.extend(([Token("raw", f"{quote(occ.alias)}.{quote(c)}", 0, 0)], None)
+                    items.extend(([Token("raw", f"{self.quote(occ.alias)}.{self.quote(c)}", 0, 0)], None)
                                  for c, _ in occ.table.columns)
                 continue
             expr, alias = _split_alias(item)
@@ -733,11 +739,14 @@ class _Parser:
                     self.a.refuse("COLLATION", self.text(expr) if expr[0].kind != "raw" else expr[0].text)
 
 
-def analyse(sql: str, catalog: Callable[[str], TableInfo | None]) -> Analysis:
+def analyse(sql: str, catalog: Callable[[str], TableInfo | None],
+            quote_identifier: Callable[[str], str] = quote) -> Analysis:
     """Reads a view's defining query. catalog(name) describes a table of the
-    target (None if there is none). Raises UserError for SQL that cannot be a
-    view at all; shapes that cannot be incremental are in .reasons."""
-    return _Parser(sql, catalog).run()
+    target (None if there is none); quote_identifier quotes a name in the
+    target's dialect (the columns `*` stands for are written with it).
+    Raises UserError for SQL that cannot be a view at all; shapes that cannot
+    be incremental are in .reasons."""
+    return _Parser(sql, catalog, quote_identifier).run()
 
 
 def check_name(name: str) -> str:
@@ -754,32 +763,36 @@ def check_policy(policy: str) -> str:
     return policy
 
 
-def views_of(target: Any) -> Any:
-    """The view store of a target, or a clear error for targets without views."""
-    store = getattr(target, "views", None)
-    if store is None:
-        raise UserError(f"target {target.name} does not support views (SQLite targets do)")
-    return store
-
-
-def open_views(url: str) -> tuple[Any, Any]:
-    """The target named by URL and its view store, for the `view` commands.
-    The replica must exist already (a view is defined over replicated tables)."""
+@contextmanager
+def open_views(url: str, *, spark_master: str | None = None,
+               spark_conf: dict[str, str] | None = None) -> Iterator[Any]:
+    """The view store of the target named by URL, for the `view` commands.
+    The replica must exist already (a view is defined over replicated tables).
+    A Spark warehouse is used without taking the consumer's place: a consumer
+    may be writing it meanwhile."""
     from pathlib import Path
-
-    from .targets import open_target
 
     scheme, sep, rest = url.partition(":")
     if scheme == "sqlite" and sep and rest and not Path(rest).expanduser().exists():
         raise UserError(f"no replica at {rest}: views are defined over the tables `replicator consume` "
                         f"replicates into it")
     if scheme in ("jsonl", "tsv"):
-        raise UserError(f"a {scheme}: stream has no tables to define views on: use a sqlite: target")
-    if scheme == "spark":
-        raise UserError("views on spark: targets are not supported yet: use a sqlite: target")
+        raise UserError(f"a {scheme}: stream has no tables to define views on: use a sqlite: or spark: target")
+    if scheme == "spark" and sep and rest:
+        from .spark.session import get_session
+        from .spark.views import SparkViews
+        from .spark.warehouse import Warehouse
+
+        warehouse = Warehouse(rest)
+        if not warehouse.exists():
+            raise UserError(f"no warehouse at {rest}: views are defined over the tables `replicator consume` "
+                            f"replicates into it")
+        yield SparkViews(warehouse, lambda: get_session(spark_master, spark_conf, app_name="replicator view"))
+        return
+    from .targets import open_target
+
     target = open_target(url)
     try:
-        return target, views_of(target)
-    except BaseException:
+        yield target.views
+    finally:
         target.close()
-        raise

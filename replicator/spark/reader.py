@@ -75,57 +75,87 @@ def _entry(manifest: dict[str, Any], table: str) -> tuple[str, dict[str, Any]]:
     raise UserError(f"table {table!r} is not in the warehouse")
 
 
-def merged_physical(spark: Any, warehouse: Warehouse, entry: dict[str, Any]) -> Any:
-    """The current rows of a manifest table entry, with physical column names."""
+def merge_on_read(spark: Any, base: Any, log_paths: list[str], log_schema: Any, keys: list[str]) -> Any:
+    """A base DataFrame with change log files (one row per key each, ``_seq``
+    and ``_deleted``) folded in: the latest row of each key wins."""
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
 
-    structure = TableStructure.from_json(entry["structure"])
-    schema = _physical_struct(structure)
-    columns = [f.name for f in schema.fields]
-    base_files, log_files = table_files(entry)
-    if base_files:
-        base = spark.read.schema(schema).parquet(*[str(warehouse.file(f)) for f in base_files])
-    else:
-        base = spark.createDataFrame([], schema)
-    if not log_files:
+    if not log_paths:
         return base
-    keys = [physical_name(c) for c in structure.key_columns()]
-    changes = spark.read.schema(_physical_struct(structure, log=True)).parquet(
-        *[str(warehouse.file(f)) for f in log_files])
-    if len(log_files) > 1:   # each file has one row per key: the latest file wins
+    changes = spark.read.schema(log_schema).parquet(*log_paths)
+    if len(log_paths) > 1:   # each file has one row per key: the latest file wins
         latest = Window.partitionBy(*keys).orderBy(F.col(SEQ).desc())
         changes = changes.withColumn("_rank", F.row_number().over(latest)).where("_rank = 1").drop("_rank")
     touched = changes.select(*[F.col(k).alias(f"_key_{k}") for k in keys])
     condition = reduce(lambda a, b: a & b, [base[k].eqNullSafe(touched[f"_key_{k}"]) for k in keys])
     kept = base.join(F.broadcast(touched), condition, "left_anti")
-    return kept.unionByName(changes.where(~F.col(DELETED)).select(*columns))
+    return kept.unionByName(changes.where(~F.col(DELETED)).select(*base.columns))
 
 
-def read_table(spark: Any, path: Path | str, table: str) -> Any:
-    """The current state of a replicated table (schema.table, or its view name)
-    as a DataFrame, as of the manifest read now."""
+def read_parquet(spark: Any, paths: list[str], schema: Any) -> Any:
+    """Parquet files (or directories of them) with a known schema; none: an empty frame."""
+    if paths:
+        return spark.read.schema(schema).parquet(*paths)
+    return spark.createDataFrame([], schema)
+
+
+def merged_physical(spark: Any, warehouse: Warehouse, entry: dict[str, Any]) -> Any:
+    """The current rows of a manifest table entry, with physical column names."""
+    structure = TableStructure.from_json(entry["structure"])
+    base_files, log_files = table_files(entry)
+    base = read_parquet(spark, [str(warehouse.file(f)) for f in base_files], _physical_struct(structure))
+    return merge_on_read(spark, base, [str(warehouse.file(f)) for f in log_files],
+                         _physical_struct(structure, log=True), [physical_name(c) for c in structure.key_columns()])
+
+
+def entry_frame(spark: Any, warehouse: Warehouse, entry: dict[str, Any]) -> Any:
+    """The current rows of a manifest table entry, with the columns' current names."""
     from pyspark.sql import functions as F
 
-    warehouse = Warehouse(path)
-    if not warehouse.exists():
-        raise UserError(f"{warehouse.path} is not a replicator Spark warehouse (no manifest)")
-    _, entry = _entry(warehouse.read(), table)
     structure = TableStructure.from_json(entry["structure"])
     merged = merged_physical(spark, warehouse, entry)
     return merged.select(*[F.col(physical_name(c)).alias(c.name) for c in structure.columns])
 
 
+def read_table(spark: Any, path: Path | str, table: str) -> Any:
+    """The current state of a replicated table (schema.table, or its view name)
+    as a DataFrame, as of the manifest read now."""
+    warehouse = Warehouse(path)
+    if not warehouse.exists():
+        raise UserError(f"{warehouse.path} is not a replicator Spark warehouse (no manifest)")
+    _, entry = _entry(warehouse.read(), table)
+    return entry_frame(spark, warehouse, entry)
+
+
 def register_views(spark: Any, path: Path | str) -> list[str]:
     """Registers a temporary view per replicated table (named as the SQLite
-    target names tables: public.t → t, s.t → s__t); returns the view names.
-    Views hold the state of this call: register again to see later batches."""
+    target names tables: public.t → t, s.t → s__t) and per incremental view
+    (by its name); returns the names. They hold the state of this call:
+    register again to see later batches."""
+    from .views import view_frame
+
     warehouse = Warehouse(path)
     manifest = warehouse.read()
     names = []
-    for name in manifest["tables"]:
-        s = TableStructure.from_json(manifest["tables"][name]["structure"])
+    for entry in manifest["tables"].values():
+        s = TableStructure.from_json(entry["structure"])
         view = target_table_name(s.schema, s.name)
-        read_table(spark, path, name).createOrReplaceTempView(view)
+        entry_frame(spark, warehouse, entry).createOrReplaceTempView(view)
         names.append(view)
+    for name, entry in manifest.get("views", {}).items():
+        view_frame(spark, warehouse, entry).createOrReplaceTempView(name)
+        names.append(name)
     return names
+
+
+def read_view(spark: Any, path: Path | str, name: str) -> Any:
+    """The rows of incremental view NAME (`replicator view create --target spark:PATH`)."""
+    from .views import view_frame
+
+    warehouse = Warehouse(path)
+    views = warehouse.read().get("views", {})
+    entry = next((e for n, e in views.items() if n.lower() == name.lower()), None)
+    if entry is None:
+        raise UserError(f"no view {name!r} in the warehouse {warehouse.path}")
+    return view_frame(spark, warehouse, entry)

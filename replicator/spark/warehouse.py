@@ -194,7 +194,14 @@ def new_id() -> str:
 
 
 def empty_manifest() -> dict[str, Any]:
-    return {"format": FORMAT, "version": 0, "next_seq": 1, "positions": {}, "tables": {}, "garbage": []}
+    return {"format": FORMAT, "version": 0, "next_seq": 1, "positions": {}, "tables": {}, "views": {},
+            "garbage": []}
+
+
+def retire(manifest: dict[str, Any], relative: list[str]) -> None:
+    """Files (or directories) the manifest no longer names: deleted by a later
+    commit, once readers that listed them are done (GARBAGE_RETENTION)."""
+    manifest.setdefault("garbage", []).append({"files": list(relative), "since": time.time()})
 
 
 class Warehouse:
@@ -281,7 +288,7 @@ class Warehouse:
     def referenced(self, manifest: dict[str, Any]) -> set[str]:
         """Every file the manifest names (tables and garbage)."""
         files: set[str] = set()
-        for table in manifest["tables"].values():
+        for table in [*manifest["tables"].values(), *manifest.get("views", {}).values()]:
             files.update(table["base"])
             files.update(log["file"] for log in table["logs"])
         for entry in manifest.get("garbage", []):

@@ -30,7 +30,8 @@ import pyarrow.parquet as pq
 
 from ..errors import UserError
 from ..schema import Change, TableStructure, target_table_name
-from ..spark.warehouse import Warehouse, arrow_table, crash_point, fsync_file, new_id, physical_schema
+from ..spark.warehouse import Warehouse, arrow_table, crash_point, fsync_file, new_id, physical_schema, retire
+from ..spark.views import SparkViews
 from . import Row, TargetTable
 
 log = logging.getLogger("replicator")
@@ -86,6 +87,16 @@ class SparkTarget:
         self._pending: dict[str, _Pending] = {}
         self._compactor: threading.Thread | None = None
         self._compact_error: BaseException | None = None
+        self._spark_lock = threading.Lock()
+        self.views = SparkViews(self.warehouse, self.spark)
+
+    def spark(self) -> Any:
+        """The Spark session (started on first use: compaction, views)."""
+        from ..spark.session import get_session
+        with self._spark_lock:
+            if self._spark is None:
+                self._spark = get_session(self.master, self.conf, app_name="replicator consumer")
+            return self._spark
 
     # state ---------------------------------------------------------------------------
 
@@ -121,8 +132,12 @@ class SparkTarget:
         crash_point("spark-log-written")
         with self.warehouse.lock():
             manifest = self.warehouse.read()
+            before = copy.deepcopy(manifest) if manifest.get("views") else None
             manifest["next_seq"] = max(manifest["next_seq"], self.work["next_seq"])
             _replay(manifest, self._ops)
+            if before is not None:
+                # Under the lock: a view created meanwhile (`replicator view create`) is refreshed too.
+                self.views.refresh_after(before, manifest, self._ops)
             self.warehouse.collect_garbage(manifest)
             self.warehouse.write(manifest)
         crash_point("spark-committed")
@@ -340,11 +355,8 @@ class SparkTarget:
 
     def _compact(self, names: list[str]) -> None:
         from ..spark.compaction import compact
-        from ..spark.session import get_session
         try:
-            if self._spark is None:
-                self._spark = get_session(self.master, self.conf, app_name="replicator consumer")
-            compact(self._spark, self.warehouse.path, tables=names)
+            compact(self.spark(), self.warehouse.path, tables=names)
         except BaseException as exc:   # the consumer goes on; the log is compacted later
             self._compact_error = exc
             log.warning("compaction of %s failed: %r", ", ".join(names), exc, exc_info=True)
@@ -366,11 +378,6 @@ def _target_table(name: str, entry: Mapping[str, Any]) -> TargetTable:
                        structure=TableStructure.from_json(entry["structure"]), copy_snapshot=entry["copy_snapshot"])
 
 
-def _generation_garbage(manifest: dict[str, Any], entry: Mapping[str, Any]) -> None:
-    import time
-    manifest.setdefault("garbage", []).append({"files": [entry["generation"]], "since": time.time()})
-
-
 def _replay(manifest: dict[str, Any], ops: list[tuple[Any, ...]]) -> None:
     """Applies a transaction's operations to a manifest: the consumer's own view
     while the transaction is open, and the latest committed manifest (which a
@@ -385,7 +392,7 @@ def _replay(manifest: dict[str, Any], ops: list[tuple[Any, ...]]) -> None:
         elif kind == "generation":
             old = tables.get(op[1])
             if old is not None and old["generation"] != op[2]["generation"]:
-                _generation_garbage(manifest, old)
+                retire(manifest, [old["generation"]])
             tables[op[1]] = copy.deepcopy(op[2])
         elif kind == "base":
             tables[op[1]]["base"].append(op[2])
@@ -397,6 +404,6 @@ def _replay(manifest: dict[str, Any], ops: list[tuple[Any, ...]]) -> None:
         elif kind == "drop":
             old = tables.pop(op[1], None)
             if old is not None:
-                _generation_garbage(manifest, old)
+                retire(manifest, [old["generation"]])
         else:
             raise AssertionError(f"unknown manifest operation {kind}")
