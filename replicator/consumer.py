@@ -219,11 +219,9 @@ class Consumer:
             self.target.create_table(target_table)
             with source_copy.copy_progress() as progress:
                 task = progress.add_task(f"copy {table.name}", total=snap.estimated_rows or None)
-                # A target may copy a large table itself, in parallel (Spark: copy_from);
+                # A target may copy a large table itself, in parallel (Spark);
                 # None means it leaves the copy to this loop.
-                copy_from = getattr(self.target, "copy_from", None)
-                copied = None if copy_from is None else copy_from(
-                    target_table, snap, lambda n: progress.update(task, completed=n))
+                copied = self.target.copy_from(target_table, snap, lambda n: progress.update(task, completed=n))
                 if copied is not None:
                     rows = copied
                 else:

@@ -6,7 +6,7 @@ position, written in the same transaction as the rows it covers.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,6 +51,12 @@ class Target(Protocol):
     def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None: ...
     def delete(self, table: TargetTable, keys: Iterable[Row]) -> None: ...
     def truncate(self, table: TargetTable) -> None: ...
+
+    def copy_from(self, table: TargetTable, snap: Any, progress: Callable[[int], None]) -> int | None:
+        """Copies a new table itself from the source snapshot `snap` (a
+        replicator.copy.SnapshotCopy), e.g. in parallel, and returns the rows
+        copied; None leaves the copy to the consumer (upsert of op 'R')."""
+        ...
 
 
 def open_target(url: str, *, spark_master: str | None = None,

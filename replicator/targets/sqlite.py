@@ -9,12 +9,11 @@ as the rows: a crash at any point leaves the file at a batch boundary.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-
-from ..errors import UserError
 from typing import Any
 
+from ..errors import UserError
 from ..schema import Change, TableStructure, sqlite_type, target_table_name
 from . import Row, TargetTable
 from .sqlite_views import SqliteViews
@@ -185,3 +184,7 @@ class SqliteTarget:
     def truncate(self, table: TargetTable) -> None:
         self.views.table_truncated(self.table_name(table))
         self.db.execute(f"DELETE FROM {quote(self.table_name(table))}")
+
+    def copy_from(self, table: TargetTable, snap: Any, progress: Callable[[int], None]) -> None:
+        """The consumer copies through upsert()."""
+        return None

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -163,3 +163,7 @@ class StreamTarget:
 
     def truncate(self, table: TargetTable) -> None:
         self._write({"op": "T", "table": table.source_name})
+
+    def copy_from(self, table: TargetTable, snap: Any, progress: Callable[[int], None]) -> None:
+        """The consumer copies through upsert()."""
+        return None
