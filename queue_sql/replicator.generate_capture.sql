@@ -12,7 +12,9 @@ LANGUAGE sql STABLE AS $$
 --
 --      Values are JSON scalars as json_build_array renders them, except
 --      json/jsonb, arrays and composites, which travel as their JSON text in
---      a string, so a target stores PostgreSQL's own rendering unchanged.
+--      a string, so a target stores PostgreSQL's own rendering unchanged,
+--      and bytea, which travels as '\x' and its hex digits whatever the
+--      session's bytea_output (see replicator.capture_needs_settings).
 --      A column the table no longer has reads as NULL (a consumer reading
 --      back rows of a structure it has not caught up with yet).
 --
@@ -30,6 +32,8 @@ LANGUAGE sql STABLE AS $$
                CASE
                    WHEN a.attnum IS NULL THEN 'NULL'
                    WHEN bt.typname IN ('json', 'jsonb') THEN format('%I.%I::text', p_alias, c.col)
+                   WHEN bt.oid = 'pg_catalog.bytea'::regtype
+                       THEN format($e$(E'\\x' || pg_catalog.encode(%I.%I, 'hex'))$e$, p_alias, c.col)
                    WHEN bt.typcategory IN ('A', 'C') THEN format('to_json(%I.%I)::text', p_alias, c.col)
                    ELSE format('%I.%I', p_alias, c.col)
                END AS expr
@@ -43,6 +47,58 @@ LANGUAGE sql STABLE AS $$
         'json_build_array(VARIADIC ARRAY[' ||
             (SELECT string_agg('to_json(' || expr || ')', ', ' ORDER BY ord) FROM cols) || ']::json[])'
     END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.capture_needs_settings(p_columns text[], p_table regclass)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.capture_needs_settings(p_columns, p_table)
+--
+--      Whether the capture encoding (replicator.capture_row_json) of these
+--      columns depends on the session's output settings bytea_output,
+--      extra_float_digits or IntervalStyle, which the capture function then
+--      pins with SET clauses (each costs a setting and its restore at every
+--      call of the trigger: about 1 us per statement, bin/bench-capture).
+--
+--      False only when every column's type (through domains; for arrays,
+--      their element type) is one whose JSON rendering no such setting
+--      changes: integers, oid, numeric, the string types, bool, date and
+--      time types other than interval (json_build_array renders dates and
+--      timestamps in ISO 8601 whatever DateStyle), uuid, json/jsonb, the
+--      network and bit string types and enums; plus bytea, which
+--      capture_row_json encodes explicitly as hex, but not inside arrays.
+--      Anything else (float4/float8, interval, bytea[], composites, ranges,
+--      geometric types, types of extensions) needs them.
+--
+-- Parameters:
+--      p_columns   - the columns the capture encodes
+--      p_table     - their table
+-- ----------------------------------------------------------------------
+    WITH RECURSIVE col AS (
+        SELECT a.atttypid AS typ, true AS top
+        FROM pg_attribute a
+        WHERE a.attrelid = p_table AND a.attname = ANY (p_columns) AND NOT a.attisdropped
+    ), base AS (
+        -- each type down through domains and to the element of an array
+        SELECT typ, top FROM col
+        UNION ALL
+        SELECT CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.typelem END,
+               top AND t.typtype = 'd'
+        FROM base b JOIN pg_type t ON t.oid = b.typ
+        WHERE t.typtype = 'd' OR (t.typcategory = 'A' AND t.typelem <> 0)
+    )
+    SELECT coalesce(bool_or(NOT (
+               t.typtype = 'e'
+               OR t.typtype = 'd'
+               OR (t.typcategory = 'A' AND t.typelem <> 0)
+               OR (t.typnamespace = 'pg_catalog'::regnamespace
+                   AND (t.typname IN ('int2', 'int4', 'int8', 'oid', 'numeric', 'text', 'varchar', 'bpchar',
+                                      'name', 'char', 'bool', 'date', 'time', 'timetz', 'timestamp',
+                                      'timestamptz', 'uuid', 'json', 'jsonb', 'inet', 'cidr', 'macaddr',
+                                      'macaddr8', 'bit', 'varbit')
+                        OR (t.typname = 'bytea' AND b.top))))), false)
+    FROM base b JOIN pg_type t ON t.oid = b.typ;
 $$;
 
 CREATE OR REPLACE FUNCTION replicator.capture_function(p_table_id integer)
@@ -223,13 +279,14 @@ BEGIN
         v_key_n := CASE WHEN cardinality(t.table_key) = 1 THEN v_keys_n ELSE 'ROW(' || v_keys_n || ')' END;
         v_key_o := CASE WHEN cardinality(t.table_key) = 1 THEN v_keys_o ELSE 'ROW(' || v_keys_o || ')' END;
         v_upd := format($f$%1$s
-        IF NOT FOUND AND EXISTS (SELECT FROM new_rows) THEN
-            %2$s
+        IF NOT FOUND THEN
+            IF EXISTS (SELECT FROM new_rows) THEN
+                %2$s
+            END IF;
         END IF;$f$,
             replicator.capture_fast_insert(t.queue_id, v_cols, replace(v_row, '{type}', quote_literal('U')),
                 format('SELECT %s AS r, %s AS k FROM new_rows n', v_payload_n, v_key_n),
-                format(' AND array_agg(s.k) IS NOT DISTINCT FROM'
-                       ' (SELECT array_agg(o.k) FROM (SELECT %s AS k FROM old_rows o LIMIT 1001) o)', v_key_o)),
+                format(' AND array_agg(s.k) = ARRAY(SELECT %s FROM old_rows o LIMIT 1001)', v_key_o)),
             v_upd);
     END IF;
 
@@ -239,15 +296,19 @@ DECLARE
 BEGIN
     IF TG_OP = 'INSERT' THEN
         %2$s
-        IF NOT FOUND AND EXISTS (SELECT FROM new_rows n WHERE %3$s OFFSET 1000) THEN
-            %4$s
+        IF NOT FOUND THEN
+            IF EXISTS (SELECT FROM new_rows n WHERE %3$s OFFSET 1000) THEN
+                %4$s
+            END IF;
         END IF;
     ELSIF TG_OP = 'UPDATE' THEN
         %5$s
     ELSIF TG_OP = 'DELETE' THEN
         %6$s
-        IF NOT FOUND AND EXISTS (SELECT FROM old_rows o WHERE %3$s OFFSET 1000) THEN
-            %7$s
+        IF NOT FOUND THEN
+            IF EXISTS (SELECT FROM old_rows o WHERE %3$s OFFSET 1000) THEN
+                %7$s
+            END IF;
         END IF;
     ELSE
         INSERT INTO %8$s (%9$s) VALUES (%10$s);
@@ -272,13 +333,20 @@ END;$f$,
         RAISE EXCEPTION 'the row filter of % must not contain $capture$', v_table;
     END IF;
     -- SECURITY DEFINER: application roles write to the queue only through this function.
-    -- The output settings are pinned: values must not depend on the writer's session
-    -- (bytea_output = escape, extra_float_digits <= 0 losing digits, other IntervalStyles).
+    -- Values must not depend on the writer's session (bytea_output = escape,
+    -- extra_float_digits <= 0 losing digits, other IntervalStyles): the output settings
+    -- are pinned when a captured type's encoding depends on them, or a row filter may.
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %s() RETURNS trigger
-        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-        SET bytea_output = 'hex' SET extra_float_digits = 1 SET IntervalStyle = 'postgres'
-        AS $capture$%s$capture$$f$, v_fn, v_body);
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp%s
+        AS $capture$%s$capture$$f$, v_fn,
+        CASE WHEN t.table_where IS NOT NULL
+                  OR replicator.capture_needs_settings(
+                         CASE WHEN t.table_mode = 'full' OR cardinality(t.table_ignore) > 0 THEN v_tracked END
+                         || t.table_key, v_oid)
+             THEN E'\n        SET bytea_output = ''hex'' SET extra_float_digits = 1 SET IntervalStyle = ''postgres'''
+             ELSE '' END,
+        v_body);
     EXECUTE format('REVOKE ALL ON FUNCTION %s() FROM PUBLIC', v_fn);
 
     PERFORM replicator.drop_capture_triggers(p_table_id);

@@ -232,6 +232,58 @@ def test_captured_values_do_not_depend_on_the_writers_session_settings(dsn, conn
     assert default_row[0] == "\\x00ff" and float(default_row[1]) == 1 / 3
 
 
+def _pinned_settings(conn, table_id: int) -> list[str]:
+    return conn.execute("SELECT proconfig FROM pg_proc WHERE oid = %s::regprocedure",
+                        (f"replicator.capture_{table_id}()",)).fetchone()[0]
+
+
+def test_output_settings_are_pinned_only_where_the_encoding_depends_on_them(dsn, conn, q):
+    # Types whose encoding no output setting changes (bytea is hex-encoded explicitly):
+    # the capture function pins search_path only, and values still do not depend on
+    # the writer's session.
+    conn.execute("""CREATE TYPE "mood" AS ENUM ('sad', 'ok');
+                    CREATE DOMAIN "blob" AS bytea;
+                    CREATE TABLE "plain" ("id" int PRIMARY KEY, "b" bytea, "db" "blob", "n" numeric,
+                                          "ts" timestamp, "d" date, "tz" timestamptz, "m" "mood",
+                                          "ta" text[], "u" uuid, "j" jsonb, "f" float8)""")
+    plain = q.add_table("q", "plain", mode="pk")                # pk: the float column is not encoded
+    assert _pinned_settings(conn, plain) == ["search_path=pg_catalog, pg_temp"]
+    q.remove_table("q", "plain")
+    conn.execute('ALTER TABLE "plain" DROP COLUMN "f"')
+    plain = q.add_table("q", "plain")
+    assert _pinned_settings(conn, plain) == ["search_path=pg_catalog, pg_temp"]
+    values = ("\\x00ff", "\\x", "1.50", "2024-02-29 12:34:56.789", "2024-02-29", "2024-02-29 12:34:56+02",
+              "ok", ["a", None], "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", '{"a": [1, 2.50]}')
+    insert = 'INSERT INTO "plain" VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)'
+    conn.execute(insert, (1, *values))
+    with psycopg.connect(dsn, autocommit=True) as odd:
+        odd.execute("SET bytea_output = 'escape'")
+        odd.execute("SET extra_float_digits = -15")
+        odd.execute("SET IntervalStyle = 'sql_standard'")
+        odd.execute("SET DateStyle = 'SQL, DMY'")
+        odd.execute(insert, (2, *values))
+        odd.execute("""UPDATE "plain" SET "b" = '\\x0102' WHERE "id" = 2""")
+    inserted_default, inserted_odd, updated = read_events(q)
+    default_row, odd_row = inserted_default.items[0][1:], inserted_odd.items[0][1:]
+    assert odd_row == default_row
+    assert default_row[:5] == ["\\x00ff", "\\x", 1.5, "2024-02-29T12:34:56.789", "2024-02-29"]
+    assert updated.items[0][:2] == [2, "\\x0102"]
+
+    # Types whose JSON rendering an output setting changes, in any disguise: pinned.
+    conn.execute("""CREATE DOMAIN "ratio" AS float8;
+                    CREATE TYPE "pair" AS ("a" int, "b" int)""")
+    for number, column in enumerate(["float4", "float8", "interval", "bytea[]", '"ratio"', '"ratio"[]',
+                                     '"pair"', "int4range", "point", "money"]):
+        conn.execute(f'CREATE TABLE "pinned_{number}" ("id" int PRIMARY KEY, "v" {column})')
+        table_id = q.add_table("q", f"pinned_{number}")
+        assert _pinned_settings(conn, table_id) == [
+            "search_path=pg_catalog, pg_temp", "bytea_output=hex", "extra_float_digits=1",
+            "IntervalStyle=postgres"], column
+    # ... and a row filter, which may depend on them.
+    conn.execute('CREATE TABLE "filtered" ("id" int PRIMARY KEY)')
+    assert len(_pinned_settings(conn, q.add_table("q", "filtered", where='"id" > 0'))) == 4
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))),
        number=st.decimals(allow_nan=False, allow_infinity=False),
