@@ -53,7 +53,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..schema import TableStructure, target_table_name
-from ..views import Analysis, Reason, TableInfo, analyse, check_name, check_policy, quote
+from ..views import Analysis, Reason, TableInfo, analyse, check_name, check_policy, quote, tokenize
 
 log = logging.getLogger("replicator")
 
@@ -72,6 +72,17 @@ COVERING_MAX_COLUMNS = 4       # GROUP BY columns plus the columns the view read
 _AGGREGATE_OPCODES = {"AggStep", "AggStep1", "AggFinal", "AggValue", "AggInverse"}
 GEN_COLUMN = "_replicator_gen"     # the refresh that last wrote a storage row
 GEN_COLUMN_Q = '"_replicator_gen"'
+SIGN_COLUMN = "_replicator_sign"   # delta rows: +1 a new row, -1 an old one
+# Aggregates a fold maintains from state (see _Fold); any other function name called in
+# a select item makes the view recompute its keys instead.
+_FOLDABLE = {"count", "sum", "avg", "total", "min", "max"}
+_AGGREGATE_NAMES = _FOLDABLE | {"group_concat", "string_agg", "json_group_array", "json_group_object",
+                                "jsonb_group_array", "jsonb_group_object", "median", "percentile",
+                                "percentile_cont", "percentile_disc"}
+# Integers whose absolute values sum to at most this add up exactly in doubles, in any
+# order: avg and total folded from an integer sum then equal SQLite's own (which adds
+# doubles row by row). Below 2**53, with a margin for the double the bound is kept in.
+EXACT = 2 ** 52
 
 
 def _h(text: str) -> str:
@@ -99,6 +110,37 @@ def _pk_name(table: str) -> str:
 
 
 @dataclass
+class _Fold:
+    """An aggregate view maintained by folding each batch's signed delta into state
+    kept in hidden storage columns: the group's row count, and per argument column
+    count(x) and sum(x). count/sum/avg/total come from that state; min/max from the
+    stored value and the batch's values, except where a batch removed a group's
+    extreme value: those groups (and any whose sum is not an exact integer) are
+    recomputed from their rows. Only integers are folded: a float sum would drift
+    from a recomputation."""
+    outputs: list[tuple[str, int | None]]   # per view column: (function, argument index), ("", None) a key item
+    args: list[str]                         # argument columns, as SQL (alias.column)
+    minimum: dict[int, int] = field(default_factory=dict)   # argument -> view column holding its min
+    maximum: dict[int, int] = field(default_factory=dict)
+    absolute: set[int] = field(default_factory=set)          # arguments of avg/total: sum of |x| kept too
+
+    def state(self) -> list[tuple[str, str, str]]:
+        """(storage column, the value as an aggregate of the group's rows, name in the fold table)."""
+        out = [("_replicator_n", "count(*)", "n")]
+        for j, x in enumerate(self.args):
+            out += [(f"_replicator_c{j}", f"count({x})", f"c{j}"), (f"_replicator_s{j}", f"coalesce(sum({x}), 0)", f"s{j}")]
+            if j in self.absolute:
+                out.append((f"_replicator_a{j}", f"total(iif({x} < 0, -{x}, {x}))", f"a{j}"))
+        return out
+
+    def state_columns(self) -> list[str]:
+        return [c for c, _, _ in self.state()]
+
+    def state_exprs(self) -> list[str]:
+        return [e for _, e, _ in self.state()]
+
+
+@dataclass
 class Plan:
     """A view as loaded: how it is stored and maintained."""
     name: str
@@ -114,7 +156,21 @@ class Plan:
     indexes: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)  # helper indexes (table, cols)
     status: str = "ok"
     full_insert: str = ""
+    fold: _Fold | None = None              # aggregates folded from state, when they can be
+    fold_reason: str = ""                  # why not, for an aggregate view
     _cache: dict[Any, Any] = field(default_factory=dict)
+
+    @property
+    def fold_table(self) -> str:
+        return f"_replicator_a_{_h(self.name.lower())}"
+
+    @property
+    def state_columns(self) -> list[str]:
+        return self.fold.state_columns() if self.fold else []
+
+    def storage_columns(self) -> list[str]:
+        return (self.key_columns + ([GEN_COLUMN] if self.key_columns else []) + [c for c, _ in self.columns]
+                + self.state_columns)
 
     @property
     def storage(self) -> str:
@@ -131,13 +187,21 @@ class Plan:
             return []
         return sorted({o.table.name for o in self.analysis.occurrences})
 
+    def _fold_notes(self) -> list[str]:
+        if self.mode != "incremental" or self.analysis is None or self.analysis.kind != "aggregate":
+            return []
+        if self.fold is not None:
+            return ["aggregates folded from state (group count, count and sum per column); groups that"
+                    " lose their min or max value are recomputed from their rows"]
+        return [f"each affected group is recomputed from its rows: {self.fold_reason}"]
+
     def describe(self) -> dict[str, Any]:
         a = self.analysis
         return {"view": self.name, "policy": self.policy, "maintenance": self.mode,
                 "kind": a.kind if a else None, "keys": a.describe_keys() if a and self.mode == "incremental" else None,
                 "tables": sorted(self.deps), "reason": self.reason.as_dict() if self.reason else None,
                 "reasons": [r.as_dict() for r in a.reasons] if a else [],
-                "notes": a.notes if a else [],
+                "notes": (a.notes if a else []) + self._fold_notes(),
                 "indexes": [f"{t}({', '.join(c)})" for t, c in self.indexes]}
 
 
@@ -370,6 +434,51 @@ class SqliteViews:
         terms = [f"({c})" for c in a.conditions] + ([f"({a.where})"] if a.where else []) + extra
         return (" WHERE " + " AND ".join(terms)) if terms else ""
 
+    @staticmethod
+    def _plan_fold(a: Analysis) -> tuple[_Fold | None, str]:
+        """Whether an aggregate view's aggregates can be folded from state (see _Fold), and why not."""
+        if len(a.occurrences) != 1:
+            return None, "a join (aggregates are folded for a single table)"
+        if a.having:
+            return None, "HAVING"
+        o = a.occurrences[0]
+        types = {c.lower(): (c, t) for c, t in o.table.columns}
+        fold = _Fold(outputs=[], args=[])
+        for n, item in enumerate(a.items):
+            tokens = tokenize(item)
+            calls = [t for k, t in enumerate(tokens) if t.kind == "word" and t.lower in _AGGREGATE_NAMES
+                     and k + 1 < len(tokens) and tokens[k + 1].text == "("]
+            if not calls:
+                fold.outputs.append(("", None))   # a GROUP BY expression (the analysis checked)
+                continue
+            fn = tokens[0].lower
+            if fn not in _FOLDABLE or tokens[1].text != "(" or tokens[-1].text != ")" or len(calls) != 1:
+                return None, f"{item} (not a plain count, sum, avg, total, min or max of a column)"
+            arg = tokens[2:-1]
+            if fn == "count" and len(arg) == 1 and arg[0].text == "*":
+                fold.outputs.append(("count*", None))
+                continue
+            if len(arg) == 3 and arg[1].text == "." and (arg[0].ident or "").lower() == o.alias.lower():
+                arg = arg[2:]
+            column = types.get((arg[0].ident or "").lower()) if len(arg) == 1 and arg[0].kind in (
+                "word", "qident") else None
+            if column is None:
+                return None, f"{item} (not a plain count, sum, avg, total, min or max of a column)"
+            if "INT" not in column[1].upper():
+                return None, f"{item} (the column is not INTEGER: a sum of floats would drift)"
+            x = f"{quote(o.alias)}.{quote(column[0])}"
+            if x not in fold.args:
+                fold.args.append(x)
+            j = fold.args.index(x)
+            fold.outputs.append((fn, j))
+            if fn == "min":
+                fold.minimum.setdefault(j, n)
+            elif fn == "max":
+                fold.maximum.setdefault(j, n)
+            elif fn in ("avg", "total"):
+                fold.absolute.add(j)
+        return fold, ""
+
     def _build(self, plan: Plan) -> None:
         """Generates (and prepares, to check them) the maintenance statements."""
         a = plan.analysis
@@ -395,7 +504,10 @@ class SqliteViews:
         self.db.execute(f"CREATE TEMP VIEW {probe} AS SELECT {keyed} FROM {a.from_sql}")
         plan.key_types = [r[2] or "" for r in self.db.execute(f"PRAGMA temp.table_info({probe})")]
         self.db.execute(f"DROP VIEW temp.{probe}")
-        plan.full_insert = (f"INSERT INTO {storage} SELECT {distinct}{keyed}, 0, {select} FROM {a.from_sql}"
+        if a.kind == "aggregate":
+            plan.fold, plan.fold_reason = self._plan_fold(a)
+        state = "".join(f", {e}" for e in plan.fold.state_exprs()) if plan.fold else ""
+        plan.full_insert = (f"INSERT INTO {storage} SELECT {distinct}{keyed}, 0, {select}{state} FROM {a.from_sql}"
                             + (f" WHERE {a.where}" if a.where else "") + tail)
         # helper indexes: join columns, and the first table's GROUP BY / DISTINCT columns
         wanted: list[tuple[str, tuple[str, ...]]] = []
@@ -427,12 +539,15 @@ class SqliteViews:
                 self._ensure_keys(_pk_name(o.table.name), plan.key_types[before:before + len(o.table.key)])
         else:
             self._ensure_keys(plan.keys_table, plan.key_types)
+        if plan.fold:
+            self._ensure_fold_table(plan)
         # Prepared against a stand-in for the storage (which may not exist yet, or have other columns).
         stand_in = "_replicator_probe_mv"
         self.db.execute(f"DROP TABLE IF EXISTS temp.{stand_in}")
         self.db.execute(f"CREATE TEMP TABLE {stand_in} ("
                         + ", ".join([f"{quote(c)} {t}" for c, t in zip(plan.key_columns, plan.key_types)]
-                                    + [GEN_COLUMN_Q] + [quote(c) for c, _ in plan.columns]) + ")")
+                                    + [GEN_COLUMN_Q] + [quote(c) for c, _ in plan.columns]
+                                    + [quote(c) for c in plan.state_columns]) + ")")
         self.db.execute(f"CREATE UNIQUE INDEX temp.{stand_in}_k ON {stand_in} "
                         f"({', '.join(quote(c) for c in plan.key_columns)})")
         try:
@@ -445,6 +560,7 @@ class SqliteViews:
         """TEMP table of the base table's columns and declared types (same affinities)."""
         name = _delta_name(table)
         columns = [(r[1], r[2] or "") for r in self.db.execute(f"PRAGMA main.table_info({quote(table)})")]
+        columns.append((SIGN_COLUMN, "INTEGER"))
         have = [(r[1], r[2] or "") for r in self.db.execute(f"PRAGMA temp.table_info({quote(name)})")]
         if have == columns:
             return
@@ -462,6 +578,20 @@ class SqliteViews:
         self.db.execute(f"CREATE TEMP TABLE {quote(name)} ({', '.join(f'{c} {t}' for c, t in zip(cols, types))})")
         self.db.execute(f"CREATE INDEX temp.{quote(name + '_i')} ON {quote(name)} ({', '.join(cols)})")
 
+    def _ensure_fold_table(self, plan: Plan) -> None:
+        """TEMP table of a batch's folded groups: key, the storage row (if any), what to do
+        with it, the group's new view columns and state."""
+        assert plan.fold is not None
+        want = ([f"k{j}" for j in range(len(plan.key_columns))] + ["srowid", "act"]
+                + [f"v{i}" for i in range(len(plan.columns))] + [f"t{j}" for j in range(len(plan.state_columns))])
+        types = plan.key_types + [""] * (len(want) - len(plan.key_types))
+        have = [(r[1], r[2] or "") for r in self.db.execute(f"PRAGMA temp.table_info({quote(plan.fold_table)})")]
+        if have == list(zip(want, types)):
+            return
+        self.db.execute(f"DROP TABLE IF EXISTS temp.{quote(plan.fold_table)}")
+        self.db.execute(f"CREATE TEMP TABLE {quote(plan.fold_table)} ("
+                        + ", ".join(f"{c} {t}".strip() for c, t in zip(want, types)) + ")")
+
     def _statements(self, plan: Plan, with_delta: set[int]) -> list[str]:
         """Every maintenance statement for a batch that changed these occurrences."""
         a = plan.analysis
@@ -470,12 +600,15 @@ class SqliteViews:
             key = tuple(sorted(with_delta))
             return ([self._pk_fill(plan, i) for i in key] + [self._rows_count(plan, (i,)) for i in key]
                     + [self._rows_upsert(plan, i, key) for i in key] + [self._rows_sweep(plan, i) for i in key])
-        return [self._keys_fill(plan, tuple(sorted(with_delta))), self._keys_upsert(plan), self._keys_sweep(plan)]
+        fold = self._fold_statements(plan) if plan.fold else []
+        return fold + [self._keys_fill(plan, tuple(sorted(with_delta))), self._keys_upsert(plan),
+                       self._keys_sweep(plan)]
 
     def _upsert_tail(self, plan: Plan) -> str:
         """Rows recomputed for a key that is still there are updated in place (indexes
         untouched) and stamped with this refresh's generation; see _keys_sweep."""
-        sets = ", ".join(f"{quote(c)} = excluded.{quote(c)}" for c in [GEN_COLUMN] + [c for c, _ in plan.columns])
+        sets = ", ".join(f"{quote(c)} = excluded.{quote(c)}"
+                         for c in [GEN_COLUMN] + [c for c, _ in plan.columns] + plan.state_columns)
         return f" ON CONFLICT ({', '.join(quote(c) for c in plan.key_columns)}) DO UPDATE SET {sets}"
 
     # statements: aggregate and DISTINCT views ---------------------------------------------
@@ -521,10 +654,97 @@ class SqliteViews:
         # One key row matches exactly one group (keys are distinct under IS): grouping by
         # it is grouping by the key, and rows read key after key need no sorting.
         tail = " GROUP BY _replicator_k.rowid" + (f" HAVING {a.having}" if a.having else "")
-        stmt = (f"INSERT INTO main.{quote(plan.storage)} SELECT {', '.join(a.keys)}, :replicator_gen, {a.select} "
-                f"FROM {source}{self._where(a, match)}{tail}{self._upsert_tail(plan)}")
+        state = "".join(f", {e}" for e in plan.fold.state_exprs()) if plan.fold else ""
+        stmt = (f"INSERT INTO main.{quote(plan.storage)} SELECT {', '.join(a.keys)}, :replicator_gen, {a.select}"
+                f"{state} FROM {source}{self._where(a, match)}{tail}{self._upsert_tail(plan)}")
         plan._cache["upsert"] = stmt
         return stmt
+
+    # statements: folded aggregates --------------------------------------------------------
+
+    def _fold_statements(self, plan: Plan) -> list[str]:
+        """[fill the fold table, update folded groups, insert new ones, delete emptied ones,
+        list the groups to recompute]. See _Fold and _incremental."""
+        cached = plan._cache.get("fold")
+        if cached:
+            return cached
+        a, f = plan.analysis, plan.fold
+        assert a is not None and f is not None
+        o = a.occurrences[0]
+        delta = f"temp.{quote(_delta_name(o.table.name))} AS {quote(o.alias)}"
+        sign = quote(SIGN_COLUMN)
+        nk = len(plan.key_columns)
+        # the batch's signed change per group
+        inner = [f"{e} AS k{j}" for j, e in enumerate(a.keys)]
+        inner += [f"{item} AS i{n}" for n, (item, (fn, _)) in enumerate(zip(a.items, f.outputs)) if not fn]
+        inner.append(f"sum({sign}) AS dn")
+        for j, x in enumerate(f.args):
+            inner.append(f"sum(iif({x} IS NULL, 0, {sign})) AS dc{j}")
+            # -x, not sign * x: a text value gives a float sum (and a recomputation), not 0
+            inner.append(f"sum(iif({sign} > 0, {x}, -{x})) AS ds{j}")
+            if j in f.absolute:
+                inner.append(f"total(iif({x} < 0, -{x}, {x}) * {sign}) AS da{j}")
+            if j in f.minimum:
+                inner += [f"min(iif({sign} > 0, {x}, NULL)) AS pmin{j}", f"min(iif({sign} < 0, {x}, NULL)) AS mmin{j}"]
+            if j in f.maximum:
+                inner += [f"max(iif({sign} > 0, {x}, NULL)) AS pmax{j}", f"max(iif({sign} < 0, {x}, NULL)) AS mmax{j}"]
+        group = f"SELECT {', '.join(inner)} FROM {delta}{self._where(a, [])} GROUP BY {', '.join(a.keys)}"
+        match = " AND ".join(f"s.{quote(c)} IS d.k{j}" for j, c in enumerate(plan.key_columns))
+        # the group's new state, with the storage row's (none for a new group)
+        mid = [f"d.k{j} AS k{j}" for j in range(nk)] + ["s.rowid AS srowid", "coalesce(s._replicator_n, 0) + d.dn AS n"]
+        ok = ["1"]
+        changed = ["s.rowid IS NULL", "d.dn <> 0"]
+        for j in range(len(f.args)):
+            mid.append(f"coalesce(s._replicator_c{j}, 0) + d.dc{j} AS c{j}")
+            mid.append(f"coalesce(s._replicator_s{j}, 0) + coalesce(d.ds{j}, 0) AS s{j}")
+            ok.append(f"typeof(s{j}) = 'integer' AND c{j} >= 0")
+            if j in f.absolute:
+                mid.append(f"coalesce(s._replicator_a{j}, 0) + d.da{j} AS a{j}")
+                ok.append(f"a{j} <= {EXACT}")
+            changed += [f"d.dc{j} <> 0", f"d.ds{j} <> 0"]
+            for kind, col in (("min", f.minimum.get(j)), ("max", f.maximum.get(j))):
+                if col is None:
+                    continue
+                old = f"s.{quote(plan.columns[col][0])}"
+                p, m = f"d.p{kind}{j}", f"d.m{kind}{j}"
+                lt = "<" if kind == "min" else ">"
+                gt = ">" if kind == "min" else "<"
+                # Old values gone (m) all beyond the stored extreme: it stays, or a new value beats
+                # it. Else a new value beyond every value gone is the extreme. Else: recompute.
+                mid.append(f"CASE WHEN {m} IS NULL OR {m} {gt} {old} THEN CASE WHEN {p} IS NULL THEN {old}"
+                           f" WHEN {old} IS NULL OR {p} {lt} {old} THEN {p} ELSE {old} END ELSE {p} END AS {kind}{j}")
+                mid.append(f"coalesce({m} IS NULL OR {m} {gt} {old} OR {p} {lt} {m}, 0) AS ok{kind}{j}")
+                ok.append(f"ok{kind}{j}")
+                changed.append(f"{p} IS NOT NULL OR {m} IS NOT NULL")
+        mid.append(f"{' OR '.join(f'({c})' for c in changed)} AS changed")
+        mid += [f"d.i{n} AS i{n}" for n, (fn, _) in enumerate(f.outputs) if not fn]
+        outputs = []
+        for n, (fn, j) in enumerate(f.outputs):
+            outputs.append({"": f"i{n}", "count*": "n", "count": f"c{j}", "sum": f"iif(c{j} > 0, s{j}, NULL)",
+                            "total": f"CAST(s{j} AS REAL)", "avg": f"iif(c{j} > 0, CAST(s{j} AS REAL) / c{j}, NULL)",
+                            "min": f"min{j}", "max": f"max{j}"}[fn])
+        state = [name for _, _, name in f.state()]
+        act = (f"CASE WHEN n < 0 THEN 4 WHEN n = 0 THEN iif(srowid IS NULL, 0, 3) WHEN NOT ({' AND '.join(ok)})"
+               f" THEN 4 WHEN srowid IS NULL THEN 2 WHEN changed THEN 1 ELSE 0 END")
+        table = f"temp.{quote(plan.fold_table)}"
+        fill = (f"INSERT INTO {table} SELECT {', '.join(f'k{j}' for j in range(nk))}, srowid, {act}, "
+                f"{', '.join(outputs + state)} FROM (SELECT {', '.join(mid)} FROM ({group}) AS d "
+                f"LEFT JOIN main.{quote(plan.storage)} AS s ON {match})")
+        agg_cols = [n for n, (fn, _) in enumerate(f.outputs) if fn]
+        targets = [quote(plan.columns[n][0]) for n in agg_cols] + [quote(c) for c in plan.state_columns]
+        values = [f"a.v{n}" for n in agg_cols] + [f"a.t{j}" for j in range(len(state))]
+        update = (f"UPDATE main.{quote(plan.storage)} AS s SET ({', '.join(targets)}) = ({', '.join(values)}) "
+                  f"FROM {table} AS a WHERE s.rowid = a.srowid AND a.act = 1")
+        insert = (f"INSERT INTO main.{quote(plan.storage)} SELECT {', '.join(f'k{j}' for j in range(nk))}, "
+                  f":replicator_gen, {', '.join(f'v{n}' for n in range(len(f.outputs)))}, "
+                  f"{', '.join(f't{j}' for j in range(len(state)))} FROM {table} WHERE act = 2")
+        delete = (f"DELETE FROM main.{quote(plan.storage)} WHERE rowid IN "
+                  f"(SELECT srowid FROM {table} WHERE act = 3)")
+        redo = (f"INSERT INTO temp.{quote(plan.keys_table)} SELECT {', '.join(f'k{j}' for j in range(nk))} "
+                f"FROM {table} WHERE act = 4")
+        stmts = [fill, update, insert, delete, redo]
+        plan._cache["fold"] = stmts
+        return stmts
 
     # statements: row views ------------------------------------------------------------------
 
@@ -598,8 +818,8 @@ class SqliteViews:
             info = self.db.execute(f"PRAGMA main.table_info({quote(table)})").fetchall()
             columns = [r[1] for r in info]
             key = [r[1] for r in sorted((r for r in info if r[5]), key=lambda r: r[5])]
-            new = ", ".join(f"NEW.{quote(c)}" for c in columns)
-            old = ", ".join(f"OLD.{quote(c)}" for c in columns)
+            new = ", ".join(f"NEW.{quote(c)}" for c in columns) + ", 1"
+            old = ", ".join(f"OLD.{quote(c)}" for c in columns) + ", -1"
             trigger = f"_replicator_t_{_h(low)}"
             target = f"main.{quote(table)}"
             # INSERT OR REPLACE deletes the row it replaces without firing DELETE triggers
@@ -608,7 +828,7 @@ class SqliteViews:
             # `=`, not IS: a NULL in a key never conflicts, so nothing is replaced then.
             match = " AND ".join(f"{quote(k)} = NEW.{quote(k)}" for k in key)
             self.db.execute(f"CREATE TEMP TRIGGER IF NOT EXISTS {quote(trigger + '_b')} BEFORE INSERT ON {target}"
-                            f" BEGIN INSERT INTO {delta} SELECT {', '.join(quote(c) for c in columns)} FROM {target}"
+                            f" BEGIN INSERT INTO {delta} SELECT {', '.join(quote(c) for c in columns)}, -1 FROM {target}"
                             f" WHERE {match}; END")
             self.db.execute(f"CREATE TEMP TRIGGER IF NOT EXISTS {quote(trigger + '_i')} AFTER INSERT ON {target}"
                             f" BEGIN INSERT INTO {delta} VALUES ({new}); END")
@@ -650,6 +870,9 @@ class SqliteViews:
             if [list(c) for c in plan.columns] != json.loads(columns or "[]") or (
                     plan.policy == "incremental" and plan.mode != "incremental"):
                 self._revalidate.setdefault(name, "the view's query no longer gives the same columns")
+            elif self._layout(plan) != plan.storage_columns():
+                # made by another version (e.g. without the state of folded aggregates)
+                self._revalidate.setdefault(name, "a new storage layout")
             plans.append(plan)
         self.plans = _in_dependency_order(plans)
         self.active = bool(self.plans)
@@ -755,7 +978,18 @@ class SqliteViews:
             counts.deleted = sum(self.db.execute(self._rows_sweep(plan, i), params).rowcount for i in key)
         else:
             self.db.execute(f"DELETE FROM temp.{quote(plan.keys_table)}")
-            counts.keys = self.db.execute(self._keys_fill(plan, key)).rowcount
+            folding = plan.fold is not None
+            if folding:
+                fill, update, insert, delete, redo = self._fold_statements(plan)
+                self.db.execute(f"DELETE FROM temp.{quote(plan.fold_table)}")
+                try:
+                    counts.keys = self.db.execute(fill).rowcount
+                except sqlite3.OperationalError as exc:
+                    if "overflow" not in str(exc):
+                        raise
+                    folding = False   # a sum of the batch overflows: recompute its groups
+            if not folding:
+                counts.keys = self.db.execute(self._keys_fill(plan, key)).rowcount
             if not counts.keys:
                 return None
             if plan.policy == "auto":
@@ -766,8 +1000,21 @@ class SqliteViews:
                 elif counts.keys > AUTO_FULL_SHARE * max(rows, 1):
                     return f"THRESHOLD: {counts.keys} of {rows} keys"
             before = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
-            upserted = self.db.execute(self._keys_upsert(plan), params).rowcount
-            counts.deleted = self.db.execute(self._keys_sweep(plan), params).rowcount
+            recompute = True
+            if folding:
+                counts.updated = self.db.execute(update).rowcount
+                self.db.execute(insert, params)
+                counts.deleted = self.db.execute(delete).rowcount
+                recompute = self.db.execute(redo).rowcount > 0
+            if recompute:
+                mark = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
+                upserted = self.db.execute(self._keys_upsert(plan), params).rowcount
+                counts.deleted += self.db.execute(self._keys_sweep(plan), params).rowcount
+                new = self.db.execute(f"SELECT count(*) FROM {storage} WHERE rowid > ?", (mark,)).fetchone()[0]
+                counts.updated += upserted - new
+            counts.inserted = self.db.execute(f"SELECT count(*) FROM {storage} WHERE rowid > ?",
+                                              (before,)).fetchone()[0]
+            return None
         counts.inserted = self.db.execute(f"SELECT count(*) FROM {storage} WHERE rowid > ?", (before,)).fetchone()[0]
         counts.updated = upserted - counts.inserted
         return None
@@ -835,7 +1082,8 @@ class SqliteViews:
         self.db.execute(f"DROP TABLE IF EXISTS main.{storage}")
         columns = ([f"{quote(c)} {t}".strip() for c, t in zip(plan.key_columns, plan.key_types)]
                    + ([GEN_COLUMN_Q + " INTEGER"] if plan.key_columns else [])
-                   + [f"{quote(c)} {t}".strip() for c, t in plan.columns])
+                   + [f"{quote(c)} {t}".strip() for c, t in plan.columns]
+                   + [quote(c) for c in plan.state_columns])
         self.db.execute(f"CREATE TABLE main.{storage} ({', '.join(columns)})")
         a = plan.analysis
         if plan.mode == "incremental" and a is not None:
@@ -849,6 +1097,10 @@ class SqliteViews:
                                     f"({', '.join(quote(c) for c in cols)})")
         self.db.execute(f"CREATE VIEW main.{quote(plan.name)} AS SELECT "
                         f"{', '.join(quote(c) for c, _ in plan.columns)} FROM main.{storage}")
+
+    def _layout(self, plan: Plan) -> list[str]:
+        """The columns of a view's storage table as it is."""
+        return [r[1] for r in self.db.execute(f"PRAGMA main.table_info({quote(plan.storage)})")]
 
     def _helper_indexes(self, table: str) -> list[tuple[str, list[str]]]:
         out = []
@@ -905,7 +1157,8 @@ class SqliteViews:
                 raise UserError(f"it can no longer be maintained incrementally: {plan.reason.code if plan.reason else ''}"
                                 f" {plan.reason.message if plan.reason else ''}")
             self._install(plan, rebuild=[list(c) for c in plan.columns] != json.loads(columns or "[]")
-                          or old is None or old.key_columns != plan.key_columns or old.mode != plan.mode)
+                          or old is None or old.key_columns != plan.key_columns or old.mode != plan.mode
+                          or self._layout(plan) != plan.storage_columns())
         except (UserError, sqlite3.Error) as exc:
             self.db.execute("ROLLBACK TO replicator_view")
             self.db.execute("RELEASE replicator_view")
