@@ -134,23 +134,81 @@ def queue() -> None:
     """Create, drop and list queues."""
 
 
+_TICKER_OPTIONS = [
+    click.option("--ticker-max-count", type=int, help="Events that make a tick due (default 500)."),
+    click.option("--ticker-max-lag", help="Pending events make a tick due after this long (default 3s)."),
+    click.option("--ticker-idle-period", help="A tick is made after this long without events (default 60s)."),
+]
+
+
+def _ticker_options(f: Any) -> Any:
+    for option in reversed(_TICKER_OPTIONS):
+        f = option(f)
+    return f
+
+
+def _ticker_settings(max_count: int | None, max_lag: str | None, idle_period: str | None) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    if max_count is not None:
+        settings["ticker_max_count"] = max_count
+    if max_lag is not None:
+        settings["ticker_max_lag"] = parse_duration(max_lag)
+    if idle_period is not None:
+        settings["ticker_idle_period"] = parse_duration(idle_period)
+    return settings
+
+
 @queue.command("create")
 @click.argument("name")
 @click.option("--rotation-period", default="2h", show_default=True,
               help="How long an event table is written before the next (e.g. 30min, 2h).")
 @click.option("--tables", "ntables", default=3, show_default=True, type=int,
               help="Number of event tables rotated through.")
+@_ticker_options
 @pass_ctx
-def queue_create(ctx: Context, name: str, rotation_period: str, ntables: int) -> None:
+def queue_create(ctx: Context, name: str, rotation_period: str, ntables: int, ticker_max_count: int | None,
+                 ticker_max_lag: str | None, ticker_idle_period: str | None) -> None:
     """Create a queue.
 
     \b
     Example:
         replicator queue create main --rotation-period 1h --tables 3
+        replicator queue create fast --ticker-max-lag 0.5s --ticker-idle-period 10s
     """
-    with ctx.source() as source:
+    settings = _ticker_settings(ticker_max_count, ticker_max_lag, ticker_idle_period)
+    with ctx.source() as source, source.conn.transaction():
         source.create_queue(name, ntables=ntables, rotation_period=parse_duration(rotation_period))
+        source.set_queue_config(name, **settings)
     click.echo(f"queue {name} created")
+
+
+@queue.command("config")
+@click.argument("name")
+@click.option("--rotation-period", help="How long an event table is written before the next (e.g. 30min, 2h).")
+@_ticker_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_ctx
+def queue_config(ctx: Context, name: str, rotation_period: str | None, ticker_max_count: int | None,
+                 ticker_max_lag: str | None, ticker_idle_period: str | None, as_json: bool) -> None:
+    """Show a queue's settings, and change those given. The ticker and
+    maintenance use them from their next pass.
+
+    \b
+    Example:
+        replicator queue config main
+        replicator queue config main --ticker-max-lag 1s --rotation-period 30min
+    """
+    settings = _ticker_settings(ticker_max_count, ticker_max_lag, ticker_idle_period)
+    if rotation_period is not None:
+        settings["rotation_period"] = parse_duration(rotation_period)
+    with ctx.source() as source:
+        source.set_queue_config(name, **settings)
+        config = source.queue_config(name)
+    if as_json:
+        click.echo(json.dumps(config, default=_json_default, indent=2))
+        return
+    for key, value in config.items():
+        click.echo(f"{key}: {value}")
 
 
 @queue.command("drop")

@@ -61,20 +61,21 @@ class CapturedTable:
         return self.structure["name"] if self.structure else self.name.split(".", 1)[1]
 
 
-_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h|hour|d|day)s?\s*$", re.IGNORECASE)
+_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|msec|s|sec|m|min|h|hour|d|day)s?\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"ms": 0.001, "msec": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600,
+                 "d": 86400, "day": 86400}
 
 
 def parse_duration(text: str) -> timedelta:
-    """'90s', '15min', '2h', '1d' or a bare number of seconds."""
+    """'500ms', '90s', '15min', '2h', '1d' or a bare number of seconds."""
     try:
         return timedelta(seconds=float(text))
     except ValueError:
         pass
     match = _INTERVAL.match(text)
     if not match:
-        raise UserError(f"invalid duration {text!r}: use e.g. 30s, 15min, 2h or 1d")
-    value, unit = float(match.group(1)), match.group(2).lower()[0]
-    return timedelta(seconds=value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit])
+        raise UserError(f"invalid duration {text!r}: use e.g. 500ms, 30s, 15min, 2h or 1d")
+    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()])
 
 
 class Source:
@@ -114,6 +115,19 @@ class Source:
 
     def drop_queue(self, name: str) -> None:
         self._call("SELECT replicator.drop_queue(%s)", (name,))
+
+    def set_queue_config(self, name: str, **settings: int | timedelta) -> None:
+        """Changes queue settings (see replicator.set_queue_config): ticker_max_count,
+        ticker_max_lag, ticker_idle_period, rotation_period; all or none."""
+        with self.conn.transaction():
+            for param, value in settings.items():
+                text = f"{value.total_seconds()} seconds" if isinstance(value, timedelta) else str(value)
+                self._call("SELECT replicator.set_queue_config(%s, %s, %s)", (name, param, text))
+
+    def queue_config(self, name: str) -> dict[str, Any]:
+        return self._rows("SELECT queue_ticker_max_count AS ticker_max_count, queue_ticker_max_lag AS ticker_max_lag,"
+                          " queue_ticker_idle_period AS ticker_idle_period, queue_rotation_period AS rotation_period,"
+                          " queue_ntables AS ntables FROM replicator.find_queue(%s)", (name,))[0]
 
     def queues(self) -> list[dict[str, Any]]:
         return self._rows("SELECT * FROM replicator.queue_info()")

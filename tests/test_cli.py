@@ -124,6 +124,31 @@ def test_bad_options_are_refused(app):
     assert_usage_error(command, "no-such-command")
 
 
+def test_queue_ticker_settings_at_create_and_with_config(app):
+    created = run("queue", "create", "fast", "--ticker-max-count", "50", "--ticker-max-lag", "250ms",
+                  "--ticker-idle-period", "10s", dsn=app)
+    assert created.returncode == 0, created.stderr
+    shown = json.loads(run("queue", "config", "fast", "--json", dsn=app).stdout)
+    assert shown == {"ticker_max_count": 50, "ticker_max_lag": 0.25, "ticker_idle_period": 10.0,
+                     "rotation_period": 7200.0, "ntables": 3}     # durations in seconds
+    changed = run("queue", "config", "fast", "--ticker-max-lag", "0.5", "--rotation-period", "30min", dsn=app)
+    assert changed.returncode == 0, changed.stderr
+    assert "ticker_max_lag: 0:00:00.500000" in changed.stdout and "rotation_period: 0:30:00" in changed.stdout
+    with psycopg.connect(app, autocommit=True) as c:   # the ticker reads what was set
+        assert c.execute("SELECT queue_ticker_max_count, queue_ticker_max_lag::text FROM replicator.queue"
+                         " WHERE queue_name = 'fast'").fetchone() == (50, "00:00:00.5")
+    zero, negative, unknown, bad = run_all([
+        ["queue", "config", "fast", "--ticker-max-count", "0"], ["queue", "config", "fast", "--ticker-max-lag", "-1"],
+        ["queue", "config", "nope", "--ticker-max-count", "5"], ["queue", "create", "r", "--ticker-max-lag", "soon"]],
+        app)
+    assert_user_error(zero, "ticker_max_count must be a positive integer")
+    assert_user_error(negative, "ticker_max_lag must be positive")
+    assert_user_error(unknown, 'queue "nope"')
+    assert_user_error(bad, "invalid duration")
+    with psycopg.connect(app, autocommit=True) as c:   # a refused create leaves no queue behind
+        assert c.execute("SELECT count(*) FROM replicator.queue WHERE queue_name = 'r'").fetchone()[0] == 0
+
+
 def test_table_without_key_is_one_line_and_adds_nothing(app):
     line = assert_user_error(run("table", "add", "q", "orders", "nokey", dsn=app))
     assert line == "error: table public.nokey has no primary key: give the key columns with --key COL,..."
