@@ -966,13 +966,14 @@ class SqliteViews:
             if not counts.keys:
                 return None
             if plan.policy == "auto":
-                touched = sum(self.db.execute(self._rows_count(plan, (i,))).fetchone()[0] for i in key)
                 if costs is not None:
                     if counts.keys * costs[0] > costs[1]:
                         return (f"COST: {counts.keys} keys at {costs[0] * 1e6:.0f} µs each, a full refresh "
                                 f"takes {costs[1] * 1000:.0f} ms")
-                elif max(touched, counts.keys) > AUTO_FULL_SHARE * max(rows, 1):
-                    return f"THRESHOLD: {max(touched, counts.keys)} of {rows} rows"
+                else:   # no history yet: count the rows the keys touch (an index scan per key)
+                    touched = sum(self.db.execute(self._rows_count(plan, (i,))).fetchone()[0] for i in key)
+                    if max(touched, counts.keys) > AUTO_FULL_SHARE * max(rows, 1):
+                        return f"THRESHOLD: {max(touched, counts.keys)} of {rows} rows"
             before = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
             upserted = sum(self.db.execute(self._rows_upsert(plan, i, key), params).rowcount for i in key)
             counts.deleted = sum(self.db.execute(self._rows_sweep(plan, i), params).rowcount for i in key)
