@@ -15,6 +15,10 @@ the Spark mirror target. Run it through ``bin/bench-spark``.
    merge-on-read with the logs and again after compaction.
 4. Initial copy: a PostgreSQL table of --copy-rows rows copied by the real
    consumer into a new warehouse (snapshot, binary COPY, decode, Arrow, Parquet).
+5. Incremental views (--view-rows, 0 to skip): on the 1M-row table and a
+   1,000-row dimension, batches changing 1 % of both refreshed incrementally
+   in their commit, against a full recompute of the same view: a GROUP BY
+   view (100,000 groups of about 10 rows) and a two-table join view.
 """
 
 from __future__ import annotations
@@ -58,6 +62,12 @@ STRUCTURE = TableStructure(schema="public", name="bench", key=("id",), columns=(
     Column("updated_at", "timestamp with time zone", "timestamp with time zone", "D", False, 6),
 ))
 TABLE = TargetTable(source_name="public.bench", table_id=1, mode="full", structure=STRUCTURE, copy_snapshot=None)
+DIM = TargetTable(source_name="public.dim", table_id=2, mode="full", copy_snapshot=None,
+                  structure=TableStructure(schema="public", name="dim", key=("k",), columns=(
+                      Column("k", "integer", "integer", "N", True, 1), Column("name", "text", "text", "S", False, 2))))
+VIEWS = {"GROUP BY": "SELECT amount, count(*) AS n, sum(score) AS total, min(score) AS lo, max(score) AS hi"
+                     " FROM bench GROUP BY amount",
+         "join": "SELECT b.id, b.score, d.name FROM bench b JOIN dim d ON d.k = b.k"}
 
 
 def make_warehouse(path: Path, rows: int) -> None:
@@ -254,12 +264,61 @@ def bench_copy(args: argparse.Namespace, workdir: Path, figures: dict[str, Any])
         target.close()
 
 
+def bench_views(args: argparse.Namespace, spark: Any, workdir: Path, figures: dict[str, Any]) -> None:
+    from .spark.views import SparkViews
+
+    rows = args.view_rows
+    path = workdir / "views"
+    make_warehouse(path, rows)
+    target = SparkTarget(path, spark=spark, compact_after_logs=0)
+    target.begin()
+    target.create_table(DIM)
+    target.upsert(DIM, "R", [(k, f"name-{k}") for k in range(1000)])
+    target.commit()
+    views = SparkViews(target.warehouse, lambda: spark)
+    names = {shape: f"v{i}" for i, shape in enumerate(VIEWS)}
+    for shape, sql in VIEWS.items():
+        views.create(names[shape], sql, "incremental")
+    rnd = random.Random(11)
+    next_id = [rows]
+    tick = 2
+    for _ in range(args.repeat):   # each batch: 1 % of the table, 1 % of the dimension
+        upserts, deletes = change_batch(rows, rows // 100, rnd, next_id)
+        target.begin()
+        target.upsert(target.tables()["public.bench"], "U", upserts)
+        target.delete(target.tables()["public.bench"], deletes)
+        target.upsert(target.tables()["public.dim"], "U",
+                      [(k, f"name-{k}-{tick}") for k in rnd.sample(range(1000), 10)])
+        target.set_position("bench", "bench", tick)
+        target.commit()
+        tick += 1
+    for _ in range(args.repeat):
+        for shape in VIEWS:
+            views.refresh_now(names[shape], full=True)
+    target.close()
+    out = {}
+    for shape in VIEWS:
+        log = views.refreshes(names[shape], 100)
+        incremental = [r["seconds"] for r in log if r["kind"] == "incremental"]
+        full = [r["seconds"] for r in log if r["kind"] == "full" and r["reason"] == "MANUAL"]
+        out[shape] = {"incremental": statistics.median(incremental), "full": statistics.median(full),
+                      "keys": statistics.median(r["keys"] for r in log if r["kind"] == "incremental"),
+                      "view_rows": views.info(names[shape])["rows"]}
+        console.print(f"  view {shape}: incremental {out[shape]['incremental']:.2f}s, full recompute "
+                      f"{out[shape]['full']:.2f}s ({out[shape]['full'] / out[shape]['incremental']:.1f}x), "
+                      f"{out[shape]['keys']:,.0f} keys, {out[shape]['view_rows']:,} view rows")
+    figures["views"] = {"rows": rows, **out}
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench-spark", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000000,10000000", help="table sizes in rows (default 1M,10M)")
     parser.add_argument("--repeat", type=int, default=5, help="batches of each size, the median is reported")
     parser.add_argument("--copy-rows", type=int, default=1_000_000, help="rows of the initial copy (default 1M)")
     parser.add_argument("--skip-copy", action="store_true")
+    parser.add_argument("--view-rows", type=int, default=1_000_000,
+                        help="rows of the base table of the views benchmark (default 1M; 0 skips it)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     figures: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count(),
@@ -281,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
             bench_table(args, spark, workdir, rows, figures)
         if not args.skip_copy:
             bench_copy(args, workdir, figures)
+        if args.view_rows:
+            console.print(f"[bold]incremental views[/] on {args.view_rows:,} rows, 1 % changed per batch")
+            bench_views(args, spark, workdir, figures)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     table = Table(title="Spark mirror target (seconds unless noted)")
@@ -295,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     if "copy" in figures:
         console.print(f"initial copy: {figures['copy']['rows_per_s']:,.0f} rows/s "
                       f"({figures['copy']['rows']:,} rows in {figures['copy']['seconds']:.1f}s)")
+    if "views" in figures:
+        for shape in VIEWS:
+            v = figures["views"][shape]
+            console.print(f"view {shape}: incremental {v['incremental']:.2f}s against full {v['full']:.2f}s "
+                          f"= {v['full'] / v['incremental']:.1f}x")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
     return 0

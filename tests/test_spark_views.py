@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 
 pytest.importorskip("pyspark")
 
-from consumer_helpers import run_cli
+import subprocess
+
+from consumer_helpers import REPLICATOR, cli_env, run_cli
 from replicator.consumer import Consumer
 from replicator.schema import Column, TableStructure
 from replicator.spark import register_views
@@ -260,3 +262,45 @@ def test_view_commands_on_a_missing_warehouse_say_so_in_one_line(dsn, tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [f"error: no warehouse at {tmp_path / 'nowhere'}: views are defined "
                                                   f"over the tables `replicator consume` replicates into it"]
+
+
+def test_a_crash_after_the_views_are_refreshed_keeps_the_previous_state_and_converges(dsn, conn, source, tmp_path,
+                                                                                      spark):
+    conn.execute(SOURCE_DDL)
+    source.create_queue("q")
+    source.add_table("q", "public.customers")
+    source.add_table("q", "public.orders")
+    path = tmp_path / "wh"
+    target = SparkTarget(path, spark=spark, compact_after_logs=0)
+    try:
+        catch_up(dsn, target)
+    finally:
+        target.close()
+    views = SparkViews(Warehouse(path), lambda: spark)
+    views.create("region_totals", SOURCE_VIEWS["region_totals"], "incremental")
+    before = Warehouse(path).read()
+    rows_before = multiset(read_view(spark, path, "region_totals"))
+    conn.execute("UPDATE orders SET amount = amount + 5, customer_id = 3 WHERE id % 4 = 0")
+    conn.execute("UPDATE customers SET region = 'west' WHERE id = 3")
+    # The consumer SIGKILLs itself once the views' files are written, before the manifest names them.
+    url = f"spark:{path}"
+    crashed = subprocess.run([str(REPLICATOR), "consume", "q", "--target", url, "--until-caught-up"],
+                             env={**cli_env(dsn), "REPLICATOR_CRASH_AT": "spark-views-refreshed"},
+                             capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == -9, crashed.stderr
+    after_crash = Warehouse(path).read()
+    assert after_crash["version"] == before["version"] and after_crash["views"] == before["views"]
+    assert multiset(read_view(spark, path, "region_totals")) == rows_before
+    written = {p for p in (path / "_views").rglob("*.parquet")}
+
+    def unreferenced(files: set[Path]) -> list[Path]:
+        referenced = Warehouse(path).referenced(Warehouse(path).read())
+        return [p for p in files if p.exists() and not any(str(q) in referenced for q in p.relative_to(path).parents)]
+    assert unreferenced(written), "the crash should have left the refreshed view's uncommitted files"
+    done = run_cli(dsn, "consume", "q", "--target", url, "--until-caught-up", timeout=300)
+    assert done.returncode == 0, done.stderr
+    expected = normalized(conn.execute(SOURCE_VIEWS["region_totals"]).fetchall())
+    assert normalized(read_view(spark, path, "region_totals").collect()) == expected
+    assert expected != normalized(list(rows_before.elements()))   # the batch did change the view
+    assert not unreferenced(written), "the crashed commit's view files must be cleaned up"
+    assert views.refreshes("region_totals", 1)[0]["kind"] == "incremental"

@@ -75,18 +75,26 @@ def _entry(manifest: dict[str, Any], table: str) -> tuple[str, dict[str, Any]]:
     raise UserError(f"table {table!r} is not in the warehouse")
 
 
-def merge_on_read(spark: Any, base: Any, log_paths: list[str], log_schema: Any, keys: list[str]) -> Any:
-    """A base DataFrame with change log files (one row per key each, ``_seq``
-    and ``_deleted``) folded in: the latest row of each key wins."""
+def latest_changes(spark: Any, log_paths: list[str], log_schema: Any, keys: list[str]) -> Any:
+    """The change log files' rows, the latest of each key (files have one row per key,
+    a later ``_seq`` wins), tombstones (``_deleted``) included."""
     from pyspark.sql import functions as F
     from pyspark.sql.window import Window
 
-    if not log_paths:
-        return base
     changes = spark.read.schema(log_schema).parquet(*log_paths)
-    if len(log_paths) > 1:   # each file has one row per key: the latest file wins
+    if len(log_paths) > 1:
         latest = Window.partitionBy(*keys).orderBy(F.col(SEQ).desc())
         changes = changes.withColumn("_rank", F.row_number().over(latest)).where("_rank = 1").drop("_rank")
+    return changes
+
+
+def merge_on_read(spark: Any, base: Any, log_paths: list[str], log_schema: Any, keys: list[str]) -> Any:
+    """A base DataFrame with change log files folded in: the latest row of each key wins."""
+    from pyspark.sql import functions as F
+
+    if not log_paths:
+        return base
+    changes = latest_changes(spark, log_paths, log_schema, keys)
     touched = changes.select(*[F.col(k).alias(f"_key_{k}") for k in keys])
     condition = reduce(lambda a, b: a & b, [base[k].eqNullSafe(touched[f"_key_{k}"]) for k in keys])
     kept = base.join(F.broadcast(touched), condition, "left_anti")
@@ -107,6 +115,18 @@ def merged_physical(spark: Any, warehouse: Warehouse, entry: dict[str, Any]) -> 
     base = read_parquet(spark, [str(warehouse.file(f)) for f in base_files], _physical_struct(structure))
     return merge_on_read(spark, base, [str(warehouse.file(f)) for f in log_files],
                          _physical_struct(structure, log=True), [physical_name(c) for c in structure.key_columns()])
+
+
+def logged_rows(spark: Any, warehouse: Warehouse, entry: dict[str, Any], log_files: list[str]) -> Any:
+    """The rows some of a table entry's log files set (their latest, tombstones left
+    out), with the columns' current names: a transaction's new rows, without reading
+    the table."""
+    from pyspark.sql import functions as F
+
+    structure = TableStructure.from_json(entry["structure"])
+    changes = latest_changes(spark, [str(warehouse.file(f)) for f in log_files], _physical_struct(structure, log=True),
+                             [physical_name(c) for c in structure.key_columns()])
+    return changes.where(~F.col(DELETED)).select(*[F.col(physical_name(c)).alias(c.name) for c in structure.columns])
 
 
 def entry_frame(spark: Any, warehouse: Warehouse, entry: dict[str, Any]) -> Any:

@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from ..errors import UserError
 from ..schema import TableStructure, target_table_name
 from ..views import Analysis, Reason, TableInfo, analyse, check_name, check_policy
-from .reader import entry_frame, merge_on_read, read_parquet
+from .reader import entry_frame, logged_rows, merge_on_read, read_parquet
 from .warehouse import DELETED, SEQ, Warehouse, new_id, retire
 
 log = logging.getLogger("replicator")
@@ -170,8 +170,9 @@ class ViewPlan:
 
 class _Changes:
     """A transaction's changes to the warehouse's tables as Spark sees them, computed
-    once for all the views that read them: each changed table's keys (from its new
-    log files) and delta (the old and new rows of those keys)."""
+    once for all the views that read them: each changed table's keys and delta (the
+    old rows of those keys, from the table before, and their new rows, from the
+    transaction's log files: one scan of the table)."""
 
     def __init__(self, spark: Any, warehouse: Warehouse, before: dict[str, Any], after: dict[str, Any],
                  logs: dict[str, list[str]]) -> None:
@@ -202,9 +203,8 @@ class _Changes:
             keys, _ = self.keys(source_name)
             pairs = [(k, f"c{j}") for j, k in enumerate(self._structure(source_name).key)]
             old = entry_frame(self.spark, self.warehouse, self.before["tables"][source_name])
-            new = entry_frame(self.spark, self.warehouse, self.after["tables"][source_name])
-            rows = (old.join(keys, _null_safe(old, keys, pairs), "left_semi")
-                    .unionByName(new.join(keys, _null_safe(new, keys, pairs), "left_semi"))).cache()
+            new = logged_rows(self.spark, self.warehouse, self.after["tables"][source_name], self.logs[source_name])
+            rows = old.join(keys, _null_safe(old, keys, pairs), "left_semi").unionByName(new).cache()
             self._cached.append(rows)
             name = f"_replicator_delta_{len(self._delta)}"
             rows.createOrReplaceTempView(name)

@@ -138,6 +138,7 @@ class SparkTarget:
             if before is not None:
                 # Under the lock: a view created meanwhile (`replicator view create`) is refreshed too.
                 self.views.refresh_after(before, manifest, self._ops)
+                crash_point("spark-views-refreshed")
             self.warehouse.collect_garbage(manifest)
             self.warehouse.write(manifest)
         crash_point("spark-committed")
