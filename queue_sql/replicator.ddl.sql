@@ -278,6 +278,58 @@ BEGIN
 END;
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.sync_partitions(p_table_id integer, p_tag text, p_sql text)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.sync_partitions(p_table_id, p_tag, p_sql)
+--
+--      After DDL, for a captured partitioned table: when its partitions are
+--      no longer the tables that carry its capture triggers (a partition
+--      created, attached or detached), generates its capture again. A
+--      partition attached or detached with rows moved them into or out of
+--      the table without a row trigger firing: an S event (kind 'altered',
+--      "copy": true) then makes targets copy the table again.
+--
+-- Returns:
+--      true if the capture was generated again
+-- ----------------------------------------------------------------------
+DECLARE
+    v_oid oid;
+    v_tree oid[];
+    v_triggered oid[];
+    v_moved oid;
+    v_rows boolean := false;
+BEGIN
+    SELECT t.table_oid INTO v_oid FROM replicator.captured_table t
+    JOIN pg_class c ON c.oid = t.table_oid AND c.relkind = 'p'
+    WHERE t.table_id = p_table_id;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    v_tree := ARRAY(SELECT relid FROM pg_partition_tree(v_oid) ORDER BY relid);
+    v_triggered := ARRAY(SELECT tgrelid FROM pg_trigger
+                         WHERE tgname = '_replicator_' || p_table_id || '_ins'
+                           AND tgfoid = to_regprocedure(replicator.capture_function(p_table_id) || '()')
+                         ORDER BY tgrelid);
+    IF v_tree = v_triggered THEN
+        RETURN false;
+    END IF;
+    FOR v_moved IN SELECT x FROM unnest(v_tree) x WHERE x <> ALL (v_triggered)
+                   UNION ALL SELECT x FROM unnest(v_triggered) x WHERE x <> ALL (v_tree) LOOP
+        IF (SELECT relkind FROM pg_class WHERE oid = v_moved) = 'r' AND NOT v_rows THEN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', v_moved::regclass) INTO v_rows;
+        END IF;
+    END LOOP;
+    PERFORM replicator.generate_capture(p_table_id);
+    IF v_rows THEN
+        PERFORM replicator.insert_schema_event(p_table_id,
+            replicator.schema_event_data(p_table_id, p_tag, p_sql, 'altered') || '{"copy": true}');
+    END IF;
+    RETURN true;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.sync_all(p_tag text, p_sql text)
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -285,8 +337,8 @@ LANGUAGE plpgsql AS $$
 -- Function: replicator.sync_all(p_tag, p_sql)
 --
 --      After a statement run by `replicator execute` (where no event
---      trigger does it): forgets dropped captured tables, syncs the others,
---      captures new tables of followed schemas.
+--      trigger does it): forgets dropped captured tables, syncs the others
+--      (and their partitions), captures new tables of followed schemas.
 --
 -- Returns:
 --      the number of S events queued
@@ -299,6 +351,7 @@ BEGIN
         IF replicator.sync_table(v_id, p_tag, p_sql) THEN
             v_count := v_count + 1;
         END IF;
+        PERFORM replicator.sync_partitions(v_id, p_tag, p_sql);
     END LOOP;
     RETURN v_count + replicator.follow_new_tables(p_tag, p_sql);
 END;
@@ -311,8 +364,9 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- Function: replicator.ddl_command_end_trigger()
 --
 --      Event trigger at ddl_command_end: syncs the captured tables the
---      command touched (directly, or through one of their indexes) and
---      captures tables created in followed schemas. Runs in the DDL's own
+--      command touched (directly, or through one of their indexes), the
+--      partitions of captured partitioned tables, and captures tables
+--      created in followed schemas. Runs in the DDL's own
 --      transaction, so the S events commit or roll back with it. The DDL
 --      replicator itself runs (capture functions, triggers) is skipped.
 -- ----------------------------------------------------------------------
@@ -333,6 +387,17 @@ BEGIN
         ORDER BY t.table_id
     LOOP
         PERFORM replicator.sync_table(v_id, tg_tag, v_sql);
+    END LOOP;
+    -- captured partitioned tables the command gave or took a partition
+    FOR v_id IN
+        SELECT DISTINCT t.table_id
+        FROM pg_event_trigger_ddl_commands() cmd
+        JOIN pg_class c ON cmd.classid = 'pg_class'::regclass AND c.oid = cmd.objid AND c.relkind IN ('r', 'p')
+        CROSS JOIN LATERAL pg_partition_ancestors(c.oid) a
+        JOIN replicator.captured_table t ON t.table_oid = a.relid
+        ORDER BY t.table_id
+    LOOP
+        PERFORM replicator.sync_partitions(v_id, tg_tag, v_sql);
     END LOOP;
     IF tg_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE') THEN
         PERFORM replicator.follow_new_tables(tg_tag, v_sql);

@@ -329,7 +329,8 @@ class Consumer:
                             f"this version of replicator cannot apply: upgrade the consumer, or remove the table "
                             f"from the queue and add it again")
         new_structure = TableStructure.from_source(event["structure"], event["columns"], event["key"])
-        changes = reconcile(table.structure, new_structure)
+        # "copy": rows moved in or out without row triggers (a partition attached or detached)
+        changes = None if event.get("copy") else reconcile(table.structure, new_structure)
         if changes is not None:
             self.target.schema_event(table, event)
             new_table = TargetTable(source_name=new_structure.qualified_name, table_id=table.table_id,

@@ -551,8 +551,6 @@ def test_key_without_equality_is_refused(conn, q):
         q.add_table("q", "docs", key=["doc"])
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: a partition created or attached after `table add` gets no "
-                                       "capture triggers until the capture is regenerated (DDL sync)")
 def test_partition_created_after_table_add_is_captured(conn, q):
     conn.execute('CREATE TABLE "p" ("id" int PRIMARY KEY, "v" text) PARTITION BY RANGE ("id")')
     conn.execute('CREATE TABLE "p_low" PARTITION OF "p" FOR VALUES FROM (0) TO (100)')

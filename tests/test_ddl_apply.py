@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from ddl_helpers import (StreamReplay, Writers, assert_sqlite_equals_source, assert_stream_equals_source, attnums,
-                         source_rows, source_tables, sqlite_rows, stream_lines)
+                         source_rows, source_tables, sqlite_rows, sqlite_tables, stream_lines)
 from consumer_helpers import run_cli
 from replicator.consumer import Consumer
 from replicator.ddl import execute_script
@@ -327,6 +327,38 @@ def test_column_added_with_default_now_holds_the_source_values_on_targets(dsn, c
     assert replica == source_rows(conn, "t")
     assert len({dict(row)["seen"] for row in replica}) == 2       # the ALTER's now(), the INSERT's
     assert all(dict(row)["seen"] is not None and dict(row)["n"] == 3 for row in replica)
+
+
+@pytest.mark.parametrize("capture", ["event_triggers", "execute"])
+def test_partitions_created_attached_and_detached_keep_the_replica_equal(dsn, conn, source, tmp_path, capture):
+    source.create_queue("q")
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE p_low PARTITION OF p FOR VALUES FROM (0) TO (100)")
+    conn.execute("INSERT INTO p SELECT g, 'low' || g FROM generate_series(1, 50) g")
+    source.add_table("q", "p")
+    replica = tmp_path / "replica.db"
+    consume = ["consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up"]
+    assert run_cli(dsn, *consume).returncode == 0
+    steps = [
+        # rows written through a new partition, named directly
+        "CREATE TABLE p_mid PARTITION OF p FOR VALUES FROM (100) TO (200);"
+        " INSERT INTO p_mid SELECT g, 'mid' || g FROM generate_series(100, 120) g; UPDATE p_mid SET v = 'x'",
+        # a table with rows attached: they join p without a row trigger
+        "CREATE TABLE p_high (id int PRIMARY KEY, v text);"
+        " INSERT INTO p_high SELECT g, 'high' || g FROM generate_series(200, 230) g;"
+        " ALTER TABLE p ATTACH PARTITION p_high FOR VALUES FROM (200) TO (300)",
+        "UPDATE p SET v = v || '!' WHERE id % 3 = 0; DELETE FROM p_high WHERE id > 225",
+        # rows leave p with the partition; the detached table is not captured any more
+        "ALTER TABLE p DETACH PARTITION p_low; INSERT INTO p_low VALUES (99, 'detached'); UPDATE p SET v = 'y'",
+    ]
+    for step in steps:
+        apply_step(conn, source, capture, step)
+        assert run_cli(dsn, *consume).returncode == 0
+        assert sqlite_rows(replica, "p") == source_rows(conn, "p"), step
+    assert "p_low" not in sqlite_tables(replica)
+    tags = [e["tag"] for (e,) in conn.execute("SELECT ev_data FROM replicator.event_1 WHERE ev_type = 'S'"
+                                              " ORDER BY ev_id") if e.get("copy")]
+    assert tags == ["ALTER TABLE", "ALTER TABLE"]   # the attach and the detach asked for a copy, nothing else
 
 
 # refusals and unsupported changes ------------------------------------------------------------
