@@ -55,7 +55,7 @@ log = logging.getLogger("replicator")
 
 VIEWS_DIR = "_views"
 AUTO_FULL_SHARE = 0.2          # auto: a change touching more of the view is refreshed in full
-AUTO_RETRY_AFTER = 10          # auto: full refreshes chosen on cost before an incremental one is tried again
+AUTO_RETRY_AFTER = 50          # auto: full refreshes chosen on cost before an incremental one is tried again
 REWRITE_AFTER_LOGS = 16        # a view's log files folded into a new base past this many
 KEEP_REFRESHES = 100           # refresh records kept per view
 
