@@ -5,6 +5,7 @@ traceback; status reports each consumer's lag."""
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import psycopg
 import pytest
@@ -67,6 +68,27 @@ def test_unknown_tables_entry_is_one_error_line_and_registers_nothing(dsn, conn,
     # A consumer left registered would hold back the queue's rotation for good.
     assert conn.execute("SELECT count(*) FROM replicator.consumer").fetchone()[0] == 0
     assert sqlite_position(replica) is None
+
+
+def test_two_tables_with_one_sqlite_name_stop_the_consumer_and_clobber_nothing(dsn, conn, source, tmp_path):
+    conn.execute('CREATE SCHEMA s; CREATE TABLE s.t (id int PRIMARY KEY, v text); CREATE TABLE "s__t" (id int PRIMARY KEY)')
+    conn.execute("INSERT INTO s.t VALUES (1, 'schema s'); INSERT INTO s__t VALUES (2)")
+    source.create_queue("q")
+    source.add_table("q", "s.t")
+    replica = tmp_path / "r.db"
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    source.add_table("q", "public.s__t")
+    result = run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up")
+    # (after the log line of its start) one error line, exit 1
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: s.t and public.s__t would both be table 's__t'") and "separate targets" in last
+    db = sqlite3.connect(replica)
+    assert db.execute("SELECT * FROM s__t").fetchall() == [(1, "schema s")]    # s.t's replica is intact
+    db.close()
+    other = run_cli(dsn, "consume", "q", "--target", f"sqlite:{tmp_path / 'other.db'}", "--tables", "public.s__t",
+                    "--until-caught-up")
+    assert other.returncode == 0, other.stderr
 
 
 @pytest.mark.parametrize("case", ["unreachable server", "schema not installed", "once and until-caught-up"])

@@ -105,6 +105,7 @@ class SqliteTarget:
 
     def create_table(self, table: TargetTable) -> None:
         """(Re)creates the replica table, empty, and records it."""
+        self._check_name_is_free(table)
         s = table.structure
         name = quote(self.table_name(table))
         columns = [f"{quote(c.name)} {sqlite_type(c)}" for c in s.columns]
@@ -115,6 +116,15 @@ class SqliteTarget:
         self._statements.clear()
         self.save_table(table)
 
+    def _check_name_is_free(self, table: TargetTable) -> None:
+        """Two source tables must not become one SQLite table (public."s__t" and s.t,
+        or "T" and t: SQLite names are case-insensitive)."""
+        name = self.table_name(table)
+        for other in self.tables().values():
+            if other.source_name != table.source_name and self.table_name(other).lower() == name.lower():
+                raise UserError(f"{other.source_name} and {table.source_name} would both be table {name!r} of "
+                                f"{self.name}: replicate them into separate targets (consume --tables)")
+
     def drop_table(self, table: TargetTable) -> None:
         self.views.schema_changing(self.table_name(table))
         self.db.execute(f"DROP TABLE IF EXISTS {quote(self.table_name(table))}")
@@ -123,6 +133,8 @@ class SqliteTarget:
 
     def alter_table(self, old: TargetTable, new: TargetTable, changes: list[Change]) -> None:
         """Applies a reconciled schema change in place (see schema.reconcile)."""
+        if self.table_name(new).lower() != self.table_name(old).lower():
+            self._check_name_is_free(new)
         name = quote(self.table_name(old))
         self.views.schema_changing(self.table_name(old), tuple(c.name for c in changes if c.action == "drop_column"))
         if self.table_name(new) != self.table_name(old):
