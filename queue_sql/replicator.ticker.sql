@@ -11,7 +11,8 @@ LANGUAGE plpgsql AS $$
 --      Safe to run concurrently: the advisory lock comes first and every
 --      statement after it takes a fresh snapshot (READ COMMITTED), so a
 --      second ticker sees the first one's tick and its snapshot is newer.
---      Must not run in a REPEATABLE READ or SERIALIZABLE transaction.
+--      Must not run in a REPEATABLE READ or SERIALIZABLE transaction. A
+--      transaction that makes a tick commits synchronously.
 --
 -- Parameters:
 --      p_queue_name - queue
@@ -47,6 +48,11 @@ BEGIN
     v_tick_id := coalesce(v_last.tick_id, 0) + 1;
     INSERT INTO replicator.tick (tick_queue, tick_id, tick_time, tick_snapshot, tick_event_seq)
     VALUES (q.queue_id, v_tick_id, clock_timestamp(), txid_current_snapshot(), v_event_seq);
+    -- The tick commits durably whatever the session's setting: with synchronous_commit
+    -- off, a crash could lose a tick a consumer has applied, and the same tick id would
+    -- then be made again with another snapshot. Flushing the tick's commit flushes
+    -- every commit before it, so what the tick shows survives too.
+    PERFORM set_config('synchronous_commit', 'on', true);
     RETURN v_tick_id;
 END;
 $$;

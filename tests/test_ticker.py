@@ -204,3 +204,37 @@ def test_ticker_daemon_keeps_retrying_while_the_source_is_unreachable(dsn, q):
     run_ticker(connect, 0.01, stop)
     assert len(attempts) == 3
     assert q.queues()[0]["last_tick"] == 1          # the reconnected ticker ticked the new queue
+
+
+def test_a_tick_and_what_it_shows_survive_a_crash_under_asynchronous_commit():
+    # A cluster whose WAL writer waits 10 s: without the ticker's synchronous commit, a
+    # crash right after a tick loses it (and the next tick would reuse its id).
+    from replicator.install import install
+    from replicator.pgserver import PgServer
+    from replicator.source import Source
+
+    server = PgServer(settings={"wal_writer_delay": "10000ms", "synchronous_commit": "off"})
+    server.init().start()
+    try:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            install(conn)
+            conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+            source = Source(conn)
+            source.create_queue("q")
+            source.add_table("q", "t")
+            first = source.tick("q", force=True)
+            conn.execute("INSERT INTO t VALUES (1)")        # committed asynchronously
+            tick = source.tick("q", force=True)
+            snapshot = conn.execute("SELECT tick_snapshot::text FROM replicator.tick WHERE tick_id = %s",
+                                    (tick,)).fetchone()[0]
+        server.restart("immediate")
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            assert conn.execute("SELECT tick_snapshot::text FROM replicator.tick WHERE tick_id = %s",
+                                (tick,)).fetchone() == (snapshot,)
+            assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 1
+            assert conn.execute("SELECT count(*) FROM replicator.event_1 WHERE ev_type = 'I'").fetchone()[0] == 1
+            assert Source(conn).tick("q", force=True) == tick + 1 and tick == first + 1
+    finally:
+        server.stop("immediate")
+        import shutil
+        shutil.rmtree(server.basedir, ignore_errors=True)
