@@ -66,6 +66,10 @@ INDEX_PREFIX = "_replicator_ix_"
 # in full; before that, one that touches more than AUTO_FULL_SHARE of the rows.
 AUTO_FULL_SHARE = 0.2
 AUTO_MIN_KEYS = 100            # incremental refreshes of fewer keys say little about the cost per key
+# auto goes full once the keys' predicted cost passes this share of the last full refresh:
+# the prediction (a median cost per key) and single refreshes on a busy machine are both off
+# by tens of percent, and a full refresh is never more than a full refresh.
+AUTO_MARGIN = 0.6
 KEEP_REFRESHES = 1000          # refresh records kept per view
 CACHE_KIB = 65536              # page cache of a connection that maintains views (KiB)
 COVERING_MAX_COLUMNS = 4       # GROUP BY columns plus the columns the view reads, for a covering index
@@ -945,7 +949,7 @@ class SqliteViews:
             # the (approximate) size of their tables, or the cost they predict.
             changed = sum(self._delta_rows(a.occurrences[i].table.name) for i in key) // 2
             if costs is not None:
-                if changed * costs[0] > costs[1]:
+                if changed * costs[0] > AUTO_MARGIN * costs[1]:
                     return (f"COST: about {changed} keys at {costs[0] * 1e6:.0f} µs each, a full refresh "
                             f"takes {costs[1] * 1000:.0f} ms")
             else:
@@ -967,7 +971,7 @@ class SqliteViews:
                 return None
             if plan.policy == "auto":
                 if costs is not None:
-                    if counts.keys * costs[0] > costs[1]:
+                    if counts.keys * costs[0] > AUTO_MARGIN * costs[1]:
                         return (f"COST: {counts.keys} keys at {costs[0] * 1e6:.0f} µs each, a full refresh "
                                 f"takes {costs[1] * 1000:.0f} ms")
                 else:   # no history yet: count the rows the keys touch (an index scan per key)
@@ -995,7 +999,7 @@ class SqliteViews:
                 return None
             if plan.policy == "auto":
                 if costs is not None:
-                    if counts.keys * costs[0] > costs[1]:
+                    if counts.keys * costs[0] > AUTO_MARGIN * costs[1]:
                         return (f"COST: {counts.keys} keys at {costs[0] * 1e6:.0f} µs each, a full refresh "
                                 f"takes {costs[1] * 1000:.0f} ms")
                 elif counts.keys > AUTO_FULL_SHARE * max(rows, 1):
@@ -1034,7 +1038,10 @@ class SqliteViews:
         return sorted(per_key)[len(per_key) // 2], full
 
     def _delta_rows(self, table: str) -> int:
-        return self.db.execute(f"SELECT count(*) FROM temp.{quote(_delta_name(table))}").fetchone()[0]
+        """Rows in a delta table: rows are only added to it in a transaction, so the span of
+        their rowids (count(*) reads every page: a large change spills them to a file)."""
+        low, high = self.db.execute(f"SELECT min(rowid), max(rowid) FROM temp.{quote(_delta_name(table))}").fetchone()
+        return 0 if low is None else high - low + 1
 
     def _rows_estimate(self, table: str) -> int:
         """Rows of a table, roughly and cheaply: the span of its rowids."""
