@@ -495,7 +495,7 @@ class _Parser:
 
     def _occurrence(self, name: str, schema: str | None, text: str) -> Occurrence | None:
         if schema is not None and schema.lower() not in ("main",):
-            self.a.refuse("NOT_REPLICATED", text, f"only tables of the replica's main database are followed")
+            self.a.refuse("NOT_REPLICATED", text, "only tables of the replica's main database are followed")
             return None
         info = self.catalog(name)
         if info is None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import sqlite3
 
-import psycopg
 import pytest
 
 from consumer_helpers import REPLICATOR, run_cli, sqlite_position

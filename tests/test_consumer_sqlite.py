@@ -9,9 +9,7 @@ files; crashes are real SIGKILLs of a real consumer process.
 
 from __future__ import annotations
 
-import json
 import random
-import sqlite3
 import subprocess
 import sys
 import textwrap

@@ -174,12 +174,16 @@ class _Changes:
     old rows of those keys, from the table before, and their new rows, from the
     transaction's log files: one scan of the table)."""
 
-    def __init__(self, spark: Any, warehouse: Warehouse, before: dict[str, Any], after: dict[str, Any],
-                 logs: dict[str, list[str]]) -> None:
-        self.spark, self.warehouse, self.before, self.after, self.logs = spark, warehouse, before, after, logs
+    def __init__(self, session: Callable[[], Any], warehouse: Warehouse, before: dict[str, Any],
+                 after: dict[str, Any], logs: dict[str, list[str]]) -> None:
+        self._session, self.warehouse, self.before, self.after, self.logs = session, warehouse, before, after, logs
         self._keys: dict[str, tuple[Any, int]] = {}
         self._delta: dict[str, str] = {}
         self._cached: list[Any] = []
+
+    @property
+    def spark(self) -> Any:
+        return self._session()
 
     def _structure(self, source_name: str) -> TableStructure:
         return TableStructure.from_json(self.after["tables"][source_name]["structure"])
@@ -436,8 +440,7 @@ class SparkViews:
                 replaced[op[1]] = "SCHEMA_CHANGE"
         if not logs and not replaced:
             return
-        registered = False
-        changes = _Changes(self.spark, self.warehouse, before, after, logs)
+        changes = _Changes(lambda: self.spark, self.warehouse, before, after, logs)
         try:
             self._refresh_changed(after, views, logs, replaced, changes)
         finally:
