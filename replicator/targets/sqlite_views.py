@@ -1040,12 +1040,17 @@ class SqliteViews:
     def _delta_rows(self, table: str) -> int:
         """Rows in a delta table: rows are only added to it in a transaction, so the span of
         their rowids (count(*) reads every page: a large change spills them to a file)."""
-        low, high = self.db.execute(f"SELECT min(rowid), max(rowid) FROM temp.{quote(_delta_name(table))}").fetchone()
+        name = f"temp.{quote(_delta_name(table))}"
+        # two subqueries: min() and max() in one SELECT scan the table, alone each is one seek
+        low, high = self.db.execute(f"SELECT (SELECT min(rowid) FROM {name}), (SELECT max(rowid) FROM {name})"
+                                    ).fetchone()
         return 0 if low is None else high - low + 1
 
     def _rows_estimate(self, table: str) -> int:
         """Rows of a table, roughly and cheaply: the span of its rowids."""
-        low, high = self.db.execute(f"SELECT min(rowid), max(rowid) FROM main.{quote(table)}").fetchone()
+        name = f"main.{quote(table)}"
+        low, high = self.db.execute(f"SELECT (SELECT min(rowid) FROM {name}), (SELECT max(rowid) FROM {name})"
+                                    ).fetchone()
         return 0 if low is None else high - low + 1
 
     def _full(self, plan: Plan) -> tuple[int, int]:
