@@ -192,7 +192,14 @@ LANGUAGE plpgsql AS $gen$
 --        stores the old and new row of each update side by side, so an
 --        update that changes no key has equal lists (were the order ever
 --        different, the exact form runs: slower, still right). Tables with
---        a row filter or ignored columns always look.
+--        a row filter or ignored columns always look. The old keys are an
+--        ARRAY(SELECT ...) compared with array_agg of the new ones;
+--      - the fallbacks are guarded by IF NOT FOUND THEN IF EXISTS (...):
+--        NOT FOUND alone is a simple expression, while "NOT FOUND AND
+--        EXISTS (...)" would start an executor at every statement;
+--      - the output settings are SET on the function only when a captured
+--        type needs them (replicator.capture_needs_settings) or the table
+--        has a row filter.
 --
 -- Parameters:
 --      p_table_id  - replicator.captured_table id
