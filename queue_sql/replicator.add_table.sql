@@ -14,6 +14,10 @@ LANGUAGE plpgsql AS $$
 --      Starts capturing a table into a queue: records it and generates its
 --      capture function and triggers. Everything that could make a capture
 --      fail is checked here, so that an application's write never does.
+--      A partitioned table or an inheritance parent is captured with its
+--      descendants (replicator.capture_tree): their rows are its rows; a
+--      partition or inheritance child cannot be captured on its own
+--      (replicator.check_capture_tree).
 --
 -- Parameters:
 --      p_queue_name - queue
@@ -40,7 +44,6 @@ DECLARE
     v_pk text[];
     v_key text[];
     v_bad text;
-    v_path text;
     v_id integer;
 BEGIN
     BEGIN
@@ -78,6 +81,8 @@ BEGIN
     IF v_key IS NULL AND p_auto_key THEN
         v_key := nullif(replicator.comparable_columns(v_oid), '{}');
     END IF;
+    -- a partition or inheritance child, or a tree whose capture could miss a change
+    PERFORM replicator.check_capture_tree(v_oid, coalesce(v_key, '{}'), p_queue_name);
     IF v_key IS NULL THEN
         RAISE EXCEPTION 'table %.% has no primary key: give the key columns with --key COL,...', v_schema, v_name;
     END IF;
@@ -96,25 +101,22 @@ BEGIN
     EXCEPTION WHEN undefined_function THEN
         RAISE EXCEPTION 'key of %.% cannot be compared (%): choose other --key columns', v_schema, v_name, SQLERRM;
     END;
-    IF p_where IS NOT NULL THEN
-        -- Checked as the capture function runs it: search_path pinned to pg_catalog, and
-        -- over transition tables aliased n and o (so only bare column names resolve).
-        BEGIN
-            v_path := current_setting('search_path');
-            PERFORM set_config('search_path', 'pg_catalog, pg_temp', true);
-            EXECUTE format('SELECT 1 FROM %1$s n WHERE (%2$s) UNION ALL SELECT 1 FROM %1$s o WHERE (%2$s) LIMIT 0',
-                           v_oid, p_where);
-            PERFORM set_config('search_path', v_path, true);
-        EXCEPTION WHEN OTHERS THEN
-            RAISE EXCEPTION 'invalid row filter for %.%: % (use bare column names; schema-qualify functions, types and tables)',
-                v_schema, v_name, SQLERRM;
-        END;
+    v_bad := replicator.row_filter_error(v_oid, p_where);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid row filter for %.%: % (use bare column names; schema-qualify functions, types and tables)',
+            v_schema, v_name, v_bad;
     END IF;
 
     IF p_mode = 'pk' AND EXISTS (SELECT 1 FROM pg_attribute
                                  WHERE attrelid = v_oid AND attname = ANY (v_key) AND NOT attnotnull) THEN
         RAISE EXCEPTION 'table %.%: pk mode needs NOT NULL key columns (the consumer joins back on them)',
             v_schema, v_name;
+    END IF;
+
+    IF EXISTS (SELECT 1 FROM replicator.capture_tree(v_oid) d WHERE d <> v_oid)
+       AND (SELECT relkind FROM pg_class WHERE oid = v_oid) = 'r' THEN
+        RAISE WARNING 'replicator: %.% is captured with its inheritance descendants; PostgreSQL enforces its key (%) on each table alone: keep keys unique across them (e.g. from one sequence), or rows sharing a key collapse into one on targets',
+            v_schema, v_name, array_to_string(v_key, ', ');
     END IF;
 
     INSERT INTO replicator.captured_table
@@ -149,4 +151,38 @@ LANGUAGE sql STABLE AS $$
                          OR (oc.opcintype = 'anyarray'::regtype AND t.typcategory = 'A')
                          OR (oc.opcintype = 'anyenum'::regtype AND t.typtype = 'e')
                          OR (oc.opcintype = 'text'::regtype AND t.typcategory = 'S')));
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.row_filter_error(p_table regclass, p_where text)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+SET bytea_output = 'hex' SET extra_float_digits = 1 SET IntervalStyle = 'postgres' AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.row_filter_error(p_table, p_where)
+--
+--      Checks a row filter (--where) as the generated capture function
+--      runs it: with search_path pinned to pg_catalog, pg_temp and the
+--      capture function's output settings (the SET clauses above), over the
+--      table's rows aliased n and o as the transition tables are (so only
+--      bare column names resolve). Used by add_table, and by sync_table
+--      after every DDL that changes the table: a filter that no longer
+--      parses or resolves would make application writes fail.
+--
+-- Parameters:
+--      p_table     - the captured table
+--      p_where     - the filter; NULL is no filter
+--
+-- Returns:
+--      NULL when the filter is valid (or NULL), else the error message
+-- ----------------------------------------------------------------------
+BEGIN
+    IF p_where IS NOT NULL THEN
+        EXECUTE format('SELECT 1 FROM %1$s n WHERE (%2$s) UNION ALL SELECT 1 FROM %1$s o WHERE (%2$s) LIMIT 0',
+                       p_table, p_where);
+    END IF;
+    RETURN NULL;
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLERRM;
+END;
 $$;

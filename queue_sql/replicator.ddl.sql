@@ -31,13 +31,22 @@ LANGUAGE sql IMMUTABLE AS $$
 -- Function: replicator.structure_signature(p_structure)
 --
 --      The part of a table_structure() that targets depend on: names,
---      column names, attnums and types, key. A change of default or of
---      nullability alone is not announced.
+--      column names, attnums, types and nullability, key. Nullability
+--      counts: a target relies on NOT NULL key columns (the SQLite target's
+--      INSERT OR REPLACE; NULLs never conflict). A change of default alone
+--      is not announced: it changes no stored value.
+--
+-- Parameters:
+--      p_structure - a replicator.table_structure() result
+--
+-- Returns:
+--      the structure reduced to what is compared
 -- ----------------------------------------------------------------------
     SELECT jsonb_build_object(
         'schema', p_structure->'schema', 'name', p_structure->'name', 'key', p_structure->'key',
         'columns', (SELECT jsonb_agg(jsonb_build_object('name', c->'name', 'attnum', c->'attnum',
-                                                        'type', c->'type') ORDER BY (c->>'attnum')::int)
+                                                        'type', c->'type', 'not_null', c->'not_null')
+                                     ORDER BY (c->>'attnum')::int)
                     FROM jsonb_array_elements(p_structure->'columns') c));
 $$;
 
@@ -80,18 +89,29 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION replicator.sync_table(p_table_id integer, p_tag text, p_sql text)
+CREATE OR REPLACE FUNCTION replicator.sync_table(p_table_id integer, p_tag text, p_sql text,
+                                                 p_rewritten boolean DEFAULT false)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.sync_table(p_table_id, p_tag, p_sql)
+-- Function: replicator.sync_table(p_table_id, p_tag, p_sql, p_rewritten)
 --
 --      Brings a captured table's record up to date with the catalog after
 --      DDL: names, columns, key (followed through renames by attnum; a new
 --      primary key replaces a primary or automatic key), ignored columns.
---      When anything targets depend on changed, regenerates the capture
---      function and queues an S event. A change that would leave the table
---      without a usable key aborts the DDL with the way out.
+--      When anything targets depend on changed, or the statement rewrote
+--      the table's rows, regenerates the capture function and queues an S
+--      event. A change that would leave the table without a usable key
+--      aborts the DDL with the way out.
+--
+-- Parameters:
+--      p_table_id  - replicator.captured_table id
+--      p_tag       - command tag of the statement
+--      p_sql       - its text
+--      p_rewritten - the statement rewrote the table's rows without row
+--                    triggers (ALTER COLUMN ... TYPE ... USING, even to the
+--                    same type; a volatile default): the S event carries
+--                    "copy": true and targets copy the table again
 --
 -- Returns:
 --      true if an S event was queued
@@ -173,10 +193,19 @@ BEGIN
                                 (SELECT queue_name FROM replicator.queue q WHERE q.queue_id = t.queue_id),
                                 v_schema, v_name);
     END IF;
+    IF t.table_mode = 'pk' AND EXISTS (SELECT 1 FROM pg_attribute
+                                       WHERE attrelid = t.table_oid AND attname = ANY (v_key) AND NOT attnotnull) THEN
+        -- rows are read back by their key, and a NULL never equals: they would vanish from targets
+        RAISE EXCEPTION 'table %.% is captured in pk mode with key (%), whose columns must stay NOT NULL',
+            v_schema, v_name, array_to_string(v_key, ', ')
+            USING HINT = format('remove the table from its queue first: replicator table remove %s %s.%s',
+                                (SELECT queue_name FROM replicator.queue q WHERE q.queue_id = t.queue_id),
+                                v_schema, v_name);
+    END IF;
     v_structure := replicator.table_structure(t.table_oid, v_key);
 
     IF replicator.structure_signature(v_structure) = replicator.structure_signature(t.table_structure)
-       AND t.table_columns = v_columns THEN
+       AND t.table_columns = v_columns AND NOT p_rewritten THEN
         RETURN false;
     END IF;
     UPDATE replicator.captured_table
@@ -184,17 +213,48 @@ BEGIN
         table_ignore = v_ignore, key_is_pk = t.key_is_pk, key_is_auto = t.key_is_auto,
         table_structure = v_structure
     WHERE table_id = p_table_id;
-    IF t.table_where IS NOT NULL THEN
-        BEGIN
-            EXECUTE format('SELECT 1 FROM %s WHERE (%s) LIMIT 0', t.table_oid::regclass, t.table_where);
-        EXCEPTION WHEN OTHERS THEN
-            RAISE EXCEPTION 'this statement breaks the row filter of %.% (%)', v_schema, v_name, SQLERRM
-                USING HINT = 'remove the table from its queue and add it again with a new --where';
-        END;
-    END IF;
     PERFORM replicator.generate_capture(p_table_id);
-    PERFORM replicator.insert_schema_event(p_table_id, replicator.schema_event_data(p_table_id, p_tag, p_sql, 'altered'));
+    PERFORM replicator.insert_schema_event(p_table_id,
+        replicator.schema_event_data(p_table_id, p_tag, p_sql, 'altered')
+        || CASE WHEN p_rewritten THEN '{"copy": true}'::jsonb ELSE '{}' END);
     RETURN true;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.check_row_filters()
+RETURNS void
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.check_row_filters()
+--
+--      After DDL (event trigger, or replicator.sync_all): checks the row
+--      filter of every captured table that has one as add_table checks it,
+--      as the capture function runs it (replicator.row_filter_error). A
+--      statement that broke one (a column dropped, renamed or given a type
+--      whose operators lie outside pg_catalog; a function it names dropped)
+--      is refused, rolled back with the way out, instead of making every
+--      later application write to the table fail.
+-- ----------------------------------------------------------------------
+DECLARE
+    r record;
+    v_error text;
+BEGIN
+    FOR r IN
+        SELECT t.table_oid, t.table_where, n.nspname, c.relname, q.queue_name
+        FROM replicator.captured_table t
+        JOIN pg_class c ON c.oid = t.table_oid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        JOIN replicator.queue q ON q.queue_id = t.queue_id
+        WHERE t.table_where IS NOT NULL
+        ORDER BY t.table_id
+    LOOP
+        v_error := replicator.row_filter_error(r.table_oid, r.table_where);
+        IF v_error IS NOT NULL THEN
+            RAISE EXCEPTION 'this statement breaks the row filter of %.% (%): remove the table from its queue (replicator table remove % %) and add it again with a new --where',
+                r.nspname, r.relname, v_error, r.queue_name, format('%I.%I', r.nspname, r.relname)
+                USING HINT = 'remove the table from its queue and add it again with a new --where';
+        END IF;
+    END LOOP;
 END;
 $$;
 
@@ -206,6 +266,9 @@ LANGUAGE plpgsql AS $$
 --
 --      Captures the tables of followed schemas that are not captured yet
 --      (created since), queueing an S event of kind 'created' for each.
+--      An inheritance child whose ancestor the queue captures is not: its
+--      rows are the ancestor's (replicator.capture_tree); one whose
+--      ancestor it does not capture is refused by add_table (a warning).
 --      Rows a CREATE TABLE AS put in before capture began reach consumers
 --      through their initial copy of the new table.
 --
@@ -225,8 +288,14 @@ BEGIN
         JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p') AND NOT c.relispartition
         WHERE NOT EXISTS (SELECT 1 FROM replicator.captured_table t
                           WHERE t.queue_id = s.queue_id AND t.table_oid = c.oid)
-        ORDER BY c.oid
+        -- inheritance roots first: their descendants are then captured with them
+        ORDER BY EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = c.oid), c.oid
     LOOP
+        IF EXISTS (SELECT 1 FROM replicator.captured_table t
+                   JOIN replicator.queue q ON q.queue_id = t.queue_id AND q.queue_name = r.queue_name
+                   WHERE t.table_oid IN (SELECT replicator.capture_ancestors(r.oid)) AND t.table_oid <> r.oid) THEN
+            CONTINUE;   -- its rows are captured as rows of its captured ancestor
+        END IF;
         IF cardinality(replicator.comparable_columns(r.oid)) = 0 THEN
             RAISE WARNING 'replicator: %.% has no column usable as a key and is not captured', r.schema_name, r.relname;
             CONTINUE;
@@ -284,12 +353,20 @@ LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.sync_partitions(p_table_id, p_tag, p_sql)
 --
---      After DDL, for a captured partitioned table: when its partitions are
---      no longer the tables that carry its capture triggers (a partition
---      created, attached or detached), generates its capture again. A
---      partition attached or detached with rows moved them into or out of
---      the table without a row trigger firing: an S event (kind 'altered',
---      "copy": true) then makes targets copy the table again.
+--      After DDL, for a captured table: checks its capture tree
+--      (replicator.check_capture_tree: the exception rolls the DDL back),
+--      and when its descendants (replicator.capture_tree) are no longer
+--      the tables that carry its capture triggers (a partition created,
+--      attached or detached; an inheritance child created, INHERIT, NO
+--      INHERIT), generates its capture again. A table that joined or left
+--      the tree with rows moved them into or out of the table without a
+--      row trigger firing: an S event (kind 'altered', "copy": true) then
+--      makes targets copy the table again.
+--
+-- Parameters:
+--      p_table_id  - replicator.captured_table id
+--      p_tag       - command tag of the statement
+--      p_sql       - its text
 --
 -- Returns:
 --      true if the capture was generated again
@@ -300,14 +377,19 @@ DECLARE
     v_triggered oid[];
     v_moved oid;
     v_rows boolean := false;
+    v_key text[];
+    v_queue text;
 BEGIN
-    SELECT t.table_oid INTO v_oid FROM replicator.captured_table t
-    JOIN pg_class c ON c.oid = t.table_oid AND c.relkind = 'p'
+    SELECT t.table_oid, t.table_key, q.queue_name INTO v_oid, v_key, v_queue
+    FROM replicator.captured_table t
+    JOIN pg_class c ON c.oid = t.table_oid
+    JOIN replicator.queue q ON q.queue_id = t.queue_id
     WHERE t.table_id = p_table_id;
     IF NOT FOUND THEN
-        RETURN false;
+        RETURN false;   -- dropped
     END IF;
-    v_tree := ARRAY(SELECT relid FROM pg_partition_tree(v_oid) ORDER BY relid);
+    PERFORM replicator.check_capture_tree(v_oid, v_key, v_queue, p_table_id);
+    v_tree := ARRAY(SELECT d FROM replicator.capture_tree(v_oid) d ORDER BY d);
     v_triggered := ARRAY(SELECT tgrelid FROM pg_trigger
                          WHERE tgname = '_replicator_' || p_table_id || '_ins'
                            AND tgfoid = to_regprocedure(replicator.capture_function(p_table_id) || '()')
@@ -317,6 +399,7 @@ BEGIN
     END IF;
     FOR v_moved IN SELECT x FROM unnest(v_tree) x WHERE x <> ALL (v_triggered)
                    UNION ALL SELECT x FROM unnest(v_triggered) x WHERE x <> ALL (v_tree) LOOP
+        -- (a dropped one is gone from both: replicator.sql_drop_trigger asks for the copy)
         IF (SELECT relkind FROM pg_class WHERE oid = v_moved) = 'r' AND NOT v_rows THEN
             EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s)', v_moved::regclass) INTO v_rows;
         END IF;
@@ -330,15 +413,115 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION replicator.sync_all(p_tag text, p_sql text)
+CREATE OR REPLACE FUNCTION replicator.table_rewrite_trigger()
+RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.table_rewrite_trigger()
+--
+--      Event trigger at table_rewrite: notes the table an ALTER TABLE is
+--      about to rewrite when its values may change (a column's type
+--      conversion, even to the same type with USING; a volatile default),
+--      not when only the storage does (SET LOGGED/UNLOGGED, SET ACCESS
+--      METHOD). No row trigger sees the new values: the ddl_command_end
+--      trigger that follows takes the note (replicator.take_rewrites) and
+--      asks targets to copy the table again. The note lives in a
+--      transaction-local setting, so it rolls back with the DDL.
+-- ----------------------------------------------------------------------
+BEGIN
+    -- reason bits (AT_REWRITE_*): 2 a default value, 4 a column rewrite
+    IF pg_event_trigger_table_rewrite_reason() & 6 <> 0 THEN
+        PERFORM set_config('replicator.rewritten',
+                           concat_ws(',', nullif(current_setting('replicator.rewritten', true), ''),
+                                     pg_event_trigger_table_rewrite_oid()::text), true);
+    END IF;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.take_rewrites()
+RETURNS oid[]
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.take_rewrites()
+--
+--      The tables replicator.table_rewrite_trigger noted since the last
+--      call, and forgets them.
+--
+-- Returns:
+--      their oids, '{}' if none
+-- ----------------------------------------------------------------------
+DECLARE
+    v_oids oid[] := string_to_array(nullif(current_setting('replicator.rewritten', true), ''), ',')::oid[];
+BEGIN
+    PERFORM set_config('replicator.rewritten', '', true);
+    RETURN coalesce(v_oids, '{}');
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.rewritten_tables(p_oids oid[])
+RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.rewritten_tables(p_oids)
+--
+--      The captured tables whose rows are in the given relations: the
+--      relations themselves, or the captured tables whose capture trees
+--      they belong to (a rewrite of a partitioned table or inheritance
+--      parent rewrites its descendants).
+--
+-- Parameters:
+--      p_oids      - relations whose rows were rewritten
+--
+-- Returns:
+--      replicator.captured_table ids
+-- ----------------------------------------------------------------------
+    SELECT coalesce(array_agg(DISTINCT t.table_id), '{}')
+    FROM unnest(p_oids) r(oid)
+    CROSS JOIN LATERAL replicator.capture_ancestors(r.oid) a(relid)
+    JOIN replicator.captured_table t ON t.table_oid = a.relid;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.captured_storage()
+RETURNS TABLE (relid oid, relfilenode oid, table_oid oid)
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.captured_storage()
+--
+--      Where the rows of captured tables (and of their descendants,
+--      replicator.capture_tree) are stored. `replicator execute` compares
+--      it before and after each statement: a relation whose relfilenode
+--      changed was rewritten (an ALTER TABLE ... TYPE ... USING, even to
+--      the same type), or truncated; one that vanished was dropped, and
+--      took its rows out of the captured table.
+--
+-- Returns:
+--      one row per relation holding rows of a captured table, with the
+--      oid of that captured table
+-- ----------------------------------------------------------------------
+    SELECT DISTINCT c.oid, c.relfilenode, t.table_oid
+    FROM replicator.captured_table t
+    CROSS JOIN LATERAL replicator.capture_tree(t.table_oid) p(relid)
+    JOIN pg_class c ON c.oid = p.relid
+    WHERE c.relkind = 'r';
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.sync_all(p_tag text, p_sql text, p_rewritten oid[] DEFAULT '{}')
 RETURNS integer
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.sync_all(p_tag, p_sql)
+-- Function: replicator.sync_all(p_tag, p_sql, p_rewritten)
 --
 --      After a statement run by `replicator execute` (where no event
 --      trigger does it): forgets dropped captured tables, syncs the others
---      (and their partitions), captures new tables of followed schemas.
+--      (and their capture trees), checks every row filter, captures new
+--      tables of followed schemas.
+--
+-- Parameters:
+--      p_tag       - command tag of the statement
+--      p_sql       - its text
+--      p_rewritten - relations whose rows the statement rewrote (their
+--                    relfilenode changed, see replicator.captured_storage),
+--                    and captured tables a dropped descendant left
 --
 -- Returns:
 --      the number of S events queued
@@ -346,13 +529,16 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_id integer;
     v_count integer := 0;
+    v_rewritten integer[] := replicator.rewritten_tables(p_rewritten);
 BEGIN
     FOR v_id IN SELECT table_id FROM replicator.captured_table ORDER BY table_id LOOP
-        IF replicator.sync_table(v_id, p_tag, p_sql) THEN
+        -- the tree first: a regenerated capture would hide a descendant that moved
+        PERFORM replicator.sync_partitions(v_id, p_tag, p_sql);
+        IF replicator.sync_table(v_id, p_tag, p_sql, v_id = ANY (v_rewritten)) THEN
             v_count := v_count + 1;
         END IF;
-        PERFORM replicator.sync_partitions(v_id, p_tag, p_sql);
     END LOOP;
+    PERFORM replicator.check_row_filters();
     RETURN v_count + replicator.follow_new_tables(p_tag, p_sql);
 END;
 $$;
@@ -363,45 +549,77 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.ddl_command_end_trigger()
 --
---      Event trigger at ddl_command_end: syncs the captured tables the
---      command touched (directly, or through one of their indexes), the
---      partitions of captured partitioned tables, and captures tables
---      created in followed schemas. Runs in the DDL's own
---      transaction, so the S events commit or roll back with it. The DDL
---      replicator itself runs (capture functions, triggers) is skipped.
+--      Event trigger at ddl_command_end: syncs the capture trees
+--      (replicator.sync_partitions) of the captured tables whose partitions
+--      or inheritance descendants the command may have changed, then the
+--      captured tables the command touched (directly, or through one of
+--      their indexes), their captured inheritance descendants (a recursing
+--      ALTER TABLE reports the table it names only; only tables captured
+--      before inheritance children were refused can be such), the captured
+--      tables whose rows it rewrote (noted by
+--      replicator.table_rewrite_trigger), captures tables created in
+--      followed schemas, and checks every row filter
+--      (replicator.check_row_filters). Runs in the DDL's own transaction, so the S
+--      events commit or roll back with it. The DDL replicator itself runs
+--      (capture functions, triggers) is skipped.
 -- ----------------------------------------------------------------------
 DECLARE
     v_id integer;
     v_sql text := current_query();
+    v_rewritten integer[] := '{}';
 BEGIN
     IF current_setting('replicator.in_ddl', true) = 'on' THEN
         RETURN;
     END IF;
     PERFORM set_config('replicator.in_ddl', 'on', true);
+    -- only when there is a note: an install drops and creates replicator's functions
+    -- under this trigger
+    IF current_setting('replicator.rewritten', true) <> '' THEN
+        v_rewritten := replicator.rewritten_tables(replicator.take_rewrites());
+    END IF;
+    -- Capture trees first (a regenerated capture would hide a descendant that
+    -- moved): the captured tables among the ancestors of what the command
+    -- touched (a partition or child created, attached, INHERIT, a column of a
+    -- descendant made nullable) and those whose triggers are on it (DETACH,
+    -- NO INHERIT). A tree that could miss changes aborts the command.
     FOR v_id IN
-        SELECT DISTINCT t.table_id
-        FROM pg_event_trigger_ddl_commands() cmd
-        JOIN pg_class c ON cmd.classid = 'pg_class'::regclass AND c.oid = cmd.objid
-        LEFT JOIN pg_index i ON i.indexrelid = c.oid
-        JOIN replicator.captured_table t ON t.table_oid = coalesce(i.indrelid, c.oid)
-        ORDER BY t.table_id
-    LOOP
-        PERFORM replicator.sync_table(v_id, tg_tag, v_sql);
-    END LOOP;
-    -- captured partitioned tables the command gave or took a partition
-    FOR v_id IN
-        SELECT DISTINCT t.table_id
-        FROM pg_event_trigger_ddl_commands() cmd
-        JOIN pg_class c ON cmd.classid = 'pg_class'::regclass AND c.oid = cmd.objid AND c.relkind IN ('r', 'p')
-        CROSS JOIN LATERAL pg_partition_ancestors(c.oid) a
+        -- (only commands that can change a tree: CREATE ... INHERITS / PARTITION OF, ALTER)
+        WITH touched AS (
+            SELECT DISTINCT c.oid
+            FROM pg_event_trigger_ddl_commands() cmd
+            JOIN pg_class c ON cmd.classid = 'pg_class'::regclass AND c.oid = cmd.objid
+                           AND c.relkind IN ('r', 'p', 'f')
+            WHERE tg_tag IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE FOREIGN TABLE', 'ALTER FOREIGN TABLE'))
+        SELECT t.table_id
+        FROM touched CROSS JOIN LATERAL replicator.capture_ancestors(touched.oid) a(relid)
         JOIN replicator.captured_table t ON t.table_oid = a.relid
-        ORDER BY t.table_id
+        UNION
+        SELECT t.table_id
+        FROM touched JOIN pg_trigger tg ON tg.tgrelid = touched.oid
+        JOIN replicator.captured_table t ON tg.tgname = '_replicator_' || t.table_id || '_ins'
+        ORDER BY 1
     LOOP
         PERFORM replicator.sync_partitions(v_id, tg_tag, v_sql);
+    END LOOP;
+    FOR v_id IN
+        WITH RECURSIVE touched(oid) AS (
+            SELECT coalesce(i.indrelid, c.oid)
+            FROM pg_event_trigger_ddl_commands() cmd
+            JOIN pg_class c ON cmd.classid = 'pg_class'::regclass AND c.oid = cmd.objid
+            LEFT JOIN pg_index i ON i.indexrelid = c.oid
+            UNION
+            SELECT h.inhrelid FROM touched JOIN pg_inherits h ON h.inhparent = touched.oid)
+        SELECT t.table_id FROM touched JOIN replicator.captured_table t ON t.table_oid = touched.oid
+        UNION
+        SELECT unnest(v_rewritten)
+        ORDER BY 1
+    LOOP
+        PERFORM replicator.sync_table(v_id, tg_tag, v_sql, v_id = ANY (v_rewritten));
     END LOOP;
     IF tg_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE') THEN
         PERFORM replicator.follow_new_tables(tg_tag, v_sql);
     END IF;
+    PERFORM replicator.check_row_filters();
     PERFORM set_config('replicator.in_ddl', 'off', true);
 END;
 $$;
@@ -413,7 +631,11 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- Function: replicator.sql_drop_trigger()
 --
 --      Event trigger at sql_drop: a dropped captured table is announced
---      (S event of kind 'dropped') and no longer captured.
+--      (S event of kind 'dropped') and no longer captured. A dropped
+--      descendant of a captured table (a partition, an inheritance child;
+--      found by the capture triggers dropped with it) took its rows out of
+--      the table without a row trigger firing: an S event (kind 'altered',
+--      "copy": true) makes targets copy the table again.
 -- ----------------------------------------------------------------------
 DECLARE
     v_id integer;
@@ -431,6 +653,22 @@ BEGIN
     LOOP
         PERFORM replicator.forget_table(v_id, tg_tag, current_query());
     END LOOP;
+    FOR v_id IN
+        SELECT DISTINCT t.table_id
+        FROM pg_event_trigger_dropped_objects() d
+        JOIN replicator.captured_table t
+          ON d.address_names[3] = '_replicator_' || t.table_id || '_ins'
+        WHERE d.classid = 'pg_trigger'::regclass
+          -- with its table (not a trigger dropped alone: generate_capture, remove_table)
+          AND EXISTS (SELECT 1 FROM pg_event_trigger_dropped_objects() r
+                      WHERE r.classid = 'pg_class'::regclass AND r.objsubid = 0
+                        AND r.address_names = d.address_names[1:2])
+          AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.table_oid)
+        ORDER BY t.table_id
+    LOOP
+        PERFORM replicator.insert_schema_event(v_id,
+            replicator.schema_event_data(v_id, tg_tag, current_query(), 'altered') || '{"copy": true}');
+    END LOOP;
     PERFORM set_config('replicator.in_ddl', 'off', true);
 END;
 $$;
@@ -444,6 +682,10 @@ LANGUAGE plpgsql AS $$
 --      Creates the DDL event triggers (needs superuser). Idempotent.
 -- ----------------------------------------------------------------------
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'replicator_table_rewrite') THEN
+        CREATE EVENT TRIGGER replicator_table_rewrite ON table_rewrite
+            EXECUTE PROCEDURE replicator.table_rewrite_trigger();
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'replicator_ddl_command_end') THEN
         CREATE EVENT TRIGGER replicator_ddl_command_end ON ddl_command_end
             EXECUTE PROCEDURE replicator.ddl_command_end_trigger();

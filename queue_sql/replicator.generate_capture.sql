@@ -171,6 +171,13 @@ LANGUAGE plpgsql AS $gen$
 --        D  keys deleted; for an UPDATE, the old keys no updated row kept
 --           (a key change is a D of the old key and a U of the new row)
 --        T  the table was truncated (ev_data NULL)
+--      A partitioned table or an inheritance parent is captured with its
+--      descendants (replicator.capture_tree): the function encodes their
+--      rows under this table's id, with this table's columns (by name).
+--      A TRUNCATE naming a descendant, or a TRUNCATE ONLY of an inheritance
+--      parent, queues no T (it would empty the whole table at targets) but,
+--      through replicator.partition_truncated, an S event asking targets
+--      to copy the table again.
 --      With ignored columns, an updated row is queued only when a captured
 --      column changed. With a row filter, rows outside it are not queued;
 --      a row updated out of the filter is queued as a D of its key.
@@ -225,6 +232,7 @@ DECLARE
     v_upd text;
     v_body text;
     v_part regclass;
+    v_truncate text;
 BEGIN
     SELECT * INTO t FROM replicator.captured_table WHERE table_id = p_table_id;
     IF NOT FOUND THEN
@@ -297,6 +305,23 @@ BEGIN
             v_upd);
     END IF;
 
+    v_truncate := format('INSERT INTO %s (%s) VALUES (%s);', v_evtable, v_cols,
+        replace(replace(replace(v_row, '{slot}', 'v_slot'), '{type}', quote_literal('T')), 'json_agg(s.r)', 'NULL'));
+    IF (SELECT relkind FROM pg_class WHERE oid = v_oid) = 'p' THEN
+        -- the TRUNCATE trigger is on every partition too: one naming a partition
+        -- empties part of the table only
+        v_truncate := format(E'ELSIF TG_RELID = %s THEN\n        %s\n    ELSE\n        PERFORM replicator.partition_truncated(%s);',
+                             v_oid::oid, v_truncate, p_table_id);
+    ELSIF EXISTS (SELECT 1 FROM pg_inherits WHERE inhparent = v_oid) THEN
+        -- an inheritance parent: TRUNCATE ONLY empties it alone (a partitioned
+        -- table refuses ONLY), and a TRUNCATE naming a descendant part of it
+        v_truncate := format(E'ELSIF TG_RELID = %1$s AND replicator.tree_truncated(%1$s) THEN\n        %2$s\n'
+                             || E'    ELSE\n        PERFORM replicator.partition_truncated(%3$s);',
+                             v_oid::oid, v_truncate, p_table_id);
+    ELSE
+        v_truncate := E'ELSE\n        ' || v_truncate;
+    END IF;
+
     v_body := format($f$
 DECLARE
     v_slot smallint := pg_sequence_last_value(%1$L::regclass);
@@ -317,8 +342,7 @@ BEGIN
                 %7$s
             END IF;
         END IF;
-    ELSE
-        INSERT INTO %8$s (%9$s) VALUES (%10$s);
+    %8$s
     END IF;
     RETURN NULL;
 END;$f$,
@@ -333,8 +357,7 @@ END;$f$,
             format('SELECT %s AS r FROM old_rows o WHERE %s', v_payload_o, v_filter), ''),
         v_chunked || format($q$SELECT 'D' AS t, %s AS r, row_number() OVER () / 1000 AS g FROM old_rows o WHERE %s$q$,
                             v_payload_o, v_filter) || ') s GROUP BY s.t, s.g;',
-        v_evtable, v_cols,
-        replace(replace(replace(v_row, '{slot}', 'v_slot'), '{type}', quote_literal('T')), 'json_agg(s.r)', 'NULL'));
+        v_truncate);
 
     IF position('$capture$' IN v_body) > 0 THEN
         RAISE EXCEPTION 'the row filter of % must not contain $capture$', v_table;
@@ -358,10 +381,13 @@ END;$f$,
 
     PERFORM replicator.drop_capture_triggers(p_table_id);
     -- A statement fires the statement triggers of the table it names only: a
-    -- partitioned table needs them on each of its partitions too, so a write
-    -- naming a partition is captured (under the partitioned table's id).
-    FOR v_part IN SELECT v_oid
-                  UNION ALL SELECT relid FROM pg_partition_tree(v_oid) WHERE relid <> v_oid LOOP
+    -- partitioned table or an inheritance parent needs them on each of its
+    -- descendants too, so a write or a TRUNCATE naming one is captured (under
+    -- the captured table's id, its columns matched by name: a descendant may
+    -- have more columns, in another order). A statement naming the table
+    -- fires its own triggers only, whose transition tables hold the changed
+    -- rows of every descendant, in the table's row type.
+    FOR v_part IN SELECT d FROM replicator.capture_tree(v_oid) d ORDER BY d <> v_oid, d LOOP
         EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows'
                        ' FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
                        '_replicator_' || p_table_id || '_ins', v_part, v_fn);
@@ -371,9 +397,9 @@ END;$f$,
         EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows'
                        ' FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
                        '_replicator_' || p_table_id || '_del', v_part, v_fn);
+        EXECUTE format('CREATE TRIGGER %I AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
+                       '_replicator_' || p_table_id || '_trunc', v_part, v_fn);
     END LOOP;
-    EXECUTE format('CREATE TRIGGER %I AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
-                   '_replicator_' || p_table_id || '_trunc', v_table, v_fn);
 END;
 $gen$;
 

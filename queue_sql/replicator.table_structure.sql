@@ -15,7 +15,12 @@ LANGUAGE sql STABLE AS $$
 --      {"schema": .., "name": .., "key": [..], "columns": [{"name", "attnum",
 --       "type", "type_oid", "base_type", "category", "not_null", "default"}]}
 --      "base_type" is the type with domains resolved and array/enum markers:
---      targets map types from it.
+--      targets map types from it. "default" is the effective default: the
+--      column's own, else its domain's (a nested domain holds a copy of its
+--      base domain's default from its creation; PostgreSQL reads only the
+--      column type's own), so a column added with a domain that has a
+--      default, which fills the existing rows, is not taken for one added
+--      as NULL.
 -- ----------------------------------------------------------------------
     SELECT jsonb_build_object(
         'schema', n.nspname,
@@ -35,7 +40,9 @@ LANGUAGE sql STABLE AS $$
                 'base_type', format_type(bt.oid, NULL),
                 'category', bt.typcategory,
                 'not_null', a.attnotnull,
-                'default', pg_get_expr(d.adbin, d.adrelid)) ORDER BY a.attnum)
+                'default', coalesce(pg_get_expr(d.adbin, d.adrelid),
+                                    (SELECT pg_get_expr(ty.typdefaultbin, 0) FROM pg_type ty
+                                     WHERE ty.oid = a.atttypid AND ty.typtype = 'd'))) ORDER BY a.attnum)
             FROM pg_attribute a
             CROSS JOIN LATERAL (
                 -- resolve domains to their base type

@@ -4,7 +4,10 @@ changes, for databases where the DDL event triggers could not be created.
 Each statement runs in one transaction with the others; after each one the
 captured tables are compared with the catalog (replicator.sync_all), so a
 script that mixes DDL and DML queues every change in order: rows written
-after an ALTER TABLE are captured with the new columns.
+after an ALTER TABLE are captured with the new columns. Where a statement
+rewrote a captured table's rows (its storage changed: ALTER COLUMN ... TYPE
+... USING, even to the same type), targets are asked to copy it again, as the
+table_rewrite event trigger does.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from pathlib import Path
 import psycopg
 import sqlparse
 from psycopg import sql
+from sqlparse import tokens
+from sqlparse.lexer import tokenize
 
 from . import db
 from .errors import UserError
@@ -31,13 +36,72 @@ def split_statements(script: str) -> list[str]:
     return statements
 
 
+# Statements that end or split the script's one transaction: a COMMIT inside it would
+# make "nothing applied on failure" false, a ROLLBACK would drop what came before.
+_TRANSACTION_CONTROL = {"BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE"}
+# Words between CREATE and the kind of object, absent from PostgreSQL's command tags.
+_CREATE_MODIFIERS = {"OR", "REPLACE", "UNIQUE", "TEMP", "TEMPORARY", "UNLOGGED", "GLOBAL", "LOCAL",
+                     "RECURSIVE", "TRUSTED", "PROCEDURAL", "CONSTRAINT"}
+_TWO_WORD_OBJECTS = {("MATERIALIZED", "VIEW"), ("FOREIGN", "TABLE"), ("EVENT", "TRIGGER")}
+_DML = {"SELECT", "INSERT", "UPDATE", "DELETE", "MERGE", "VALUES", "TABLE"}
+
+
+def top_level_words(statement: str) -> list[str]:
+    """The statement's keywords and names, upper case, outside parentheses,
+    literals and comments: 'CREATE TABLE t (a int) AS ...' gives CREATE, TABLE,
+    T, AS, ... and nothing of the column list."""
+    words: list[str] = []
+    depth = 0
+    for ttype, value in tokenize(statement):
+        if ttype in tokens.Punctuation:
+            depth += (value == "(") - (value == ")")
+        elif depth == 0 and (ttype in tokens.Keyword or ttype in tokens.Name):
+            words.extend(value.upper().split())
+    return words
+
+
 def command_tag(statement: str) -> str:
-    """'ALTER TABLE', 'CREATE TABLE', 'INSERT'...: the statement's leading keywords."""
-    parsed = sqlparse.parse(statement)[0]
-    words = [t.normalized for t in parsed.flatten() if t.is_keyword][:2]
-    if words and words[0] in ("CREATE", "ALTER", "DROP") and len(words) > 1:
-        return " ".join(words)
-    return words[0] if words else "UNKNOWN"
+    """The statement's command tag as PostgreSQL's event triggers name it:
+    'ALTER TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'CREATE INDEX' (also for
+    CREATE UNIQUE INDEX), 'TRUNCATE TABLE', 'INSERT'..."""
+    words = top_level_words(statement)
+    if not words:
+        return "UNKNOWN"
+    verb, rest = words[0], words[1:]
+    if verb == "WITH":   # the statement the common table expressions are for
+        verb = next((w for w in rest if w in _DML), verb)
+    if verb in ("CREATE", "ALTER", "DROP"):
+        if verb == "CREATE":
+            rest = [w for w in rest if w not in _CREATE_MODIFIERS]
+        kind = rest[:2] if tuple(rest[:2]) in _TWO_WORD_OBJECTS else rest[:1]
+        tag = " ".join([verb, *kind])
+        if tag == "CREATE TABLE" and "AS" in rest:
+            return "CREATE TABLE AS"
+        return tag
+    if verb == "SELECT" and "INTO" in rest:
+        return "SELECT INTO"
+    if verb in ("TRUNCATE", "LOCK"):
+        return f"{verb} TABLE"
+    return verb
+
+
+def transaction_control(statement: str) -> str | None:
+    """The statement's leading words when it controls the transaction (BEGIN,
+    COMMIT, SAVEPOINT, PREPARE TRANSACTION...), else None."""
+    words = top_level_words(statement)
+    if words[:1] and words[0] in _TRANSACTION_CONTROL:
+        return "START TRANSACTION" if words[0] == "START" else words[0]
+    if words[:2] == ["PREPARE", "TRANSACTION"]:
+        return "PREPARE TRANSACTION"
+    return None
+
+
+def _refuse_transaction_control(statements: list[str]) -> None:
+    for number, statement in enumerate(statements, 1):
+        control = transaction_control(statement)
+        if control:
+            raise UserError(f"statement {number} ({control}) controls the transaction, nothing was applied: "
+                            f"`replicator execute` runs the whole script in one transaction; remove it")
 
 
 def execute_script(source: Source, queue: str, script: str) -> int:
@@ -46,11 +110,14 @@ def execute_script(source: Source, queue: str, script: str) -> int:
     statements = split_statements(script)
     if not statements:
         raise UserError("the script holds no SQL statement")
+    _refuse_transaction_control(statements)
     automatic = has_event_triggers(source.conn)
     queued = 0
     with db.user_errors(), source.conn.transaction():
         for number, statement in enumerate(statements, 1):
+            tag = command_tag(statement)
             before = None if automatic else _last_event_ids(source.conn)
+            storage = None if automatic else _captured_storage(source.conn)
             try:
                 source.conn.execute(statement)
             except psycopg.errors.RaiseException:
@@ -59,8 +126,11 @@ def execute_script(source: Source, queue: str, script: str) -> int:
                 message = exc.diag.message_primary or str(exc)
                 raise UserError(f"statement {number} failed, nothing was applied: {message}") from None
             if not automatic:
-                count = source.conn.execute("SELECT replicator.sync_all(%s, %s)",
-                                            (command_tag(statement), statement)).fetchone()[0]
+                # A TRUNCATE gets new storage too, but its trigger already queued what
+                # targets need (a T, or a copy for a partition): a copy would be redundant.
+                rewritten = [] if tag == "TRUNCATE TABLE" else _rewritten(storage or {}, source.conn)
+                count = source.conn.execute("SELECT replicator.sync_all(%s, %s, %s::oid[])",
+                                            (tag, statement, rewritten)).fetchone()[0]
                 if count:
                     _refuse_altered_and_written(source.conn, number, before or {})
                 queued += count
@@ -69,6 +139,27 @@ def execute_script(source: Source, queue: str, script: str) -> int:
 
 def _last_event_ids(conn: psycopg.Connection) -> dict[int, int]:
     return dict(conn.execute("SELECT queue_id, replicator.last_event_id(queue_id) FROM replicator.queue").fetchall())
+
+
+def _captured_storage(conn: psycopg.Connection) -> dict[int, tuple[int, int]]:
+    """relfilenode of each relation holding rows of a captured table (the table or
+    a descendant), and the oid of that captured table."""
+    return {relid: (node, table) for relid, node, table in
+            conn.execute("SELECT relid, relfilenode, table_oid FROM replicator.captured_storage()")}
+
+
+def _rewritten(before: dict[int, tuple[int, int]], conn: psycopg.Connection) -> list[int]:
+    """Relations whose storage the statement replaced: their rows were rewritten
+    without row triggers (no event trigger tells, without the privilege). A
+    relation gone (a dropped partition or inheritance child) took its rows out of
+    its captured table without row triggers: that table counts as rewritten."""
+    after = _captured_storage(conn)
+    rewritten = {oid for oid, (node, _) in before.items() if oid in after and after[oid][0] != node}
+    gone = [oid for oid in before if oid not in after]     # dropped, or no longer in the tree
+    if gone:
+        existing = {oid for (oid,) in conn.execute("SELECT oid FROM pg_class WHERE oid = ANY (%s::oid[])", (gone,))}
+        rewritten |= {before[oid][1] for oid in gone if oid not in existing}
+    return sorted(rewritten)
 
 
 def _refuse_altered_and_written(conn: psycopg.Connection, number: int, before: dict[int, int]) -> None:

@@ -71,6 +71,9 @@ def install(conn: psycopg.Connection, *, up_to: int | None = None) -> InstallRes
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
         conn.execute("SET LOCAL check_function_bodies = off")
         conn.execute("SET LOCAL client_min_messages = warning")
+        # replicator's own DDL: its event triggers, which would run while the functions
+        # they call are dropped and created again, let it pass (as they do their own)
+        conn.execute("SELECT set_config('replicator.in_ddl', 'on', true)")
         conn.execute("CREATE SCHEMA IF NOT EXISTS replicator")
         conn.execute("REVOKE ALL ON SCHEMA replicator FROM PUBLIC")
         done = set(installed_versions(conn))
@@ -99,17 +102,26 @@ def _create_event_triggers(conn: psycopg.Connection) -> bool:
         return False
 
 
+EVENT_TRIGGERS = ("replicator_ddl_command_end", "replicator_sql_drop", "replicator_table_rewrite")
+
+
 def has_event_triggers(conn: psycopg.Connection) -> bool:
-    return conn.execute("SELECT count(*) = 2 FROM pg_event_trigger"
-                        " WHERE evtname IN ('replicator_ddl_command_end', 'replicator_sql_drop')"
-                        " AND evtenabled <> 'D'").fetchone()[0]
+    """Whether DDL is captured automatically: every event trigger is there and
+    enabled (without the table_rewrite one, a rewrite would go unnoticed)."""
+    return conn.execute("SELECT count(*) = %s FROM pg_event_trigger"
+                        " WHERE evtname = ANY (%s) AND evtenabled <> 'D'",
+                        (len(EVENT_TRIGGERS), list(EVENT_TRIGGERS))).fetchone()[0]
 
 
 def _drop_library_functions(conn: psycopg.Connection) -> None:
     """Drops the functions of queue_sql/ before they are created again: CREATE OR
     REPLACE cannot change a function's result type or arguments, and a function
     a newer version no longer has must not linger. Generated capture functions
-    stay (the triggers use them); the event triggers go and are created again."""
+    stay (the triggers use them); the event triggers go and are created again.
+    Without CASCADE: an object of the user's built on a function (a monitoring
+    view over queue_info(), say) stops the install with PostgreSQL's message
+    naming it, instead of vanishing."""
+    _drop_event_triggers(conn)
     conn.execute("""
         DO $$
         DECLARE
@@ -118,9 +130,15 @@ def _drop_library_functions(conn: psycopg.Connection) -> None:
             FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
                      WHERE p.pronamespace = 'replicator'::regnamespace AND p.proname !~ '^capture_[0-9]+$'
             LOOP
-                EXECUTE format('DROP FUNCTION %s CASCADE', f);
+                EXECUTE format('DROP FUNCTION %s', f);
             END LOOP;
         END $$""")
+
+
+def _drop_event_triggers(conn: psycopg.Connection) -> None:
+    for (name,) in conn.execute(
+            "SELECT evtname FROM pg_event_trigger WHERE evtname LIKE 'replicator\\_%'").fetchall():
+        conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
 
 
 def _regenerate_captures(conn: psycopg.Connection) -> None:
@@ -141,7 +159,5 @@ def uninstall(conn: psycopg.Connection) -> None:
     with conn.transaction():
         if installed_versions(conn):
             conn.execute("SELECT replicator.drop_capture(table_id) FROM replicator.captured_table")
-        for (name,) in conn.execute(
-                "SELECT evtname FROM pg_event_trigger WHERE evtname LIKE 'replicator\\_%'").fetchall():
-            conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
+        _drop_event_triggers(conn)
         conn.execute("DROP SCHEMA IF EXISTS replicator CASCADE")

@@ -124,12 +124,14 @@ def reconcile(old: TableStructure, new: TableStructure) -> list[Change] | None:
     """The in-place changes that turn a table of structure `old` into `new`,
     matching columns by attnum; None when the source rewrote values that no
     event carries (a column added with a default or NOT NULL, a type change)
-    or the key changed: then the table must be copied again."""
+    or the key or its nullability changed: then the table must be copied again."""
     old_by_attnum = {c.attnum: c for c in old.columns}
     new_by_attnum = {c.attnum: c for c in new.columns}
     renamed = {old_by_attnum[a].name: c.name for a, c in new_by_attnum.items() if a in old_by_attnum}
     if tuple(renamed.get(k, "") for k in old.key) != new.key:
         return None
+    if [c.not_null for c in old.key_columns()] != [c.not_null for c in new.key_columns()]:
+        return None     # a key that may hold NULL is stored differently (SQLite: not the rowid)
     changes: list[Change] = []
     if (old.schema, old.name) != (new.schema, new.name):
         changes.append(Change("rename_table", name=old.qualified_name, new_name=new.qualified_name))

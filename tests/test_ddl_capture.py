@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from decimal import Decimal
 
 import psycopg
@@ -15,10 +16,10 @@ import pytest
 from psycopg import sql
 
 from consumer_helpers import run_cli
-from queue_util import read_events
-from replicator.ddl import execute_script
+from queue_util import changes, read_events
+from replicator.ddl import command_tag, execute_script
 from replicator.errors import UserError
-from replicator.install import has_event_triggers, install
+from replicator.install import EVENT_TRIGGERS, has_event_triggers, install
 from replicator.source import Source
 
 _roles = itertools.count()
@@ -35,8 +36,8 @@ def q(source):
 @pytest.fixture
 def no_event_triggers(conn):
     """The database as a role that may not create event triggers would have it."""
-    conn.execute("DROP EVENT TRIGGER replicator_ddl_command_end")
-    conn.execute("DROP EVENT TRIGGER replicator_sql_drop")
+    for name in EVENT_TRIGGERS:
+        conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
     assert not has_event_triggers(conn)
 
 
@@ -139,6 +140,58 @@ def test_capture_follows_column_and_key_changes(conn, q):
     assert [c["attnum"] for c in events[2].data["structure"]["columns"]] == [1, 2]
 
 
+def test_rewriting_values_without_a_type_change_asks_targets_for_a_copy(conn, q):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, a int, v text)")
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE p_low PARTITION OF p FOR VALUES FROM (0) TO (100)")
+    t_id, p_id = q.add_table("q", "t"), q.add_table("q", "p")
+    conn.execute("INSERT INTO t VALUES (1, 1, 'a')")
+    conn.execute("ALTER TABLE t ALTER COLUMN a TYPE int USING a * 2")
+    conn.execute("ALTER TABLE t ALTER COLUMN v TYPE text USING upper(v)")
+    conn.execute("ALTER TABLE p ALTER COLUMN v TYPE text USING upper(v)")      # rewrites its partitions
+    # a rewrite of the storage only changes no value: nothing to copy
+    conn.execute("ALTER TABLE t SET UNLOGGED")
+    conn.execute("ALTER TABLE t SET LOGGED")
+    events = read_events(q)
+    assert [(e.type, e.table, e.data.get("copy") if e.type == "S" else e.items) for e in events] == [
+        ("I", t_id, [[1, 1, "a"]]), ("S", t_id, True), ("S", t_id, True), ("S", p_id, True)]
+    assert [e.data["sql"] for e in events[1:]] == [
+        "ALTER TABLE t ALTER COLUMN a TYPE int USING a * 2", "ALTER TABLE t ALTER COLUMN v TYPE text USING upper(v)",
+        "ALTER TABLE p ALTER COLUMN v TYPE text USING upper(v)"]
+
+
+def test_nullability_change_is_announced_and_refused_on_a_pk_mode_key(conn, q):
+    conn.execute("CREATE TABLE t (code text NOT NULL, v text)")
+    q.add_table("q", "t", key=["code"])
+    conn.execute("ALTER TABLE t ALTER COLUMN code DROP NOT NULL")
+    conn.execute("ALTER TABLE t ALTER COLUMN v SET NOT NULL")
+    assert [[c[3] for c in column_summary(e)] for e in read_events(q)] == [[False, False], [False, True]]
+    # pk mode reads rows back by their key: a NULL key could never be found
+    conn.execute("CREATE TABLE p (id int, code text NOT NULL UNIQUE)")
+    q.add_table("q", "p", mode="pk", key=["code"])
+    with pytest.raises(psycopg.errors.RaiseException) as refused:
+        conn.execute("ALTER TABLE p ALTER COLUMN code DROP NOT NULL")
+    assert refused.value.diag.message_primary == (
+        "table public.p is captured in pk mode with key (code), whose columns must stay NOT NULL")
+    assert refused.value.diag.message_hint == "remove the table from its queue first: replicator table remove q public.p"
+    assert read_events(q) == []
+
+
+def test_structure_reports_the_default_a_column_gets_from_its_domain(conn, q):
+    conn.execute("CREATE DOMAIN level AS int DEFAULT 3")
+    conn.execute("CREATE DOMAIN top_level AS level")                  # holds a copy of level's default
+    conn.execute("CREATE DOMAIN no_default AS level")
+    conn.execute("ALTER DOMAIN no_default DROP DEFAULT")               # PostgreSQL then fills NULL
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    q.add_table("q", "t")
+    conn.execute("ALTER TABLE t ADD COLUMN a top_level, ADD COLUMN b no_default, ADD COLUMN c level DEFAULT 9")
+    [event] = read_events(q)
+    assert [(name, default) for name, _, _, _, default in column_summary(event)] == [
+        ("id", None), ("a", "3"), ("b", None), ("c", "9")]
+    assert conn.execute("SELECT a, b, c FROM t").fetchone() == (3, None, 9)
+
+
 def test_change_that_removes_the_key_is_refused_with_the_way_out(conn, q):
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     q.add_table("q", "t")
@@ -198,6 +251,95 @@ def test_dropped_and_renamed_tables_are_announced_and_no_longer_captured_when_dr
     assert q.tables("q") == []
 
 
+def _run_ddl(conn, source, capture: str, statement: str) -> str | None:
+    """Runs a DDL statement with the event triggers or through `replicator execute`;
+    the message of its refusal, None if it ran."""
+    try:
+        if capture == "execute":
+            execute_script(source, "q", statement)
+        else:
+            conn.execute(statement)
+    except psycopg.errors.RaiseException as exc:
+        return exc.diag.message_primary
+    except UserError as exc:
+        return str(exc)
+    return None
+
+
+def _inheritance(conn) -> list[tuple[str, str]]:
+    return conn.execute("SELECT inhrelid::regclass::text, inhparent::regclass::text FROM pg_inherits"
+                        " ORDER BY 1, 2").fetchall()
+
+
+@pytest.mark.parametrize("capture", ["event_triggers", "execute"])
+def test_ddl_that_would_let_an_inheritance_tree_miss_changes_is_refused_and_rolled_back(conn, q, capture):
+    if capture == "execute":
+        for name in EVENT_TRIGGERS:
+            conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY, v text)")
+    conn.execute("CREATE TABLE c () INHERITS (p)")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    conn.execute("CREATE TABLE other (id int NOT NULL, v text)")
+    conn.execute("CREATE FOREIGN DATA WRAPPER dummy")
+    conn.execute("CREATE SERVER nowhere FOREIGN DATA WRAPPER dummy")
+    p_id = q.add_table("q", "p")
+    q.add_table("q", "t")
+    tree = _inheritance(conn)
+    refusals = {
+        # a captured table made a child: statements naming its parent would bypass its triggers
+        "ALTER TABLE t INHERIT other": r'^table (public\.)?t is captured \(queue "q"\) and cannot be an inheritance'
+                                       r" child of (public\.)?other .*: remove it from its queue \(replicator table"
+                                       r" remove q (public\.)?t\) and capture (public\.)?other instead",
+        "ALTER TABLE t INHERIT p": r'^table (public\.)?t is captured on its own \(queue "q"\) and cannot also be'
+                                   r" part of the capture of (public\.)?p, its ancestor: remove it first",
+        "CREATE TABLE m () INHERITS (c, other)":
+            r"^table (public\.)?m inherits from (public\.)?other as well as from (public\.)?p ",
+        "ALTER TABLE c ALTER COLUMN id DROP NOT NULL":
+            r"^key column\(s\) id of (public\.)?p may be NULL in its descendant (public\.)?c ",
+        "CREATE FOREIGN TABLE f () INHERITS (p) SERVER nowhere":
+            r"^table (public\.)?p cannot be captured with its descendant (public\.)?f, which is not a plain table",
+    }
+    for statement, message in refusals.items():
+        refused = _run_ddl(conn, q, capture, statement)
+        assert refused is not None and re.search(message, refused), (statement, refused)
+        assert _inheritance(conn) == tree, statement
+    assert conn.execute("SELECT to_regclass('m'), to_regclass('f')").fetchone() == (None, None)
+    assert read_events(q) == []
+    # application writes are captured as before
+    conn.execute("INSERT INTO c VALUES (1, 'c'); INSERT INTO t VALUES (2, 't')")
+    assert [(e.table == p_id, e.type, e.items) for e in read_events(q)] == [(True, "I", [[1, "c"]]),
+                                                                            (False, "I", [[2, "t"]])]
+
+
+@pytest.mark.parametrize("capture", ["event_triggers", "execute"])
+@pytest.mark.parametrize(("where", "ddl"), [
+    ('"v" > 0', "ALTER TABLE t RENAME COLUMN v TO w"),
+    ('"v" > 0', "ALTER TABLE t DROP COLUMN v"),
+    # resolves with the session's search_path (public.>), not with the capture's (pg_catalog)
+    ('"v" > 0', "ALTER TABLE t ALTER COLUMN v TYPE text"),
+    ('"public"."positive"("v")', "DROP FUNCTION public.positive(int)"),
+])
+def test_ddl_that_breaks_a_row_filter_is_refused_with_the_way_out_and_writes_keep_working(conn, q, capture,
+                                                                                          where, ddl):
+    if capture == "execute":
+        for name in EVENT_TRIGGERS:
+            conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
+    conn.execute("CREATE FUNCTION public.text_gt_int(text, int) RETURNS boolean LANGUAGE sql IMMUTABLE"
+                 " AS $$ SELECT length($1) > $2 $$")
+    conn.execute("CREATE OPERATOR public.> (LEFTARG = text, RIGHTARG = int, FUNCTION = public.text_gt_int)")
+    conn.execute("CREATE FUNCTION public.positive(int) RETURNS boolean LANGUAGE sql IMMUTABLE"
+                 " AS $$ SELECT $1 > 0 $$")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    q.add_table("q", "t", where=where)
+    refused = _run_ddl(conn, q, capture, ddl)
+    assert refused is not None and re.match(
+        r"^this statement breaks the row filter of public\.t \(.+\): remove the table from its queue"
+        r" \(replicator table remove q public\.t\) and add it again with a new --where$", refused), refused
+    conn.execute("INSERT INTO t VALUES (1, 1), (2, -2)")      # the application is not affected
+    conn.execute("UPDATE t SET v = -v")
+    assert changes(read_events(q)) == [("I", [[1, 1]]), ("U", [[2, 2]]), ("D", [[1]])]
+
+
 # followed schemas ---------------------------------------------------------------------------
 
 def test_tables_created_in_a_followed_schema_are_captured_from_their_first_row(dsn, conn, q):
@@ -222,6 +364,21 @@ def test_tables_created_in_a_followed_schema_are_captured_from_their_first_row(d
     assert events[0].txid == events[1].txid
     assert [e.data["tag"] for e in schema_events(events)] == ["CREATE TABLE", "CREATE TABLE AS", "SELECT INTO"]
     assert events[2].data["key"] == ["id"]           # keyless: every comparable column is the key
+
+
+def test_inheritance_child_created_in_a_followed_schema_is_captured_as_rows_of_its_parent(conn, q):
+    conn.execute("CREATE SCHEMA app")
+    q.follow_schema("q", "app")
+    conn.execute("CREATE TABLE app.p (id int PRIMARY KEY, v text)")
+    conn.execute("CREATE TABLE app.c (extra int) INHERITS (app.p)")
+    conn.execute("INSERT INTO app.c VALUES (1, 'c', 9); UPDATE app.p SET v = 'via p'")
+    [parent] = q.tables("q")
+    assert parent.name == "app.p"
+    assert [(e.type, e.table, e.data["kind"] if e.type == "S" else e.items) for e in read_events(q)] == [
+        ("S", parent.table_id, "created"),
+        ("I", parent.table_id, [[1, "c"]]),
+        ("U", parent.table_id, [[1, "via p"]]),
+    ]
 
 
 # replicator execute -------------------------------------------------------------------------
@@ -298,6 +455,63 @@ def test_execute_applies_nothing_when_a_statement_fails(dsn, conn, q, no_event_t
     assert read_events(q) == []
     assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 't'::regclass AND attname = 'n'"
                         ).fetchone()[0] == 0
+
+
+def test_execute_asks_for_a_copy_when_a_statement_rewrites_a_captured_table(conn, q, no_event_triggers):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, a int)")
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE p_low PARTITION OF p FOR VALUES FROM (0) TO (100)")
+    t_id, p_id = q.add_table("q", "t"), q.add_table("q", "p")
+    assert execute_script(q, "q", "INSERT INTO t VALUES (1, 1); ALTER TABLE t ALTER COLUMN a TYPE int USING a * 2;"
+                                  " ALTER TABLE p ALTER COLUMN v TYPE text USING upper(v);"
+                                  " UPDATE t SET a = a + 1; TRUNCATE t") == 2
+    events = read_events(q)
+    # the TRUNCATE replaced t's storage too, but its T event says all: no copy for it
+    assert [(e.type, e.table, e.data.get("copy") if e.type == "S" else e.items) for e in events] == [
+        ("I", t_id, [[1, 1]]), ("S", t_id, True), ("S", p_id, True), ("U", t_id, [[1, 3]]), ("T", t_id, [])]
+
+
+def test_execute_refuses_transaction_control_before_running_anything(dsn, conn, q, no_event_triggers, tmp_path):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    q.add_table("q", "t")
+    for control in ["BEGIN", "START TRANSACTION", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT s",
+                    "RELEASE SAVEPOINT s", "ROLLBACK TO SAVEPOINT s", "PREPARE TRANSACTION 'x'"]:
+        with pytest.raises(UserError, match=r"^statement 2 \((START TRANSACTION|PREPARE TRANSACTION|[A-Z]+)\) "
+                                             r"controls the transaction, nothing was applied"):
+            execute_script(q, "q", f"INSERT INTO t VALUES (1, 'a'); {control}; ALTER TABLE t ADD COLUMN n int")
+    script = tmp_path / "migration.sql"
+    script.write_text("ALTER TABLE t ADD COLUMN n int;\nCOMMIT;\nINSERT INTO t VALUES (1, 'a', 1);\n")
+    result = run_cli(dsn, "execute", "q", str(script))
+    assert result.returncode == 1
+    assert result.stderr.strip() == ("error: statement 2 (COMMIT) controls the transaction, nothing was applied: "
+                                     "`replicator execute` runs the whole script in one transaction; remove it")
+    assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 0
+    assert read_events(q) == []
+    # a DO block and a prepared statement are no transaction control
+    assert execute_script(q, "q", "PREPARE ins AS INSERT INTO t VALUES (2, 'b'); EXECUTE ins;"
+                                  " DO $$ BEGIN PERFORM 1; END $$; DEALLOCATE ins") == 0
+    assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 1
+
+
+def test_execute_names_statements_with_the_command_tags_of_the_event_triggers(conn, q):
+    conn.execute("CREATE SCHEMA app")
+    conn.execute("CREATE SCHEMA app2")
+    q.follow_schema("q", "app")
+    q.follow_schema("q", "app2")
+    script = ("CREATE TABLE {s}.a (id int PRIMARY KEY, v text); CREATE TABLE {s}.b AS SELECT 1 AS id;"
+              " SELECT 2 AS id INTO {s}.c; CREATE UNLOGGED TABLE {s}.d AS SELECT 3 AS id;"
+              " ALTER TABLE {s}.a ADD COLUMN w int; DROP TABLE {s}.b")
+    conn.execute(script.format(s="app"))
+    by_event_triggers = [e.data["tag"] for e in schema_events(read_events(q))]
+    for name in EVENT_TRIGGERS:
+        conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
+    execute_script(q, "q", script.format(s="app2"))
+    assert [e.data["tag"] for e in schema_events(read_events(q))] == by_event_triggers == [
+        "CREATE TABLE", "CREATE TABLE AS", "SELECT INTO", "CREATE TABLE AS", "ALTER TABLE", "DROP TABLE"]
+    assert [command_tag(s) for s in ("CREATE UNIQUE INDEX i ON t (a)", "create index on t (a)",
+                                     "CREATE OR REPLACE VIEW v AS SELECT 1", "TRUNCATE t",
+                                     "WITH x AS (SELECT 1 AS id) SELECT id INTO y FROM x")] == [
+        "CREATE INDEX", "CREATE INDEX", "CREATE VIEW", "TRUNCATE TABLE", "SELECT INTO"]
 
 
 # installing without the privilege -----------------------------------------------------------

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from replicator.errors import UserError
-from replicator.install import install, installed_versions, migrations, uninstall
+from replicator.install import EVENT_TRIGGERS, install, installed_versions, migrations, uninstall
 from replicator.source import Source
 from queue_util import read_events
 
@@ -60,6 +60,46 @@ def test_install_applies_missing_migrations_to_an_older_schema(empty_dsn):
         assert [q["queue_name"] for q in source.queues()] == ["q"]
 
 
+def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, conn, source, tmp_path):
+    from consumer_helpers import run_cli
+
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    conn.execute("INSERT INTO t VALUES (1, 'before the upgrade')")
+    replica = tmp_path / "r.db"
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    # Back to the tables of version 2, as a database installed then would have them (no DDL capture yet).
+    for name in EVENT_TRIGGERS:
+        conn.execute(f"DROP EVENT TRIGGER {name}")
+    conn.execute("ALTER TABLE replicator.captured_table DROP COLUMN table_oid, DROP COLUMN table_structure,"
+                 " DROP COLUMN key_is_auto")
+    conn.execute("DELETE FROM replicator.schema_version WHERE version > 2")
+    conn.execute("INSERT INTO t VALUES (2, 'queued by version 2')")
+
+    assert [m.version for m in install(conn).applied] == [m.version for m in migrations() if m.version > 2]
+    oid, structure = conn.execute("SELECT table_oid, table_structure->>'name' FROM replicator.captured_table"
+                                  ).fetchone()
+    assert (oid, structure) == (conn.execute("SELECT 't'::regclass::oid").fetchone()[0], "t")
+    # Rows, schema changes and the consumer carry on across the upgrade.
+    conn.execute("INSERT INTO t VALUES (3, 'after')")
+    conn.execute("ALTER TABLE t ADD COLUMN n int")
+    conn.execute("UPDATE t SET n = id")
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    import sqlite3
+    db = sqlite3.connect(replica)
+    assert db.execute("SELECT id, v, n FROM t ORDER BY id").fetchall() == [
+        (1, "before the upgrade", 1), (2, "queued by version 2", 2), (3, "after", 3)]
+    db.close()
+
+
+def test_install_keeps_a_users_view_over_a_replicator_function_and_says_so(dsn, conn):
+    conn.execute("CREATE VIEW queue_health AS SELECT * FROM replicator.queue_info()")
+    with pytest.raises(psycopg.errors.DependentObjectsStillExist, match="queue_health"):
+        install(conn)
+    assert conn.execute("SELECT count(*) FROM queue_health").fetchone()[0] == 0    # still there, still works
+
+
 def test_concurrent_installs_apply_each_migration_once(empty_dsn):
     errors: list[BaseException] = []
     start = threading.Barrier(3)
@@ -108,7 +148,8 @@ def test_uninstall_leaves_nothing_behind_and_keeps_application_data(conn, source
     functions = [r[0] for r in conn.execute(
         "SELECT oid FROM pg_proc WHERE pronamespace = 'replicator'::regnamespace")]
     assert conn.execute("SELECT count(*) FROM pg_trigger WHERE tgfoid = ANY (%s)", (functions,)).fetchone()[0] > 0
-    assert conn.execute("SELECT count(*) FROM pg_event_trigger").fetchone()[0] > 0   # superuser: DDL capture on
+    # superuser: DDL capture on
+    assert {r[0] for r in conn.execute("SELECT evtname FROM pg_event_trigger")} == set(EVENT_TRIGGERS)
     data = {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()
             for t in ('"App ""Data"""."Orders"', '"p"', '"nokey"')}
 
