@@ -1,9 +1,10 @@
 """Incremental views: the analysis of a view's defining query.
 
-A view is a SELECT in the target's own SQL (SQLite dialect) over replicated
-tables. This module reads the query (a small purpose-built tokenizer and
-clause splitter, not a full SQL parser) and decides whether the target can
-keep it current incrementally, by recomputing only the keys a batch touched:
+A view is a SELECT in the target's own SQL (SQLite's, or Spark SQL on a
+Spark warehouse) over replicated tables. This module reads the query (a
+small purpose-built tokenizer per dialect and a clause splitter, not a full
+SQL parser) and decides whether the target can keep it current
+incrementally, by recomputing only the keys a batch touched:
 
 - the GROUP BY values, for an aggregate view (any deterministic aggregate,
   HAVING allowed);
@@ -71,9 +72,17 @@ _NONDETERMINISTIC = {"random", "randomblob", "changes", "total_changes", "last_i
                      "sqlite_offset", "load_extension",
                      # Spark SQL
                      "rand", "randn", "uuid", "shuffle", "monotonically_increasing_id",
-                     "spark_partition_id", "input_file_name", "now", "current_timezone", "localtimestamp"}
-_DATE_FUNCTIONS = {"date", "time", "datetime", "julianday", "unixepoch", "strftime", "timediff"}
+                     "spark_partition_id", "input_file_name", "now", "curdate", "current_timezone",
+                     "localtimestamp"}
+# The current time, with or without parentheses (SQLite's keywords, Spark's functions).
 _NOW_WORDS = {"current_timestamp", "current_date", "current_time"}
+# Functions of a time value that stand for now when it is left out: the number of
+# arguments a call needs to name its time value (strftime's first is the format).
+_TIME_VALUE_ARGUMENTS = {"date": 1, "time": 1, "datetime": 1, "julianday": 1, "unixepoch": 1, "strftime": 2,
+                         "timediff": 2, "unix_timestamp": 1}
+# Spark's special values stand for the current time wherever a string becomes a date or
+# a timestamp (SQLite's 'now' only as the time value of the functions above).
+_SPARK_NOW_STRINGS = {"now", "today", "yesterday", "tomorrow"}
 # Words that end a table reference in FROM (so they are not taken for its alias).
 _FROM_STOP = {"join", "inner", "left", "right", "full", "outer", "cross", "natural", "on", "using", "where",
               "group", "order", "having", "limit", "window", "union", "intersect", "except", "indexed", "not",
@@ -90,7 +99,8 @@ _SET_OPERATIONS = {"union", "intersect", "except"}
 
 # tokens ------------------------------------------------------------------------------
 
-_TOKEN = re.compile(r"""
+_TOKENS = {
+    "sqlite": re.compile(r"""
    (?P<ws>\s+)
   |(?P<comment>--[^\n]*|/\*.*?(?:\*/|\Z))
   |(?P<blob>[xX]'[0-9a-fA-F]*')
@@ -100,7 +110,21 @@ _TOKEN = re.compile(r"""
   |(?P<param>\?\d*|[:@$][A-Za-z_][A-Za-z0-9_]*)
   |(?P<word>[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_$\u0080-\U0010ffff]*)
   |(?P<op>\|\||->>|->|<<|>>|<=|>=|==|!=|<>|[-+*/%<>=~&|(),.;])
-""", re.S | re.X)
+""", re.S | re.X),
+    # Spark SQL: strings in '...' or "..." with backslash escapes or doubled quotes (and raw r'...'),
+    # names only in backquotes, [ ] subscripts, typed number literals (10L, 1.5BD).
+    "spark": re.compile(r"""
+   (?P<ws>\s+)
+  |(?P<comment>--[^\n]*|/\*.*?(?:\*/|\Z))
+  |(?P<blob>[xX]'[0-9a-fA-F]*')
+  |(?P<string>[rR]'[^']*'|[rR]"[^"]*"|'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.|"")*")
+  |(?P<qident>`(?:[^`]|``)*`)
+  |(?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?(?:(?:[bB][dD]|[lLsSyYdDfF])(?![A-Za-z0-9_]))?)
+  |(?P<param>\?|:[A-Za-z_][A-Za-z0-9_]*)
+  |(?P<word>[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_\u0080-\U0010ffff]*)
+  |(?P<op>\|\||->|<=>|<<|>>>|>>|<=|>=|==|!=|<>|::|[-+*/%<>=~&|^!(),.;\[\]])
+""", re.S | re.X),
+}
 
 
 @dataclass(frozen=True)
@@ -126,21 +150,28 @@ class Token:
         return None
 
 
-def tokenize(sql: str) -> list[Token]:
+def tokenize(sql: str, dialect: str = "sqlite") -> list[Token]:
+    pattern = _TOKENS[dialect]
     tokens: list[Token] = []
     pos = 0
     while pos < len(sql):
-        m = _TOKEN.match(sql, pos)
+        m = pattern.match(sql, pos)
         if m is None:
+            if sql[pos] in "'\"`[":
+                raise UserError("the view's SQL has an unterminated string or quoted name")
             raise UserError(f"cannot read the view's SQL at {sql[pos:pos + 20]!r}")
         kind = m.lastgroup or ""
-        if kind == "string" and not m.group().endswith("'") or kind == "comment" and m.group().startswith(
-                "/*") and not m.group().endswith("*/"):
-            raise UserError("the view's SQL has an unterminated string or comment")
+        if kind == "comment" and m.group().startswith("/*") and not m.group().endswith("*/"):
+            raise UserError("the view's SQL has an unterminated comment")
         if kind not in ("ws", "comment"):
             tokens.append(Token(kind, m.group(), m.start(), m.end()))
         pos = m.end()
     return tokens
+
+
+def _string_value(t: Token) -> str:
+    """A string literal's text, trimmed and lower case (for comparing it with special values)."""
+    return t.text.lstrip("rR")[1:-1].strip().lower()
 
 
 def quote(name: str) -> str:
@@ -152,7 +183,7 @@ def _norm(tokens: Sequence[Token]) -> str:
     return " ".join((t.ident or "").lower() if t.ident is not None else t.text.lower() for t in tokens)
 
 
-def _matching(tokens: Sequence[Token], i: int) -> int:
+def matching(tokens: Sequence[Token], i: int) -> int:
     """Index of the parenthesis closing the one at i."""
     depth = 0
     for j in range(i, len(tokens)):
@@ -163,6 +194,15 @@ def _matching(tokens: Sequence[Token], i: int) -> int:
             if depth == 0:
                 return j
     raise UserError("the view's SQL has an unbalanced parenthesis")
+
+
+def _call_end(tokens: Sequence[Token], i: int) -> int:
+    """Index of the last token of the call whose name is tokens[i]: its closing
+    parenthesis, or that of the FILTER (WHERE ...) clause that is part of an aggregate."""
+    close = matching(tokens, i + 1)
+    if close + 2 < len(tokens) and tokens[close + 1].lower == "filter" and tokens[close + 2].text == "(":
+        return matching(tokens, close + 2)
+    return close
 
 
 def _split_top(tokens: Sequence[Token], separator: Callable[[Token], bool]) -> list[list[Token]]:
@@ -268,21 +308,18 @@ class Analysis:
 
 class _Parser:
     def __init__(self, sql: str, catalog: Callable[[str], TableInfo | None],
-                 quote_identifier: Callable[[str], str]) -> None:
+                 quote_identifier: Callable[[str], str], dialect: str) -> None:
         self.sql = sql
         self.catalog = catalog
         self.quote = quote_identifier
+        self.dialect = dialect
         self.a = Analysis(sql=sql)
 
     def text(self, tokens: Sequence[Token]) -> str:
         return self.sql[tokens[0].start:tokens[-1].end] if tokens else ""
 
     def run(self) -> Analysis:
-        tokens = tokenize(self.sql)
-        while tokens and tokens[-1].text == ";":
-            tokens.pop()
-        if not tokens:
-            raise UserError("the view's SQL is empty")
+        tokens = tokenize(self.sql, self.dialect)
         if any(t.text == ";" for t in tokens):
             raise UserError("a view is defined by one SELECT statement, not several")
         param = next((t for t in tokens if t.kind == "param"), None)
@@ -306,7 +343,7 @@ class _Parser:
         for i, t in enumerate(tokens):
             nxt = tokens[i + 1] if i + 1 < len(tokens) else None
             if t.text == "(" and nxt is not None and nxt.lower in ("select", "with", "values"):
-                self.a.refuse("SUBQUERY", self.text(tokens[i:_matching(tokens, i) + 1]))
+                self.a.refuse("SUBQUERY", self.text(tokens[i:matching(tokens, i) + 1]))
             elif t.lower == "over" and i > 0 and nxt is not None and (nxt.text == "(" or nxt.ident):
                 start = i - 1
                 if tokens[start].text == ")":
@@ -320,20 +357,27 @@ class _Parser:
                                 break
                         start -= 1
                     start -= 1
-                end = _matching(tokens, i + 1) if nxt.text == "(" else i + 1
+                end = matching(tokens, i + 1) if nxt.text == "(" else i + 1
                 self.a.refuse("WINDOW_FUNCTION", self.text(tokens[max(start, 0):end + 1]))
-            elif t.kind == "word" and nxt is not None and nxt.text == "(":
-                name = t.lower
-                if name in _NONDETERMINISTIC:
-                    self.a.refuse("NONDETERMINISTIC", self.text(tokens[i:_matching(tokens, i + 1) + 1]))
-                elif name in _DATE_FUNCTIONS:
-                    close = _matching(tokens, i + 1)
-                    args = tokens[i + 2:close]
-                    if not args or any(a.kind == "string" and a.text[1:-1].strip().lower() == "now"
-                                       for a in args):
-                        self.a.refuse("NONDETERMINISTIC", self.text(tokens[i:close + 1]))
             elif t.lower in _NOW_WORDS:
+                called = nxt is not None and nxt.text == "("
+                self.a.refuse("NONDETERMINISTIC", self.text(tokens[i:matching(tokens, i + 1) + 1] if called
+                                                            else [t]))
+            elif t.kind == "word" and nxt is not None and nxt.text == "(":
+                close = matching(tokens, i + 1)
+                if t.lower in _NONDETERMINISTIC or self._means_now(t.lower, tokens[i + 2:close]):
+                    self.a.refuse("NONDETERMINISTIC", self.text(tokens[i:close + 1]))
+            elif t.kind == "string" and self.dialect == "spark" and _string_value(t) in _SPARK_NOW_STRINGS:
                 self.a.refuse("NONDETERMINISTIC", t.text)
+
+    def _means_now(self, function: str, args: list[Token]) -> bool:
+        """A call of a function of a time value that leaves it out, or (SQLite) gives it as 'now'."""
+        needed = _TIME_VALUE_ARGUMENTS.get(function)
+        if needed is None:
+            return False
+        given = [arg for arg in _split_top(args, lambda t: t.text == ",") if arg]
+        return len(given) < needed or self.dialect == "sqlite" and any(
+            a.kind == "string" and _string_value(a) == "now" for a in args)
 
     # clauses -----------------------------------------------------------------------
 
@@ -428,7 +472,7 @@ class _Parser:
             # the table
             t = tokens[i]
             if t.text == "(":
-                close = _matching(tokens, i)
+                close = matching(tokens, i)
                 if not self.a.reasons or all(r.code != "SUBQUERY" for r in self.a.reasons):
                     self.a.refuse("SUBQUERY", self.text(tokens[i:close + 1]))
                 i = close + 1
@@ -443,7 +487,7 @@ class _Parser:
                     name_tokens.append(tokens[i + 1])
                     i += 2
                 if i < n and tokens[i].text == "(":
-                    close = _matching(tokens, i)
+                    close = matching(tokens, i)
                     self.a.refuse("TABLE_FUNCTION", self.text(tokens[name_start:close + 1]))
                     i = close + 1
                     occ = None
@@ -487,7 +531,7 @@ class _Parser:
                 self.a.conditions.append(self.text(on))
                 self._equalities(on)
             elif i < n and tokens[i].lower == "using":
-                close = _matching(tokens, i + 1)
+                close = matching(tokens, i + 1)
                 self.a.refuse("JOIN_USING", self.text(tokens[i:close + 1]))
                 i = close + 1
         if len(self.a.occurrences) > MAX_JOIN_TABLES:
@@ -541,7 +585,7 @@ class _Parser:
             t = tokens[i]
             nxt = tokens[i + 1] if i + 1 < n else None
             if t.kind == "word" and nxt is not None and nxt.text == "(":
-                close = _matching(tokens, i + 1)
+                close = matching(tokens, i + 1)
                 name = t.lower
                 if name == "cast":
                     # CAST(expr AS type): the type is not a column
@@ -549,7 +593,7 @@ class _Parser:
                     cut = next((k for k in range(len(inner) - 1, -1, -1) if inner[k].lower == "as"), len(inner))
                     out.extend(self._refs(inner[:cut], outside_aggregates=outside_aggregates))
                 elif outside_aggregates and self._is_aggregate_call(tokens, i, close):
-                    pass
+                    close = _call_end(tokens, i)   # its FILTER clause filters the aggregate's rows
                 else:
                     out.extend(self._refs(tokens[i + 2:close], outside_aggregates=outside_aggregates))
                 i = close + 1
@@ -557,8 +601,11 @@ class _Parser:
             if t.lower == "collate":
                 i += 2
                 continue
-            if t.ident is not None and t.lower not in _EXPR_WORDS and (i == 0 or tokens[i - 1].text != "."):
+            if t.ident is not None and (i == 0 or tokens[i - 1].text != "."):
                 resolved, j = self._resolve(tokens, i)
+                if resolved is None and t.lower in _EXPR_WORDS:
+                    i += 1   # a word of the grammar; the same word naming a column is that column
+                    continue
                 out.append((resolved, self.text(tokens[i:j])))
                 i = j
                 continue
@@ -578,16 +625,17 @@ class _Parser:
         calls = []
         for i, t in enumerate(tokens):
             if t.kind == "word" and i + 1 < len(tokens) and tokens[i + 1].text == "(":
-                close = _matching(tokens, i + 1)
-                windowed = close + 1 < len(tokens) and tokens[close + 1].lower == "over"
+                close = matching(tokens, i + 1)
+                end = _call_end(tokens, i)
+                windowed = end + 1 < len(tokens) and tokens[end + 1].lower == "over"
                 if self._is_aggregate_call(tokens, i, close) and not windowed:
-                    calls.append((t.lower, self.text(tokens[i:close + 1])))
+                    calls.append((t.lower, self.text(tokens[i:end + 1])))
         return calls
 
     def _equalities(self, tokens: list[Token]) -> None:
         """Records conjuncts `x = y` / `x IS y` between columns of two occurrences."""
         for conjunct in _split_top(tokens, lambda t: t.lower == "and"):
-            while conjunct and conjunct[0].text == "(" and _matching(conjunct, 0) == len(conjunct) - 1:
+            while conjunct and conjunct[0].text == "(" and matching(conjunct, 0) == len(conjunct) - 1:
                 conjunct = conjunct[1:-1]
             ops = [k for k, t in enumerate(conjunct) if t.text in ("=", "==") or t.lower == "is"]
             if len(ops) != 1:
@@ -714,8 +762,8 @@ class _Parser:
     def _note_columns(self, *parts: list[Token]) -> None:
         a = self.a
         a.columns_read = [set() for _ in a.occurrences]
-        where = tokenize(a.where) if a.where else []
-        conds = [t for c in a.conditions for t in tokenize(c)]
+        where = tokenize(a.where, self.dialect) if a.where else []
+        conds = [t for c in a.conditions for t in tokenize(c, self.dialect)]
         for tokens in (*parts, where, conds):
             for ref, _ in self._refs(tokens):
                 if ref is not None:
@@ -723,14 +771,14 @@ class _Parser:
 
     def _plain(self, expr: Sequence[Token]) -> tuple[int, str] | None:
         """(occurrence, column) when the expression is just a column reference."""
-        if expr and expr[0].ident is not None and expr[0].lower not in _EXPR_WORDS:
+        if expr and expr[0].ident is not None:
             ref, end = self._resolve(expr, 0)
             if end == len(expr):
                 return ref
         return None
 
     def _plain_raw(self, text: str) -> tuple[int, str] | None:
-        return self._plain(tokenize(text))
+        return self._plain(tokenize(text, self.dialect))
 
     def _check_collation(self, exprs: Sequence[Sequence[Token]]) -> None:
         for expr in exprs:
@@ -739,14 +787,27 @@ class _Parser:
                     self.a.refuse("COLLATION", self.text(expr) if expr[0].kind != "raw" else expr[0].text)
 
 
+def definition(sql: str, dialect: str = "sqlite") -> str:
+    """A view's query as it is stored and run: up to its last token. Trailing semicolons
+    and comments go: a target wraps the query in other SQL (`SELECT * FROM (query)`),
+    which a `;` breaks and a trailing `-- comment` swallows."""
+    tokens = tokenize(sql, dialect)
+    while tokens and tokens[-1].text == ";":
+        tokens.pop()
+    if not tokens:
+        raise UserError("the view's SQL is empty")
+    return sql[:tokens[-1].end]
+
+
 def analyse(sql: str, catalog: Callable[[str], TableInfo | None],
-            quote_identifier: Callable[[str], str] = quote) -> Analysis:
-    """Reads a view's defining query. catalog(name) describes a table of the
-    target (None if there is none); quote_identifier quotes a name in the
-    target's dialect (the columns `*` stands for are written with it).
-    Raises UserError for SQL that cannot be a view at all; shapes that cannot
-    be incremental are in .reasons."""
-    return _Parser(sql, catalog, quote_identifier).run()
+            quote_identifier: Callable[[str], str] = quote, dialect: str = "sqlite") -> Analysis:
+    """Reads a view's defining query, in the target's dialect (sqlite or spark).
+    catalog(name) describes a table of the target (None if there is none);
+    quote_identifier quotes a name in that dialect (the columns `*` stands for
+    are written with it). Raises UserError for SQL that cannot be a view at
+    all; shapes that cannot be incremental are in .reasons. The analysis's .sql
+    is the query as the target stores and runs it (see definition)."""
+    return _Parser(definition(sql, dialect), catalog, quote_identifier, dialect).run()
 
 
 def check_name(name: str) -> str:

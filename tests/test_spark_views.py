@@ -3,17 +3,22 @@ its defining query run from scratch over the warehouse's tables.
 
 Batches go through SparkTarget as the consumer applies them (upsert, delete,
 truncate, alter, commit), on a real local Spark; the end-to-end test runs the
-real consumer against PostgreSQL.
+real consumer against PostgreSQL; the `view` commands run in this process
+(click's test runner), so that they use the tests' Spark session.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import random
 from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +27,9 @@ pytest.importorskip("pyspark")
 import subprocess
 
 from consumer_helpers import REPLICATOR, cli_env, run_cli
+from replicator.cli import cli
 from replicator.consumer import Consumer
+from replicator.errors import UserError
 from replicator.schema import Column, TableStructure
 from replicator.spark import register_views
 from replicator.spark.reader import read_view
@@ -44,6 +51,7 @@ VIEWS = {
                   " ON c.id = o.customer_id",
 }
 STATUSES = ["open", "paid", "shipped", None]
+TICKS = itertools.count(100)   # positions of batches committed by the tests below
 
 
 def _column(name: str, pg: str, attnum: int, not_null: bool = False) -> Column:
@@ -244,12 +252,16 @@ def test_views_follow_the_source_through_the_consumer_and_schema_changes(dsn, co
         kinds = {r["kind"] for name in SOURCE_VIEWS for r in views.refreshes(name, 100)}
         assert "incremental" in kinds
 
-        # A column added: the views still run, recomputed once in full.
+        # A column added: the views still run, recomputed once in full (the batch of the
+        # UPDATE, if the consumer did not apply it with the ALTER, is incremental).
+        seen = {name: views.refreshes(name, 1)[0]["seq"] for name in SOURCE_VIEWS}
         conn.execute("ALTER TABLE orders ADD COLUMN note text")
         conn.execute("UPDATE orders SET note = 'x', amount = amount + 1 WHERE id % 5 = 0")
         catch_up(dsn, target)
         assert_views_equal_the_source()
-        assert views.refreshes("open_amounts", 1)[0]["reason"] in ("SCHEMA_CHANGE", "")
+        for name in SOURCE_VIEWS:
+            since = [(r["kind"], r["reason"]) for r in views.refreshes(name, 100) if r["seq"] > seen[name]]
+            assert [r for r in since if r[0] == "full"] == [("full", "SCHEMA_CHANGE")], (name, since)
 
         # A column a view reads is dropped: that view is stale, and says why; the other goes on.
         conn.execute("ALTER TABLE orders DROP COLUMN status")
@@ -304,3 +316,117 @@ def test_a_crash_after_the_views_are_refreshed_keeps_the_previous_state_and_conv
     assert expected != normalized(list(rows_before.elements()))   # the batch did change the view
     assert not unreferenced(written), "the crashed commit's view files must be cleaned up"
     assert views.refreshes("region_totals", 1)[0]["kind"] == "incremental"
+
+
+@pytest.fixture
+def replicator_here(spark: Any) -> Iterator[Callable[..., Result]]:
+    """`replicator ARGS` run in this process: the `view` commands that start Spark get the
+    tests' session (get_session's getOrCreate) rather than a JVM of their own. getOrCreate
+    applies replicator's session defaults to it: the settings it changed are put back."""
+    before = spark.conf.getAll
+    yield lambda *args: CliRunner().invoke(cli, list(args))
+    after = spark.conf.getAll
+    for key in after.keys() - before.keys():
+        spark.conf.unset(key)
+    for key, value in before.items():
+        if after.get(key) != value:
+            spark.conf.set(key, value)
+
+
+def commit_batch(target: SparkTarget, rows: list[tuple], model: Model | None = None) -> None:
+    """One batch upserting these orders (and the model's random changes, if given)."""
+    target.begin()
+    if model is not None:
+        model.batch(target)
+    target.upsert(ORDERS, "U", rows)
+    target.set_position("q", "c", next(TICKS))
+    target.commit()
+
+
+def test_view_commands_create_explain_refresh_and_list_spark_views(spark, tmp_path, replicator_here):
+    path = tmp_path / "wh"
+    model = Model(random.Random(11))
+    target = start_warehouse(spark, path, model)
+    url = f"spark:{path}"
+    groups = len({order[1] for order in model.orders.values()})
+    # Spark SQL's own string escapes in an aggregate's FILTER clause; a trailing semicolon
+    # and comment, which the query is stored without
+    escaped = ("SELECT customer_id, count(*) FILTER (WHERE status <> 'it\\'s' AND status <> \"say \\\"hi\\\"\") AS n,"
+               " sum(amount) AS total FROM orders GROUP BY customer_id")
+    try:
+        created = replicator_here("view", "create", "by_customer", "--target", url, "--policy", "incremental",
+                                  "--sql", VIEWS["by_customer"] + "; -- per customer")
+        assert created.stdout == f"view by_customer created: {groups} rows, maintained incrementally\n", created
+        created = replicator_here("view", "create", "escaped", "--target", url, "--policy", "incremental",
+                                  "--sql", escaped)
+        assert created.stdout == f"view escaped created: {groups} rows, maintained incrementally\n", created
+
+        explained = replicator_here("view", "explain", "by_customer", "--target", url)
+        assert explained.stdout.splitlines()[:2] == [
+            "incremental: aggregate view, recomputed by key (customer_id)", "tables: public.orders"], explained
+        explained = replicator_here("view", "explain", "--target", url, "--sql",
+                                    "SELECT customer_id, count(*) AS n, current_timestamp() AS at FROM orders"
+                                    " GROUP BY customer_id")
+        assert explained.stdout.splitlines() == [
+            "not incremental: full refresh after each batch that changes its tables",
+            "  NONDETERMINISTIC: the query is not deterministic: recomputing some keys would not agree with the"
+            " rest (at: current_timestamp())"], explained
+
+        refreshed = replicator_here("view", "refresh", "by_customer", "--target", url)
+        assert refreshed.stdout.startswith("view by_customer is up to date"), refreshed
+        refreshed = replicator_here("view", "refresh", "by_customer", "--target", url, "--full")
+        assert refreshed.stdout == f"view by_customer recomputed: {groups} rows\n", refreshed
+
+        failed = replicator_here("view", "create", "boom", "--target", url, "--sql",   # fails on every row
+                                 "SELECT id, amount + CAST(raise_error('boom') AS BIGINT) AS x FROM orders")
+        assert (failed.exit_code, type(failed.exception)) == (1, UserError), failed
+        assert str(failed.exception).startswith("view boom not created: its query fails on the warehouse: "
+                                                "[USER_RAISED_EXCEPTION] boom"), failed.exception
+        assert "\n" not in str(failed.exception) and not list((path / "_views").glob("boom-*"))
+
+        listed = json.loads(replicator_here("view", "list", "--target", url, "--json").stdout)
+        assert [(v["view"], v["maintenance"], v["last_refresh"]["kind"], v["last_refresh"]["reason"], v["sql"])
+                for v in listed] == [("by_customer", "incremental", "full", "MANUAL", VIEWS["by_customer"]),
+                                     ("escaped", "incremental", "full", "CREATE", escaped)]
+        for _ in range(2):
+            commit_batch(target, [(i, i % 3, i, ["it's", 'say "hi"', "open"][i % 3]) for i in range(3)], model)
+    finally:
+        target.close()
+    register_views(spark, path)
+    for name, sql in (("by_customer", VIEWS["by_customer"]), ("escaped", escaped)):
+        assert multiset(read_view(spark, path, name)) == multiset(spark.sql(sql)), name
+        assert Warehouse(path).read()["views"][name]["refreshes"][-1]["kind"] == "incremental", name
+
+
+def test_auto_falls_back_to_full_refreshes_on_spark_and_records_why(spark, tmp_path):
+    path = tmp_path / "wh"
+    model = Model(random.Random(5))
+    model.orders = {i: (i, i % 10, i, "open") for i in range(50)}   # ten customers, five orders each
+    target = start_warehouse(spark, path, model)
+    views = SparkViews(target.warehouse, lambda: spark)
+    views.create("by_customer", VIEWS["by_customer"], "auto")
+
+    def refreshed_by(rows: list[tuple]) -> tuple[str, str, int | None]:
+        commit_batch(target, rows)
+        last = views.refreshes("by_customer", 1)[0]
+        return last["kind"], last["reason"], last["keys"]
+
+    try:
+        assert refreshed_by([(1, 1, 100, "open")]) == ("incremental", "", 1)
+        # every customer's orders change: past AUTO_FULL_SHARE of the view's 10 rows
+        assert refreshed_by([(i, (i + 1) % 10, i, "open") for i in range(10)]) == (
+            "full", "THRESHOLD: 10 affected keys, view of 10 rows", None)
+        assert refreshed_by([(2, 3, 7, "open")])[0] == "incremental"
+        # the refresh history says incremental refreshes take longer than a full one
+        with Warehouse(path).lock():
+            manifest = Warehouse(path).read()
+            for record in manifest["views"]["by_customer"]["refreshes"]:
+                record["seconds"] = {"incremental": 10.0, "full": 0.5}[record["kind"]]
+            Warehouse(path).write(manifest)
+        assert refreshed_by([(4, 4, 8, "open")]) == (
+            "full", "COST: incremental refreshes take about 10000 ms, a full one 500 ms", None)
+    finally:
+        target.close()
+    register_views(spark, path)
+    assert multiset(read_view(spark, path, "by_customer")) == multiset(spark.sql(VIEWS["by_customer"]))
+    assert views.list()[0]["last_refresh"]["reason"].startswith("COST")

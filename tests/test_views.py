@@ -19,6 +19,7 @@ import pytest
 from consumer_helpers import run_cli
 from replicator.errors import UserError
 from replicator.targets import sqlite_views
+from replicator.views import analyse
 from views_helpers import open_target, table, view_differences
 
 ORDERS = table("orders", [("id", "int", True), ("cid", "int", False), ("amount", "int", False),
@@ -26,6 +27,9 @@ ORDERS = table("orders", [("id", "int", True), ("cid", "int", False), ("amount",
 CUSTOMERS = table("customers", [("id", "int", True), ("region", "text", False), ("name", "text", False)], ["id"], 2)
 REGIONS = table("regions", [("name", "text", True), ("zone", "text", False)], ["name"], 3)
 PLANETS = table("planets", [("name", "text", True)], ["name"], 4)
+# columns named like words of SQL's grammar (which SQLite lets a column name be)
+RANKS = table("ranks", [("id", "int", True), ("k", "int", False), ("first", "int", False), ("last", "int", False),
+                        ("row", "text", False)], ["id"], 5)
 
 
 @pytest.fixture
@@ -33,8 +37,9 @@ def replica(tmp_path: Path) -> Path:
     path = tmp_path / "replica.db"
     t = open_target(path)
     t.begin()
-    for tbl in (ORDERS, CUSTOMERS, REGIONS, PLANETS):
+    for tbl in (ORDERS, CUSTOMERS, REGIONS, PLANETS, RANKS):
         t.create_table(tbl)
+    t.upsert(RANKS, "R", [(i, i % 4, i * 7 % 10, i % 3, f"r{i % 5}") for i in range(1, 41)])
     t.upsert(ORDERS, "R", [(i, i % 20 if i % 9 else None, i * 3 % 50, ["new", "paid", None][i % 3])
                            for i in range(1, 301)])
     t.upsert(CUSTOMERS, "R", [(i, ["eu", "us", None][i % 3], f"c{i}") for i in range(20)])
@@ -86,18 +91,51 @@ REFUSED = [
     ("SELECT n.id, o.amount FROM notes n JOIN orders o ON o.id = n.id", "NOT_REPLICATED", "notes"),
     ("SELECT DISTINCT cid, count(*) FROM orders GROUP BY cid", "DISTINCT_AGGREGATE", "SELECT DISTINCT"),
     ("SELECT o.id, j.value FROM orders o, json_each('[1,2]') j", "TABLE_FUNCTION", "json_each('[1,2]')"),
+    ("SELECT cid, strftime('%Y') AS y, count(*) FROM orders GROUP BY cid", "NONDETERMINISTIC", "strftime('%Y')"),
+    ("SELECT id, julianday() AS day FROM orders", "NONDETERMINISTIC", "julianday()"),
+    ("SELECT id FROM orders WHERE datetime(amount, 'unixepoch') < datetime('now', '-1 day')", "NONDETERMINISTIC",
+     "datetime('now', '-1 day')"),
+    ("SELECT k, first, count(*) FROM ranks GROUP BY k", "BARE_COLUMN", "first"),
+    ("SELECT k, count(*) FROM ranks GROUP BY k HAVING max(last) > 1 AND row > 'r2'", "BARE_COLUMN",
+     "HAVING max(last) > 1 AND row > 'r2'"),
 ]
+# Spark SQL: read with the Spark dialect (the same analysis a spark: target runs)
+SPARK_REFUSED = [
+    ("SELECT cid, current_timestamp() AS at, count(*) FROM orders GROUP BY cid", "NONDETERMINISTIC",
+     "current_timestamp()"),
+    ("SELECT id, current_date() AS day FROM orders", "NONDETERMINISTIC", "current_date()"),
+    ("SELECT id, current_date AS day FROM orders", "NONDETERMINISTIC", "current_date"),
+    ("SELECT id, unix_timestamp() AS at FROM orders", "NONDETERMINISTIC", "unix_timestamp()"),
+    ("SELECT id, now() AS at FROM orders", "NONDETERMINISTIC", "now()"),
+    ("SELECT id, curdate() AS day FROM orders", "NONDETERMINISTIC", "curdate()"),
+    ("SELECT id FROM orders WHERE cast(amount AS timestamp) > TIMESTAMP 'today'", "NONDETERMINISTIC", "'today'"),
+    ("SELECT id, amount FROM orders WHERE status <> 'it\\'s' LIMIT 3", "LIMIT", "LIMIT 3"),
+]
+CASES = [("sqlite", *r) for r in REFUSED] + [("spark", *r) for r in SPARK_REFUSED]
 
 
-@pytest.mark.parametrize("sql,code,fragment", REFUSED, ids=[r[1] + "-" + str(i) for i, r in enumerate(REFUSED)])
-def test_explain_names_the_reason_and_the_fragment(target, sql, code, fragment):
-    result = target.views.explain(sql)
-    assert result["maintenance"] == "full", result
-    fragments = [r["fragment"] for r in result["reasons"] if r["code"] == code]
-    assert fragments, result["reasons"]
+@pytest.mark.parametrize("dialect,sql,code,fragment", CASES,
+                         ids=[f"{r[0]}-{r[2]}-{i}" for i, r in enumerate(CASES)])
+def test_explain_names_the_reason_and_the_fragment(target, dialect, sql, code, fragment):
+    if dialect == "sqlite":
+        result = target.views.explain(sql)
+        assert result["maintenance"] == "full", result
+        reasons = result["reasons"]
+        assert target.views.explain(sql, "incremental")["maintenance"] == "refused"
+    else:
+        reasons = [r.as_dict() for r in analyse(sql, target.views.table_info, dialect="spark").reasons]
+    fragments = [r["fragment"] for r in reasons if r["code"] == code]
+    assert fragments, reasons
     assert any(fragment in f for f in fragments), (fragments, fragment)
-    refused = target.views.explain(sql, "incremental")
-    assert refused["maintenance"] == "refused"
+
+
+def test_the_spark_dialect_reads_backslash_escapes_and_double_quoted_strings(target):
+    sql = "SELECT id, amount FROM orders WHERE status <> 'it\\'s' AND status <> \"say \\\"hi\\\"\""
+    analysis = analyse(sql, target.views.table_info, dialect="spark")
+    assert (analysis.incremental, analysis.kind) == (True, "rows")
+    assert analysis.where == "status <> 'it\\'s' AND status <> \"say \\\"hi\\\"\""
+    with pytest.raises(UserError, match="unterminated string"):   # not SQLite's way of quoting
+        analyse(sql, target.views.table_info)
 
 
 INCREMENTAL = [
@@ -111,6 +149,10 @@ INCREMENTAL = [
      " WHERE r.name = c.region GROUP BY r.zone", "aggregate", "r.zone"),
     ("SELECT id, amount FROM orders ORDER BY amount", "rows", "orders(id)"),
     ("select CID as k, COUNT(*) from main.ORDERS group by k", "aggregate", "CID"),
+    ("SELECT cid, count(*) FILTER (WHERE amount > 2) AS big FROM orders GROUP BY cid"
+     " HAVING sum(amount) FILTER (WHERE status = 'new') > 3", "aggregate", "cid"),
+    ("SELECT k, first, last, count(*) FROM ranks GROUP BY k, first, last HAVING min(row) > 'r0'", "aggregate",
+     "k, first, last"),
 ]
 
 
@@ -194,6 +236,9 @@ def test_commands_create_explain_list_refresh_drop(replica):
     (["view", "drop", "v", "--target", "{url}"], "no view 'v'"),
     (["view", "refresh", "v", "--target", "{url}"], "no view 'v'"),
     (["view", "explain", "--target", "{url}"], "name a view, or give the query with --sql"),
+    (["view", "create", "v", "--target", "{url}", "--policy", "full", "--sql",
+      "SELECT id, json_extract(status, '$.a') AS a FROM orders"],
+     "error: view v not created: its query fails on the target: malformed JSON"),
 ])
 def test_command_errors_are_one_line_and_exit_1(replica, args, message):
     result = cli(*[a.replace("{url}", f"sqlite:{replica}") for a in args])
@@ -201,6 +246,36 @@ def test_command_errors_are_one_line_and_exit_1(replica, args, message):
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
     assert message in result.stderr, result.stderr
     assert not Path("/nonexistent/r.db").exists()
+
+
+@pytest.mark.parametrize("policy", ["full", "incremental", "auto"])
+def test_a_query_ending_in_a_semicolon_or_a_comment_makes_a_view(replica, policy):
+    url = f"sqlite:{replica}"
+    query = "SELECT id, amount FROM orders WHERE amount > 10"
+    endings = [";", " -- the large ones", " ;\n-- the large ones\n", "\n/* large */;;"]
+    for n, ending in enumerate(endings):
+        created = cli("view", "create", f"v{n}", "--target", url, "--policy", policy, "--sql", query + ending)
+        assert created.returncode == 0, created.stderr
+    t = open_target(replica)
+    try:
+        assert {v["sql"] for v in t.views.list()} == {query}   # stored as it runs
+        t.begin()
+        t.upsert(ORDERS, "U", [(1, 2, 49, "new"), (2, 2, 1, "new")])
+        t.commit()
+        for n in range(len(endings)):
+            assert view_differences(t.db, f"v{n}", query) is None
+    finally:
+        t.close()
+
+
+def test_a_query_that_fails_on_the_rows_is_refused_at_create_and_leaves_nothing(target):
+    sql = "SELECT id, json_extract(status, '$.a') AS a FROM orders"   # 'new' is not JSON
+    before = target.db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    for policy in ("full", "incremental"):
+        with pytest.raises(UserError, match="^view v not created: its query fails on the target: malformed JSON$"):
+            target.views.create("v", sql, policy)
+    assert target.views.list() == []
+    assert target.db.execute("SELECT count(*) FROM sqlite_master").fetchone() == before
 
 
 def test_create_twice_and_a_view_others_read(target):

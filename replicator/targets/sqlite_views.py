@@ -53,7 +53,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..schema import TableStructure, target_table_name
-from ..views import Analysis, Reason, TableInfo, analyse, check_name, check_policy, quote, tokenize
+from ..views import Analysis, Reason, TableInfo, analyse, check_name, check_policy, matching, quote, tokenize
 
 log = logging.getLogger("replicator")
 
@@ -364,6 +364,7 @@ class SqliteViews:
         when the SQL does not run here."""
         self._replicated = None
         analysis = analyse(sql, self.table_info)
+        sql = analysis.sql
         columns, deps, aggregates = self._probe(sql)
         if aggregates and analysis.kind != "aggregate":
             analysis.refuse("NO_KEY", "(aggregate function)", "an aggregate the analysis does not know")
@@ -456,7 +457,8 @@ class SqliteViews:
                 fold.outputs.append(("", None))   # a GROUP BY expression (the analysis checked)
                 continue
             fn = tokens[0].lower
-            if fn not in _FOLDABLE or tokens[1].text != "(" or tokens[-1].text != ")" or len(calls) != 1:
+            if (fn not in _FOLDABLE or tokens[1].text != "(" or matching(tokens, 1) != len(tokens) - 1
+                    or len(calls) != 1):   # (a FILTER clause, an expression of aggregates: not folded)
                 return None, f"{item} (not a plain count, sum, avg, total, min or max of a column)"
             arg = tokens[2:-1]
             if fn == "count" and len(arg) == 1 and arg[0].text == "*":
@@ -706,6 +708,10 @@ class SqliteViews:
                 mid.append(f"coalesce(s._replicator_a{j}, 0) + d.da{j} AS a{j}")
                 ok.append(f"a{j} <= {EXACT}")
             changed += [f"d.dc{j} <> 0", f"d.ds{j} <> 0"]
+            if j in f.absolute:
+                # Count and sum can stay while |x| sums change (2 + 0 -> 2**53 + 2 - 2**53): the
+                # new abs-sum must be stored, or a later batch checks exactness against a stale one.
+                changed.append(f"d.da{j} <> 0")
             for kind, col in (("min", f.minimum.get(j)), ("max", f.maximum.get(j))):
                 if col is None:
                     continue
@@ -1229,6 +1235,14 @@ class SqliteViews:
     def create(self, name: str, sql: str, policy: str = "auto") -> dict[str, Any]:
         check_name(name)
         check_policy(policy)
+        try:
+            self._create(name, sql, policy)
+        except sqlite3.Error as exc:   # the query prepares but fails on the rows (an overflow, bad JSON...)
+            raise UserError(f"view {name} not created: its query fails on the target: {exc}") from None
+        self._grow_cache()
+        return self.info(name)
+
+    def _create(self, name: str, sql: str, policy: str) -> None:
         with self._transaction():
             self._ensure_catalog()
             if self.db.execute(f"SELECT 1 FROM main.{VIEWS} WHERE name = ? COLLATE NOCASE", (name,)).fetchone():
@@ -1245,14 +1259,12 @@ class SqliteViews:
             self._check_cycle(plan)
             now = _now()
             self.db.execute(f"INSERT INTO main.{VIEWS} (name, sql, policy, maintenance, created_at) "
-                            "VALUES (?, ?, ?, ?, ?)", (name, sql, policy, plan.mode, now))
+                            "VALUES (?, ?, ?, ?, ?)", (name, plan.sql, policy, plan.mode, now))
             self._install(plan, rebuild=True)
             self.refresh(plan, full_reason="CREATE")
             self.plans = _in_dependency_order(self.plans + [plan])
             self.active = True
             self._loaded = False
-        self._grow_cache()
-        return self.info(name)
 
     def _check_cycle(self, plan: Plan) -> None:
         storages = {p.storage.lower(): p for p in self.plans}
