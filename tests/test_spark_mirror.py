@@ -9,6 +9,7 @@ replicator.schema.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import subprocess
 import threading
@@ -108,7 +109,8 @@ def consume(dsn: str, target: SparkTarget) -> int:
 
 # the randomized oracle ------------------------------------------------------------------
 
-def _writer(dsn: str, seed: int, stop: threading.Event, errors: list[BaseException], rounds: int) -> None:
+def _writer(dsn: str, seed: int, stop: threading.Event, errors: list[BaseException], rounds: int,
+            started: threading.Event) -> None:
     rnd = random.Random(seed)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -119,42 +121,45 @@ def _writer(dsn: str, seed: int, stop: threading.Event, errors: list[BaseExcepti
                     _transaction(conn, rnd)
                 except psycopg.errors.DeadlockDetected:
                     pass   # random multi-row writes of concurrent writers: expected now and then
+                started.set()
     except BaseException as exc:   # reported by the test
         errors.append(exc)
+    finally:
+        started.set()   # whatever happened: the test must not wait for it
 
 
 def _transaction(conn: psycopg.Connection, rnd: random.Random) -> None:
-    if True:
-        if True:
-                with conn.transaction():
-                    for _ in range(rnd.randint(1, 4)):
-                        op = rnd.random()
-                        i = rnd.randint(1, 400)
-                        if op < 0.45:
-                            conn.execute(
-                                "INSERT INTO t (id, v, n, f, b, ts, raw, d) VALUES (%s, %s, %s, %s, %s,"
-                                " now() - %s * interval '1 minute', %s, current_date - %s) ON CONFLICT (id) DO UPDATE"
-                                " SET v = excluded.v, n = excluded.n, f = excluded.f, b = excluded.b",
-                                (i, f"v{rnd.randint(0, 10**6)}\t\u00e9", f"{rnd.randint(-10**6, 10**6)}.{rnd.randint(0, 99):02d}",
-                                 rnd.choice([rnd.random(), float("inf"), None]), rnd.choice([True, False, None]),
-                                 rnd.randint(0, 10**5), bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 5))),
-                                 rnd.randint(0, 1000)))
-                        elif op < 0.6:
-                            conn.execute("DELETE FROM t WHERE id BETWEEN %s AND %s", (i, i + rnd.randint(0, 5)))
-                        elif op < 0.7:   # key change
-                            conn.execute("UPDATE t SET id = id + 1000 WHERE id = %s"
-                                         " AND NOT EXISTS (SELECT 1 FROM t WHERE id = %s + 1000)", (i, i))
-                        elif op < 0.8:
-                            conn.execute("UPDATE t SET v = v || 'x' WHERE id %% 7 = %s", (i % 7,))
-                        elif op < 0.93:
-                            conn.execute("INSERT INTO s.u VALUES (%s, %s, %s) ON CONFLICT (k1, k2) DO UPDATE"
-                                         " SET payload = excluded.payload",
-                                         (f"k{i % 13}", i % 17, json.dumps({"x": rnd.randint(0, 9), "y": [1, 2.5]})))
-                        else:
-                            conn.execute("DELETE FROM s.u WHERE k2 = %s", (i % 17,))
+    with conn.transaction():
+        for _ in range(rnd.randint(1, 4)):
+            op = rnd.random()
+            i = rnd.randint(1, 400)
+            if op < 0.45:
+                conn.execute(
+                    "INSERT INTO t (id, v, n, f, b, ts, raw, d) VALUES (%s, %s, %s, %s, %s,"
+                    " now() - %s * interval '1 minute', %s, current_date - %s) ON CONFLICT (id) DO UPDATE"
+                    " SET v = excluded.v, n = excluded.n, f = excluded.f, b = excluded.b",
+                    (i, f"v{rnd.randint(0, 10**6)}\t\u00e9", f"{rnd.randint(-10**6, 10**6)}.{rnd.randint(0, 99):02d}",
+                     rnd.choice([rnd.random(), float("inf"), None]), rnd.choice([True, False, None]),
+                     rnd.randint(0, 10**5), bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 5))),
+                     rnd.randint(0, 1000)))
+            elif op < 0.6:
+                conn.execute("DELETE FROM t WHERE id BETWEEN %s AND %s", (i, i + rnd.randint(0, 5)))
+            elif op < 0.7:   # key change
+                conn.execute("UPDATE t SET id = id + 1000 WHERE id = %s"
+                             " AND NOT EXISTS (SELECT 1 FROM t WHERE id = %s + 1000)", (i, i))
+            elif op < 0.8:
+                conn.execute("UPDATE t SET v = v || 'x' WHERE id %% 7 = %s", (i % 7,))
+            elif op < 0.93:
+                conn.execute("INSERT INTO s.u VALUES (%s, %s, %s) ON CONFLICT (k1, k2) DO UPDATE"
+                             " SET payload = excluded.payload",
+                             (f"k{i % 13}", i % 17, json.dumps({"x": rnd.randint(0, 9), "y": [1, 2.5]})))
+            else:
+                conn.execute("DELETE FROM s.u WHERE k2 = %s", (i % 17,))
 
 
-def test_randomized_oracle_concurrent_writes_truncate_and_schema_change(dsn, conn, source, tmp_path, spark):
+def test_randomized_oracle_concurrent_writes_truncate_and_schema_change(dsn, conn, source, tmp_path, spark,
+                                                                        caplog):
+    caplog.set_level(logging.INFO, logger="replicator")
     conn.execute(T_DDL)
     conn.execute("INSERT INTO t SELECT g, 'init' || g, g * 1.5, g / 3.0, g % 2 = 0, now(), '\\x00ff', current_date"
                  " FROM generate_series(1, 300) g")
@@ -164,71 +169,78 @@ def test_randomized_oracle_concurrent_writes_truncate_and_schema_change(dsn, con
     source.add_table("q", "s.u")
     path = tmp_path / "wh"
     target = SparkTarget(path, spark=spark, compact_after_logs=6)
-    consumer = Consumer(dsn, "q", target, poll_interval=0.05)
-    stop_consumer = StopFlag()
-    consumer_errors: list[BaseException] = []
-
-    def run_consumer() -> None:
-        try:
-            consumer.run(stop=stop_consumer)
-        except BaseException as exc:
-            consumer_errors.append(exc)
-
-    def ticker() -> None:
-        with psycopg.connect(dsn, autocommit=True) as c:
-            while not stop_ticker.is_set():
-                c.execute("SELECT replicator.ticker('q', true)")
-                time.sleep(0.05)
-
-    stop_ticker = threading.Event()
-    threads = [threading.Thread(target=run_consumer), threading.Thread(target=ticker)]
-    for th in threads:
-        th.start()
     try:
-        for phase in range(3):
-            stop = threading.Event()
-            errors: list[BaseException] = []
-            writers = [threading.Thread(target=_writer, args=(dsn, 100 * phase + w, stop, errors, 40))
-                       for w in range(2)]
-            for w in writers:
-                w.start()
-            if phase == 1:
-                time.sleep(0.2)
-                conn.execute("TRUNCATE t")
-            if phase == 2:
-                time.sleep(0.2)
-                conn.execute("ALTER TABLE t ADD COLUMN extra int")     # in place: new column by attnum
-                conn.execute("UPDATE t SET extra = id * 2 WHERE id % 3 = 0")
-            for w in writers:
-                w.join()
-            if phase == 2:
-                conn.execute("ALTER TABLE s.u RENAME COLUMN payload TO body")
-                conn.execute("UPDATE s.u SET body = '[1]' WHERE k2 % 2 = 0")
-            assert not errors, errors
-            assert not consumer_errors, consumer_errors
-    finally:
-        stop_ticker.set()
-        stop_consumer.set()
+        consumer = Consumer(dsn, "q", target, poll_interval=0.05)
+        stop_consumer = StopFlag()
+        consumer_errors: list[BaseException] = []
+
+        def run_consumer() -> None:
+            try:
+                consumer.run(stop=stop_consumer)
+            except BaseException as exc:
+                consumer_errors.append(exc)
+
+        def ticker() -> None:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                while not stop_ticker.is_set():
+                    c.execute("SELECT replicator.ticker('q', true)")
+                    time.sleep(0.05)
+
+        stop_ticker = threading.Event()
+        threads = [threading.Thread(target=run_consumer), threading.Thread(target=ticker)]
         for th in threads:
-            th.join(60)
-    assert not consumer_errors, consumer_errors
-    consume(dsn, target)   # catch up to now
-    if target._compactor is not None:
-        target._compactor.join()
-    assert target._compact_error is None, target._compact_error
-    assert_same(conn, spark, path, "t", "t", ["id"])
-    conn.execute("ALTER TABLE s.u RENAME COLUMN body TO payload")
-    consume(dsn, target)
-    assert_same(conn, spark, path, "s.u", "s__u", ["k1", "k2"])
-    manifest = Warehouse(path).read()
-    assert manifest["positions"], manifest
-    # compaction folds the logs and changes nothing a reader sees
-    compact(spark, path)
-    assert all(not entry["logs"] for entry in Warehouse(path).read()["tables"].values())
-    assert_same(conn, spark, path, "t", "t", ["id"])
-    assert sorted(register_views(spark, path)) == ["s__u", "t"]
-    assert spark.sql("SELECT count(*) FROM t").collect()[0][0] == conn.execute("SELECT count(*) FROM t").fetchone()[0]
-    target.close()
+            th.start()
+        try:
+            for phase in range(3):
+                stop = threading.Event()
+                errors: list[BaseException] = []
+                started = [threading.Event() for _ in range(2)]
+                writers = [threading.Thread(target=_writer, args=(dsn, 100 * phase + w, stop, errors, 40, started[w]))
+                           for w in range(2)]
+                for w in writers:
+                    w.start()
+                for event in started:   # DDL amid the writes: once both wrote something
+                    event.wait()
+                if phase == 1:
+                    conn.execute("TRUNCATE t")
+                if phase == 2:
+                    conn.execute("ALTER TABLE t ADD COLUMN extra int")     # in place: new column by attnum
+                    conn.execute("UPDATE t SET extra = id * 2 WHERE id % 3 = 0")
+                for w in writers:
+                    w.join()
+                if phase == 2:
+                    conn.execute("ALTER TABLE s.u RENAME COLUMN payload TO body")
+                    conn.execute("UPDATE s.u SET body = '[1]' WHERE k2 % 2 = 0")
+                assert not errors, errors
+                assert not consumer_errors, consumer_errors
+        finally:
+            stop_ticker.set()
+            stop_consumer.set()
+            for th in threads:
+                th.join(60)
+        assert not consumer_errors, consumer_errors
+        consume(dsn, target)   # catch up to now
+        if target._compactor is not None:
+            target._compactor.join()
+        assert target._compact_error is None, target._compact_error
+        # the background compactor ran (every 6 log files) and committed a new base
+        compactions = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compacted ")]
+        assert any("not committed" not in m for m in compactions), compactions
+        assert_same(conn, spark, path, "t", "t", ["id"])
+        conn.execute("ALTER TABLE s.u RENAME COLUMN body TO payload")
+        consume(dsn, target)
+        assert_same(conn, spark, path, "s.u", "s__u", ["k1", "k2"])
+        manifest = Warehouse(path).read()
+        assert manifest["positions"], manifest
+        # compaction folds the logs and changes nothing a reader sees
+        compact(spark, path)
+        assert all(not entry["logs"] for entry in Warehouse(path).read()["tables"].values())
+        assert_same(conn, spark, path, "t", "t", ["id"])
+        assert sorted(register_views(spark, path)) == ["s__u", "t"]
+        assert (spark.sql("SELECT count(*) FROM t").collect()[0][0]
+                == conn.execute("SELECT count(*) FROM t").fetchone()[0])
+    finally:
+        target.close()
 
 
 # schema changes, types ------------------------------------------------------------------
@@ -276,9 +288,9 @@ def test_schema_changes_in_place_and_by_copy_keep_tables_readable(dsn, conn, sou
 
 # crashes --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("point", ["spark-log-written", "spark-manifest-written"])
-def test_kill_9_during_commit_keeps_previous_state_and_next_run_converges(dsn, conn, source, tmp_path, spark,
-                                                                           point):
+@pytest.mark.parametrize("point", ["spark-log-written", "spark-manifest-written", "spark-committed"])
+def test_kill_9_during_commit_keeps_one_state_and_next_run_applies_the_batch_once(dsn, conn, source, tmp_path, spark,
+                                                                                   point):
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 500) g")
     source.create_queue("q")
@@ -298,24 +310,31 @@ def test_kill_9_during_commit_keeps_previous_state_and_next_run_converges(dsn, c
                              timeout=120)
     assert crashed.returncode == -9, crashed.stderr
     after_crash = Warehouse(path).read()
-    assert after_crash["version"] == before["version"] and after_crash["positions"] == before["positions"]
-    assert {r["id"]: r["v"] for r in read_table(spark, path, "t").collect()} == state_before
+    manifest_temps = list(path.glob("_manifest.json.*.tmp"))
+    if point == "spark-committed":
+        # The manifest names the batch and its position; the source was not told (finish_batch).
+        assert after_crash["version"] == before["version"] + 1 and after_crash["positions"] != before["positions"]
+        assert_same(conn, spark, path, "t", "t", ["id"])
+    else:
+        assert after_crash["version"] == before["version"] and after_crash["positions"] == before["positions"]
+        assert {r["id"]: r["v"] for r in read_table(spark, path, "t").collect()} == state_before
+    assert bool(manifest_temps) == (point == "spark-manifest-written"), manifest_temps
     leftovers = [p for p in path.rglob("*.parquet")
                  if str(p.relative_to(path)) not in Warehouse(path).referenced(after_crash)
                  and not any(str(q) in Warehouse(path).referenced(after_crash)
                              for q in p.relative_to(path).parents)]
-    if point == "spark-log-written":
-        assert leftovers, "the crash should have left an uncommitted change log"
+    assert bool(leftovers) == (point != "spark-committed"), "an uncommitted change log is left until the next run"
     done = run_cli(dsn, "consume", "q", "--target", url, "--until-caught-up")
     assert done.returncode == 0, done.stderr
     assert_same(conn, spark, path, "t", "t", ["id"])
-    assert not any(p.exists() for p in leftovers), "uncommitted files must be cleaned up"
-    # applied exactly once: the next run finds nothing to do and changes nothing
+    assert not any(p.exists() for p in leftovers + manifest_temps), "uncommitted files must be cleaned up"
+    # applied exactly once: one change log, and the next run finds nothing to do and changes nothing
     version = Warehouse(path).read()["version"]
     done = run_cli(dsn, "consume", "q", "--target", url, "--until-caught-up")
     assert done.returncode == 0, done.stderr
     assert_same(conn, spark, path, "t", "t", ["id"])
     assert len(Warehouse(path).read()["tables"]["public.t"]["logs"]) == 1
+    assert len(list(path.rglob("log-*.parquet"))) == 1
     assert Warehouse(path).read()["version"] >= version
 
 
@@ -374,7 +393,8 @@ def test_compact_command_and_errors(dsn, conn, source, tmp_path, spark):
     assert bad.returncode == 1 and "spark: target only" in bad.stderr
 
 
-def test_parallel_initial_copy_reads_one_snapshot_in_block_ranges(dsn, conn, source, tmp_path, spark, monkeypatch):
+def test_parallel_initial_copy_reads_one_snapshot_while_the_table_changes(dsn, conn, source, tmp_path, spark,
+                                                                         monkeypatch):
     import replicator.spark.parallel_copy as parallel_copy
     monkeypatch.setattr(parallel_copy, "PARALLEL_MIN_ROWS", 1)
     monkeypatch.setattr(parallel_copy, "workers_for", lambda rows: 3)
@@ -383,17 +403,133 @@ def test_parallel_initial_copy_reads_one_snapshot_in_block_ranges(dsn, conn, sou
                  " FROM generate_series(1, 6000) g")
     source.create_queue("q")
     source.add_table("q", "t")
+    # The writes run while the workers copy: a transaction that began after the copy's
+    # snapshot holds t locked, so no worker can read before it commits, and it writes and
+    # commits at the copy's first progress report (the workers started, none finished).
+    writer = psycopg.connect(dsn)
+    reported: list[int] = []
+    real_copy_parallel = parallel_copy.copy_parallel
+
+    def copy_parallel_with_writes(conn_, dsn_, select, structure, ranges, prefix, progress):
+        writer.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+
+        def report(rows: int) -> None:
+            if not reported:
+                writer.execute("UPDATE t SET v = 'during the copy' WHERE id % 10 = 0")   # new versions in other blocks
+                writer.execute("DELETE FROM t WHERE id % 10 = 1")
+                writer.execute("INSERT INTO t (id, v) SELECT g, 'inserted' FROM generate_series(6001, 6300) g")
+                writer.commit()
+            reported.append(rows)
+            progress(rows)
+
+        return real_copy_parallel(conn_, dsn_, select, structure, ranges, prefix, report)
+
+    monkeypatch.setattr(parallel_copy, "copy_parallel", copy_parallel_with_writes)
     path = tmp_path / "wh"
     target = SparkTarget(path, spark=spark, compact_after_logs=0)
-    consumer = Consumer(dsn, "q", target)
-    consumer.connect()
-    conn.execute("UPDATE t SET v = 'before the copy' WHERE id <= 10")   # in the copy; its event is skipped
-    consumer.sync_tables()
-    entry = Warehouse(path).read()["tables"]["public.t"]
-    assert len(entry["base"]) == 3 and entry["base_rows"] == 6000, entry
-    consumer.run(until_caught_up=True)
-    consumer.close()
-    conn.execute("DELETE FROM t WHERE id % 100 = 0")
-    consume(dsn, target)
-    assert_same(conn, spark, path, "t", "t", ["id"])
-    target.close()
+    try:
+        consumer = Consumer(dsn, "q", target)
+        try:
+            consumer.connect()
+            conn.execute("UPDATE t SET v = 'before the copy' WHERE id <= 10")   # in the copy; its event is skipped
+            consumer.sync_tables()
+            assert reported[0] == 0 and reported[-1] == 6000, reported
+            entry = Warehouse(path).read()["tables"]["public.t"]
+            assert len(entry["base"]) == 3 and entry["base_rows"] == 6000, entry
+            copied = {r["id"]: r["v"] for r in read_table(spark, path, "t").collect()}
+            assert len(copied) == 6000 and copied[10] == "before the copy" and copied[20].startswith("xxx")
+            consumer.run(until_caught_up=True)
+        finally:
+            consumer.close()
+            writer.close()
+        assert_same(conn, spark, path, "t", "t", ["id"])
+        conn.execute("DELETE FROM t WHERE id % 100 = 0")
+        consume(dsn, target)
+        assert_same(conn, spark, path, "t", "t", ["id"])
+    finally:
+        target.close()
+
+
+def test_a_warehouse_that_fails_to_open_is_not_left_locked(tmp_path):
+    from replicator.errors import UserError
+    path = tmp_path / "wh"
+    path.mkdir()
+    (path / "_manifest.json").write_text("{not json")
+    with pytest.raises(UserError, match="_manifest.json is not a manifest"):
+        SparkTarget(path)
+    (path / "_manifest.json").unlink()
+    SparkTarget(path).close()   # the failed open released the consumer lock
+
+
+def _hide_first_log(path: Path) -> tuple[Path, Path]:
+    """Moves the table's oldest change log file away: Spark then fails to read the table."""
+    first = path / Warehouse(path).read()["tables"]["public.t"]["logs"][0]["file"]
+    return first, first.rename(first.with_name("hidden-" + first.name))
+
+
+def test_compact_command_reports_a_damaged_manifest_and_a_spark_failure_in_one_line(dsn, conn, source, tmp_path,
+                                                                                    spark):
+    from click.testing import CliRunner
+    from replicator.cli import cli
+    from replicator.errors import UserError
+
+    path = tmp_path / "wh"
+    path.mkdir()
+    (path / "_manifest.json").write_text('{"format": 1, "tables": {')
+    bad = run_cli(dsn, "spark", "compact", "--target", f"spark:{path}")
+    assert bad.returncode == 1, bad.stderr
+    assert bad.stderr.startswith(f"error: cannot compact {path}: {path}/_manifest.json is not a manifest"), bad.stderr
+    assert "restore it from a backup" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    (path / "_manifest.json").unlink()
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    target = SparkTarget(path, spark=spark, compact_after_logs=0)
+    try:
+        consume(dsn, target)
+        conn.execute("INSERT INTO t VALUES (1, 1)")
+        consume(dsn, target)
+    finally:
+        target.close()
+    first, _hidden = _hide_first_log(path)
+    failed = CliRunner().invoke(cli, ["spark", "compact", "--target", f"spark:{path}"])
+    assert failed.exit_code == 1 and isinstance(failed.exception, UserError), failed.output
+    message = str(failed.exception)
+    assert message.startswith(f"cannot compact {path}: Spark failed: ") and first.name in message, message
+    assert "\n" not in message, message
+
+
+def test_failed_background_compaction_is_retried_after_a_backoff(dsn, conn, source, tmp_path, spark, caplog):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    target = SparkTarget(path, spark=spark, compact_after_logs=2, compact_retry_after=3600)
+    try:
+        consume(dsn, target)   # the (empty) copy
+        conn.execute("INSERT INTO t VALUES (1, 1)")
+        consume(dsn, target)
+        first, hidden = _hide_first_log(path)
+        conn.execute("INSERT INTO t VALUES (2, 2)")
+        consume(dsn, target)   # the second log file: a compaction starts, and cannot read the first
+        failed = target._compactor
+        assert failed is not None
+        failed.join()
+        assert target._compact_error is not None
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "compaction of" in r.getMessage()]
+        assert len(warnings) == 1 and warnings[0].exc_info is None, warnings
+        assert "retried in 3600s" in warnings[0].getMessage() and "\n" not in warnings[0].getMessage()
+        conn.execute("INSERT INTO t VALUES (3, 3)")
+        consume(dsn, target)
+        assert target._compactor is failed, "retried before the backoff was over"
+        hidden.rename(first)
+        target.compact_retry_after = 0   # the backoff is over
+        conn.execute("INSERT INTO t VALUES (4, 4)")
+        consume(dsn, target)
+        assert target._compactor is not failed, "compaction was not retried"
+        target._compactor.join()
+        assert target._compact_error is None, target._compact_error
+        assert Warehouse(path).read()["tables"]["public.t"]["logs"] == []
+        assert_same(conn, spark, path, "t", "t", ["id"])
+    finally:
+        target.close()

@@ -154,3 +154,45 @@ def test_partitions_split_a_range_and_cover_it_exactly(dsn, conn, source):
                         ).fetchone()[0] == end["tick"]
     assert reader.partitions(end, end) == []
     assert reader.latestOffset(end, None)["tick"] == end["tick"]
+
+
+def test_available_now_on_a_queue_that_never_ticked_makes_its_first_tick(dsn, conn, source):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    assert source.latest_tick("q") is None
+    reader = ReplicatorStreamReader({"dsn": dsn, "queue": "q"})
+    reader.prepareForTriggerAvailableNow()
+    start = reader.initialOffset()
+    assert start["tick"] == source.latest_tick("q") is not None
+    assert reader.latestOffset(start, None) == start
+
+
+def test_query_behind_a_rotated_queue_fails_saying_it_is_too_far_behind(dsn, conn, source, tmp_path, spark):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    source.register_consumer("q", "spark_q")
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+    conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 5) g")
+    run_query(spark, dsn, sink, checkpoint)   # checkpoints an offset at the queue's last tick
+    checkpointed = max(r[0] for r in stream_rows(spark, sink))
+    # The query stays stopped; its consumer is unregistered, the queue moves on and rotates.
+    source.unregister_consumer("q", "spark_q")
+    conn.execute("INSERT INTO t VALUES (6, 'after the checkpoint')")
+    latest = source.tick("q", force=True)
+    conn.execute("UPDATE replicator.queue SET queue_switch_time = now() - interval '1 day'")
+    assert conn.execute("SELECT replicator.maint_rotate_step1('q')").fetchone()[0]
+    assert conn.execute("SELECT replicator.maint_rotate_step2()").fetchone()[0] == 1
+    conn.execute("SELECT replicator.maint_tick_cleanup('q')")
+    assert [r[0] for r in conn.execute("SELECT tick_id FROM replicator.tick")] == [latest]
+    assert checkpointed < latest
+    query = (spark.readStream.format("replicator").option("dsn", dsn).option("queue", "q").load()
+             .writeStream.format("parquet").option("path", str(sink)).option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    from pyspark.errors import StreamingQueryException
+    with pytest.raises(StreamingQueryException) as failed:
+        query.awaitTermination(240)
+    error = str(failed.value)
+    assert "RuntimeError: ticks" in error and "the query is too far behind (the queue rotated past it)" in error, error
+    assert "Restart it with a new checkpoint location" in error, error

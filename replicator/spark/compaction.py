@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import UserError
 from .reader import _entry, merged_physical
-from .warehouse import COMPACT_LOCK, Warehouse, new_id
+from .warehouse import COMPACT_LOCK, Warehouse, make_durable, new_id
 
 log = logging.getLogger("replicator")
 
@@ -39,8 +39,9 @@ def compact(spark: Any, path: Path | str, *, tables: list[str] | None = None,
     if not warehouse.exists():
         raise UserError(f"{warehouse.path} is not a replicator Spark warehouse (no manifest)")
     with warehouse.lock(COMPACT_LOCK, wait=True):
-        manifest = warehouse.read()
-        warehouse.remove_orphans(manifest, compaction=True)
+        with warehouse.lock():   # remove_orphans needs it: no manifest writer is mid-write then
+            manifest = warehouse.read()
+            warehouse.remove_orphans(manifest, compaction=True)
         names = [_entry(manifest, t)[0] for t in tables] if tables else list(manifest["tables"])
         done = []
         for name in names:
@@ -57,7 +58,9 @@ def _compact_table(spark: Any, warehouse: Warehouse, name: str, entry: dict[str,
     target = warehouse.file(relative)
     merged = merged_physical(spark, warehouse, entry)
     merged.write.mode("errorifexists").parquet(str(target))
-    files = sorted(warehouse.relative(p) for p in target.glob("part-*.parquet"))
+    parts = sorted(target.glob("part-*.parquet"))
+    make_durable(parts, warehouse.path)   # Spark does not fsync; the manifest will name them
+    files = [warehouse.relative(p) for p in parts]
     rows = spark.read.parquet(str(target)).count() if files else 0
     folded = [log_["file"] for log_ in entry["logs"]]
     with warehouse.lock():

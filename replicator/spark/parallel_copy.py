@@ -22,8 +22,9 @@ import psycopg
 import pyarrow.parquet as pq
 from psycopg import sql
 
+from .. import db
 from ..schema import TableStructure
-from .warehouse import arrow_table, fsync_file, physical_schema
+from .warehouse import arrow_table, physical_schema
 
 PARALLEL_MIN_ROWS = 500_000     # smaller tables are copied by the consumer process alone
 ROW_GROUP = 131072
@@ -123,12 +124,12 @@ def _copy_range(dsn: str, snapshot_id: str, query: str, lo: int | None, hi: int 
     def close() -> None:
         nonlocal writer
         if writer is not None:
-            writer.close()
-            fsync_file(Path(path))
+            writer.close()   # made durable with the rest of the transaction, when the consumer commits
             files.append((path, in_file))
             writer = None
 
-    with psycopg.connect(dsn, application_name="replicator copy worker") as conn:
+    # db.open_connection: the session settings the row encoding depends on (floats, intervals).
+    with db.open_connection(db.resolve_dsn(dsn), autocommit=False, application_name="replicator copy worker") as conn:
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         conn.read_only = True
         conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_id)))

@@ -170,16 +170,17 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _tick(self, conn: psycopg.Connection, queue_id: int) -> int:
         """The queue's latest tick, after ticking it if events wait behind its last tick."""
-        last_tick, last_seq = conn.execute(
-            "SELECT tick_id, tick_event_seq FROM replicator.tick WHERE tick_queue = %s"
-            " ORDER BY tick_id DESC LIMIT 1", (queue_id,)).fetchone()
-        if conn.execute("SELECT replicator.last_event_id(%s)", (queue_id,)).fetchone()[0] > last_seq:
-            tick = conn.execute("SELECT replicator.ticker(%s, true)", (self.queue,)).fetchone()[0]
-            if tick is not None:
-                return tick
-            return conn.execute("SELECT max(tick_id) FROM replicator.tick WHERE tick_queue = %s",
-                                (queue_id,)).fetchone()[0]
-        return last_tick
+        last = conn.execute("SELECT tick_id, tick_event_seq FROM replicator.tick WHERE tick_queue = %s"
+                            " ORDER BY tick_id DESC LIMIT 1", (queue_id,)).fetchone()
+        # A queue that never ticked has no tick yet: make its first.
+        if last is not None and conn.execute("SELECT replicator.last_event_id(%s)", (queue_id,)
+                                             ).fetchone()[0] <= last[1]:
+            return last[0]
+        tick = conn.execute("SELECT replicator.ticker(%s, true)", (self.queue,)).fetchone()[0]
+        if tick is not None:
+            return tick
+        return conn.execute("SELECT max(tick_id) FROM replicator.tick WHERE tick_queue = %s",
+                            (queue_id,)).fetchone()[0]
 
     def prepareForTriggerAvailableNow(self) -> None:
         with self._connect() as conn:
@@ -192,8 +193,11 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         with self._connect() as conn:
             queue_id, event_table = self._queue(conn)
             until = self._until if self._until is not None else self._tick(conn, queue_id)
-            start_seq = conn.execute("SELECT tick_event_seq FROM replicator.tick WHERE tick_queue = %s"
-                                     " AND tick_id = %s", (queue_id, start["tick"])).fetchone()[0]
+            found = conn.execute("SELECT tick_event_seq FROM replicator.tick WHERE tick_queue = %s"
+                                 " AND tick_id = %s", (queue_id, start["tick"])).fetchone()
+            if found is None:
+                raise _rotated_past(self.queue, start["tick"], until)
+            start_seq = found[0]
             end = conn.execute(
                 "SELECT coalesce(max(tick_id) FILTER (WHERE tick_event_seq - %s <= %s), min(tick_id))"
                 " FROM replicator.tick WHERE tick_queue = %s AND tick_id > %s AND tick_id <= %s",
@@ -237,8 +241,7 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             queue_id, event_table = self._queue(conn)
             ticks = self._snapshots(conn, queue_id, start["tick"], end["tick"])
             if not ticks or ticks[0][0] != start["tick"] or ticks[-1][0] != end["tick"]:
-                raise RuntimeError(f"ticks {start['tick']}..{end['tick']} of queue {self.queue} no longer "
-                                   f"exist: the query is too far behind (the queue rotated past it)")
+                raise _rotated_past(self.queue, start["tick"], end["tick"])
             seqs = dict(conn.execute("SELECT tick_id, tick_event_seq FROM replicator.tick WHERE tick_queue = %s"
                                      " AND tick_id IN (%s, %s)", (queue_id, start["tick"], end["tick"])).fetchall())
             timeline = self._timeline(conn, event_table, start["tick"], end["tick"], queue_id)
@@ -265,6 +268,12 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def stop(self) -> None:
         pass
+
+
+def _rotated_past(queue: str, start: int, end: int) -> RuntimeError:
+    return RuntimeError(f"ticks {start}..{end} of queue {queue} no longer exist: the query is too far behind "
+                        f"(the queue rotated past it). Restart it with a new checkpoint location: it starts at "
+                        f"the queue's current position, without the changes in between")
 
 
 def read_partition(p: ReplicatorPartition):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -49,7 +50,7 @@ from ..errors import UserError
 from ..schema import TableStructure, target_table_name
 from ..views import Analysis, Reason, TableInfo, analyse, check_name, check_policy
 from .reader import entry_frame, logged_rows, merge_on_read, read_parquet
-from .warehouse import DELETED, SEQ, Warehouse, new_id, retire
+from .warehouse import DELETED, SEQ, Warehouse, make_durable, new_id, retire
 
 log = logging.getLogger("replicator")
 
@@ -269,7 +270,8 @@ class SparkViews:
         """Analyses a definition against the warehouse as the manifest has it (its
         tables registered as temporary views). Raises UserError when the SQL does not
         run on it."""
-        analysis = analyse(sql, self._catalog(manifest), quote_spark)
+        analysis = analyse(sql, self._catalog(manifest), quote_spark, "spark")
+        sql = analysis.sql
         self._register_tables(manifest)
         try:
             frame = self.spark.sql(sql)
@@ -353,12 +355,17 @@ class SparkViews:
                 raise UserError(f"view {name} cannot be maintained incrementally: {plan.reason.code}: "
                                 f"{plan.reason.message} (at: {plan.reason.fragment}); "
                                 f"use --policy auto to refresh it in full")
-            entry = {"sql": sql, "policy": policy, "created_at": _now(), "dir": f"{VIEWS_DIR}/{name}-{new_id()}",
+            entry = {"sql": plan.sql, "policy": policy, "created_at": _now(), "dir": f"{VIEWS_DIR}/{name}-{new_id()}",
                      "generation": "", "base": [], "logs": [], "rows": 0, "seq": 0, "refreshes": [],
                      "status": "ok", "status_reason": None}
             self._apply_plan(entry, plan)
             manifest["views"][name] = entry
-            self._full(manifest, name, plan, "CREATE")
+            try:
+                self._full(manifest, name, plan, "CREATE")
+            except Exception as exc:   # the query analyses but fails on the rows (ANSI overflow, raise_error...)
+                shutil.rmtree(self.warehouse.file(entry["dir"]), ignore_errors=True)   # what it wrote, named nowhere
+                raise UserError(f"view {name} not created: its query fails on the warehouse: "
+                                f"{_first_line(exc)}") from None
         return self.info(name)
 
     def drop(self, name: str) -> None:
@@ -477,7 +484,7 @@ class SparkViews:
     def _stored_plan(self, manifest: dict[str, Any], name: str) -> ViewPlan:
         """The plan of a view whose tables kept their structure (no Spark job)."""
         entry = manifest["views"][name]
-        analysis = analyse(entry["sql"], self._catalog(manifest), quote_spark)
+        analysis = analyse(entry["sql"], self._catalog(manifest), quote_spark, "spark")
         reason = Reason(entry["reason"]["code"], entry["reason"]["fragment"]) if entry["reason"] else None
         return ViewPlan(name=name, sql=entry["sql"], policy=entry["policy"], mode=entry["maintenance"],
                         reason=reason, analysis=analysis, columns=list(entry["columns"]), deps=list(entry["deps"]),
@@ -521,7 +528,7 @@ class SparkViews:
         frame = self.spark.sql(plan.select()).toDF(*plan.key_columns, *_value_names(entry))
         generation = f"{entry['dir']}/g-{new_id()}"
         base = f"{generation}/base"
-        frame.write.parquet(str(self.warehouse.file(base)))
+        self._write(frame, base)
         rows = _parquet_rows(self.warehouse.file(base))
         old_rows = entry["rows"]
         if entry["generation"]:
@@ -628,14 +635,19 @@ class SparkViews:
             return f"COST: incremental refreshes take about {median * 1000:.0f} ms, a full one {full * 1000:.0f} ms"
         return None
 
+    def _write(self, frame: Any, path: str) -> None:
+        """Writes a DataFrame as the Parquet directory `path` of the warehouse, made
+        durable before a manifest names it (Spark does not fsync)."""
+        directory = self.warehouse.file(path)
+        frame.write.parquet(str(directory))
+        make_durable(sorted(directory.glob("*.parquet")), self.warehouse.path)
+
     def _too_large(self, entry: dict[str, Any], plan: ViewPlan, keys: int) -> bool:
         return plan.policy == "auto" and keys > AUTO_FULL_SHARE * max(entry["rows"], 1)
 
     def _write_log(self, manifest: dict[str, Any], entry: dict[str, Any], upserts: Any, gone: Any) -> tuple[int, int]:
         """One change log for the view: upserts and deletions, one row per key.
         Returns how many of each it holds (an empty one is not kept)."""
-        import shutil
-
         from pyspark.sql import functions as F
 
         seq = manifest["next_seq"]
@@ -647,7 +659,7 @@ class SparkViews:
                  .withColumn(SEQ, F.lit(seq).cast("long")))
         path = f"{entry['generation']}/log-{seq:012d}-{new_id()}"
         directory = self.warehouse.file(path)
-        frame.select(*[f.name for f in schema.fields], SEQ, DELETED).write.parquet(str(directory))
+        self._write(frame.select(*[f.name for f in schema.fields], SEQ, DELETED), path)
         flags = [pq.read_table(f, columns=[DELETED]).column(0).to_pylist() for f in directory.glob("*.parquet")]
         rows = sum(len(f) for f in flags)
         deleted = sum(sum(1 for d in f if d) for f in flags)
@@ -664,6 +676,6 @@ class SparkViews:
         """Folds the view's change log into a new base (a new generation)."""
         generation = f"{entry['dir']}/g-{new_id()}"
         base = f"{generation}/base"
-        _storage_frame(self.spark, self.warehouse, entry).write.parquet(str(self.warehouse.file(base)))
+        self._write(_storage_frame(self.spark, self.warehouse, entry), base)
         retire(manifest, [entry["generation"]])
         entry.update({"generation": generation, "base": [base], "logs": []})

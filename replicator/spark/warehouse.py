@@ -29,13 +29,14 @@ says which physical columns the table has and what they are called now.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ import pyarrow as pa
 from ..schema import Column, TableStructure
 
 MANIFEST = "_manifest.json"
+MANIFEST_TMP_SUFFIX = ".tmp"       # _manifest.json.<pid>.tmp while a writer replaces the manifest
 LOCK = "_lock"
 COMPACT_LOCK = "_compact.lock"
 FORMAT = 1
@@ -185,8 +187,28 @@ def fsync_file(path: Path) -> None:
 
 
 def fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
+    try:
         fsync_file(path)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:   # EINVAL: a filesystem that cannot sync directories
+            raise
+
+
+def make_durable(paths: Iterable[Path], root: Path) -> None:
+    """fsyncs files and every directory from their parents up to root, before a
+    manifest names them: a file's name lives in its directory, a new directory's
+    in its parent, and a power loss drops names whose directory was not synced."""
+    directories: set[Path] = set()
+    for path in paths:
+        fsync_file(path)
+        for directory in (path.parent, *path.parent.parents):
+            directories.add(directory)
+            if directory == root:
+                break
+        else:
+            raise ValueError(f"{path} is not under {root}")
+    for directory in sorted(directories, key=lambda d: len(d.parts), reverse=True):
+        fsync_dir(directory)
 
 
 def new_id() -> str:
@@ -222,9 +244,17 @@ class Warehouse:
     def read(self) -> dict[str, Any]:
         """The committed manifest (an empty one before the first commit)."""
         try:
-            data = json.loads(self.manifest_path.read_text())
+            text = self.manifest_path.read_text()
         except FileNotFoundError:
             return empty_manifest()
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{self.manifest_path} is not a manifest ({exc}): restore it from a backup, "
+                             f"or mirror into a new warehouse directory") from None
+        if not isinstance(data, dict) or not all(isinstance(data.get(k), dict) for k in ("positions", "tables")):
+            raise ValueError(f"{self.manifest_path} is not a manifest (no positions and tables): restore it "
+                             f"from a backup, or mirror into a new warehouse directory")
         if data.get("format") != FORMAT:
             raise ValueError(f"{self.manifest_path} has format {data.get('format')}, expected {FORMAT}")
         return data
@@ -245,10 +275,10 @@ class Warehouse:
 
     def write(self, manifest: dict[str, Any]) -> None:
         """Makes a manifest the committed one: temporary file, fsync, rename, fsync
-        of the directory. Call with the lock held."""
+        of the directory. Call with the lock held (remove_orphans relies on it)."""
         manifest["version"] = int(manifest.get("version", 0)) + 1
         manifest["committed_at"] = time.time()
-        tmp = self.path / f"{MANIFEST}.{os.getpid()}.tmp"
+        tmp = self.path / f"{MANIFEST}.{os.getpid()}{MANIFEST_TMP_SUFFIX}"
         with open(tmp, "w") as f:
             json.dump(manifest, f, separators=(",", ":"))
             f.flush()
@@ -298,10 +328,15 @@ class Warehouse:
     def remove_orphans(self, manifest: dict[str, Any], *, compaction: bool) -> int:
         """Deletes files a crashed writer left behind: those no manifest names.
         The consumer removes its own kind (logs and copied bases), a compaction
-        the bases compactions write (directories compact-*)."""
+        the bases compactions write (directories compact-*). Both remove the
+        manifest's temporary files: call with the lock held, which every manifest
+        writer holds while its temporary file exists, so those left are a crashed one's."""
+        removed = 0
+        for tmp in self.path.glob(f"{MANIFEST}.*{MANIFEST_TMP_SUFFIX}"):
+            tmp.unlink(missing_ok=True)
+            removed += 1
         referenced = self.referenced(manifest)
         referenced_dirs = {str(Path(f).parent) for f in referenced} | referenced
-        removed = 0
         for table_dir in self.path.iterdir():
             if not table_dir.is_dir():
                 continue

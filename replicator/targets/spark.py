@@ -21,6 +21,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ import pyarrow.parquet as pq
 
 from ..errors import UserError
 from ..schema import Change, TableStructure, target_table_name
-from ..spark.warehouse import Warehouse, arrow_table, crash_point, fsync_file, new_id, physical_schema, retire
+from ..spark.warehouse import Warehouse, arrow_table, crash_point, make_durable, new_id, physical_schema, retire
 from ..spark.views import SparkViews
 from . import Row, TargetTable
 
@@ -40,6 +41,8 @@ BASE_ROW_GROUP = 131072       # rows per row group of a copied base
 BASE_FILE_ROWS = 1 << 18      # rows per file of a copied base (files are read in parallel)
 LOG_SPILL_ROWS = 200_000      # distinct keys buffered per table before a log file is written
 COMPACT_AFTER_LOGS = 64
+COMPACT_RETRY_AFTER = 60.0    # seconds before a failed compaction is tried again, doubled per failure
+COMPACT_RETRY_MAX = 3600.0
 
 
 @dataclass
@@ -57,7 +60,8 @@ class SparkTarget:
     exactly_once = True
 
     def __init__(self, path: Path | str, *, master: str | None = None, conf: Mapping[str, str] | None = None,
-                 spark: Any = None, compact_after_logs: int = COMPACT_AFTER_LOGS) -> None:
+                 spark: Any = None, compact_after_logs: int = COMPACT_AFTER_LOGS,
+                 compact_retry_after: float = COMPACT_RETRY_AFTER) -> None:
         self.warehouse = Warehouse(path)
         if not self.warehouse.path.parent.is_dir():
             raise UserError(f"cannot create {self.warehouse.path}: directory {self.warehouse.path.parent} "
@@ -67,13 +71,17 @@ class SparkTarget:
             # One consumer process writes a warehouse: it removes what a crashed one left.
             self._owner = os.open(self.warehouse.path / "_consumer.lock", os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(self._owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+                try:
+                    fcntl.flock(self._owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise UserError(f"another consumer is writing the Spark warehouse {self.warehouse.path}"
+                                    ) from None
+                with self.warehouse.lock():
+                    manifest = self.warehouse.read()
+                    self.warehouse.remove_orphans(manifest, compaction=False)
+            except BaseException:   # a failed start must not keep the warehouse locked from the next one
                 os.close(self._owner)
-                raise UserError(f"another consumer is writing the Spark warehouse {self.warehouse.path}") from None
-            with self.warehouse.lock():
-                manifest = self.warehouse.read()
-                self.warehouse.remove_orphans(manifest, compaction=False)
+                raise
         except (OSError, ValueError) as exc:
             raise UserError(f"cannot use {self.warehouse.path} as a Spark warehouse: {exc}") from None
         self.name = f"spark:{self.warehouse.path}"
@@ -81,12 +89,15 @@ class SparkTarget:
         self.conf = dict(conf or {})
         self._spark = spark
         self.compact_after_logs = compact_after_logs
+        self.compact_retry_after = compact_retry_after
         self.manifest = manifest              # the committed manifest
         self.work: dict[str, Any] | None = None  # the manifest as the open transaction sees it
         self._ops: list[tuple[Any, ...]] = []
         self._pending: dict[str, _Pending] = {}
         self._compactor: threading.Thread | None = None
-        self._compact_error: BaseException | None = None
+        self._compact_error: Exception | None = None   # the last compaction's, None once one succeeds
+        self._compact_failures = 0                        # in a row: the retry delay doubles with each
+        self._compact_failed_at = 0.0                     # time.monotonic() of the last failure
         self._spark_lock = threading.Lock()
         self.views = SparkViews(self.warehouse, self.spark)
 
@@ -100,8 +111,9 @@ class SparkTarget:
 
     # state ---------------------------------------------------------------------------
 
-    def position(self, queue: str, consumer: str) -> int | None:
-        return self.manifest["positions"].get(f"{queue}/{consumer}")
+    def positions(self, queue: str) -> dict[str, int]:
+        return {key[len(queue) + 1:]: tick for key, tick in self.manifest["positions"].items()
+                if key.startswith(f"{queue}/")}
 
     def tables(self) -> dict[str, TargetTable]:
         return {name: _target_table(name, entry) for name, entry in self.manifest["tables"].items()}
@@ -129,6 +141,8 @@ class SparkTarget:
         for name in list(self._pending):
             self._flush(name)
             self._close_base(name)
+        # Before the manifest names them: data and directory entries (parallel copy workers' files included).
+        make_durable([path for pending in self._pending.values() for path in pending.files], self.warehouse.path)
         crash_point("spark-log-written")
         with self.warehouse.lock():
             manifest = self.warehouse.read()
@@ -291,7 +305,6 @@ class SparkTarget:
         path.parent.mkdir(parents=True, exist_ok=True)
         pending.files.append(path)
         pq.write_table(data, path, compression="snappy")
-        fsync_file(path)
         self._op("logs", name, [{"file": self.warehouse.relative(path), "seq": seq, "rows": len(changes),
                                  "deletes": sum(1 for deleted, _ in changes if deleted)}])
 
@@ -323,7 +336,6 @@ class SparkTarget:
             return
         pending.writer.close()
         assert pending.writer_path is not None
-        fsync_file(pending.writer_path)
         self._op("base", name, self.warehouse.relative(pending.writer_path), pending.writer_rows)
         pending.writer = None
         pending.writer_path = None
@@ -346,6 +358,8 @@ class SparkTarget:
             return
         if self._compactor is not None and self._compactor.is_alive():
             return
+        if self._compact_failures and time.monotonic() - self._compact_failed_at < self._retry_delay():
+            return
         due = [name for name, entry in self.manifest["tables"].items()
                if len(entry["logs"]) >= self.compact_after_logs]
         if not due:
@@ -354,14 +368,23 @@ class SparkTarget:
                                            daemon=True)
         self._compactor.start()
 
+    def _retry_delay(self) -> float:
+        return min(self.compact_retry_after * 2 ** (self._compact_failures - 1), COMPACT_RETRY_MAX)
+
     def _compact(self, names: list[str]) -> None:
         from ..spark.compaction import compact
+        from ..spark.errors import error_line
         try:
             compact(self.spark(), self.warehouse.path, tables=names)
-        except BaseException as exc:   # the consumer goes on; the log is compacted later
+        except Exception as exc:   # the consumer goes on; the logs only grow until a retry succeeds
             self._compact_error = exc
-            log.warning("compaction of %s failed: %r", ", ".join(names), exc, exc_info=True)
-            self.compact_after_logs = 0
+            self._compact_failures += 1
+            self._compact_failed_at = time.monotonic()
+            log.warning("compaction of %s failed (retried in %.0fs, or run `replicator spark compact`): %s",
+                        ", ".join(names), self._retry_delay(), error_line(exc))
+        else:
+            self._compact_error = None
+            self._compact_failures = 0
 
 
 def _dir_name(structure: TableStructure) -> str:
