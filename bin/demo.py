@@ -7,7 +7,6 @@ Run it through bin/demo, which sets up the environment first.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import random
 import shutil
@@ -16,6 +15,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
+from decimal import Decimal
 from pathlib import Path
 
 import psycopg
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from replicator.errors import UserError
 from replicator.pgserver import PgServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,7 +133,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=15.0, help="how long the workload runs")
     parser.add_argument("--dir", type=Path, default=ROOT / "demo-data", help="where the cluster and replica go")
+    parser.add_argument("--reset", action="store_true",
+                        help="with REPLICATOR_DSN: allow dropping the demo's tables and schema replicator there")
     args = parser.parse_args()
+    if os.environ.get("REPLICATOR_DSN") and not args.reset:
+        print("error: REPLICATOR_DSN is set: the demo would drop tables airport, flight, position_report and "
+              "schema replicator in that database; pass --reset to allow it, or unset REPLICATOR_DSN for a "
+              "throwaway cluster", file=sys.stderr)
+        return 2
     args.dir.mkdir(parents=True, exist_ok=True)
     replica = args.dir / "replica.db"
     for suffix in ("", "-wal", "-shm"):
@@ -157,12 +166,11 @@ def main() -> int:
         console.print("[bold]2.[/] installing replicator and capturing the tables")
         run_cli(dsn, "uninstall", "--yes")
         run_cli(dsn, "install")
-        run_cli(dsn, "queue", "create", "flights")
+        run_cli(dsn, "queue", "create", "flights", "--ticker-max-lag", "100ms")
         run_cli(dsn, "table", "add", "flights", "airport", "flight")
         run_cli(dsn, "table", "add", "flights", "position_report", "--mode", "pk")
 
         console.print("[bold]3.[/] starting the ticker and the SQLite consumer daemons")
-        conn.execute("UPDATE replicator.queue SET queue_ticker_max_lag = '100 ms'")
         log = open(args.dir / "daemons.log", "w")
         daemons.append(subprocess.Popen([REPLICATOR, "--dsn", dsn, "ticker", "--interval", "0.1"],
                                         stdout=log, stderr=log))
@@ -200,17 +208,25 @@ def main() -> int:
             server.stop()
 
 
+def comparable(value: object) -> object:
+    """A source value as the replica stores it (README, SQLite type mapping)."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat() if value.tzinfo else value.isoformat()
+    return value
+
+
 def show_result(conn: psycopg.Connection, replica: Path) -> None:
     table = Table(title="source PostgreSQL vs SQLite replica", title_justify="left")
-    for column in ("table", "source rows", "replica rows", "same keys"):
+    for column in ("table", "source rows", "replica rows", "same values"):
         table.add_column(column)
     lite = sqlite3.connect(replica)
-    for name, key in (("airport", "code"), ("flight", "flight_id"), ("position_report", "flight_id, reported_at")):
-        source_rows = conn.execute(f"SELECT count(*), md5(coalesce(string_agg({key.split(',')[0]}::text, ','"
-                                   f" ORDER BY {key}), '')) FROM {name}").fetchone()
-        replica_keys = [str(r[0]) for r in lite.execute(f"SELECT {key.split(',')[0]} FROM {name} ORDER BY {key}")]
-        same = hashlib.md5(",".join(replica_keys).encode()).hexdigest() == source_rows[1]
-        table.add_row(name, str(source_rows[0]), str(len(replica_keys)), "[green]yes[/]" if same else "[red]NO[/]")
+    for name in ("airport", "flight", "position_report"):
+        source_rows = sorted((tuple(map(comparable, row)) for row in conn.execute(f"SELECT * FROM {name}")), key=repr)
+        replica_rows = sorted(lite.execute(f"SELECT * FROM {name}"), key=repr)
+        same = source_rows == replica_rows
+        table.add_row(name, str(len(source_rows)), str(len(replica_rows)), "[green]yes[/]" if same else "[red]NO[/]")
     console.print(table)
 
     answer = Table(title="answered from the replica: airborne flights, latest position, highest first",
@@ -224,4 +240,8 @@ def show_result(conn: psycopg.Connection, replica: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)

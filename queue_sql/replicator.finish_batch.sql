@@ -1,6 +1,6 @@
 CREATE OR REPLACE FUNCTION replicator.finish_batch(p_batch_id bigint)
 RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.finish_batch(p_batch_id)
 --
@@ -21,7 +21,7 @@ $$;
 CREATE OR REPLACE FUNCTION replicator.set_consumer_position(
     p_queue_name text, p_consumer_name text, p_tick_id bigint)
 RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.set_consumer_position(p_queue_name, p_consumer_name, p_tick_id)
 --

@@ -6,10 +6,13 @@ LANGUAGE plpgsql AS $$
 --
 --      Gives a role what a consumer needs and nothing more: read the
 --      queues, their events and the captured tables (initial copy, PK-only
---      join-back); keep its own position (consumer rows) and take ticks.
---      It cannot write events, create queues or capture tables. Event
---      tables of queues created later are covered by default privileges;
---      tables captured later need the grant again.
+--      join-back). Its position and its ticks go through the consumer
+--      functions (register_consumer, next_batch, finish_batch,
+--      set_consumer_position, ticker), which run as their owner: the role
+--      writes no table of schema replicator, so it cannot forge a tick
+--      other consumers would read. Event tables of queues created later are
+--      covered by default privileges; tables captured later need the grant
+--      again.
 --
 -- Parameters:
 --      p_role      - an existing role
@@ -29,8 +32,9 @@ BEGIN
     EXECUTE format('GRANT SELECT ON ALL SEQUENCES IN SCHEMA replicator TO %I', p_role);
     EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA replicator GRANT SELECT ON TABLES TO %I', p_role);
     EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA replicator GRANT SELECT ON SEQUENCES TO %I', p_role);
-    EXECUTE format('GRANT INSERT, UPDATE, DELETE ON replicator.consumer, replicator.tick TO %I', p_role);
-    EXECUTE format('GRANT USAGE ON replicator.batch_id_seq, replicator.consumer_consumer_id_seq TO %I', p_role);
+    -- Granted by earlier versions, before the consumer functions ran as their owner.
+    EXECUTE format('REVOKE INSERT, UPDATE, DELETE ON replicator.consumer, replicator.tick FROM %I', p_role);
+    EXECUTE format('REVOKE USAGE ON replicator.batch_id_seq, replicator.consumer_consumer_id_seq FROM %I', p_role);
     FOR v_table IN SELECT DISTINCT table_oid::regclass FROM replicator.captured_table
                    WHERE to_regclass(table_oid::regclass::text) IS NOT NULL LOOP
         EXECUTE format('GRANT SELECT ON %s TO %I', v_table, p_role);

@@ -3,7 +3,7 @@ CREATE OR REPLACE FUNCTION replicator.next_batch(
     p_consumer_name text,
     p_max_events bigint DEFAULT NULL)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.next_batch(p_queue_name, p_consumer_name)
 --

@@ -1,6 +1,6 @@
 CREATE OR REPLACE FUNCTION replicator.register_consumer(p_queue_name text, p_consumer_name text)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.register_consumer(p_queue_name, p_consumer_name)
 --
@@ -46,7 +46,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION replicator.unregister_consumer(p_queue_name text, p_consumer_name text)
 RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.unregister_consumer(p_queue_name, p_consumer_name)
 --

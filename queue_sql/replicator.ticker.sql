@@ -1,6 +1,6 @@
 CREATE OR REPLACE FUNCTION replicator.ticker(p_queue_name text, p_force boolean DEFAULT false)
 RETURNS bigint
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.ticker(p_queue_name, p_force)
 --
@@ -59,7 +59,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION replicator.ticker()
 RETURNS integer
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.ticker()
 --

@@ -167,7 +167,7 @@ def setup(dsn: str, sqlite_dir: Path) -> int:
         c = Consumer(dsn, queue, SqliteTarget(sqlite_dir / f"seed_{queue}.db"), name=f"{queue}_sqlite")
         c.connect()
         c.sync_tables()
-        position = c.target.position(queue, c.name)
+        position = c.target.positions(queue).get(c.name)
         c.close()
         c.target.close()
         assert position == start, (position, start)

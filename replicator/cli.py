@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sqlite3
 import sys
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -329,7 +331,8 @@ def table_list(ctx: Context, queue_name: str | None, as_json: bool) -> None:
 
 @cli.command()
 @click.option("--once", is_flag=True, help="Tick every queue once (forced) and exit.")
-@click.option("--interval", default=1.0, show_default=True, type=float, help="Seconds between passes.")
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between passes.")
 @pass_ctx
 def ticker(ctx: Context, once: bool, interval: float) -> None:
     """Cut the event stream into batches: insert ticks when due.
@@ -349,7 +352,8 @@ def ticker(ctx: Context, once: bool, interval: float) -> None:
 
 @cli.command()
 @click.option("--once", is_flag=True, help="One pass and exit.")
-@click.option("--interval", default=30.0, show_default=True, type=float, help="Seconds between passes.")
+@click.option("--interval", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between passes.")
 @pass_ctx
 def maint(ctx: Context, once: bool, interval: float) -> None:
     """Rotate event tables and clean up old ticks.
@@ -396,7 +400,7 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.option("--tables", help="Only these tables of the queue (T,...).")
 @click.option("--once", is_flag=True, help="Apply one batch and exit.")
 @click.option("--until-caught-up", is_flag=True, help="Tick, apply everything committed before now, exit.")
-@click.option("--poll-interval", default=0.2, show_default=True, type=float,
+@click.option("--poll-interval", default=0.2, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to wait when no batch is ready.")
 @click.option("--spark-master", help="spark: target: Spark master for compaction (default local[*]).")
 @click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="spark: target: a Spark setting (repeatable).")
@@ -458,16 +462,24 @@ def spark_compact(target_url: str, tables: tuple[str, ...], min_logs: int, spark
         replicator spark compact --target spark:/data/warehouse
     """
     from .spark.compaction import compact
+    from .spark.errors import error_line, spark_errors
     from .spark.session import get_session
+    from .spark.warehouse import Warehouse
 
     scheme, _, path = target_url.partition(":")
     if scheme != "spark" or not path:
         raise UserError(f"invalid target {target_url!r}: use spark:PATH")
-    from .spark.warehouse import Warehouse
-    if not Warehouse(path).exists():   # before starting Spark
-        raise UserError(f"{Warehouse(path).path} is not a replicator Spark warehouse (no manifest)")
-    session = get_session(spark_master, _spark_conf(spark_conf), app_name="replicator compact")
-    done = compact(session, Path(path), tables=list(tables) or None, min_logs=min_logs)
+    warehouse = Warehouse(path)
+    try:
+        if not warehouse.exists():   # before starting Spark
+            raise UserError(f"{warehouse.path} is not a replicator Spark warehouse (no manifest)")
+        warehouse.read()   # a damaged manifest, also before starting Spark
+        session = get_session(spark_master, _spark_conf(spark_conf), app_name="replicator compact")
+        done = compact(session, Path(path), tables=list(tables) or None, min_logs=min_logs)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot compact {warehouse.path}: {exc}") from None
+    except spark_errors() as exc:
+        raise UserError(f"cannot compact {warehouse.path}: Spark failed: {error_line(exc)}") from None
     for c in done:
         click.echo(f"{c.table}: {c.logs} log file(s) folded into {c.rows} rows in {c.seconds:.1f}s"
                    + ("" if c.committed else " (not committed: the table changed meanwhile; run again)"))
@@ -703,6 +715,11 @@ def main() -> None:
         cli(standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(130)
+    except click.UsageError as exc:
+        # One line, like every other mistake, naming where the full usage is.
+        command = exc.ctx.command_path if exc.ctx else "replicator"
+        click.echo(f"error: {exc.format_message()} (see: {command} --help)", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
@@ -714,5 +731,19 @@ def main() -> None:
                    else str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
         click.echo(f"error: database: {message}", err=True)
         sys.exit(1)
+    except sqlite3.Error as exc:
+        click.echo(f"error: sqlite: {exc}", err=True)
+        sys.exit(1)
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        click.echo(f"error: {exc.strerror or exc}{where}", err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+    except Exception as exc:
+        # A bug, not a mistake of the user's: one line still, the traceback on request.
+        if os.environ.get("REPLICATOR_DEBUG"):
+            raise
+        click.echo(f"error: internal error: {type(exc).__name__}: {exc} "
+                   f"(REPLICATOR_DEBUG=1 shows the traceback; please report it)", err=True)
+        sys.exit(1)

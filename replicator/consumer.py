@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -45,11 +46,34 @@ def batch_event_limit(max_events: int, rows_per_event: float) -> int:
 
 
 def default_consumer_name(target: Target) -> str:
-    """A stable name derived from the target: readable prefix, hash of the full description."""
-    digest = hashlib.sha1(target.name.encode()).hexdigest()[:8]
+    """A stable name derived from the target on this host: readable prefix, hash of the
+    host and the full description (two hosts with a replica at the same path are two
+    consumers; sharing one name, each would take batches the other never sees)."""
+    digest = hashlib.sha1(f"{socket.gethostname()}:{target.name}".encode()).hexdigest()[:8]
     scheme, _, where = target.name.partition(":")
     readable = "stdout" if where == "-" else re.sub(r"[^A-Za-z0-9]+", "_", where.rsplit("/", 1)[-1]).strip("_")[:40]
     return f"{scheme}_{readable}_{digest}"
+
+
+def consumer_name(target: Target, queue: str, name: str | None) -> str:
+    """The consumer a target replicates `queue` as: the one whose position it holds
+    (a file moved or copied elsewhere keeps its name), else `name` or the default.
+
+    A name other than the stored one is refused: registered anew, that consumer
+    would start at the current tick and the replica would silently miss every
+    change queued since its last batch."""
+    stored = target.positions(queue)
+    if name is None:
+        if len(stored) > 1:
+            raise UserError(f"{target.name} holds positions of queue {queue!r} for consumers "
+                            f"{', '.join(sorted(stored))}: name one with --consumer")
+        return next(iter(stored), None) or default_consumer_name(target)
+    if stored and name not in stored:
+        held = ", ".join(repr(n) for n in sorted(stored))
+        raise UserError(f"{target.name} replicates queue {queue!r} as consumer {held}, not {name!r}: "
+                        f"a new consumer would skip what was queued meanwhile; use --consumer with "
+                        f"the stored name, or a new target")
+    return name
 
 
 @dataclass
@@ -109,7 +133,7 @@ class Consumer:
         self.dsn = dsn
         self.queue = queue
         self.target = target
-        self.name = name or default_consumer_name(target)
+        self.name = consumer_name(target, queue, name)
         self.table_filter = tables
         self.poll_interval = poll_interval
         self.max_batch_events = max_batch_events
@@ -129,20 +153,17 @@ class Consumer:
         if self._connected_once:
             # Reconnecting after an outage: OperationalError goes to run(), which retries
             # with backoff (db.connect would turn it into a UserError and end the daemon).
-            conn = psycopg.connect(db.resolve_dsn(self.dsn), autocommit=True, application_name=application_name)
+            conn = db.open_connection(db.resolve_dsn(self.dsn), application_name=application_name)
         else:
             conn = db.connect(self.dsn, application_name=application_name)
         self.source = Source(conn)
         self.source.queue_id(self.queue)
-        if self.table_filter and not self._connected_once:
+        if not self._connected_once:
             # Checked before registering: a consumer left registered by a typo would hold back rotation.
-            names = {t.name for t in self.source.tables(self.queue)}
-            unknown = [f for f in self.table_filter if f not in names and f"public.{f}" not in names]
-            if unknown:
-                raise UserError(f"queue {self.queue!r} does not capture {', '.join(unknown)}")
+            self._check_table_filter(self.source.tables(self.queue))
         self._table_ids = None
         last_tick = self.source.register_consumer(self.queue, self.name)
-        position = self.target.position(self.queue, self.name)
+        position = self.target.positions(self.queue).get(self.name)
         if position is None:
             self.target.begin()
             self.target.set_position(self.queue, self.name, last_tick)
@@ -166,18 +187,31 @@ class Consumer:
             return True
         return any(table.name == f or (("." not in f) and table.name == f"public.{f}") for f in self.table_filter)
 
+    def _check_table_filter(self, queue_tables: list[CapturedTable]) -> None:
+        """--tables names tables the queue captures, and leaves out none the target
+        already replicates: such a table would silently stop following its source."""
+        if not self.table_filter:
+            return
+        names = {t.name for t in queue_tables}
+        unknown = [f for f in self.table_filter if f not in names and f"public.{f}" not in names]
+        if unknown:
+            raise UserError(f"queue {self.queue!r} does not capture {', '.join(unknown)}")
+        held = {t.table_id for t in self.target.tables().values()}
+        left_out = sorted(t.name for t in queue_tables if t.table_id in held and not self._wanted(t))
+        if left_out:
+            raise UserError(f"{self.target.name} replicates {', '.join(left_out)} of queue {self.queue!r}, which "
+                            f"--tables leaves out: its changes would be skipped from now on; list it in "
+                            f"--tables, or replicate into a new target")
+
     def sync_tables(self) -> None:
         """Copies tables new to the target; cheap when the queue's tables did not change."""
         assert self.source is not None
         ids = self.source.table_ids(self.queue)
         if ids == self._table_ids:
             return
-        captured = [t for t in self.source.tables(self.queue) if self._wanted(t)]
-        if self.table_filter:
-            names = {t.name for t in captured}
-            unknown = [f for f in self.table_filter if f not in names and f"public.{f}" not in names]
-            if unknown:
-                raise UserError(f"queue {self.queue!r} does not capture {', '.join(unknown)}")
+        queue_tables = self.source.tables(self.queue)
+        self._check_table_filter(queue_tables)
+        captured = [t for t in queue_tables if self._wanted(t)]
         known = {t.table_id: t for t in self.target.tables().values()}
         by_name = self.target.tables()
         self._deferred = False
@@ -329,7 +363,7 @@ class Consumer:
                             f"this version of replicator cannot apply: upgrade the consumer, or remove the table "
                             f"from the queue and add it again")
         new_structure = TableStructure.from_source(event["structure"], event["columns"], event["key"])
-        # "copy": rows moved in or out without row triggers (a partition attached or detached)
+        # "copy": rows changed without row triggers (a rewrite; a descendant attached, detached, dropped or truncated)
         changes = None if event.get("copy") else reconcile(table.structure, new_structure)
         if changes is not None:
             self.target.schema_event(table, event)
@@ -400,14 +434,16 @@ class Consumer:
                     self.connect()
                     backoff = 0.5
                 if until_caught_up and goal is None:
-                    goal = self._forced_tick()
+                    goal = self._forced_tick(stop)
+                    if goal is None:
+                        break
                 stats = self.step()
                 if stats is not None:
                     applied += 1
                 if once:
                     return applied
                 if until_caught_up:
-                    position = self.target.position(self.queue, self.name)
+                    position = self.target.positions(self.queue).get(self.name)
                     if position is not None and goal is not None and position >= goal:
                         return applied
                 if stats is None:
@@ -420,11 +456,13 @@ class Consumer:
                 backoff = min(backoff * 2, 15.0)
         return applied
 
-    def _forced_tick(self) -> int:
-        """A tick taken now: another ticker holding the queue only delays it."""
+    def _forced_tick(self, stop: StopFlag) -> int | None:
+        """A tick taken now: another ticker holding the queue only delays it.
+        None when stopped while waiting."""
         assert self.source is not None
-        while True:
+        while not stop.is_set:
             tick = self.source.tick(self.queue, force=True)
             if tick is not None:
                 return tick
-            time.sleep(0.01)
+            stop.wait(0.01)
+        return None

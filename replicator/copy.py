@@ -26,7 +26,9 @@ COPY_CHUNK_ROWS = 5000
 
 def _relation(conn: psycopg.Connection, table: CapturedTable) -> sql.Composable:
     """The table's current qualified name, found by oid: a RENAME the consumer has
-    not reached yet does not break reading it."""
+    not reached yet does not break reading it. Read without ONLY on purpose: the
+    rows of a partitioned table or inheritance parent include its descendants',
+    as its capture does (replicator.capture_tree)."""
     name = conn.execute("SELECT %s::oid::regclass::text", (table.oid,)).fetchone()[0]
     return sql.SQL(name)
 
@@ -67,7 +69,8 @@ class SnapshotCopy:
         self.estimated_rows = 0
 
     def __enter__(self) -> "SnapshotCopy":
-        self.conn = db.connect(self.dsn, autocommit=False, application_name="replicator copy")
+        # OperationalError, not UserError: a source lost mid-copy is retried by the daemon.
+        self.conn = db.open_connection(db.resolve_dsn(self.dsn), autocommit=False, application_name="replicator copy")
         self.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         self.conn.read_only = True
         # The first statement fixes the transaction's snapshot: this is it.

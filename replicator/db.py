@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
+import psycopg.conninfo
 
 from .errors import UserError
 
@@ -21,15 +22,30 @@ def resolve_dsn(dsn: str | None) -> str:
 SESSION_SETTINGS = {"bytea_output": "hex", "extra_float_digits": "1", "IntervalStyle": "postgres"}
 
 
+# A source that vanishes without closing the connection (a host down, a network
+# cut) must not leave a daemon blocked on a dead socket for the kernel's two hours.
+KEEPALIVES = {"keepalives": "1", "keepalives_idle": "30", "keepalives_interval": "10", "keepalives_count": "3"}
+
+
+def open_connection(conninfo: str, *, autocommit: bool = True,
+                    application_name: str = "replicator") -> psycopg.Connection:
+    """Opens a connection with replicator's session settings and TCP keepalives
+    (where the DSN sets none); raises psycopg.OperationalError when the server is
+    unreachable, for callers that retry."""
+    given = psycopg.conninfo.conninfo_to_dict(conninfo)
+    keepalives = {name: value for name, value in KEEPALIVES.items() if name not in given}
+    conn = psycopg.connect(conninfo, autocommit=True, application_name=application_name, **keepalives)
+    for name, value in SESSION_SETTINGS.items():
+        conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+    conn.autocommit = autocommit
+    return conn
+
+
 def connect(dsn: str | None, *, autocommit: bool = True, application_name: str = "replicator") -> psycopg.Connection:
     """Opens a connection; failure is a UserError naming the server."""
     conninfo = resolve_dsn(dsn)
     try:
-        conn = psycopg.connect(conninfo, autocommit=True, application_name=application_name)
-        for name, value in SESSION_SETTINGS.items():
-            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-        conn.autocommit = autocommit
-        return conn
+        return open_connection(conninfo, autocommit=autocommit, application_name=application_name)
     except psycopg.OperationalError as exc:
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         reason = lines[0] if lines else "connection failed"

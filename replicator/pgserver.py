@@ -75,6 +75,9 @@ class PgServer:
         self.basedir.mkdir(parents=True, exist_ok=True)
         if self._as_postgres:
             shutil.chown(self.basedir, "postgres", "postgres")
+            if subprocess.run(["runuser", "-u", "postgres", "--", "test", "-w", str(self.basedir)]).returncode:
+                raise UserError(f"PostgreSQL runs as user postgres, which cannot write {self.basedir} (a parent "
+                                f"directory is closed to it): choose a directory it can reach")
         if not (self.datadir / "PG_VERSION").exists():
             self._run("initdb", "-D", str(self.datadir), "-U", "postgres", "-A", "trust",
                       "-E", "UTF8", "--locale=C", "--no-sync")

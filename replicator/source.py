@@ -69,13 +69,16 @@ _UNIT_SECONDS = {"ms": 0.001, "msec": 0.001, "s": 1, "sec": 1, "m": 60, "min": 6
 def parse_duration(text: str) -> timedelta:
     """'500ms', '90s', '15min', '2h', '1d' or a bare number of seconds."""
     try:
-        return timedelta(seconds=float(text))
+        seconds = float(text)
     except ValueError:
-        pass
-    match = _INTERVAL.match(text)
-    if not match:
-        raise UserError(f"invalid duration {text!r}: use e.g. 500ms, 30s, 15min, 2h or 1d")
-    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()])
+        match = _INTERVAL.match(text)
+        if not match:
+            raise UserError(f"invalid duration {text!r}: use e.g. 500ms, 30s, 15min, 2h or 1d") from None
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+    try:
+        return timedelta(seconds=seconds)
+    except (OverflowError, ValueError):   # inf, nan, past 999999999 days
+        raise UserError(f"invalid duration {text!r}: use e.g. 500ms, 30s, 15min, 2h or 1d") from None
 
 
 class Source:
@@ -111,7 +114,7 @@ class Source:
     # queues -----------------------------------------------------------------
 
     def create_queue(self, name: str, *, ntables: int = 3, rotation_period: timedelta = timedelta(hours=2)) -> int:
-        return self._call("SELECT replicator.create_queue(%s, %s, %s)", (name, ntables, rotation_period))
+        return self._call("SELECT replicator.create_queue(%s, %s::integer, %s)", (name, ntables, rotation_period))
 
     def drop_queue(self, name: str) -> None:
         self._call("SELECT replicator.drop_queue(%s)", (name,))

@@ -41,13 +41,16 @@ def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str)
     return lines[0]
 
 
-def assert_usage_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    """click's usage error: exit 2, a usage line and an "Error:" line, no traceback."""
+def assert_usage_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """A mistake in the command line itself: exit 2 (click's), one line on stderr
+    naming the problem and where the usage is."""
     assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--help)" in lines[0], result.stderr
     assert result.returncode == 2, (result.returncode, result.stderr)
-    assert result.stderr.startswith("Usage: ") and "\nError: " in result.stderr, result.stderr
     for fragment in fragments:
-        assert fragment in result.stderr, (fragment, result.stderr)
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
 
 
 @pytest.fixture
@@ -114,7 +117,7 @@ def test_bad_options_are_refused(app):
         ["queue", "create", "r", "--rotation-period", "soon"], ["queue", "create", "r", "--tables", "1"],
         ["table", "add", "q", "orders", "--where", "no_such_column > 1"],
         ["table", "add", "q", "orders", "--ignore", "id"], ["table", "add", "q"], ["no-such-command"]], app)
-    assert_usage_error(mode, "--mode", "everything")
+    assert_usage_error(mode, "--mode", "everything", "replicator table add --help")
     assert_usage_error(tables, "--tables")
     assert_user_error(period, "invalid duration")
     assert_user_error(few, "between 2 and 100")
@@ -122,6 +125,15 @@ def test_bad_options_are_refused(app):
     assert_user_error(ignore, "cannot be ignored")
     assert_user_error(nothing, "name the tables")
     assert_usage_error(command, "no-such-command")
+    infinite, huge, many, interval, poll = run_all([
+        ["queue", "create", "r", "--rotation-period", "inf"], ["queue", "create", "r", "--rotation-period", "1e20"],
+        ["queue", "create", "r", "--tables", "3000000000"], ["ticker", "--interval", "-1"],
+        ["consume", "q", "--target", "jsonl:-", "--poll-interval", "-0.5"]], app)
+    assert_user_error(infinite, "invalid duration 'inf'")
+    assert_user_error(huge, "invalid duration '1e20'")
+    assert_user_error(many, "out of range")
+    assert_usage_error(interval, "--interval", "-1")
+    assert_usage_error(poll, "--poll-interval")
 
 
 def test_queue_ticker_settings_at_create_and_with_config(app):

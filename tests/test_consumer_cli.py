@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from consumer_helpers import REPLICATOR, run_cli, sqlite_position
+from consumer_helpers import run_cli, sqlite_position
 
 
 def assert_one_line_error(result, *fragments: str) -> None:
@@ -33,7 +33,9 @@ def queue_q(conn, source):
 def bad_targets(tmp_path):
     not_a_database = tmp_path / "garbage.db"
     not_a_database.write_bytes(b"this is not a SQLite file" * 100)
+    (tmp_path / "torn.jsonl.position").write_text('{"positions": {"q/c": 4}, "tab')
     return {
+        "corrupt position file (jsonl)": (f"jsonl:{tmp_path}/torn.jsonl", ["torn.jsonl.position"]),
         "unknown scheme": (f"mysql:{tmp_path}/r.db", ["mysql"]),
         "no scheme": ("replica.db", ["replica.db"]),
         "missing directory (sqlite)": (f"sqlite:{tmp_path}/no/such/dir/r.db", ["no/such/dir"]),
@@ -44,7 +46,7 @@ def bad_targets(tmp_path):
     }
 
 
-@pytest.mark.parametrize("case", ["unknown scheme", "no scheme", "missing directory (sqlite)",
+@pytest.mark.parametrize("case", ["corrupt position file (jsonl)", "unknown scheme", "no scheme", "missing directory (sqlite)",
                                   "a directory (sqlite)", "not a database (sqlite)", "missing directory (jsonl)",
                                   "a directory (tsv)"])
 def test_unusable_target_is_one_error_line_and_nonzero_exit(dsn, queue_q, tmp_path, case):
@@ -98,8 +100,75 @@ def test_other_consume_mistakes_are_one_error_line(empty_dsn, tmp_path, case):
     assert_one_line_error(result)
 
 
-def test_console_script_is_the_installed_replicator():
-    assert REPLICATOR.exists(), REPLICATOR
+def registered_consumers(conn) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT consumer_name FROM replicator.consumer ORDER BY 1")]
+
+
+def test_a_replica_stays_the_consumer_it_was_made_as(dsn, conn, queue_q, tmp_path):
+    replica = tmp_path / "r.db"
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up",
+                   "--consumer", "first").returncode == 0
+    conn.execute("INSERT INTO t VALUES (1, 'a')")
+    # Without --consumer it resumes as the consumer whose position it holds.
+    resumed = run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up")
+    assert resumed.returncode == 0, resumed.stderr
+    assert registered_consumers(conn) == ["first"]
+    conn.execute("INSERT INTO t VALUES (2, 'b')")
+    # Another name would register at the current tick and skip row 2 for good: refused.
+    renamed = run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up",
+                      "--consumer", "second")
+    assert_one_line_error(renamed, "'first'", "'second'")
+    assert registered_consumers(conn) == ["first"]
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    db = sqlite3.connect(replica)
+    assert db.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [(1, "a"), (2, "b")]
+    db.close()
+
+
+def test_a_replica_file_moved_elsewhere_resumes_where_it_was(dsn, conn, queue_q, tmp_path):
+    replica = tmp_path / "r.db"
+    conn.execute("INSERT INTO t VALUES (1, 'a')")
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    conn.execute("INSERT INTO t VALUES (2, 'b')")
+    moved = tmp_path / "moved" / "replica.db"
+    moved.parent.mkdir()
+    replica.rename(moved)
+    result = run_cli(dsn, "consume", "q", "--target", f"sqlite:{moved}", "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    assert len(registered_consumers(conn)) == 1
+    db = sqlite3.connect(moved)
+    assert db.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [(1, "a"), (2, "b")]
+    db.close()
+
+
+def test_tables_leaving_out_a_table_the_replica_holds_is_refused(dsn, conn, source, queue_q, tmp_path):
+    conn.execute("CREATE TABLE u (id int PRIMARY KEY)")
+    source.add_table("q", "u")
+    replica = tmp_path / "r.db"
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    conn.execute("INSERT INTO u VALUES (1)")
+    narrowed = run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--tables", "t", "--until-caught-up")
+    # Its changes would be skipped while the position moves on past them.
+    assert_one_line_error(narrowed, "public.u", "--tables")
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    db = sqlite3.connect(replica)
+    assert db.execute("SELECT id FROM u").fetchall() == [(1,)]
+    db.close()
+
+
+def test_default_consumer_names_differ_between_hosts_and_targets(monkeypatch, tmp_path):
+    from replicator.consumer import default_consumer_name
+    from replicator.targets.sqlite import SqliteTarget
+
+    names = {}
+    for host in ("cache-1", "cache-2"):
+        monkeypatch.setattr("socket.gethostname", lambda host=host: host)
+        for path in (tmp_path / "a.db", tmp_path / "b.db"):
+            target = SqliteTarget(path)
+            names[host, path.name] = default_consumer_name(target)
+            assert default_consumer_name(target) == names[host, path.name]    # stable
+            target.close()
+    assert len(set(names.values())) == 4, names
 
 
 def test_status_shows_each_consumer_lag_in_ticks_events_and_seconds(dsn, conn, source, queue_q, tmp_path):

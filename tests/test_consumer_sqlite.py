@@ -171,6 +171,24 @@ def test_replica_names_drop_public_and_join_other_schemas_with_double_underscore
     assert sqlite_primary_key(replica, "sales__lines") == ["order_id", "line"]
 
 
+def test_a_null_in_a_nullable_integer_key_stays_null(dsn, conn, source, tmp_path):
+    # An INTEGER PRIMARY KEY is SQLite's rowid, which would store NULL as a new number.
+    conn.execute("CREATE TABLE readings (sensor int, v text)")
+    source.create_queue("q")
+    source.add_table("q", "readings", key=["sensor"])
+    replica = tmp_path / "r.db"
+    conn.execute("INSERT INTO readings VALUES (NULL, 'unassigned'), (7, 'seven')")
+    consume(dsn, replica)
+    conn.execute("UPDATE readings SET v = 'still unassigned' WHERE sensor IS NULL")
+    consume(dsn, replica)
+    db = sqlite_reader(replica)
+    try:
+        assert db.execute("SELECT sensor, v FROM readings ORDER BY sensor").fetchall() == [
+            (None, "still unassigned"), (7, "seven")]
+    finally:
+        db.close()
+
+
 # generated values against the oracle --------------------------------------------------
 
 _text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=12)
@@ -477,7 +495,8 @@ def test_pk_mode_is_refused_for_nullable_key_columns(conn, source):
 def test_reader_polling_the_wal_replica_never_sees_part_of_a_batch(dsn, conn, source, tmp_path):
     """Transfers keep the sum of balances constant; bulk inserts add 2500 rows
     (three 1000-row events) at once. A reader polling with its own connection
-    must only ever see the invariant hold."""
+    must only ever see the invariant hold, and one state per position: rows of a
+    batch committed apart from each other, or from the position, would show two."""
     conn.execute("CREATE TABLE acct (id int PRIMARY KEY, bal bigint NOT NULL);"
                  " CREATE TABLE bulk (id int PRIMARY KEY, grp int NOT NULL)")
     conn.execute("INSERT INTO acct SELECT g, 1000 FROM generate_series(1, 50) g")
@@ -490,17 +509,20 @@ def test_reader_polling_the_wal_replica_never_sees_part_of_a_batch(dsn, conn, so
     stop = threading.Event()
     observations: list[tuple[int, int, int]] = []
     violations: list[tuple[int, int, int]] = []
+    states: dict[int, set[tuple[str, int]]] = {}
 
     def reader() -> None:
         db = sqlite_reader(replica)
         try:
             while not stop.is_set():
                 db.execute("BEGIN")
-                total, = db.execute("SELECT sum(bal) FROM acct").fetchone()
+                total, balances = db.execute("SELECT sum(bal), group_concat(bal) FROM"
+                                             " (SELECT bal FROM acct ORDER BY id)").fetchone()
                 count, = db.execute("SELECT count(*) FROM bulk").fetchone()
                 tick, = db.execute("SELECT last_tick FROM _replicator_position").fetchone()
                 db.execute("COMMIT")
                 observations.append((total, count, tick))
+                states.setdefault(tick, set()).add((balances, count))
                 if total != 50000 or count % 2500:
                     violations.append((total, count, tick))
         finally:
@@ -545,6 +567,7 @@ def test_reader_polling_the_wal_replica_never_sees_part_of_a_batch(dsn, conn, so
         daemon.stop()
         ticker.stop()
     assert not violations, violations[:10]
+    assert {tick: len(seen) for tick, seen in states.items() if len(seen) > 1} == {}
     assert len({o[2] for o in observations}) >= 5, "the reader saw too few batches to prove anything"
     assert len({o[1] for o in observations}) >= 3, "the reader never saw a bulk insert arrive"
     assert_replica_equals_source(conn, replica, [("public.acct", "acct", ["id"]), ("public.bulk", "bulk", ["id"])])

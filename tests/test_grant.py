@@ -44,6 +44,12 @@ def test_granted_role_consumes_but_cannot_write_the_queue(dsn, conn, source, tmp
                            " VALUES (1000, 1, 0, 'I')")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             reader.execute("SELECT replicator.create_queue('mine')")
+        # Ticks and positions only through the functions: no forged snapshot for other consumers.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            reader.execute("INSERT INTO replicator.tick (tick_queue, tick_id, tick_snapshot, tick_event_seq)"
+                           " VALUES (1, 1000, '1:1:', 0)")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            reader.execute("DELETE FROM replicator.consumer")
     conn.execute(f'DROP OWNED BY "{role}"')
     conn.execute(f'DROP ROLE "{role}"')
 
@@ -52,3 +58,31 @@ def test_grant_to_an_unknown_role_is_one_clear_error(dsn):
     result = subprocess.run([REPLICATOR, "--dsn", dsn, "grant", "nobody_here"], capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr.strip() == 'error: role "nobody_here" does not exist'
+
+
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read", "serializable"])
+def test_application_role_without_access_to_the_queue_writes_captured_tables(dsn, conn, source, isolation):
+    from queue_util import changes, read_events
+
+    role = f"app_{abs(hash((dsn, isolation))) % 10**8}"
+    conn.execute(f'DROP ROLE IF EXISTS "{role}"')
+    conn.execute(f'CREATE ROLE "{role}" LOGIN')
+    conn.execute("CREATE TABLE orders (id int PRIMARY KEY, v text)")
+    conn.execute(f'GRANT ALL ON orders TO "{role}"')
+    source.create_queue("q")
+    source.add_table("q", "orders")
+    source.register_consumer("q", "c")
+    with psycopg.connect(_as(dsn, role), autocommit=True) as app:
+        app.execute(f"SET default_transaction_isolation = '{isolation}'")
+        app.execute("INSERT INTO orders VALUES (1, 'a'), (2, 'b')")
+        app.execute("UPDATE orders SET v = 'c' WHERE id = 2")
+        app.execute("UPDATE orders SET id = 3 WHERE id = 1")
+        app.execute("DELETE FROM orders WHERE id = 2")
+        app.execute("TRUNCATE orders")
+        # The queue is written through the capture only: the role cannot reach it itself.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            app.execute("SELECT count(*) FROM replicator.event_1")
+    assert changes(read_events(source)) == [
+        ("I", [[1, "a"], [2, "b"]]), ("U", [[2, "c"]]), ("U", [[3, "a"]]), ("D", [[1]]), ("D", [[2]]), ("T", None)]
+    conn.execute(f'DROP OWNED BY "{role}"')
+    conn.execute(f'DROP ROLE "{role}"')

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from replicator.status import status
+from consumer_helpers import run_cli
 from queue_util import apply_events, read_events
 
 
@@ -82,7 +83,7 @@ def test_oldest_table_is_truncated_only_when_every_consumer_is_past_it(conn, q):
     assert _ids(read_events(q)) == [3]                         # nothing lost, nothing repeated
 
 
-def test_stalled_consumer_blocks_rotation_and_is_named(conn, q):
+def test_stalled_consumer_blocks_rotation_and_is_named(dsn, conn, q):
     q.register_consumer("q", "fast")
     q.register_consumer("q", "stalled")
     _due(conn)
@@ -98,6 +99,10 @@ def test_stalled_consumer_blocks_rotation_and_is_named(conn, q):
     assert "not past the transactions of the previous table" in queue["rotation_blockers"][0]["detail"]
     lag = {c["consumer_name"]: c for c in status(q)["consumers"]}
     assert lag["stalled"]["lag_ticks"] > 0 and lag["fast"]["lag_ticks"] == 0
+    shown = run_cli(dsn, "status", COLUMNS="250")
+    assert shown.returncode == 0, shown.stderr
+    blocked = shown.stdout[shown.stdout.index("rotation blocked by"):]
+    assert "stalled" in blocked and "fast" not in blocked, shown.stdout
 
     assert _ids(read_events(q, consumer="stalled")) == [1]
     assert _blockers(q) == []

@@ -57,20 +57,25 @@ class StreamTarget:
             try:
                 if self._state_path.exists():
                     self._state = json.loads(self._state_path.read_text())
+                self._tables = {name: TargetTable(source_name=name, table_id=t["table_id"], mode=t["mode"],
+                                                  structure=TableStructure.from_json(t["structure"]),
+                                                  copy_snapshot=t["copy_snapshot"])
+                                for name, t in self._state["tables"].items()}
+                length = int(self._state["length"])
                 self.out = open(self.path, "a+", encoding="utf-8")
-                self.out.truncate(self._state["length"])
-                self.out.seek(self._state["length"])
+                self.out.truncate(length)
+                self.out.seek(length)
             except OSError as exc:
                 raise UserError(f"cannot write {self.path}: {exc.strerror}") from None
-        self._tables = {name: TargetTable(source_name=name, table_id=t["table_id"], mode=t["mode"],
-                                          structure=TableStructure.from_json(t["structure"]),
-                                          copy_snapshot=t["copy_snapshot"])
-                        for name, t in self._state["tables"].items()}
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise UserError(f"{self._state_path} is not a position file replicator wrote ({exc!r}): restore "
+                                f"it, or stream into a new file") from None
 
     # state -----------------------------------------------------------------------
 
-    def position(self, queue: str, consumer: str) -> int | None:
-        return self._state["positions"].get(f"{queue}/{consumer}")
+    def positions(self, queue: str) -> dict[str, int]:
+        return {key[len(queue) + 1:]: tick for key, tick in self._state["positions"].items()
+                if key.startswith(f"{queue}/")}
 
     def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
         self._state["positions"][f"{queue}/{consumer}"] = tick_id
