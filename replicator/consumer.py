@@ -46,12 +46,17 @@ def batch_event_limit(max_events: int, rows_per_event: float) -> int:
 
 
 def default_consumer_name(target: Target) -> str:
-    """A stable name derived from the target on this host: readable prefix, hash of the
-    host and the full description (two hosts with a replica at the same path are two
-    consumers; sharing one name, each would take batches the other never sees)."""
-    digest = hashlib.sha1(f"{socket.gethostname()}:{target.name}".encode()).hexdigest()[:8]
+    """A stable name derived from the target: readable prefix, hash of the full
+    description and, for a target that stores its position, of the host (two hosts
+    with a replica at the same path are two consumers; sharing one name, each would
+    take batches the other never sees). A stream to stdout stores nothing: its name
+    is the one thing that finds its position again, so the host (which a container
+    may change at every start) stays out of it."""
     scheme, _, where = target.name.partition(":")
-    readable = "stdout" if where == "-" else re.sub(r"[^A-Za-z0-9]+", "_", where.rsplit("/", 1)[-1]).strip("_")[:40]
+    if where == "-":
+        return f"{scheme}_stdout_{hashlib.sha1(target.name.encode()).hexdigest()[:8]}"
+    digest = hashlib.sha1(f"{socket.gethostname()}:{target.name}".encode()).hexdigest()[:8]
+    readable = re.sub(r"[^A-Za-z0-9]+", "_", where.rsplit("/", 1)[-1]).strip("_")[:40]
     return f"{scheme}_{readable}_{digest}"
 
 

@@ -4,6 +4,7 @@ traceback; status reports each consumer's lag."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
 
@@ -159,6 +160,7 @@ def test_tables_leaving_out_a_table_the_replica_holds_is_refused(dsn, conn, sour
 def test_default_consumer_names_differ_between_hosts_and_targets(monkeypatch, tmp_path):
     from replicator.consumer import default_consumer_name
     from replicator.targets.sqlite import SqliteTarget
+    from replicator.targets.stream import StreamTarget
 
     names = {}
     for host in ("cache-1", "cache-2"):
@@ -169,6 +171,12 @@ def test_default_consumer_names_differ_between_hosts_and_targets(monkeypatch, tm
             assert default_consumer_name(target) == names[host, path.name]    # stable
             target.close()
     assert len(set(names.values())) == 4, names
+    # stdout keeps no position: only its name finds it again, on whatever host it runs
+    stdout_names = set()
+    for host in ("cache-1", "cache-2"):
+        monkeypatch.setattr("socket.gethostname", lambda host=host: host)
+        stdout_names.add(default_consumer_name(StreamTarget("-", "jsonl")))
+    assert stdout_names == {"jsonl_stdout_" + hashlib.sha1(b"jsonl:-").hexdigest()[:8]}
 
 
 def test_status_shows_each_consumer_lag_in_ticks_events_and_seconds(dsn, conn, source, queue_q, tmp_path):

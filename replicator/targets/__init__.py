@@ -61,6 +61,12 @@ class Target(Protocol):
         ...
 
 
+def queue_positions(positions: dict[str, int], queue: str) -> dict[str, int]:
+    """The positions of `queue` among a target's positions stored as {"QUEUE/CONSUMER": tick}."""
+    prefix = f"{queue}/"
+    return {key[len(prefix):]: tick for key, tick in positions.items() if key.startswith(prefix)}
+
+
 def open_target(url: str, *, spark_master: str | None = None,
                 spark_conf: dict[str, str] | None = None) -> Target:
     """sqlite:PATH, jsonl:-, jsonl:PATH, tsv:-, tsv:PATH, spark:PATH (a warehouse directory;

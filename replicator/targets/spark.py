@@ -33,7 +33,7 @@ from ..errors import UserError
 from ..schema import Change, TableStructure, target_table_name
 from ..spark.warehouse import Warehouse, arrow_table, crash_point, make_durable, new_id, physical_schema, retire
 from ..spark.views import SparkViews
-from . import Row, TargetTable
+from . import Row, TargetTable, queue_positions
 
 log = logging.getLogger("replicator")
 
@@ -112,8 +112,7 @@ class SparkTarget:
     # state ---------------------------------------------------------------------------
 
     def positions(self, queue: str) -> dict[str, int]:
-        return {key[len(queue) + 1:]: tick for key, tick in self.manifest["positions"].items()
-                if key.startswith(f"{queue}/")}
+        return queue_positions(self.manifest["positions"], queue)
 
     def tables(self) -> dict[str, TargetTable]:
         return {name: _target_table(name, entry) for name, entry in self.manifest["tables"].items()}

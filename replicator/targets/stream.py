@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 from ..errors import UserError
 from ..schema import Change, TableStructure
-from . import Row, TargetTable
+from . import Row, TargetTable, queue_positions
 
 
 def _json_value(value: Any) -> Any:
@@ -74,8 +74,7 @@ class StreamTarget:
     # state -----------------------------------------------------------------------
 
     def positions(self, queue: str) -> dict[str, int]:
-        return {key[len(queue) + 1:]: tick for key, tick in self._state["positions"].items()
-                if key.startswith(f"{queue}/")}
+        return queue_positions(self._state["positions"], queue)
 
     def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
         self._state["positions"][f"{queue}/{consumer}"] = tick_id
