@@ -107,8 +107,7 @@ BEGIN
             v_schema, v_name, v_bad;
     END IF;
 
-    IF p_mode = 'pk' AND EXISTS (SELECT 1 FROM pg_attribute
-                                 WHERE attrelid = v_oid AND attname = ANY (v_key) AND NOT attnotnull) THEN
+    IF p_mode = 'pk' AND cardinality(replicator.nullable_key_columns(v_oid, v_key)) > 0 THEN
         RAISE EXCEPTION 'table %.%: pk mode needs NOT NULL key columns (the consumer joins back on them)',
             v_schema, v_name;
     END IF;
@@ -151,6 +150,29 @@ LANGUAGE sql STABLE AS $$
                          OR (oc.opcintype = 'anyarray'::regtype AND t.typcategory = 'A')
                          OR (oc.opcintype = 'anyenum'::regtype AND t.typtype = 'e')
                          OR (oc.opcintype = 'text'::regtype AND t.typcategory = 'S')));
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.nullable_key_columns(p_table regclass, p_key text[])
+RETURNS text[]
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.nullable_key_columns(p_table, p_key)
+--
+--      The key columns of a table that may be NULL. A table captured in pk
+--      mode needs none: the consumer reads rows back by their key, and a
+--      NULL never equals (add_table refuses such a table, sync_table a DDL
+--      that makes a key column nullable).
+--
+-- Parameters:
+--      p_table     - the table
+--      p_key       - its key columns
+--
+-- Returns:
+--      those without NOT NULL, in column order; '{}' if none
+-- ----------------------------------------------------------------------
+    SELECT coalesce(array_agg(attname::text ORDER BY attnum), '{}')
+    FROM pg_attribute
+    WHERE attrelid = p_table AND attname = ANY (p_key) AND NOT attnotnull AND NOT attisdropped;
 $$;
 
 CREATE OR REPLACE FUNCTION replicator.row_filter_error(p_table regclass, p_where text)

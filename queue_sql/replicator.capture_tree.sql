@@ -74,6 +74,12 @@ LANGUAGE plpgsql AS $$
 --        NULL (PostgreSQL allows DROP NOT NULL on an inheritance child):
 --        targets rely on NOT NULL key columns, pk mode reads rows back by
 --        their key.
+--      The way out for a descendant names DETACH PARTITION for a partition
+--      (PostgreSQL refuses NO INHERIT there). The tree is walked once; a
+--      partition is checked from its pg_class row and the one query for
+--      descendants captured on their own (it has one parent, in the tree,
+--      and its parent's NOT NULL columns), so a tree of n partitions costs
+--      a constant number of queries.
 --
 -- Parameters:
 --      p_table      - the captured table, or the one about to be
@@ -82,77 +88,117 @@ LANGUAGE plpgsql AS $$
 --      p_table_id   - its replicator.captured_table id; NULL when adding
 -- ----------------------------------------------------------------------
 DECLARE
+    v_partition boolean;
     v_parent regclass;
     v_root regclass;
     v_owner text;
+    v_tree oid[];
     v_member record;
 BEGIN
-    SELECT h.inhparent::regclass INTO v_parent FROM pg_inherits h WHERE h.inhrelid = p_table
-    ORDER BY h.inhseqno LIMIT 1;
-    IF FOUND THEN
+    SELECT c.relispartition,
+           (SELECT h.inhparent::regclass FROM pg_inherits h WHERE h.inhrelid = c.oid ORDER BY h.inhseqno LIMIT 1)
+    INTO v_partition, v_parent
+    FROM pg_class c WHERE c.oid = p_table;
+    IF v_parent IS NOT NULL THEN
         -- the topmost ancestor: capturing it includes this table's rows
         SELECT a::regclass INTO v_root FROM replicator.capture_ancestors(p_table) a
         WHERE NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = a) LIMIT 1;
+        IF p_table_id IS NOT NULL THEN
+            RAISE EXCEPTION 'table % is captured (queue "%") and cannot be % % (statements naming % change its rows without firing its triggers): remove it from its queue (replicator table remove % %) and capture % instead, which includes its rows',
+                p_table, p_queue_name, CASE WHEN v_partition THEN 'a partition of' ELSE 'an inheritance child of' END,
+                v_parent, v_parent, p_queue_name, p_table, v_root;
+        END IF;
         SELECT format('queue "%s"', q.queue_name) INTO v_owner
         FROM replicator.captured_table t JOIN replicator.queue q ON q.queue_id = t.queue_id
         WHERE t.table_oid IN (SELECT replicator.capture_ancestors(p_table)) AND t.table_oid <> p_table
         ORDER BY t.table_id LIMIT 1;
-        IF p_table_id IS NOT NULL THEN
-            RAISE EXCEPTION 'table % is captured (queue "%") and cannot be % % (statements naming % change its rows without firing its triggers): remove it from its queue (replicator table remove % %) and capture % instead, which includes its rows',
-                p_table, p_queue_name,
-                CASE WHEN (SELECT relispartition FROM pg_class WHERE oid = p_table) THEN 'a partition of'
-                     ELSE 'an inheritance child of' END,
-                v_parent, v_parent, p_queue_name, p_table, v_root;
-        ELSIF v_owner IS NOT NULL THEN
+        IF v_owner IS NOT NULL THEN
             RAISE EXCEPTION 'table % % %, which % captures with its descendants: its rows are captured already, as rows of %',
-                p_table, CASE WHEN (SELECT relispartition FROM pg_class WHERE oid = p_table) THEN 'is a partition of'
-                              ELSE 'inherits from' END, v_parent, v_owner, v_root;
-        ELSE
-            RAISE EXCEPTION 'table % % % (statements naming % change its rows without firing its triggers): capture % instead, which includes its rows: replicator table add % %',
-                p_table, CASE WHEN (SELECT relispartition FROM pg_class WHERE oid = p_table) THEN 'is a partition of'
-                              ELSE 'inherits from' END, v_parent, v_parent, v_root, p_queue_name, v_root;
+                p_table, CASE WHEN v_partition THEN 'is a partition of' ELSE 'inherits from' END,
+                v_parent, v_owner, v_root;
         END IF;
+        RAISE EXCEPTION 'table % % % (statements naming % change its rows without firing its triggers): capture % instead, which includes its rows: replicator table add % %',
+            p_table, CASE WHEN v_partition THEN 'is a partition of' ELSE 'inherits from' END,
+            v_parent, v_parent, v_root, p_queue_name, v_root;
     END IF;
 
+    -- The tree, walked once. Everything below is one query over it, whatever its size
+    -- (every ALTER of a partition and every CREATE TABLE ... PARTITION OF comes here).
+    v_tree := ARRAY(SELECT d FROM replicator.capture_tree(p_table) d WHERE d <> p_table);
+    IF cardinality(v_tree) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT t.table_oid::regclass AS rel, q.queue_name INTO v_member
+    FROM replicator.captured_table t JOIN replicator.queue q ON q.queue_id = t.queue_id
+    WHERE t.table_oid = ANY (v_tree)
+    ORDER BY t.table_oid, t.table_id LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'table % is captured on its own (queue "%") and cannot also be part of the capture of %, its ancestor: remove it first (replicator table remove % %)',
+            v_member.rel, v_member.queue_name, p_table, v_member.queue_name, v_member.rel;
+    END IF;
+    -- A partition has one parent, in the tree, and its parent's NOT NULL columns: only
+    -- its kind (a foreign table) or persistence can be refused, which its pg_class row
+    -- tells; the queries of the other checks are for inheritance children only.
     FOR v_member IN
-        SELECT d::regclass AS rel, c.relkind, c.relpersistence
-        FROM replicator.capture_tree(p_table) d JOIN pg_class c ON c.oid = d
-        WHERE d <> p_table
-        ORDER BY d
+        SELECT c.oid::regclass AS rel, c.relkind, c.relpersistence, c.relispartition,
+               (SELECT h.inhparent::regclass FROM pg_inherits h
+                WHERE h.inhrelid = c.oid ORDER BY h.inhseqno LIMIT 1) AS parent,
+               CASE WHEN NOT c.relispartition THEN
+                   (SELECT h.inhparent::regclass FROM pg_inherits h
+                    WHERE h.inhrelid = c.oid AND h.inhparent <> p_table AND h.inhparent <> ALL (v_tree)
+                    ORDER BY h.inhseqno LIMIT 1) END AS outside,
+               CASE WHEN NOT c.relispartition THEN
+                   (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
+                    FROM pg_attribute a
+                    JOIN pg_attribute r ON r.attrelid = p_table AND r.attname = a.attname AND r.attnotnull
+                    WHERE a.attrelid = c.oid AND a.attname = ANY (p_key) AND NOT a.attnotnull
+                      AND NOT a.attisdropped) END AS nullable_key
+        FROM pg_class c
+        WHERE c.oid = ANY (v_tree)
+          AND (NOT c.relispartition OR c.relkind NOT IN ('r', 'p') OR c.relpersistence = 't')
+        ORDER BY c.oid
     LOOP
         IF v_member.relkind NOT IN ('r', 'p') THEN
-            RAISE EXCEPTION 'table % cannot be captured with its descendant %, which is not a plain table (a foreign table cannot carry capture triggers): detach it (ALTER TABLE % NO INHERIT %) or do not capture %',
-                p_table, v_member.rel, v_member.rel,
-                (SELECT h.inhparent::regclass FROM pg_inherits h WHERE h.inhrelid = v_member.rel LIMIT 1), p_table;
+            RAISE EXCEPTION 'table % cannot be captured with its descendant %, which is not a plain table (a foreign table cannot carry capture triggers): detach it (%) or do not capture %',
+                p_table, v_member.rel, replicator.detach_statement(v_member.rel, v_member.parent, v_member.relispartition),
+                p_table;
         END IF;
         IF v_member.relpersistence = 't' THEN
-            RAISE EXCEPTION 'table % cannot be captured with its descendant %, a temporary table (other sessions do not see its rows): detach it (ALTER TABLE % NO INHERIT %) or do not capture %',
-                p_table, v_member.rel, v_member.rel,
-                (SELECT h.inhparent::regclass FROM pg_inherits h WHERE h.inhrelid = v_member.rel LIMIT 1), p_table;
+            RAISE EXCEPTION 'table % cannot be captured with its descendant %, a temporary table (other sessions do not see its rows): detach it (%) or do not capture %',
+                p_table, v_member.rel, replicator.detach_statement(v_member.rel, v_member.parent, v_member.relispartition),
+                p_table;
         END IF;
-        SELECT q.queue_name INTO v_owner
-        FROM replicator.captured_table t JOIN replicator.queue q ON q.queue_id = t.queue_id
-        WHERE t.table_oid = v_member.rel ORDER BY t.table_id LIMIT 1;
-        IF FOUND THEN
-            RAISE EXCEPTION 'table % is captured on its own (queue "%") and cannot also be part of the capture of %, its ancestor: remove it first (replicator table remove % %)',
-                v_member.rel, v_owner, p_table, v_owner, v_member.rel;
-        END IF;
-        SELECT h.inhparent::regclass INTO v_parent FROM pg_inherits h
-        WHERE h.inhrelid = v_member.rel
-          AND h.inhparent NOT IN (SELECT replicator.capture_tree(p_table))
-        LIMIT 1;
-        IF FOUND THEN
+        IF v_member.outside IS NOT NULL THEN
             RAISE EXCEPTION 'table % inherits from % as well as from % (statements naming % would change its rows without firing the triggers of %): remove that inheritance (ALTER TABLE % NO INHERIT %) or do not capture %',
-                v_member.rel, v_parent, p_table, v_parent, p_table, v_member.rel, v_parent, p_table;
+                v_member.rel, v_member.outside, p_table, v_member.outside, p_table, v_member.rel, v_member.outside, p_table;
         END IF;
-        SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) INTO v_owner
-        FROM pg_attribute a
-        JOIN pg_attribute r ON r.attrelid = p_table AND r.attname = a.attname AND r.attnotnull
-        WHERE a.attrelid = v_member.rel AND a.attname = ANY (p_key) AND NOT a.attnotnull AND NOT a.attisdropped;
-        IF v_owner IS NOT NULL THEN
+        IF v_member.nullable_key IS NOT NULL THEN
             RAISE EXCEPTION 'key column(s) % of % may be NULL in its descendant % (rows of a NULL key cannot be replicated by their key): make them NOT NULL there (ALTER TABLE % ALTER COLUMN ... SET NOT NULL)',
-                v_owner, p_table, v_member.rel, v_member.rel;
+                v_member.nullable_key, p_table, v_member.rel, v_member.rel;
         END IF;
     END LOOP;
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.detach_statement(p_rel regclass, p_parent regclass, p_partition boolean)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.detach_statement(p_rel, p_parent, p_partition)
+--
+--      The statement that takes a descendant out of its parent, for the
+--      messages of replicator.check_capture_tree: PostgreSQL refuses NO
+--      INHERIT on a partition.
+--
+-- Parameters:
+--      p_rel       - the descendant
+--      p_parent    - its parent
+--      p_partition - whether it is a partition (pg_class.relispartition)
+--
+-- Returns:
+--      'ALTER TABLE parent DETACH PARTITION rel' or
+--      'ALTER TABLE rel NO INHERIT parent'
+-- ----------------------------------------------------------------------
+    SELECT CASE WHEN p_partition THEN format('ALTER TABLE %s DETACH PARTITION %s', p_parent, p_rel)
+                ELSE format('ALTER TABLE %s NO INHERIT %s', p_rel, p_parent) END;
 $$;

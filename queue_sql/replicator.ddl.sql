@@ -69,6 +69,31 @@ LANGUAGE sql STABLE AS $$
     FROM replicator.captured_table t WHERE t.table_id = p_table_id;
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.queue_copy_event(p_table_id integer, p_tag text, p_sql text)
+RETURNS bigint
+LANGUAGE sql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.queue_copy_event(p_table_id, p_tag, p_sql)
+--
+--      Queues an S event of kind 'altered' with "copy": true for a
+--      captured table: its rows changed without a row trigger firing (a
+--      rewrite, a descendant attached, detached, dropped or truncated, a
+--      capture that did not cover a descendant before an upgrade), so
+--      targets copy the table again, within the snapshot rules of the
+--      initial copy.
+--
+-- Parameters:
+--      p_table_id  - replicator.captured_table id
+--      p_tag       - command tag of the statement that changed the rows
+--      p_sql       - its text (NULL when there is none)
+--
+-- Returns:
+--      the event id
+-- ----------------------------------------------------------------------
+    SELECT replicator.insert_schema_event(p_table_id,
+        replicator.schema_event_data(p_table_id, p_tag, p_sql, 'altered') || '{"copy": true}');
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.forget_table(p_table_id integer, p_tag text, p_sql text)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -193,8 +218,7 @@ BEGIN
                                 (SELECT queue_name FROM replicator.queue q WHERE q.queue_id = t.queue_id),
                                 v_schema, v_name);
     END IF;
-    IF t.table_mode = 'pk' AND EXISTS (SELECT 1 FROM pg_attribute
-                                       WHERE attrelid = t.table_oid AND attname = ANY (v_key) AND NOT attnotnull) THEN
+    IF t.table_mode = 'pk' AND cardinality(replicator.nullable_key_columns(t.table_oid, v_key)) > 0 THEN
         -- rows are read back by their key, and a NULL never equals: they would vanish from targets
         RAISE EXCEPTION 'table %.% is captured in pk mode with key (%), whose columns must stay NOT NULL',
             v_schema, v_name, array_to_string(v_key, ', ')
@@ -214,26 +238,83 @@ BEGIN
         table_structure = v_structure
     WHERE table_id = p_table_id;
     PERFORM replicator.generate_capture(p_table_id);
-    PERFORM replicator.insert_schema_event(p_table_id,
-        replicator.schema_event_data(p_table_id, p_tag, p_sql, 'altered')
-        || CASE WHEN p_rewritten THEN '{"copy": true}'::jsonb ELSE '{}' END);
+    IF p_rewritten THEN
+        PERFORM replicator.queue_copy_event(p_table_id, p_tag, p_sql);
+    ELSE
+        PERFORM replicator.insert_schema_event(p_table_id,
+            replicator.schema_event_data(p_table_id, p_tag, p_sql, 'altered'));
+    END IF;
     RETURN true;
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION replicator.check_row_filters()
+CREATE OR REPLACE FUNCTION replicator.row_filter_scope(p_tag text)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.row_filter_scope(p_tag)
+--
+--      Which row filters a command may break (replicator.check_row_filters).
+--      A filter names its table's columns and may name functions,
+--      operators, types, collations (schema-qualified) and, in a subquery,
+--      other relations.
+--
+-- Parameters:
+--      p_tag       - the command tag
+--
+-- Returns:
+--      'touched'   - commands that change no object a filter of another
+--                    table can name (CREATE TABLE, CREATE INDEX, GRANT,
+--                    COMMENT, triggers, policies, ...; INSERT, UPDATE,
+--                    DELETE): the filters of the tables they touched;
+--      'relations' - ALTER or DROP of a table, view or sequence: those,
+--                    and the filters that read other relations;
+--      'all'       - anything else (functions, operators, types, domains,
+--                    schemas, extensions, casts, DROP OWNED; under
+--                    `replicator execute` DO, CALL, SELECT and EXECUTE,
+--                    which may run any DDL; an unknown tag): every filter
+-- ----------------------------------------------------------------------
+    SELECT CASE
+        WHEN p_tag ~ '^(ALTER|DROP) (TABLE|VIEW|MATERIALIZED VIEW|FOREIGN TABLE|SEQUENCE)$' THEN 'relations'
+        WHEN p_tag ~ '^(CREATE|ALTER|DROP) (INDEX|TRIGGER|RULE|POLICY|STATISTICS|PUBLICATION|SUBSCRIPTION'
+                     '|EVENT TRIGGER|SERVER|USER MAPPING|FOREIGN DATA WRAPPER)$'
+          OR p_tag ~ '^CREATE (TABLE|TABLE AS|FOREIGN TABLE|VIEW|MATERIALIZED VIEW|SEQUENCE|SCHEMA|TYPE|DOMAIN)$'
+          OR p_tag IN ('SELECT INTO', 'COMMENT', 'GRANT', 'REVOKE', 'SECURITY LABEL', 'ALTER DEFAULT PRIVILEGES',
+                       'REFRESH MATERIALIZED VIEW', 'REINDEX', 'IMPORT FOREIGN SCHEMA', 'CLUSTER', 'VACUUM',
+                       'ANALYZE', 'TRUNCATE TABLE', 'LOCK TABLE', 'INSERT', 'UPDATE', 'DELETE', 'MERGE',
+                       'COPY', 'VALUES', 'TABLE', 'PREPARE', 'DEALLOCATE', 'SET', 'RESET', 'SHOW', 'NOTIFY',
+                       'LISTEN', 'UNLISTEN')
+            THEN 'touched'
+        ELSE 'all'
+    END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.check_row_filters(p_touched oid[], p_scope text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.check_row_filters()
+-- Function: replicator.check_row_filters(p_touched, p_scope)
 --
 --      After DDL (event trigger, or replicator.sync_all): checks the row
---      filter of every captured table that has one as add_table checks it,
---      as the capture function runs it (replicator.row_filter_error). A
+--      filters the command may have broken as add_table checks them, as
+--      the capture function runs them (replicator.row_filter_error). A
 --      statement that broke one (a column dropped, renamed or given a type
 --      whose operators lie outside pg_catalog; a function it names dropped)
 --      is refused, rolled back with the way out, instead of making every
 --      later application write to the table fail.
+--
+--      A check plans a query over the filtered table, taking an ACCESS
+--      SHARE lock on it: only the filters the command can reach are
+--      checked (replicator.row_filter_scope), so a DDL elsewhere (CREATE
+--      TEMP TABLE, CREATE INDEX, GRANT...) never waits behind a lock on a
+--      filtered table, nor deadlocks with another DDL over it.
+--
+-- Parameters:
+--      p_touched   - relations the command touched (their filters are
+--                    checked whatever the scope)
+--      p_scope     - replicator.row_filter_scope of the command: 'touched',
+--                    'relations' (also filters reading other relations:
+--                    the words SELECT, TABLE or regclass), 'all'
 -- ----------------------------------------------------------------------
 DECLARE
     r record;
@@ -246,6 +327,8 @@ BEGIN
         JOIN pg_namespace n ON n.oid = c.relnamespace
         JOIN replicator.queue q ON q.queue_id = t.queue_id
         WHERE t.table_where IS NOT NULL
+          AND (p_scope = 'all' OR t.table_oid = ANY (p_touched)
+               OR (p_scope = 'relations' AND t.table_where ~* '\m(select|table|regclass)\M'))
         ORDER BY t.table_id
     LOOP
         v_error := replicator.row_filter_error(r.table_oid, r.table_where);
@@ -258,19 +341,30 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION replicator.follow_new_tables(p_tag text, p_sql text)
+CREATE OR REPLACE FUNCTION replicator.follow_new_tables(p_tag text, p_sql text, p_new oid[] DEFAULT '{}')
 RETURNS integer
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.follow_new_tables(p_tag, p_sql)
+-- Function: replicator.follow_new_tables(p_tag, p_sql, p_new)
 --
 --      Captures the tables of followed schemas that are not captured yet
 --      (created since), queueing an S event of kind 'created' for each.
---      An inheritance child whose ancestor the queue captures is not: its
---      rows are the ancestor's (replicator.capture_tree); one whose
---      ancestor it does not capture is refused by add_table (a warning).
 --      Rows a CREATE TABLE AS put in before capture began reach consumers
 --      through their initial copy of the new table.
+--
+--      Partitions and inheritance children are not looked at: their rows
+--      are their root's (replicator.capture_tree), captured with it when
+--      the queue captures the root; when it does not, a child cannot be
+--      captured on its own (replicator.check_capture_tree). Such a child
+--      among p_new gets a warning saying why, once: it is never retried.
+--
+-- Parameters:
+--      p_tag       - command tag of the statement
+--      p_sql       - its text
+--      p_new       - relations the statement created (or, for
+--                    replicator.follow_schema, the schema's tables): an
+--                    inheritance child among them that the queue cannot
+--                    capture is warned about
 --
 -- Returns:
 --      the number of tables now captured
@@ -288,14 +382,9 @@ BEGIN
         JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p') AND NOT c.relispartition
         WHERE NOT EXISTS (SELECT 1 FROM replicator.captured_table t
                           WHERE t.queue_id = s.queue_id AND t.table_oid = c.oid)
-        -- inheritance roots first: their descendants are then captured with them
-        ORDER BY EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = c.oid), c.oid
+          AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = c.oid)
+        ORDER BY c.oid
     LOOP
-        IF EXISTS (SELECT 1 FROM replicator.captured_table t
-                   JOIN replicator.queue q ON q.queue_id = t.queue_id AND q.queue_name = r.queue_name
-                   WHERE t.table_oid IN (SELECT replicator.capture_ancestors(r.oid)) AND t.table_oid <> r.oid) THEN
-            CONTINUE;   -- its rows are captured as rows of its captured ancestor
-        END IF;
         IF cardinality(replicator.comparable_columns(r.oid)) = 0 THEN
             RAISE WARNING 'replicator: %.% has no column usable as a key and is not captured', r.schema_name, r.relname;
             CONTINUE;
@@ -314,6 +403,31 @@ BEGIN
         END;
         PERFORM replicator.insert_schema_event(v_id, replicator.schema_event_data(v_id, p_tag, p_sql, 'created'));
         v_count := v_count + 1;
+    END LOOP;
+    -- after the tables just captured: a child of one of them is captured with it.
+    -- Once per transaction (replicator.warned): under `replicator execute`, p_new is
+    -- every relation the script touched so far.
+    FOR r IN
+        SELECT q.queue_name, s.schema_name, c.oid, c.relname
+        FROM replicator.captured_schema s
+        JOIN replicator.queue q ON q.queue_id = s.queue_id
+        JOIN pg_namespace n ON n.nspname = s.schema_name
+        JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'p') AND NOT c.relispartition
+        WHERE c.oid = ANY (p_new)
+          AND EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = c.oid)
+          AND NOT EXISTS (SELECT 1 FROM replicator.captured_table t
+                          WHERE t.queue_id = s.queue_id
+                            AND t.table_oid IN (SELECT replicator.capture_ancestors(c.oid)))
+          AND c.oid::text <> ALL (string_to_array(coalesce(current_setting('replicator.warned', true), ''), ','))
+        ORDER BY c.oid
+    LOOP
+        BEGIN
+            PERFORM replicator.check_capture_tree(r.oid::regclass, '{}', r.queue_name);
+        EXCEPTION WHEN raise_exception THEN
+            RAISE WARNING 'replicator: %.% is not captured: %', r.schema_name, r.relname, SQLERRM;
+        END;
+        PERFORM set_config('replicator.warned',
+                           concat_ws(',', nullif(current_setting('replicator.warned', true), ''), r.oid::text), true);
     END LOOP;
     RETURN v_count;
 END;
@@ -343,15 +457,18 @@ BEGIN
     INSERT INTO replicator.captured_schema (queue_id, schema_name, schema_mode)
     VALUES (q.queue_id, p_schema, p_mode)
     ON CONFLICT (queue_id, schema_name) DO UPDATE SET schema_mode = excluded.schema_mode;
-    RETURN replicator.follow_new_tables('FOLLOW SCHEMA', NULL);
+    RETURN replicator.follow_new_tables('FOLLOW SCHEMA', NULL,
+                                        ARRAY(SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                                              WHERE n.nspname = p_schema));
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION replicator.sync_partitions(p_table_id integer, p_tag text, p_sql text)
+CREATE OR REPLACE FUNCTION replicator.sync_partitions(p_table_id integer, p_tag text, p_sql text,
+                                                       p_check boolean DEFAULT true)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.sync_partitions(p_table_id, p_tag, p_sql)
+-- Function: replicator.sync_partitions(p_table_id, p_tag, p_sql, p_check)
 --
 --      After DDL, for a captured table: checks its capture tree
 --      (replicator.check_capture_tree: the exception rolls the DDL back),
@@ -367,6 +484,10 @@ LANGUAGE plpgsql AS $$
 --      p_table_id  - replicator.captured_table id
 --      p_tag       - command tag of the statement
 --      p_sql       - its text
+--      p_check     - check the tree even if its members did not change
+--                    (the statement touched it: DROP NOT NULL on a
+--                    descendant's key column changes no member); false:
+--                    only a tree whose members changed is checked
 --
 -- Returns:
 --      true if the capture was generated again
@@ -388,7 +509,9 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;   -- dropped
     END IF;
-    PERFORM replicator.check_capture_tree(v_oid, v_key, v_queue, p_table_id);
+    IF p_check THEN
+        PERFORM replicator.check_capture_tree(v_oid, v_key, v_queue, p_table_id);
+    END IF;
     v_tree := ARRAY(SELECT d FROM replicator.capture_tree(v_oid) d ORDER BY d);
     v_triggered := ARRAY(SELECT tgrelid FROM pg_trigger
                          WHERE tgname = '_replicator_' || p_table_id || '_ins'
@@ -396,6 +519,9 @@ BEGIN
                          ORDER BY tgrelid);
     IF v_tree = v_triggered THEN
         RETURN false;
+    END IF;
+    IF NOT p_check THEN
+        PERFORM replicator.check_capture_tree(v_oid, v_key, v_queue, p_table_id);
     END IF;
     FOR v_moved IN SELECT x FROM unnest(v_tree) x WHERE x <> ALL (v_triggered)
                    UNION ALL SELECT x FROM unnest(v_triggered) x WHERE x <> ALL (v_tree) LOOP
@@ -406,8 +532,7 @@ BEGIN
     END LOOP;
     PERFORM replicator.generate_capture(p_table_id);
     IF v_rows THEN
-        PERFORM replicator.insert_schema_event(p_table_id,
-            replicator.schema_event_data(p_table_id, p_tag, p_sql, 'altered') || '{"copy": true}');
+        PERFORM replicator.queue_copy_event(p_table_id, p_tag, p_sql);
     END IF;
     RETURN true;
 END;
@@ -505,6 +630,60 @@ LANGUAGE sql STABLE AS $$
     WHERE c.relkind = 'r';
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.touched_capture_trees(p_rels oid[])
+RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.touched_capture_trees(p_rels)
+--
+--      The captured tables whose capture trees a DDL on some relations may
+--      have changed: the captured ones among the relations and their
+--      ancestors (a partition or child created, attached, INHERIT, a column
+--      of a descendant made nullable), and those whose capture triggers
+--      are on the relations (DETACH, NO INHERIT: no longer descendants).
+--
+-- Parameters:
+--      p_rels      - relations the DDL touched
+--
+-- Returns:
+--      replicator.captured_table ids, in order
+-- ----------------------------------------------------------------------
+    SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM (
+        SELECT t.table_id
+        FROM unnest(p_rels) r(oid) CROSS JOIN LATERAL replicator.capture_ancestors(r.oid) a(relid)
+        JOIN replicator.captured_table t ON t.table_oid = a.relid
+        UNION
+        SELECT t.table_id
+        FROM unnest(p_rels) r(oid) JOIN pg_trigger tg ON tg.tgrelid = r.oid
+        JOIN replicator.captured_table t ON tg.tgname = '_replicator_' || t.table_id || '_ins') x(id);
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.locked_relations()
+RETURNS oid[]
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.locked_relations()
+--
+--      The relations this transaction has touched with DDL so far, for
+--      `replicator execute` (no event trigger reports them): those it
+--      holds a lock on stronger than ROW EXCLUSIVE, the strongest a DML
+--      statement takes. Every ALTER, CREATE ... PARTITION OF / INHERITS,
+--      ATTACH, DETACH, INHERIT, DROP takes one on what it changes (a
+--      dropped relation keeps its lock), held to the end of the
+--      transaction: a relation touched by an earlier statement of the
+--      script stays in the set.
+--
+-- Returns:
+--      relation oids
+-- ----------------------------------------------------------------------
+    SELECT coalesce(array_agg(DISTINCT l.relation), '{}')
+    FROM pg_locks l
+    WHERE l.locktype = 'relation' AND l.pid = pg_backend_pid() AND l.granted
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.mode IN ('ShareUpdateExclusiveLock', 'ShareLock', 'ShareRowExclusiveLock', 'ExclusiveLock',
+                     'AccessExclusiveLock');
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.sync_all(p_tag text, p_sql text, p_rewritten oid[] DEFAULT '{}')
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -513,8 +692,12 @@ LANGUAGE plpgsql AS $$
 --
 --      After a statement run by `replicator execute` (where no event
 --      trigger does it): forgets dropped captured tables, syncs the others
---      (and their capture trees), checks every row filter, captures new
---      tables of followed schemas.
+--      (and their capture trees), checks the row filters the statement
+--      may have broken, captures new tables of followed schemas. What the
+--      statement touched is what the script holds DDL locks on
+--      (replicator.locked_relations): only those capture trees are checked
+--      (and any whose members changed), so a tree the script leaves alone
+--      never fails it.
 --
 -- Parameters:
 --      p_tag       - command tag of the statement
@@ -530,16 +713,18 @@ DECLARE
     v_id integer;
     v_count integer := 0;
     v_rewritten integer[] := replicator.rewritten_tables(p_rewritten);
+    v_touched oid[] := replicator.locked_relations();
+    v_trees integer[] := replicator.touched_capture_trees(v_touched);
 BEGIN
     FOR v_id IN SELECT table_id FROM replicator.captured_table ORDER BY table_id LOOP
         -- the tree first: a regenerated capture would hide a descendant that moved
-        PERFORM replicator.sync_partitions(v_id, p_tag, p_sql);
+        PERFORM replicator.sync_partitions(v_id, p_tag, p_sql, v_id = ANY (v_trees));
         IF replicator.sync_table(v_id, p_tag, p_sql, v_id = ANY (v_rewritten)) THEN
             v_count := v_count + 1;
         END IF;
     END LOOP;
-    PERFORM replicator.check_row_filters();
-    RETURN v_count + replicator.follow_new_tables(p_tag, p_sql);
+    PERFORM replicator.check_row_filters(v_touched, replicator.row_filter_scope(p_tag));
+    RETURN v_count + replicator.follow_new_tables(p_tag, p_sql, v_touched);
 END;
 $$;
 
@@ -558,7 +743,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 --      before inheritance children were refused can be such), the captured
 --      tables whose rows it rewrote (noted by
 --      replicator.table_rewrite_trigger), captures tables created in
---      followed schemas, and checks every row filter
+--      followed schemas, and checks the row filters it may have broken
 --      (replicator.check_row_filters). Runs in the DDL's own transaction, so the S
 --      events commit or roll back with it. The DDL replicator itself runs
 --      (capture functions, triggers) is skipped.
@@ -567,6 +752,8 @@ DECLARE
     v_id integer;
     v_sql text := current_query();
     v_rewritten integer[] := '{}';
+    v_touched oid[];
+    v_created oid[];
 BEGIN
     IF current_setting('replicator.in_ddl', true) = 'on' THEN
         RETURN;
@@ -577,36 +764,26 @@ BEGIN
     IF current_setting('replicator.rewritten', true) <> '' THEN
         v_rewritten := replicator.rewritten_tables(replicator.take_rewrites());
     END IF;
+    -- What the command touched: relations, or their indexes.
+    SELECT coalesce(array_agg(DISTINCT coalesce(i.indrelid, c.oid)), '{}'),
+           coalesce(array_agg(DISTINCT c.oid) FILTER (WHERE cmd.command_tag = 'CREATE TABLE'), '{}')
+    INTO v_touched, v_created
+    FROM pg_event_trigger_ddl_commands() cmd
+    JOIN pg_class c ON cmd.classid = 'pg_class'::regclass AND c.oid = cmd.objid
+    LEFT JOIN pg_index i ON i.indexrelid = c.oid;
     -- Capture trees first (a regenerated capture would hide a descendant that
-    -- moved): the captured tables among the ancestors of what the command
-    -- touched (a partition or child created, attached, INHERIT, a column of a
-    -- descendant made nullable) and those whose triggers are on it (DETACH,
-    -- NO INHERIT). A tree that could miss changes aborts the command.
-    FOR v_id IN
-        -- (only commands that can change a tree: CREATE ... INHERITS / PARTITION OF, ALTER)
-        WITH touched AS (
-            SELECT DISTINCT c.oid
-            FROM pg_event_trigger_ddl_commands() cmd
-            JOIN pg_class c ON cmd.classid = 'pg_class'::regclass AND c.oid = cmd.objid
-                           AND c.relkind IN ('r', 'p', 'f')
-            WHERE tg_tag IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE FOREIGN TABLE', 'ALTER FOREIGN TABLE'))
-        SELECT t.table_id
-        FROM touched CROSS JOIN LATERAL replicator.capture_ancestors(touched.oid) a(relid)
-        JOIN replicator.captured_table t ON t.table_oid = a.relid
-        UNION
-        SELECT t.table_id
-        FROM touched JOIN pg_trigger tg ON tg.tgrelid = touched.oid
-        JOIN replicator.captured_table t ON tg.tgname = '_replicator_' || t.table_id || '_ins'
-        ORDER BY 1
-    LOOP
-        PERFORM replicator.sync_partitions(v_id, tg_tag, v_sql);
-    END LOOP;
+    -- moved), of commands that can change a tree (CREATE ... INHERITS /
+    -- PARTITION OF, ALTER): replicator.touched_capture_trees. A tree that could
+    -- miss changes aborts the command.
+    IF tg_tag IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE FOREIGN TABLE', 'ALTER FOREIGN TABLE') THEN
+        FOREACH v_id IN ARRAY replicator.touched_capture_trees(
+                ARRAY(SELECT c.oid FROM pg_class c WHERE c.oid = ANY (v_touched) AND c.relkind IN ('r', 'p', 'f'))) LOOP
+            PERFORM replicator.sync_partitions(v_id, tg_tag, v_sql);
+        END LOOP;
+    END IF;
     FOR v_id IN
         WITH RECURSIVE touched(oid) AS (
-            SELECT coalesce(i.indrelid, c.oid)
-            FROM pg_event_trigger_ddl_commands() cmd
-            JOIN pg_class c ON cmd.classid = 'pg_class'::regclass AND c.oid = cmd.objid
-            LEFT JOIN pg_index i ON i.indexrelid = c.oid
+            SELECT unnest(v_touched)
             UNION
             SELECT h.inhrelid FROM touched JOIN pg_inherits h ON h.inhparent = touched.oid)
         SELECT t.table_id FROM touched JOIN replicator.captured_table t ON t.table_oid = touched.oid
@@ -617,9 +794,9 @@ BEGIN
         PERFORM replicator.sync_table(v_id, tg_tag, v_sql, v_id = ANY (v_rewritten));
     END LOOP;
     IF tg_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE') THEN
-        PERFORM replicator.follow_new_tables(tg_tag, v_sql);
+        PERFORM replicator.follow_new_tables(tg_tag, v_sql, v_created);
     END IF;
-    PERFORM replicator.check_row_filters();
+    PERFORM replicator.check_row_filters(v_touched, replicator.row_filter_scope(tg_tag));
     PERFORM set_config('replicator.in_ddl', 'off', true);
 END;
 $$;
@@ -666,8 +843,7 @@ BEGIN
           AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.table_oid)
         ORDER BY t.table_id
     LOOP
-        PERFORM replicator.insert_schema_event(v_id,
-            replicator.schema_event_data(v_id, tg_tag, current_query(), 'altered') || '{"copy": true}');
+        PERFORM replicator.queue_copy_event(v_id, tg_tag, current_query());
     END LOOP;
     PERFORM set_config('replicator.in_ddl', 'off', true);
 END;

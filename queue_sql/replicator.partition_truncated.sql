@@ -28,21 +28,33 @@ LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
 DECLARE
     v_queue integer;
-    v_copied boolean;
+    v_events text;
     v_last "char";
+    v_copied boolean := false;
 BEGIN
     SELECT queue_id INTO v_queue FROM replicator.captured_table WHERE table_id = p_table_id;
-    -- the events of one transaction only (ev_txid is indexed); a TRUNCATE is rare
-    EXECUTE format('SELECT coalesce(bool_or(ev_type = ''S'' AND ev_data->>''copy'' = ''true''), false),'
-                   ' (array_agg(ev_type ORDER BY ev_id DESC))[1]'
-                   ' FROM %s WHERE ev_txid = txid_current() AND ev_table = $1',
-                   replicator.event_table(v_queue))
-        INTO v_copied, v_last USING p_table_id;
-    IF v_copied OR v_last = 'T' THEN
+    v_events := replicator.event_table(v_queue);
+    -- The events of this transaction only, found through the index on ev_txid (an
+    -- index naming ev_table too would cost every captured write). The latest first:
+    -- a TRUNCATE of the whole tree calls this once per descendant, each time right
+    -- after the T. Neither query aggregates: the first keeps the newest event of the
+    -- table, the second stops at its first copy, and runs only when the transaction
+    -- has events of the table.
+    EXECUTE format('SELECT ev_type FROM %s WHERE ev_txid = txid_current() AND ev_table = $1'
+                   ' ORDER BY ev_id DESC LIMIT 1', v_events)
+        INTO v_last USING p_table_id;
+    IF v_last = 'T' THEN
         RETURN;
     END IF;
-    PERFORM replicator.insert_schema_event(p_table_id,
-        replicator.schema_event_data(p_table_id, 'TRUNCATE TABLE', current_query(), 'altered') || '{"copy": true}');
+    IF v_last IS NOT NULL THEN
+        EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE ev_txid = txid_current() AND ev_table = $1'
+                       ' AND ev_type = ''S'' AND ev_data->>''copy'' = ''true'')', v_events)
+            INTO v_copied USING p_table_id;
+    END IF;
+    IF v_copied THEN
+        RETURN;
+    END IF;
+    PERFORM replicator.queue_copy_event(p_table_id, 'TRUNCATE TABLE', current_query());
 END;
 $$;
 

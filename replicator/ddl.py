@@ -7,11 +7,13 @@ script that mixes DDL and DML queues every change in order: rows written
 after an ALTER TABLE are captured with the new columns. Where a statement
 rewrote a captured table's rows (its storage changed: ALTER COLUMN ... TYPE
 ... USING, even to the same type), targets are asked to copy it again, as the
-table_rewrite event trigger does.
+table_rewrite event trigger does; not where only the storage moved (SET
+LOGGED/UNLOGGED, SET TABLESPACE, SET ACCESS METHOD, CLUSTER, VACUUM FULL).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import psycopg
@@ -104,6 +106,35 @@ def _refuse_transaction_control(statements: list[str]) -> None:
                             f"`replicator execute` runs the whole script in one transaction; remove it")
 
 
+# Statements that give a table new storage with the same values: no copy needed. A
+# TRUNCATE's trigger already queued what targets need (a T, or a copy for a partition).
+_STORAGE_ONLY_TAGS = {"CLUSTER", "VACUUM", "REINDEX", "TRUNCATE TABLE"}
+_NAME = r'(?:"(?:[^"]|"")+"|[A-Z_][A-Z0-9_$]*)'
+_STORAGE_ACTION = (rf"(?:SET (?:LOGGED|UNLOGGED)|SET TABLESPACE {_NAME}(?: NOWAIT)?|SET ACCESS METHOD {_NAME}"
+                   rf"|SET WITHOUT CLUSTER|CLUSTER ON {_NAME})")
+_STORAGE_ONLY_ALTER = re.compile(
+    rf"ALTER TABLE (?:IF EXISTS )?(?:ONLY )?{_NAME}(?: ?\. ?{_NAME})*(?: \*)? {_STORAGE_ACTION}"
+    rf"(?: ?, ?{_STORAGE_ACTION})*"
+    rf"|ALTER TABLE ALL IN TABLESPACE {_NAME}(?: OWNED BY {_NAME}(?: ?, ?{_NAME})*)? SET TABLESPACE {_NAME}(?: NOWAIT)?")
+
+
+def storage_only(statement: str, tag: str) -> bool:
+    """Whether the statement can give captured tables new storage (relfilenode)
+    but not new values: CLUSTER, VACUUM FULL, REINDEX, TRUNCATE (its trigger queued
+    what targets need), and an ALTER TABLE whose every action is SET LOGGED /
+    UNLOGGED, SET TABLESPACE, SET ACCESS METHOD (or CLUSTER ON, SET WITHOUT
+    CLUSTER). As the table_rewrite event trigger, which tells by the rewrite's
+    reason, `execute` then asks targets for no copy. Anything else that changed a
+    relfilenode (an ALTER TABLE mixing SET LOGGED with ALTER COLUMN ... TYPE)
+    counts as a rewrite."""
+    if tag in _STORAGE_ONLY_TAGS:
+        return True
+    if tag != "ALTER TABLE":
+        return False
+    text = " ".join(sqlparse.format(statement, strip_comments=True).split()).rstrip(";").strip().upper()
+    return _STORAGE_ONLY_ALTER.fullmatch(text) is not None
+
+
 def execute_script(source: Source, queue: str, script: str) -> int:
     """Runs the script in one transaction; returns the number of schema events queued."""
     source.queue_id(queue)
@@ -114,10 +145,14 @@ def execute_script(source: Source, queue: str, script: str) -> int:
     automatic = has_event_triggers(source.conn)
     queued = 0
     with db.user_errors(), source.conn.transaction():
+        # Each statement's storage "after" is the next one's "before" (read once). It is
+        # read before sync_all, which may capture a table the statement created (a
+        # followed schema): a later rewrite of it is then not seen, and need not be,
+        # since targets copy a new table after this transaction committed.
+        storage = None if automatic else _captured_storage(source.conn)
         for number, statement in enumerate(statements, 1):
             tag = command_tag(statement)
             before = None if automatic else _last_event_ids(source.conn)
-            storage = None if automatic else _captured_storage(source.conn)
             try:
                 source.conn.execute(statement)
             except psycopg.errors.RaiseException:
@@ -126,9 +161,9 @@ def execute_script(source: Source, queue: str, script: str) -> int:
                 message = exc.diag.message_primary or str(exc)
                 raise UserError(f"statement {number} failed, nothing was applied: {message}") from None
             if not automatic:
-                # A TRUNCATE gets new storage too, but its trigger already queued what
-                # targets need (a T, or a copy for a partition): a copy would be redundant.
-                rewritten = [] if tag == "TRUNCATE TABLE" else _rewritten(storage or {}, source.conn)
+                after = _captured_storage(source.conn)
+                rewritten = _rewritten(storage or {}, after, source.conn, storage_only(statement, tag))
+                storage = after
                 count = source.conn.execute("SELECT replicator.sync_all(%s, %s, %s::oid[])",
                                             (tag, statement, rewritten)).fetchone()[0]
                 if count:
@@ -148,13 +183,15 @@ def _captured_storage(conn: psycopg.Connection) -> dict[int, tuple[int, int]]:
             conn.execute("SELECT relid, relfilenode, table_oid FROM replicator.captured_storage()")}
 
 
-def _rewritten(before: dict[int, tuple[int, int]], conn: psycopg.Connection) -> list[int]:
+def _rewritten(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]],
+               conn: psycopg.Connection, only_storage: bool) -> list[int]:
     """Relations whose storage the statement replaced: their rows were rewritten
-    without row triggers (no event trigger tells, without the privilege). A
-    relation gone (a dropped partition or inheritance child) took its rows out of
-    its captured table without row triggers: that table counts as rewritten."""
-    after = _captured_storage(conn)
-    rewritten = {oid for oid, (node, _) in before.items() if oid in after and after[oid][0] != node}
+    without row triggers (no event trigger tells, without the privilege), unless
+    the statement only moves storage (see storage_only). A relation gone (a
+    dropped partition or inheritance child) took its rows out of its captured
+    table without row triggers: that table counts as rewritten."""
+    rewritten = set() if only_storage else {
+        oid for oid, (node, _) in before.items() if oid in after and after[oid][0] != node}
     gone = [oid for oid in before if oid not in after]     # dropped, or no longer in the tree
     if gone:
         existing = {oid for (oid,) in conn.execute("SELECT oid FROM pg_class WHERE oid = ANY (%s::oid[])", (gone,))}

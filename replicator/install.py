@@ -88,6 +88,7 @@ def install(conn: psycopg.Connection, *, up_to: int | None = None) -> InstallRes
             _drop_library_functions(conn)
             for path in sorted(QUEUE_SQL_DIR.glob("*.sql")):
                 conn.execute(path.read_text())
+            _refuse_invalid_capture_trees(conn)
             _regenerate_captures(conn)
             event_triggers = _create_event_triggers(conn)
     return InstallResult(applied, event_triggers)
@@ -141,8 +142,28 @@ def _drop_event_triggers(conn: psycopg.Connection) -> None:
         conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
 
 
+def _refuse_invalid_capture_trees(conn: psycopg.Connection) -> None:
+    """Stops the install, rolled back whole, when a captured table's capture tree is
+    one this version refuses: a partition or an inheritance child captured on its own,
+    or a tree holding one (older versions accepted them). Carrying on would leave
+    every DDL touching such a tree failing, at a time nobody chose; stopping here,
+    the version installed before keeps running, and its `replicator table remove`
+    is the way out the message names."""
+    problems = [problem for (problem,) in conn.execute(
+        "SELECT problem FROM replicator.capture_tree_problems() ORDER BY table_id")]
+    if problems:
+        raise UserError(f"install stopped, nothing was changed: this version captures a partition or an "
+                        f"inheritance child only with its root, and {len(problems)} captured table(s) are not "
+                        f"captured so: {'; '.join(problems)}; then run `replicator install` again")
+
+
 def _regenerate_captures(conn: psycopg.Connection) -> None:
-    """Regenerates every capture function, so an upgrade reaches existing tables."""
+    """Regenerates every capture function, so an upgrade reaches existing tables.
+    A table whose capture did not cover all its descendants (an inheritance parent
+    captured by an older version: rows written naming a child were missed) queues
+    an S event with "copy": true once the new capture covers them: targets copy
+    the table again, as after a descendant was attached."""
+    missing = conn.execute("SELECT replicator.trees_missing_triggers()").fetchone()[0]
     conn.execute("""
         SELECT replicator.generate_capture(table_id) FROM replicator.captured_table
         WHERE to_regclass(quote_ident(table_schema) || '.' || quote_ident(table_name)) IS NOT NULL
@@ -151,6 +172,8 @@ def _regenerate_captures(conn: psycopg.Connection) -> None:
         UPDATE replicator.captured_table
         SET table_structure = replicator.table_structure(table_oid, table_key)
         WHERE table_structure IS NULL AND table_oid IS NOT NULL""")
+    for table_id in missing:
+        conn.execute("SELECT replicator.queue_copy_event(%s, 'REPLICATOR INSTALL', NULL)", (table_id,))
 
 
 def uninstall(conn: psycopg.Connection) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import threading
 from decimal import Decimal
 
 import psycopg
@@ -312,6 +313,45 @@ def test_ddl_that_would_let_an_inheritance_tree_miss_changes_is_refused_and_roll
 
 
 @pytest.mark.parametrize("capture", ["event_triggers", "execute"])
+def test_foreign_partition_is_refused_with_detach_partition_as_the_way_out(conn, q, capture):
+    if capture == "execute":
+        for name in EVENT_TRIGGERS:
+            conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
+    conn.execute("CREATE FOREIGN DATA WRAPPER dummy")
+    conn.execute("CREATE SERVER nowhere FOREIGN DATA WRAPPER dummy")
+    conn.execute("CREATE TABLE p (id int NOT NULL, v text) PARTITION BY RANGE (id)")
+    q.add_table("q", "p", key=["id"])
+    refused = _run_ddl(conn, q, capture,
+                       "CREATE FOREIGN TABLE fp PARTITION OF p FOR VALUES FROM (0) TO (10) SERVER nowhere")
+    # (PostgreSQL refuses NO INHERIT on a partition)
+    assert refused is not None and re.match(
+        r"^table (public\.)?p cannot be captured with its descendant (public\.)?fp, which is not a plain table"
+        r" .*: detach it \(ALTER TABLE (public\.)?p DETACH PARTITION (public\.)?fp\) or do not capture", refused
+    ), refused
+    assert conn.execute("SELECT to_regclass('fp')").fetchone()[0] is None
+
+
+def _capture_tree_walks(conn, statement: str) -> int:
+    """How many times the statement (its event trigger) walks a capture tree."""
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        conn.execute(statement)
+        return conn.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+                            " WHERE schemaname = 'replicator' AND funcname = 'capture_tree'").fetchone()[0]
+
+
+def test_a_new_partition_walks_the_tree_as_often_with_forty_partitions_as_with_two(conn, q):
+    for table, count in (("small", 2), ("big", 40)):
+        conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+        for n in range(count):
+            conn.execute(f"CREATE TABLE {table}_{n} PARTITION OF {table} FOR VALUES FROM ({n * 10}) TO ({n * 10 + 10})")
+        q.add_table("q", table)
+    walks = [_capture_tree_walks(conn, f"CREATE TABLE {table}_new PARTITION OF {table} FOR VALUES FROM (1000) TO (1010)")
+             for table in ("small", "big")]
+    assert walks[0] == walks[1], walks
+
+
+@pytest.mark.parametrize("capture", ["event_triggers", "execute"])
 @pytest.mark.parametrize(("where", "ddl"), [
     ('"v" > 0', "ALTER TABLE t RENAME COLUMN v TO w"),
     ('"v" > 0', "ALTER TABLE t DROP COLUMN v"),
@@ -338,6 +378,72 @@ def test_ddl_that_breaks_a_row_filter_is_refused_with_the_way_out_and_writes_kee
     conn.execute("INSERT INTO t VALUES (1, 1), (2, -2)")      # the application is not affected
     conn.execute("UPDATE t SET v = -v")
     assert changes(read_events(q)) == [("I", [[1, 1]]), ("U", [[2, 2]]), ("D", [[1]])]
+
+
+@pytest.mark.parametrize("capture", ["event_triggers", "execute"])
+@pytest.mark.parametrize("ddl", ["ALTER TABLE other RENAME COLUMN ref TO r", "DROP TABLE other"])
+def test_ddl_on_a_table_a_row_filter_reads_is_refused_with_the_way_out(conn, q, capture, ddl):
+    if capture == "execute":
+        for name in EVENT_TRIGGERS:
+            conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
+    conn.execute("CREATE TABLE other (ref int)")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    q.add_table("q", "t", where='"id" IN (SELECT "ref" FROM "public"."other")')
+    refused = _run_ddl(conn, q, capture, ddl)
+    assert refused is not None and re.match(
+        r"^this statement breaks the row filter of public\.t \(.+\): remove the table from its queue"
+        r" \(replicator table remove q public\.t\) and add it again with a new --where$", refused), refused
+    conn.execute("INSERT INTO other VALUES (1); INSERT INTO t VALUES (1, 1), (2, 2)")
+    assert changes(read_events(q)) == [("I", [[1, 1]])]
+
+
+def _waits_for_a_lock_on(relation: str, statement: str, dsn: str, observer, holder) -> bool:
+    """Runs the statement on a connection of its own while `holder` keeps its lock;
+    whether it had to wait for a lock on the relation (pg_locks). Once it waited, or
+    ran to its end, the holder's transaction ends, releasing the lock."""
+    errors: list[BaseException] = []
+    with psycopg.connect(dsn, autocommit=True) as session:
+        pid = session.info.backend_pid
+
+        def run() -> None:
+            try:
+                session.execute(statement)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        waited = False
+        while thread.is_alive() and not waited:
+            waited = observer.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE pid = %s AND NOT granted"
+                                      " AND relation = %s::regclass)", (pid, relation)).fetchone()[0]
+        holder.rollback()
+        thread.join()
+    assert not errors, (statement, errors)
+    return waited
+
+
+def test_ddl_elsewhere_does_not_wait_behind_a_lock_on_a_filtered_table(dsn, conn, q):
+    conn.execute("CREATE TABLE f (id int PRIMARY KEY, v int)")
+    conn.execute("CREATE TABLE u (id int PRIMARY KEY, a int)")
+    q.add_table("q", "f", where='"v" > 0')
+    q.add_table("q", "u")
+    statements = ["CREATE TEMP TABLE scratch (a int)", "CREATE TABLE w (id int)", "CREATE INDEX ON u (a)",
+                  "COMMENT ON TABLE u IS 'u'", "GRANT SELECT ON u TO PUBLIC", "ALTER TABLE u ADD COLUMN b int",
+                  "DROP TABLE w"]
+    conn.execute("CREATE FUNCTION public.one() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+    waited = []
+    with psycopg.connect(dsn) as holder:
+        for statement in statements:
+            # an application transaction holding the filtered table (a long migration, say)
+            holder.execute("LOCK TABLE f IN ACCESS EXCLUSIVE MODE")
+            if _waits_for_a_lock_on("f", statement, dsn, conn, holder):
+                waited.append(statement)
+        # a command that may break any filter checks them all, and so waits
+        holder.execute("LOCK TABLE f IN ACCESS EXCLUSIVE MODE")
+        assert _waits_for_a_lock_on("f", "DROP FUNCTION public.one()", dsn, conn, holder)
+    assert waited == []
+    assert [t.name for t in q.tables("q")] == ["public.f", "public.u"]
 
 
 # followed schemas ---------------------------------------------------------------------------
@@ -379,6 +485,34 @@ def test_inheritance_child_created_in_a_followed_schema_is_captured_as_rows_of_i
         ("I", parent.table_id, [[1, "c"]]),
         ("U", parent.table_id, [[1, "via p"]]),
     ]
+
+
+def test_inheritance_child_the_queue_cannot_capture_is_warned_about_once_and_not_retried(conn, q):
+    conn.execute("CREATE SCHEMA app")
+    conn.execute("CREATE SCHEMA other")
+    conn.execute("CREATE TABLE other.base (id int PRIMARY KEY)")
+    conn.execute("CREATE TABLE app.old_kid () INHERITS (other.base)")
+    warnings: list[str] = []
+    conn.add_notice_handler(lambda d: warnings.append(d.message_primary) if d.severity_nonlocalized == "WARNING"
+                            else None)
+    refusal = ("replicator: app.{0} is not captured: table app.{0} inherits from other.base (statements naming"
+               " other.base change its rows without firing its triggers): capture other.base instead, which"
+               " includes its rows: replicator table add q other.base")
+    conn.execute("SELECT replicator.follow_schema('q', 'app')")
+    assert warnings == [refusal.format("old_kid")]                  # when first followed
+    conn.execute("CREATE TABLE app.kid (extra int) INHERITS (other.base)")
+    assert warnings == [refusal.format("old_kid"), refusal.format("kid")]     # when created
+    with conn.transaction():
+        conn.execute("SET LOCAL track_functions = 'all'")
+        conn.execute("CREATE TABLE app.t (id int PRIMARY KEY)")
+        conn.execute("ALTER TABLE app.t ADD COLUMN v text")
+        conn.execute("CREATE TABLE elsewhere (id int)")
+        add_table_calls = conn.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+                                       " WHERE schemaname = 'replicator' AND funcname = 'add_table'").fetchone()[0]
+    # not retried: one add_table (app.t), no warning again
+    assert add_table_calls == 1
+    assert len(warnings) == 2
+    assert [t.name for t in q.tables("q")] == ["app.t"]
 
 
 # replicator execute -------------------------------------------------------------------------
@@ -469,6 +603,52 @@ def test_execute_asks_for_a_copy_when_a_statement_rewrites_a_captured_table(conn
     # the TRUNCATE replaced t's storage too, but its T event says all: no copy for it
     assert [(e.type, e.table, e.data.get("copy") if e.type == "S" else e.items) for e in events] == [
         ("I", t_id, [[1, 1]]), ("S", t_id, True), ("S", p_id, True), ("U", t_id, [[1, 3]]), ("T", t_id, [])]
+
+
+def test_execute_asks_no_copy_when_a_statement_only_moves_the_storage(conn, q, no_event_triggers):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, a int)")
+    t_id = q.add_table("q", "t")
+    conn.execute("INSERT INTO t VALUES (1, 1)")
+    read_events(q)
+    storage_only = ["ALTER TABLE t SET UNLOGGED", "ALTER TABLE ONLY public.t /* back */ SET LOGGED;",
+                    "CLUSTER t USING t_pkey"]
+    for statement in storage_only:
+        node = conn.execute("SELECT relfilenode FROM pg_class WHERE oid = 't'::regclass").fetchone()[0]
+        assert execute_script(q, "q", statement) == 0, statement
+        assert conn.execute("SELECT relfilenode FROM pg_class WHERE oid = 't'::regclass").fetchone()[0] != node
+    assert read_events(q) == []
+    # with a value-changing action in the same statement, it is a rewrite
+    assert execute_script(q, "q", "ALTER TABLE t SET UNLOGGED, ALTER COLUMN a TYPE int USING a * 2") == 1
+    assert [(e.type, e.table, e.data.get("copy")) for e in read_events(q)] == [("S", t_id, True)]
+
+
+def test_execute_warns_once_about_an_inheritance_child_the_queue_cannot_capture(conn, q, no_event_triggers):
+    conn.execute("CREATE SCHEMA app")
+    conn.execute("CREATE TABLE base (id int PRIMARY KEY)")
+    q.follow_schema("q", "app")
+    warnings: list[str] = []
+    q.conn.add_notice_handler(lambda d: warnings.append(d.message_primary)
+                              if d.severity_nonlocalized == "WARNING" else None)
+    assert execute_script(q, "q", "CREATE TABLE app.kid () INHERITS (base); ALTER TABLE app.kid ADD COLUMN v int;"
+                                  " CREATE TABLE app.t (id int PRIMARY KEY)") == 1
+    assert [w.split(": table ")[0] for w in warnings] == ["replicator: app.kid is not captured"]
+    assert [t.name for t in q.tables("q")] == ["app.t"]
+
+
+def test_execute_checks_only_the_capture_trees_its_script_touches(conn, q, no_event_triggers):
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE p1 (id int PRIMARY KEY)")
+    conn.execute("CREATE TABLE u (id int PRIMARY KEY)")
+    q.add_table("q", "p1")
+    q.add_table("q", "u")
+    # captured on its own, then made a partition: what an older version allowed
+    conn.execute("ALTER TABLE p ATTACH PARTITION p1 FOR VALUES FROM (0) TO (100)")
+    assert execute_script(q, "q", "ALTER TABLE u ADD COLUMN v text; INSERT INTO u VALUES (1, 'a');"
+                                  " INSERT INTO p VALUES (1)") == 1
+    with pytest.raises(UserError, match=r'^table (public\.)?p1 is captured \(queue "q"\) and cannot be a partition of'):
+        execute_script(q, "q", "ALTER TABLE u ADD COLUMN w int; ALTER TABLE p ADD COLUMN v text")
+    assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 'u'::regclass AND attname = 'w'"
+                        ).fetchone()[0] == 0
 
 
 def test_execute_refuses_transaction_control_before_running_anything(dsn, conn, q, no_event_triggers, tmp_path):

@@ -182,3 +182,66 @@ def test_install_replaces_a_function_whose_result_type_changed(dsn, conn, source
     assert [t.name for t in source.tables("q")] == ["public.t"]
     conn.execute("INSERT INTO t VALUES (1)")
     assert conn.execute("SELECT count(*) FROM replicator.event_1 WHERE ev_type = 'I'").fetchone()[0] == 1
+
+
+def test_install_stops_on_a_partition_captured_on_its_own_and_names_the_way_out(dsn, conn, source):
+    from consumer_helpers import run_cli
+
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE p1 (id int PRIMARY KEY)")
+    source.create_queue("q")
+    source.add_table("q", "p1")
+    # captured on its own, then made a partition: what older versions allowed
+    with conn.transaction():
+        conn.execute("SELECT set_config('replicator.in_ddl', 'on', true)")
+        conn.execute("ALTER TABLE p ATTACH PARTITION p1 FOR VALUES FROM (0) TO (100)")
+    before = _catalog(conn)
+    functions = conn.execute("SELECT array_agg(oid ORDER BY oid) FROM pg_proc"
+                             " WHERE pronamespace = 'replicator'::regnamespace").fetchone()[0]
+
+    result = run_cli(dsn, "install")
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: install stopped, nothing was changed: this version captures a partition or an inheritance child"
+        " only with its root, and 1 captured table(s) are not captured so: table public.p1 is captured"
+        ' (queue "q") and cannot be a partition of public.p (statements naming public.p change its rows without'
+        " firing its triggers): remove it from its queue (replicator table remove q public.p1) and capture"
+        " public.p instead, which includes its rows; then run `replicator install` again")
+    assert _catalog(conn) == before          # the version installed before is still there, untouched
+    assert conn.execute("SELECT array_agg(oid ORDER BY oid) FROM pg_proc"
+                        " WHERE pronamespace = 'replicator'::regnamespace").fetchone()[0] == functions
+    # the way out it names
+    assert run_cli(dsn, "table", "remove", "q", "public.p1").returncode == 0
+    assert run_cli(dsn, "install").returncode == 0
+    source.add_table("q", "p")
+
+
+def test_install_asks_targets_to_copy_an_inheritance_parent_its_old_capture_missed_rows_of(dsn, conn, source,
+                                                                                           tmp_path):
+    import sqlite3
+
+    from consumer_helpers import run_cli
+
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY, v text)")
+    conn.execute("CREATE TABLE c () INHERITS (p)")
+    source.create_queue("q")
+    table_id = source.add_table("q", "p")
+    # as versions before inheritance trees were captured had it: the triggers on p alone
+    with conn.transaction():
+        conn.execute("SELECT set_config('replicator.in_ddl', 'on', true)")
+        for op in ("ins", "upd", "del", "trunc"):
+            conn.execute(f"DROP TRIGGER _replicator_{table_id}_{op} ON c")
+    replica = tmp_path / "r.db"
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    conn.execute("INSERT INTO p VALUES (1, 'p'); INSERT INTO c VALUES (2, 'missed by the old capture')")
+
+    install(conn)
+    conn.execute("INSERT INTO c VALUES (3, 'captured')")
+    install(conn)                           # once only: the capture covers c now
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    db = sqlite3.connect(replica)
+    assert db.execute("SELECT id, v FROM p ORDER BY id").fetchall() == [
+        (1, "p"), (2, "missed by the old capture"), (3, "captured")]
+    db.close()
+    assert conn.execute("SELECT ev_table, ev_data->>'copy', ev_data->>'tag' FROM replicator.event_1"
+                        " WHERE ev_type = 'S' ORDER BY ev_id").fetchall() == [(table_id, "true", "REPLICATOR INSTALL")]
