@@ -290,6 +290,7 @@ class Analysis:
     keys: list[str] = field(default_factory=list)         # key expressions (aggregate, distinct)
     key_columns: list[tuple[int, str] | None] = field(default_factory=list)  # plain column keys
     equi: list[tuple[tuple[int, str], tuple[int, str]]] = field(default_factory=list)
+    strict_equi: list[tuple[tuple[int, str], tuple[int, str]]] = field(default_factory=list)  # `=`: no NULLs
     columns_read: list[set[str]] = field(default_factory=list)               # per occurrence
 
     @property
@@ -648,6 +649,8 @@ class _Parser:
             rref, rend = self._resolve(right, 0) if right[0].ident is not None else (None, 0)
             if lref and rref and lend == len(left) and rend == len(right) and lref[0] != rref[0]:
                 self.a.equi.append((lref, rref))
+                if conjunct[k].lower != "is":
+                    self.a.strict_equi.append((lref, rref))
 
     def _joins_connected(self) -> None:
         occs = self.a.occurrences

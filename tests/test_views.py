@@ -164,6 +164,42 @@ def test_explain_accepts_the_supported_shapes(target, sql, kind, keys):
     assert result["statements"]["incremental"]
 
 
+@pytest.mark.parametrize("sql,root", [
+    ("SELECT o.id, c.name FROM orders o JOIN customers c ON c.id = o.cid", "o"),
+    ("SELECT c.name, o.amount FROM customers c JOIN orders o ON o.cid = c.id WHERE o.amount > 1", "o"),
+    ("SELECT o.id, r.zone FROM orders o, customers c, regions r WHERE c.id = o.cid AND r.name = c.region", "o"),
+    ("SELECT amount FROM orders WHERE status = 'new'", "orders"),
+    # not one to one: joined on a column that is not the other's key; a table without a rowid key
+    ("SELECT a.id, b.id FROM orders a JOIN orders b ON a.cid = b.cid", None),
+    ("SELECT name, zone FROM regions", None),
+    # planets.name is TEXT: compared with an INTEGER it is read as a number, '1' and '01' both match 1
+    ("SELECT c.id, p.name FROM customers c JOIN planets p ON p.name = c.id", None),
+])
+def test_a_row_view_one_to_one_with_a_rowid_table_is_stored_by_its_rowid(target, sql, root):
+    notes = target.views.explain(sql, "incremental")["notes"]
+    stored = [n for n in notes if n.startswith("stored by the rowid of ")]
+    assert stored == ([f"stored by the rowid of {root}: each row of the view is one row of orders"
+                       " (the other tables join through their keys), updated in place"] if root else []), notes
+
+
+def test_a_key_that_two_values_match_keeps_both_rows(target):
+    """planets '1' and '01' both join customer 1: the view has two rows for it, maintained."""
+    sql = "SELECT c.id, c.name, p.name AS planet FROM customers c JOIN planets p ON p.name = c.id"
+    target.begin()
+    target.upsert(CUSTOMERS, "R", [(1, "eu", "ann"), (2, "us", "bob")])
+    target.upsert(PLANETS, "R", [("1",), ("01",), ("2",)])
+    target.commit()
+    target.views.create("moons", sql, "incremental")
+    target.begin()
+    target.upsert(CUSTOMERS, "U", [(1, "eu", "anne")])
+    target.upsert(PLANETS, "U", [("001",)])
+    target.delete(PLANETS, [("2",)])
+    target.commit()
+    assert sorted(target.db.execute("SELECT * FROM moons")) == [(1, "anne", "001"), (1, "anne", "01"),
+                                                                 (1, "anne", "1")]
+    assert view_differences(target.db, "moons", sql) is None
+
+
 def test_explain_refuses_what_is_not_a_view(target):
     for sql, message in [("DELETE FROM orders", "a view is defined by a SELECT"),
                          ("SELECT 1; SELECT 2", "one SELECT statement"),
@@ -350,11 +386,16 @@ def test_the_refresh_log_keeps_the_last_records(target, monkeypatch):
 def test_a_refresh_that_fails_marks_the_view_stale_and_the_batch_commits(target):
     target.views.create("absolute", "SELECT id, abs(amount) AS a FROM orders", "incremental")
     target.views.create("fine", "SELECT cid, count(*) AS n FROM orders GROUP BY cid", "incremental")
+    target.views.create("total", "SELECT cid, sum(abs(amount)) AS s FROM orders GROUP BY cid", "incremental")
+    before = {name: sorted(target.db.execute(f"SELECT * FROM {name}"), key=repr) for name in ("absolute", "total")}
     target.begin()
     target.upsert(ORDERS, "U", [(5, 1, -9223372036854775808, "new"), (6, 1, 1, "new")])   # abs() overflows
     target.commit()
     state = {v["view"]: (v["status"], v["status_reason"]) for v in target.views.list()}
     assert state["absolute"][0] == "stale" and "integer overflow" in state["absolute"][1]
+    assert state["total"][0] == "stale" and "integer overflow" in state["total"][1]
+    # stale views are left as they were: row 6's change is not half applied
+    assert {name: sorted(target.db.execute(f"SELECT * FROM {name}"), key=repr) for name in before} == before
     assert state["fine"] == ("ok", None)
     assert target.db.execute("SELECT amount FROM orders WHERE id = 5").fetchone() == (-9223372036854775808,)
     assert view_differences(target.db, "fine", "SELECT cid, count(*) AS n FROM orders GROUP BY cid") is None
@@ -364,6 +405,30 @@ def test_a_refresh_that_fails_marks_the_view_stale_and_the_batch_commits(target)
     info, recomputed = target.views.refresh_now("absolute")
     assert recomputed and info["status"] == "ok"
     assert view_differences(target.db, "absolute", "SELECT id, abs(amount) AS a FROM orders") is None
+
+
+def test_a_copy_that_fails_fails_the_batch_whole(target):
+    """A rooted view computes its rows into TEMP, then copies them without a savepoint: a
+    copy can fail only on I/O (here: refused by an authorizer), and then the commit fails,
+    the batch rolls back, nothing is marked stale."""
+    target.views.create("plain", "SELECT id, amount FROM orders", "incremental")
+    before = (sorted(target.db.execute("SELECT * FROM orders"), key=repr),
+              sorted(target.db.execute("SELECT * FROM plain"), key=repr))
+
+    def refuse_view_writes(action, arg1, arg2, dbname, source):
+        writes = (sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE)
+        return sqlite3.SQLITE_DENY if action in writes and arg1 == "_replicator_mv_plain" else sqlite3.SQLITE_OK
+
+    target.begin()
+    target.upsert(ORDERS, "U", [(1, 1, 99, "new")])
+    target.db.set_authorizer(refuse_view_writes)
+    with pytest.raises(sqlite3.DatabaseError, match="not authorized"):
+        target.commit()
+    target.db.set_authorizer(None)
+    target.rollback()
+    assert (sorted(target.db.execute("SELECT * FROM orders"), key=repr),
+            sorted(target.db.execute("SELECT * FROM plain"), key=repr)) == before
+    assert [(v["status"], v["last_refresh"]["kind"]) for v in target.views.list()] == [("ok", "full")]
 
 
 CRASHER = textwrap.dedent("""

@@ -59,6 +59,9 @@ VIEWS: dict[str, str] = {
                " JOIN customers c ON o.cid = c.id JOIN regions r ON r.name = c.region GROUP BY r.zone",
     "located": "SELECT o.id, c.id AS customer, r.name AS region FROM orders o, customers c, regions r"
                " WHERE o.cid = c.id AND c.region = r.name AND o.amount >= 0",
+    # rows one to one with the second table's (stored by its rowid), WHERE over both tables
+    "customer_orders": "SELECT c.name, o.id, o.amount FROM customers c JOIN orders o ON o.cid = c.id"
+                       " WHERE o.amount > c.id",
     # self-join
     "siblings": "SELECT a.id, b.id AS other FROM orders a JOIN orders b ON a.cid = b.cid AND a.id < b.id",
     # keys that are expressions, GROUP BY an alias and an ordinal
@@ -264,7 +267,9 @@ def test_incremental_refreshes_happen() -> None:
         t.upsert(CUSTOMERS, "U", [(3, "us", "x")])
         t.commit()
         kinds = {v["view"]: (v["last_refresh"]["kind"], v["last_refresh"]["keys"]) for v in t.views.list()}
-        assert kinds == {"by_customer": ("incremental", 2), "order_customer": ("incremental", 2),
+        # order_customer is stored by the orders' rowid: its keys are the rows it recomputed
+        # (order 1 and the 20 orders of customer 3)
+        assert kinds == {"by_customer": ("incremental", 2), "order_customer": ("incremental", 21),
                          "by_region": ("incremental", 4), "pairs": ("incremental", 2),
                          "positive": ("incremental", 1), "folded": ("incremental", 2)}, kinds
         for name in kinds:

@@ -25,9 +25,13 @@ Refresh, just before the batch's COMMIT, in its transaction:
   re-inserted by the defining query restricted to them (joined to the keys
   with the null-safe ``IS``);
 - row views (filter/projection, inner joins): each storage row carries the keys
-  of the base rows it combines; the rows of every changed base key are deleted
-  and the combinations of the replica that hold a changed base row are
-  inserted again, each once.
+  of the base rows it combines; the combinations of the replica that hold a
+  changed base row are upserted, each once, and the rows of every changed base
+  key that did not come again are deleted;
+- rooted row views, whose rows are one to one with the rows of a table with an
+  INTEGER PRIMARY KEY (the others join through their keys): stored by that
+  rowid, without indexes; the affected rowids' rows are computed into a TEMP
+  table, then copied (see _root, _rooted_statements).
 
 Policy ``auto`` refreshes in full instead when the change touches more than
 AUTO_FULL_SHARE of the view's rows (measured: see docs/benchmarks.md).
@@ -71,12 +75,13 @@ AUTO_MIN_KEYS = 100            # incremental refreshes of fewer keys say little 
 # by tens of percent, and a full refresh is never more than a full refresh.
 AUTO_MARGIN = 0.6
 KEEP_REFRESHES = 1000          # refresh records kept per view
-CACHE_KIB = 65536              # page cache of a connection that maintains views (KiB)
+CACHE_KIB = 131072             # page cache of a connection that maintains views (KiB): see _grow_cache
 COVERING_MAX_COLUMNS = 4       # GROUP BY columns plus the columns the view reads, for a covering index
 _AGGREGATE_OPCODES = {"AggStep", "AggStep1", "AggFinal", "AggValue", "AggInverse"}
 GEN_COLUMN = "_replicator_gen"     # the refresh that last wrote a storage row
 GEN_COLUMN_Q = '"_replicator_gen"'
 SIGN_COLUMN = "_replicator_sign"   # delta rows: +1 a new row, -1 an old one
+ROW_COLUMN = "_replicator_row"     # storage keyed by its root table's INTEGER PRIMARY KEY: that key
 # Aggregates a fold maintains from state (see _Fold); any other function name called in
 # a select item makes the view recompute its keys instead.
 _FOLDABLE = {"count", "sum", "avg", "total", "min", "max"}
@@ -103,6 +108,27 @@ class _Counts:
     deleted: int = 0
     inserted: int = 0
     updated: int = 0
+
+
+def _affinity(declared: str) -> str:
+    """SQLite's column affinity of a declared type."""
+    t = declared.upper()
+    if "INT" in t:
+        return "INTEGER"
+    if any(w in t for w in ("CHAR", "CLOB", "TEXT")):
+        return "TEXT"
+    if not t or "BLOB" in t:
+        return "BLOB"
+    return "REAL" if any(w in t for w in ("REAL", "FLOA", "DOUB")) else "NUMERIC"
+
+
+def _compares_as_stored(key: str, other: str) -> bool:
+    """Whether `key_column = other_column` compares the key's values as stored: no affinity
+    is applied to them (which could make two distinct keys equal, '1' and '01' to 1)."""
+    k, o = _affinity(key), _affinity(other)
+    if k in ("INTEGER", "REAL", "NUMERIC"):
+        return True
+    return o in ("TEXT", "BLOB") if k == "TEXT" else o == "BLOB"
 
 
 def _delta_name(table: str) -> str:
@@ -162,6 +188,7 @@ class Plan:
     full_insert: str = ""
     fold: _Fold | None = None              # aggregates folded from state, when they can be
     fold_reason: str = ""                  # why not, for an aggregate view
+    root: int | None = None                # row view: the occurrence whose rowid is the storage row's
     _cache: dict[Any, Any] = field(default_factory=dict)
 
     @property
@@ -173,8 +200,18 @@ class Plan:
         return self.fold.state_columns() if self.fold else []
 
     def storage_columns(self) -> list[str]:
-        return (self.key_columns + ([GEN_COLUMN] if self.key_columns else []) + [c for c, _ in self.columns]
-                + self.state_columns)
+        generation = [GEN_COLUMN] if self.key_columns and self.root is None else []
+        return self.key_columns + generation + [c for c, _ in self.columns] + self.state_columns
+
+    def storage_definition(self) -> str:
+        """The storage table's column definitions."""
+        if self.root is not None:
+            return ", ".join([f"{quote(ROW_COLUMN)} INTEGER PRIMARY KEY"]
+                             + [f"{quote(c)} {t}".strip() for c, t in self.columns])
+        return ", ".join([f"{quote(c)} {t}".strip() for c, t in zip(self.key_columns, self.key_types)]
+                         + ([GEN_COLUMN_Q + " INTEGER"] if self.key_columns else [])
+                         + [f"{quote(c)} {t}".strip() for c, t in self.columns]
+                         + [quote(c) for c in self.state_columns])
 
     @property
     def storage(self) -> str:
@@ -185,14 +222,25 @@ class Plan:
         return f"_replicator_k_{_h(self.name.lower())}"
 
     @property
+    def rows_table(self) -> str:
+        """TEMP table of a rooted row view's recomputed rows."""
+        return f"_replicator_n_{_h(self.name.lower())}"
+
+    @property
     def tables(self) -> list[str]:
         """Base tables whose rows it recomputes from (incremental views)."""
         if self.analysis is None:
             return []
         return sorted({o.table.name for o in self.analysis.occurrences})
 
-    def _fold_notes(self) -> list[str]:
-        if self.mode != "incremental" or self.analysis is None or self.analysis.kind != "aggregate":
+    def _maintenance_notes(self) -> list[str]:
+        if self.mode != "incremental" or self.analysis is None:
+            return []
+        if self.root is not None:
+            o = self.analysis.occurrences[self.root]
+            return [f"stored by the rowid of {o.alias}: each row of the view is one row of {o.table.name}"
+                    " (the other tables join through their keys), updated in place"]
+        if self.analysis.kind != "aggregate":
             return []
         if self.fold is not None:
             return ["aggregates folded from state (group count, count and sum per column); groups that"
@@ -205,7 +253,7 @@ class Plan:
                 "kind": a.kind if a else None, "keys": a.describe_keys() if a and self.mode == "incremental" else None,
                 "tables": sorted(self.deps), "reason": self.reason.as_dict() if self.reason else None,
                 "reasons": [r.as_dict() for r in a.reasons] if a else [],
-                "notes": (a.notes if a else []) + self._fold_notes(),
+                "notes": (a.notes if a else []) + self._maintenance_notes(),
                 "indexes": [f"{t}({', '.join(c)})" for t, c in self.indexes]}
 
 
@@ -224,6 +272,7 @@ class SqliteViews:
         self._forced: dict[str, str] = {}     # view -> why it is refreshed in full at commit
         self._revalidate: dict[str, str] = {}  # view -> the schema change that calls for it
         self._replicated: set[str] | None = None
+        self._guarding = self._guarded = self._copying = False   # see _refresh_guarded
 
     # hooks called by SqliteTarget -------------------------------------------------------
 
@@ -496,6 +545,12 @@ class SqliteViews:
             tail = f" GROUP BY {', '.join(a.group_by)}" + (f" HAVING {a.having}" if a.having else "")
         distinct = "DISTINCT " if a.kind == "distinct" else ""
         if a.kind == "rows":
+            plan.root = self._root(a)
+        if plan.root is not None:
+            o = a.occurrences[plan.root]
+            key_exprs = [f"{quote(o.alias)}.{quote(o.table.key[0])}"]
+            plan.key_columns = [ROW_COLUMN]
+        elif a.kind == "rows":
             key_exprs = [f"{quote(o.alias)}.{quote(k)}" for o in a.occurrences for k in o.table.key]
             plan.key_columns = [f"_replicator_k{i}_{j}" for i, o in enumerate(a.occurrences)
                                 for j in range(len(o.table.key))]
@@ -513,8 +568,9 @@ class SqliteViews:
         if a.kind == "aggregate":
             plan.fold, plan.fold_reason = self._plan_fold(a)
         state = "".join(f", {e}" for e in plan.fold.state_exprs()) if plan.fold else ""
-        plan.full_insert = (f"INSERT INTO {storage} SELECT {distinct}{keyed}, 0, {select}{state} FROM {a.from_sql}"
-                            + (f" WHERE {a.where}" if a.where else "") + tail)
+        generation = "" if plan.root is not None else "0, "
+        plan.full_insert = (f"INSERT INTO {storage} SELECT {distinct}{keyed}, {generation}{select}{state}"
+                            f" FROM {a.from_sql}" + (f" WHERE {a.where}" if a.where else "") + tail)
         # helper indexes: join columns, and the first table's GROUP BY / DISTINCT columns
         wanted: list[tuple[str, tuple[str, ...]]] = []
         def covering(i: int, cols: tuple[str, ...]) -> tuple[str, ...]:
@@ -539,7 +595,10 @@ class SqliteViews:
         # temp tables the statements use
         for o in a.occurrences:
             self._ensure_delta(o.table.name)
-        if a.kind == "rows":
+        if plan.root is not None:
+            self._ensure_keys(plan.keys_table, ["INTEGER PRIMARY KEY"])
+            self._ensure_rows_table(plan)
+        elif a.kind == "rows":
             for i, o in enumerate(a.occurrences):
                 before = sum(len(x.table.key) for x in a.occurrences[:i])
                 self._ensure_keys(_pk_name(o.table.name), plan.key_types[before:before + len(o.table.key)])
@@ -550,12 +609,10 @@ class SqliteViews:
         # Prepared against a stand-in for the storage (which may not exist yet, or have other columns).
         stand_in = "_replicator_probe_mv"
         self.db.execute(f"DROP TABLE IF EXISTS temp.{stand_in}")
-        self.db.execute(f"CREATE TEMP TABLE {stand_in} ("
-                        + ", ".join([f"{quote(c)} {t}" for c, t in zip(plan.key_columns, plan.key_types)]
-                                    + [GEN_COLUMN_Q] + [quote(c) for c, _ in plan.columns]
-                                    + [quote(c) for c in plan.state_columns]) + ")")
-        self.db.execute(f"CREATE UNIQUE INDEX temp.{stand_in}_k ON {stand_in} "
-                        f"({', '.join(quote(c) for c in plan.key_columns)})")
+        self.db.execute(f"CREATE TEMP TABLE {stand_in} ({plan.storage_definition()})")
+        if plan.root is None:
+            self.db.execute(f"CREATE UNIQUE INDEX temp.{stand_in}_k ON {stand_in} "
+                            f"({', '.join(quote(c) for c in plan.key_columns)})")
         try:
             for stmt in self._statements(plan, set(range(len(a.occurrences)))) + [plan.full_insert]:
                 self.db.execute("EXPLAIN " + stmt.replace(storage, f"temp.{stand_in}"), {"replicator_gen": 0})
@@ -576,13 +633,27 @@ class SqliteViews:
                         + ", ".join(f"{quote(c)} {t}" for c, t in columns) + ")")
 
     def _ensure_keys(self, name: str, types: list[str]) -> None:
-        have = [r[2] or "" for r in self.db.execute(f"PRAGMA temp.table_info({quote(name)})")]
+        """TEMP table of keys c0, c1... of these types, indexed (a rowid table: by its rowid)."""
+        rowid = types == ["INTEGER PRIMARY KEY"]
+        have = [(r[2] or "") + (" PRIMARY KEY" if r[5] else "")
+                for r in self.db.execute(f"PRAGMA temp.table_info({quote(name)})")]
         if have == types:
             return
         cols = [f"c{j}" for j in range(len(types))]
         self.db.execute(f"DROP TABLE IF EXISTS temp.{quote(name)}")
         self.db.execute(f"CREATE TEMP TABLE {quote(name)} ({', '.join(f'{c} {t}' for c, t in zip(cols, types))})")
-        self.db.execute(f"CREATE INDEX temp.{quote(name + '_i')} ON {quote(name)} ({', '.join(cols)})")
+        if not rowid:
+            self.db.execute(f"CREATE INDEX temp.{quote(name + '_i')} ON {quote(name)} ({', '.join(cols)})")
+
+    def _ensure_rows_table(self, plan: Plan) -> None:
+        """TEMP table of a rooted row view's recomputed rows: rowid, whether the storage
+        had that row, the view's columns."""
+        want = ["r", "present"] + [f"v{i}" for i in range(len(plan.columns))]
+        if [r[1] for r in self.db.execute(f"PRAGMA temp.table_info({quote(plan.rows_table)})")] == want:
+            return
+        self.db.execute(f"DROP TABLE IF EXISTS temp.{quote(plan.rows_table)}")
+        self.db.execute(f"CREATE TEMP TABLE {quote(plan.rows_table)} (r INTEGER PRIMARY KEY, "
+                        + ", ".join(want[1:]) + ")")
 
     def _ensure_fold_table(self, plan: Plan) -> None:
         """TEMP table of a batch's folded groups: key, the storage row (if any), what to do
@@ -602,6 +673,8 @@ class SqliteViews:
         """Every maintenance statement for a batch that changed these occurrences."""
         a = plan.analysis
         assert a is not None
+        if plan.root is not None:
+            return self._rooted_statements(plan, tuple(sorted(with_delta)))
         if a.kind == "rows":
             key = tuple(sorted(with_delta))
             return ([self._pk_fill(plan, i) for i in key] + [self._rows_count(plan, (i,)) for i in key]
@@ -756,6 +829,83 @@ class SqliteViews:
         plan._cache["fold"] = stmts
         return stmts
 
+    # statements: row views stored by their root's rowid --------------------------------------
+
+    def _root(self, a: Analysis) -> int | None:
+        """The occurrence whose rows are the view's rows one to one, if there is one with an
+        INTEGER PRIMARY KEY: every other table joins, directly or through another, by `=`
+        on all of its key columns (unique, and `=` matches no NULL: at most one row each)."""
+        types = [{c.lower(): t for c, t in o.table.columns} for o in a.occurrences]
+        pairs = [((x, cx), (y, cy)) for (x, cx), (y, cy) in a.strict_equi + [(r, l) for l, r in a.strict_equi]
+                 if _compares_as_stored(types[y].get(cy.lower(), ""), types[x].get(cx.lower(), ""))]
+        for root, o in enumerate(a.occurrences):
+            if self._rowid_key(o.table.name) is None:
+                continue
+            bound = {root}
+            grew = True
+            while grew:
+                grew = False
+                for j, other in enumerate(a.occurrences):
+                    if j in bound or not other.table.key:
+                        continue
+                    joined = {cy.lower() for (x, _), (y, cy) in pairs if x in bound and y == j}
+                    if all(k.lower() in joined for k in other.table.key):
+                        bound.add(j)
+                        grew = True
+            if len(bound) == len(a.occurrences):
+                return root
+        return None
+
+    def _rowid_key(self, table: str) -> str | None:
+        """The table's key column if it is the rowid (a single INTEGER PRIMARY KEY)."""
+        key = [r for r in self.db.execute(f"PRAGMA main.table_info({quote(table)})") if r[5]]
+        if len(key) != 1 or (key[0][2] or "").upper() != "INTEGER":
+            return None
+        # WITHOUT ROWID, or a key declared DESC: the key has an index of its own
+        if any(r[3] == "pk" for r in self.db.execute(f"PRAGMA main.index_list({quote(table)})")):
+            return None
+        return key[0][1]
+
+    def _rooted_statements(self, plan: Plan, with_delta: tuple[int, ...]) -> list[str]:
+        """[fill the affected rowids..., compute their rows, write them, delete the rest].
+
+        The affected rowids: the root table's changed keys, and the root rows of every
+        combination that reads a changed row of another table (the subsets of those
+        tables read from their deltas, old and new rows, the rest from the replica, as
+        for the keys of an aggregate view)."""
+        cached = plan._cache.get(("rooted", with_delta))
+        if cached:
+            return cached
+        a = plan.analysis
+        assert a is not None and plan.root is not None
+        root = a.occurrences[plan.root]
+        key = f"{quote(root.alias)}.{quote(root.table.key[0])}"
+        affected = f"temp.{quote(plan.keys_table)}"
+        stmts = []
+        if plan.root in with_delta:
+            stmts.append(f"INSERT OR IGNORE INTO {affected} SELECT {quote(root.table.key[0])} "
+                         f"FROM temp.{quote(_delta_name(root.table.name))}")
+        others = [i for i in with_delta if i != plan.root]
+        for size in range(1, len(others) + 1):
+            for subset in combinations(others, size):
+                relations = {i: f"temp.{quote(_delta_name(a.occurrences[i].table.name))}" for i in subset}
+                stmts.append(f"INSERT OR IGNORE INTO {affected} SELECT {key} FROM "
+                             f"{self._from(a, self._order(a, list(subset)), relations)}{self._where(a, [])}")
+        rows = f"temp.{quote(plan.rows_table)}"
+        storage = f"main.{quote(plan.storage)}"
+        source = self._from(a, self._order(a, [plan.root]), {}, first=f"{affected} AS _replicator_k")
+        stmts.append(f"INSERT INTO {rows} SELECT _replicator_k.c0, EXISTS (SELECT 1 FROM {storage} "
+                     f"WHERE rowid = _replicator_k.c0), {a.select} FROM {source}"
+                     f"{self._where(a, [f'{key} = _replicator_k.c0'])}")
+        columns = [quote(c) for c, _ in plan.columns]
+        stmts.append(f"INSERT INTO {storage} SELECT r, {', '.join(f'v{i}' for i in range(len(columns)))} "
+                     f"FROM {rows} WHERE true ON CONFLICT ({quote(ROW_COLUMN)}) DO UPDATE SET "
+                     + ", ".join(f"{c} = excluded.{c}" for c in columns))
+        stmts.append(f"DELETE FROM {storage} WHERE rowid IN (SELECT c0 FROM {affected} "
+                     f"WHERE c0 NOT IN (SELECT r FROM {rows}))")
+        plan._cache[("rooted", with_delta)] = stmts
+        return stmts
+
     # statements: row views ------------------------------------------------------------------
 
     def _occurrence_keys(self, plan: Plan, i: int) -> list[str]:
@@ -891,7 +1041,10 @@ class SqliteViews:
 
     def _grow_cache(self) -> None:
         """Recomputing keys reads and writes pages all over the base tables and the
-        views: a page cache of SQLite's default 2 MB makes each of those a system call."""
+        views: a page cache of SQLite's default 2 MB makes each of those a system call,
+        and with fewer pages than a batch dirties (its rows, their indexes, the view's
+        pages) SQLite spills them to the WAL in the middle of the transaction: the 1M-row
+        join of docs/benchmarks.md refreshes a 1 % batch in 110 ms with 64 MB, 75 with 128."""
         size = self.db.execute("PRAGMA cache_size").fetchone()[0]
         if -CACHE_KIB < size < 0 or 0 <= size < CACHE_KIB // 4:
             self.db.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
@@ -899,19 +1052,38 @@ class SqliteViews:
     # refresh --------------------------------------------------------------------------------
 
     def _refresh_guarded(self, plan: Plan, forced: str | None) -> bool:
-        """Refreshes one view in a savepoint: a view that fails is marked stale, the batch goes on.
-        Returns whether its rows changed."""
-        self.db.execute("SAVEPOINT replicator_view")
+        """Refreshes one view: a view that fails is marked stale, the batch goes on.
+        Returns whether its rows changed.
+
+        What a failed refresh wrote is undone by a savepoint, which _guard opens before
+        the first statement that computes a view's values while writing its storage. A
+        rooted row view computes its rows into a TEMP table and then only copies them:
+        it needs none (a savepoint journals the original of every page it touches, half
+        the refresh's time on a 1M-row join). A copy can only fail on I/O (a full disk):
+        the batch fails whole then, as it would applying its rows."""
+        self._guarding, self._guarded, self._copying = True, False, False
         try:
             changed = self.refresh(plan, full_reason=forced)
         except sqlite3.Error as exc:
-            self.db.execute("ROLLBACK TO replicator_view")
-            self.db.execute("RELEASE replicator_view")
+            if self._copying:
+                raise
+            if self._guarded:
+                self.db.execute("ROLLBACK TO replicator_view")
+                self.db.execute("RELEASE replicator_view")
             log.warning("view %s: refresh failed, the view is stale: %s", plan.name, exc)
             self._mark_stale(plan, f"REFRESH_FAILED: {exc}")
             return False
-        self.db.execute("RELEASE replicator_view")
+        finally:
+            self._guarding = False
+        if self._guarded:
+            self.db.execute("RELEASE replicator_view")
         return changed
+
+    def _guard(self) -> None:
+        """Opens the savepoint of the refresh under way (see _refresh_guarded), once."""
+        if self._guarding and not self._guarded:
+            self.db.execute("SAVEPOINT replicator_view")
+            self._guarded = True
 
     def refresh(self, plan: Plan, *, full_reason: str | None = None) -> bool:
         """Refreshes one view from this transaction's deltas (or in full) and records it.
@@ -931,6 +1103,7 @@ class SqliteViews:
                 full_reason = self._incremental(plan, with_delta, rows, seq + 1, counts)
         if full_reason is not None:
             kind, reason = "full", full_reason
+            self._guard()
             counts.deleted, counts.inserted = self._full(plan)
             counts.updated = 0
             rows = counts.inserted
@@ -941,11 +1114,7 @@ class SqliteViews:
         return bool(counts.deleted or counts.inserted or counts.updated)
 
     def _incremental(self, plan: Plan, with_delta: set[int], rows: int, gen: int, counts: "_Counts") -> str | None:
-        """Recomputes the affected keys; returns why it must be a full refresh instead, if so.
-
-        The recomputed rows are upserted with generation `gen` (updated in place,
-        or inserted with a rowid above the largest one before); the rows of the
-        affected keys that did not get it are gone (swept)."""
+        """Recomputes the affected keys; returns why it must be a full refresh instead, if so."""
         a = plan.analysis
         assert a is not None
         key = tuple(sorted(with_delta))
@@ -954,80 +1123,133 @@ class SqliteViews:
             # A large change is seen before any key is computed: changed rows against
             # the (approximate) size of their tables, or the cost they predict.
             changed = sum(self._delta_rows(a.occurrences[i].table.name) for i in key) // 2
-            if costs is not None:
-                if changed * costs[0] > AUTO_MARGIN * costs[1]:
-                    return (f"COST: about {changed} keys at {costs[0] * 1e6:.0f} µs each, a full refresh "
-                            f"takes {costs[1] * 1000:.0f} ms")
-            else:
-                size = sum(self._rows_estimate(a.occurrences[i].table.name) for i in key)
-                if changed > AUTO_FULL_SHARE * max(size, 1):
-                    return f"THRESHOLD: about {changed} of {size} base rows changed"
+            size = sum(self._rows_estimate(a.occurrences[i].table.name) for i in key) if costs is None else 0
+            why = self._auto_says_full(costs, changed, changed, size, "base rows changed")
+            if why:
+                return why
+        if plan.root is not None:
+            return self._incremental_rooted(plan, key, rows, costs, counts)
+        if a.kind == "rows":
+            self._guard()
+            return self._incremental_rows(plan, key, rows, gen, costs, counts)
+        return self._incremental_groups(plan, key, rows, gen, costs, counts)
+
+    @staticmethod
+    def _auto_says_full(costs: tuple[float, float] | None, keys: int, touched: int, rows: int,
+                        what: str) -> str | None:
+        """Why auto refreshes in full: the keys' predicted cost (from the view's refresh
+        log) beyond a full refresh's, or, without that history, the rows they touch past
+        AUTO_FULL_SHARE of the rows."""
+        if costs is not None:
+            if keys * costs[0] > AUTO_MARGIN * costs[1]:
+                return (f"COST: about {keys} keys at {costs[0] * 1e6:.0f} µs each, a full refresh "
+                        f"takes {costs[1] * 1000:.0f} ms")
+            return None
+        if touched > AUTO_FULL_SHARE * max(rows, 1):
+            return f"THRESHOLD: {touched} of {rows} {what}"
+        return None
+
+    def _incremental_rooted(self, plan: Plan, key: tuple[int, ...], rows: int,
+                            costs: tuple[float, float] | None, counts: "_Counts") -> str | None:
+        """A rooted row view: its affected rowids, their rows computed into a TEMP table
+        (where a failing expression fails before anything is written), then copied."""
+        *fills, compute, write, sweep = self._rooted_statements(plan, key)
+        self.db.execute(f"DELETE FROM temp.{quote(plan.keys_table)}")
+        self.db.execute(f"DELETE FROM temp.{quote(plan.rows_table)}")
+        counts.keys = sum(self.db.execute(stmt).rowcount for stmt in fills)
+        if not counts.keys:
+            return None
+        if plan.policy == "auto":
+            why = self._auto_says_full(costs, counts.keys, counts.keys, rows, "rows")
+            if why:
+                return why
+        self.db.execute(compute)
+        computed, present = self.db.execute(f"SELECT count(*), coalesce(sum(present), 0) "
+                                            f"FROM temp.{quote(plan.rows_table)}").fetchone()
+        self._copying = not self._guarded
+        self.db.execute(write)
+        counts.deleted = self.db.execute(sweep).rowcount
+        counts.inserted, counts.updated = computed - present, present
+        return None
+
+    def _incremental_rows(self, plan: Plan, key: tuple[int, ...], rows: int, gen: int,
+                          costs: tuple[float, float] | None, counts: "_Counts") -> str | None:
+        """Other row views: the combinations holding a changed base row are upserted with
+        generation `gen` (updated in place, or inserted with a rowid above the largest one
+        before); the rows naming a changed key that did not get it are gone (swept)."""
+        a = plan.analysis
+        assert a is not None
         storage = f"main.{quote(plan.storage)}"
         params = {"replicator_gen": gen}
-        if a.kind == "rows":
-            tables = {a.occurrences[i].table.name for i in key}
-            for table in tables:
-                self.db.execute(f"DELETE FROM temp.{quote(_pk_name(table))}")
-            filled: set[str] = set()
-            for i in key:
-                if a.occurrences[i].table.name not in filled:
-                    filled.add(a.occurrences[i].table.name)
-                    counts.keys += self.db.execute(self._pk_fill(plan, i)).rowcount
-            if not counts.keys:
-                return None
-            if plan.policy == "auto":
-                if costs is not None:
-                    if counts.keys * costs[0] > AUTO_MARGIN * costs[1]:
-                        return (f"COST: {counts.keys} keys at {costs[0] * 1e6:.0f} µs each, a full refresh "
-                                f"takes {costs[1] * 1000:.0f} ms")
-                else:   # no history yet: count the rows the keys touch (an index scan per key)
-                    touched = sum(self.db.execute(self._rows_count(plan, (i,))).fetchone()[0] for i in key)
-                    if max(touched, counts.keys) > AUTO_FULL_SHARE * max(rows, 1):
-                        return f"THRESHOLD: {max(touched, counts.keys)} of {rows} rows"
-            before = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
-            upserted = sum(self.db.execute(self._rows_upsert(plan, i, key), params).rowcount for i in key)
-            counts.deleted = sum(self.db.execute(self._rows_sweep(plan, i), params).rowcount for i in key)
-        else:
-            self.db.execute(f"DELETE FROM temp.{quote(plan.keys_table)}")
-            folding = plan.fold is not None
-            if folding:
-                fill, update, insert, delete, redo = self._fold_statements(plan)
-                self.db.execute(f"DELETE FROM temp.{quote(plan.fold_table)}")
-                try:
-                    counts.keys = self.db.execute(fill).rowcount
-                except sqlite3.OperationalError as exc:
-                    if "overflow" not in str(exc):
-                        raise
-                    folding = False   # a sum of the batch overflows: recompute its groups
-            if not folding:
-                counts.keys = self.db.execute(self._keys_fill(plan, key)).rowcount
-            if not counts.keys:
-                return None
-            if plan.policy == "auto":
-                if costs is not None:
-                    if counts.keys * costs[0] > AUTO_MARGIN * costs[1]:
-                        return (f"COST: {counts.keys} keys at {costs[0] * 1e6:.0f} µs each, a full refresh "
-                                f"takes {costs[1] * 1000:.0f} ms")
-                elif counts.keys > AUTO_FULL_SHARE * max(rows, 1):
-                    return f"THRESHOLD: {counts.keys} of {rows} keys"
-            before = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
-            recompute = True
-            if folding:
-                counts.updated = self.db.execute(update).rowcount
-                self.db.execute(insert, params)
-                counts.deleted = self.db.execute(delete).rowcount
-                recompute = self.db.execute(redo).rowcount > 0
-            if recompute:
-                mark = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
-                upserted = self.db.execute(self._keys_upsert(plan), params).rowcount
-                counts.deleted += self.db.execute(self._keys_sweep(plan), params).rowcount
-                new = self.db.execute(f"SELECT count(*) FROM {storage} WHERE rowid > ?", (mark,)).fetchone()[0]
-                counts.updated += upserted - new
-            counts.inserted = self.db.execute(f"SELECT count(*) FROM {storage} WHERE rowid > ?",
-                                              (before,)).fetchone()[0]
+        for table in {a.occurrences[i].table.name for i in key}:
+            self.db.execute(f"DELETE FROM temp.{quote(_pk_name(table))}")
+        filled: set[str] = set()
+        for i in key:
+            if a.occurrences[i].table.name not in filled:
+                filled.add(a.occurrences[i].table.name)
+                counts.keys += self.db.execute(self._pk_fill(plan, i)).rowcount
+        if not counts.keys:
             return None
+        if plan.policy == "auto":
+            # no history yet: count the rows the keys touch (an index scan per key)
+            touched = counts.keys if costs is not None else max(counts.keys, sum(
+                self.db.execute(self._rows_count(plan, (i,))).fetchone()[0] for i in key))
+            why = self._auto_says_full(costs, counts.keys, touched, rows, "rows")
+            if why:
+                return why
+        before = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
+        upserted = sum(self.db.execute(self._rows_upsert(plan, i, key), params).rowcount for i in key)
+        counts.deleted = sum(self.db.execute(self._rows_sweep(plan, i), params).rowcount for i in key)
         counts.inserted = self.db.execute(f"SELECT count(*) FROM {storage} WHERE rowid > ?", (before,)).fetchone()[0]
         counts.updated = upserted - counts.inserted
+        return None
+
+    def _incremental_groups(self, plan: Plan, key: tuple[int, ...], rows: int, gen: int,
+                            costs: tuple[float, float] | None, counts: "_Counts") -> str | None:
+        """Aggregate and DISTINCT views: the batch's delta folded into the groups it can
+        be (see _Fold), the other affected keys recomputed from their rows and upserted
+        with generation `gen`; their rows that did not get it are gone (swept). A fold
+        that recomputes no group only copies what its TEMP table holds: no savepoint."""
+        storage = f"main.{quote(plan.storage)}"
+        params = {"replicator_gen": gen}
+        self.db.execute(f"DELETE FROM temp.{quote(plan.keys_table)}")
+        folding = plan.fold is not None
+        if folding:
+            fill, update, insert, delete, redo = self._fold_statements(plan)
+            self.db.execute(f"DELETE FROM temp.{quote(plan.fold_table)}")
+            try:
+                counts.keys = self.db.execute(fill).rowcount
+            except sqlite3.OperationalError as exc:
+                if "overflow" not in str(exc):
+                    raise
+                folding = False   # a sum of the batch overflows: recompute its groups
+        if not folding:
+            counts.keys = self.db.execute(self._keys_fill(plan, key)).rowcount
+        if not counts.keys:
+            return None
+        if plan.policy == "auto":
+            why = self._auto_says_full(costs, counts.keys, counts.keys, rows, "keys")
+            if why:
+                return why
+        recompute = True
+        if folding:
+            recompute = self.db.execute(redo).rowcount > 0
+        if recompute:
+            self._guard()
+        else:
+            self._copying = not self._guarded
+        before = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
+        if folding:
+            counts.updated = self.db.execute(update).rowcount
+            self.db.execute(insert, params)
+            counts.deleted = self.db.execute(delete).rowcount
+        if recompute:
+            mark = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
+            upserted = self.db.execute(self._keys_upsert(plan), params).rowcount
+            counts.deleted += self.db.execute(self._keys_sweep(plan), params).rowcount
+            new = self.db.execute(f"SELECT count(*) FROM {storage} WHERE rowid > ?", (mark,)).fetchone()[0]
+            counts.updated += upserted - new
+        counts.inserted = self.db.execute(f"SELECT count(*) FROM {storage} WHERE rowid > ?", (before,)).fetchone()[0]
         return None
 
     def _costs(self, plan: Plan) -> tuple[float, float] | None:
@@ -1099,13 +1321,9 @@ class SqliteViews:
         storage = quote(plan.storage)
         self.db.execute(f"DROP VIEW IF EXISTS main.{quote(plan.name)}")
         self.db.execute(f"DROP TABLE IF EXISTS main.{storage}")
-        columns = ([f"{quote(c)} {t}".strip() for c, t in zip(plan.key_columns, plan.key_types)]
-                   + ([GEN_COLUMN_Q + " INTEGER"] if plan.key_columns else [])
-                   + [f"{quote(c)} {t}".strip() for c, t in plan.columns]
-                   + [quote(c) for c in plan.state_columns])
-        self.db.execute(f"CREATE TABLE main.{storage} ({', '.join(columns)})")
+        self.db.execute(f"CREATE TABLE main.{storage} ({plan.storage_definition()})")
         a = plan.analysis
-        if plan.mode == "incremental" and a is not None:
+        if plan.mode == "incremental" and a is not None and plan.root is None:
             # unique: the upserts' conflict target; also serves the first table's keys
             self.db.execute(f"CREATE UNIQUE INDEX main.{quote(plan.storage + '_k')} ON {storage} "
                             f"({', '.join(quote(c) for c in plan.key_columns)})")
@@ -1130,10 +1348,8 @@ class SqliteViews:
 
     def _ensure_indexes(self, plan: Plan) -> None:
         for table, columns in plan.indexes:
-            info = self.db.execute(f"PRAGMA main.table_info({quote(table)})").fetchall()
-            pk = [r for r in info if r[5]]
             want = [c.lower() for c in columns]
-            if len(pk) == 1 and pk[0][2].upper() == "INTEGER" and want[0] == pk[0][1].lower():
+            if want[0] == (self._rowid_key(table) or "").lower():
                 continue   # the rowid
             covered = False
             for row in self.db.execute(f"PRAGMA main.index_list({quote(table)})").fetchall():
