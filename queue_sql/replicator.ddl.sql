@@ -341,6 +341,31 @@ BEGIN
 END;
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.warn_once(p_relation oid, p_message text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.warn_once(p_relation, p_message)
+--
+--      Raises p_message as a WARNING, unless one was raised about the
+--      relation before in this transaction (under `replicator execute`,
+--      every statement of a script looks at the relations it touched so
+--      far).
+--
+-- Parameters:
+--      p_relation  - the relation the warning is about
+--      p_message   - the warning
+-- ----------------------------------------------------------------------
+BEGIN
+    IF p_relation::text = ANY (string_to_array(coalesce(current_setting('replicator.warned', true), ''), ',')) THEN
+        RETURN;
+    END IF;
+    RAISE WARNING '%', p_message;
+    PERFORM set_config('replicator.warned',
+                       concat_ws(',', nullif(current_setting('replicator.warned', true), ''), p_relation::text), true);
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.follow_new_tables(p_tag text, p_sql text, p_new oid[] DEFAULT '{}')
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -361,10 +386,10 @@ LANGUAGE plpgsql AS $$
 -- Parameters:
 --      p_tag       - command tag of the statement
 --      p_sql       - its text
---      p_new       - relations the statement created (or, for
---                    replicator.follow_schema, the schema's tables): an
---                    inheritance child among them that the queue cannot
---                    capture is warned about
+--      p_new       - relations the statement created or touched (or, for
+--                    replicator.follow_schema, the schema's tables): a
+--                    table among them that the queue cannot capture is
+--                    warned about; others are retried silently
 --
 -- Returns:
 --      the number of tables now captured
@@ -385,8 +410,13 @@ BEGIN
           AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = c.oid)
         ORDER BY c.oid
     LOOP
+        -- Tables refused are tried again at every DDL (one may have gained a column),
+        -- but warned about only by the statement that made or touched them.
         IF cardinality(replicator.comparable_columns(r.oid)) = 0 THEN
-            RAISE WARNING 'replicator: %.% has no column usable as a key and is not captured', r.schema_name, r.relname;
+            IF r.oid = ANY (p_new) THEN
+                PERFORM replicator.warn_once(r.oid, format(
+                    'replicator: %s.%s has no column usable as a key and is not captured', r.schema_name, r.relname));
+            END IF;
             CONTINUE;
         END IF;
         -- A keyless table is captured whole (full mode): rows without a reliable key
@@ -398,15 +428,16 @@ BEGIN
                      THEN r.schema_mode ELSE 'full' END,
                 NULL, '{}', NULL, true);
         EXCEPTION WHEN raise_exception THEN
-            RAISE WARNING 'replicator: %.% is not captured: %', r.schema_name, r.relname, SQLERRM;
+            IF r.oid = ANY (p_new) THEN
+                PERFORM replicator.warn_once(r.oid, format('replicator: %s.%s is not captured: %s',
+                                                           r.schema_name, r.relname, SQLERRM));
+            END IF;
             CONTINUE;
         END;
         PERFORM replicator.insert_schema_event(v_id, replicator.schema_event_data(v_id, p_tag, p_sql, 'created'));
         v_count := v_count + 1;
     END LOOP;
     -- after the tables just captured: a child of one of them is captured with it.
-    -- Once per transaction (replicator.warned): under `replicator execute`, p_new is
-    -- every relation the script touched so far.
     FOR r IN
         SELECT q.queue_name, s.schema_name, c.oid, c.relname
         FROM replicator.captured_schema s
@@ -418,16 +449,14 @@ BEGIN
           AND NOT EXISTS (SELECT 1 FROM replicator.captured_table t
                           WHERE t.queue_id = s.queue_id
                             AND t.table_oid IN (SELECT replicator.capture_ancestors(c.oid)))
-          AND c.oid::text <> ALL (string_to_array(coalesce(current_setting('replicator.warned', true), ''), ','))
         ORDER BY c.oid
     LOOP
         BEGIN
             PERFORM replicator.check_capture_tree(r.oid::regclass, '{}', r.queue_name);
         EXCEPTION WHEN raise_exception THEN
-            RAISE WARNING 'replicator: %.% is not captured: %', r.schema_name, r.relname, SQLERRM;
+            PERFORM replicator.warn_once(r.oid, format('replicator: %s.%s is not captured: %s',
+                                                       r.schema_name, r.relname, SQLERRM));
         END;
-        PERFORM set_config('replicator.warned',
-                           concat_ws(',', nullif(current_setting('replicator.warned', true), ''), r.oid::text), true);
     END LOOP;
     RETURN v_count;
 END;

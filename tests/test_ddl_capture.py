@@ -635,6 +635,22 @@ def test_execute_warns_once_about_an_inheritance_child_the_queue_cannot_capture(
     assert [t.name for t in q.tables("q")] == ["app.t"]
 
 
+def test_a_table_of_a_followed_schema_without_a_usable_key_is_warned_about_once(conn, q):
+    conn.execute("CREATE SCHEMA app")
+    q.follow_schema("q", "app")
+    warnings: list[str] = []
+    conn.add_notice_handler(lambda d: warnings.append(d.message_primary)
+                            if d.severity_nonlocalized == "WARNING" else None)
+    conn.execute("CREATE TABLE app.doc (body json)")
+    conn.execute("CREATE TABLE app.t (id int PRIMARY KEY)")
+    conn.execute("ALTER TABLE app.t ADD COLUMN v int")
+    assert warnings == ["replicator: app.doc has no column usable as a key and is not captured"]
+    # still tried again at every DDL: once it has a usable column, it is captured
+    conn.execute("ALTER TABLE app.doc ADD COLUMN id int")
+    assert sorted(t.name for t in q.tables("q")) == ["app.doc", "app.t"]
+    assert len(warnings) == 1
+
+
 def test_execute_checks_only_the_capture_trees_its_script_touches(conn, q, no_event_triggers):
     conn.execute("CREATE TABLE p (id int PRIMARY KEY) PARTITION BY RANGE (id)")
     conn.execute("CREATE TABLE p1 (id int PRIMARY KEY)")

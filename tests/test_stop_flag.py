@@ -47,3 +47,11 @@ def test_sigterm_at_any_moment_of_a_polling_loop_stops_it(restore_signals):
             pass
         sender.join()
         assert stop.is_set
+
+
+def test_sigint_sets_the_flag_instead_of_interrupting(restore_signals):
+    # Ctrl-C in a terminal running `replicator consume`: the current batch finishes, no
+    # KeyboardInterrupt lands in the middle of it.
+    stop = StopFlag().install()
+    os.kill(os.getpid(), signal.SIGINT)
+    assert stop.wait(60) is True
