@@ -32,6 +32,7 @@ from replicator.consumer import Consumer
 from replicator.errors import UserError
 from replicator.schema import Column, TableStructure
 from replicator.spark import register_views
+from replicator.spark import views as spark_views
 from replicator.spark.reader import read_view
 from replicator.spark.views import SparkViews
 from replicator.spark.warehouse import Warehouse
@@ -140,10 +141,20 @@ def start_warehouse(spark: Any, path: Path, model: Model) -> SparkTarget:
     return target
 
 
+@pytest.fixture(params=["driver", "spark"])
+def lookups(request, monkeypatch) -> str:
+    """Both ways of a refresh: lookups on the driver (pyarrow), and all of it in Spark
+    (what a view whose keys pyarrow cannot compare, or a very large change, gets)."""
+    if request.param == "spark":
+        monkeypatch.setattr(spark_views, "DRIVER_MAX_KEYS", 0)
+        monkeypatch.setattr(spark_views, "LOCAL_LOG_ROWS", 0)
+    return request.param
+
+
 @settings(max_examples=1, deadline=None, phases=[Phase.generate], database=None,
           suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**32 - 1), truncate_at=st.integers(1, 3))
-def test_views_equal_their_queries_after_every_batch(spark, tmp_path_factory, seed, truncate_at):
+def test_views_equal_their_queries_after_every_batch(spark, tmp_path_factory, lookups, seed, truncate_at):
     path = tmp_path_factory.mktemp("views") / "wh"
     model = Model(random.Random(seed))
     target = start_warehouse(spark, path, model)
@@ -174,6 +185,124 @@ def test_views_equal_their_queries_after_every_batch(spark, tmp_path_factory, se
     assert "full:TABLE_REPLACED" in history["by_region"]
     assert all(k.startswith("full") for k in history["everything"])
     assert all(not k.startswith("full") for k in history["by_customer"][:-1])   # (the last is its CREATE)
+
+
+def test_lookups_past_the_driver_bound_fall_back_to_spark_joins_and_writes(spark, tmp_path, monkeypatch):
+    """A change of few keys whose lookups would hold more rows than DRIVER_MAX_KEYS:
+    the join view's rows are found by Spark's joins, an aggregate view's rows past
+    the bound written by Spark, and both still equal their queries."""
+    monkeypatch.setattr(spark_views, "DRIVER_MAX_KEYS", 3)
+    calls: Counter = Counter()
+    for method in ("_changed_rows", "_write_log"):
+        original = getattr(SparkViews, method)
+
+        def spy(self, *args, _original=original, _method=method, **kwargs):
+            calls[_method, kwargs.get("collect")] += 1
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(SparkViews, method, spy)
+    path = tmp_path / "wh"
+    model = Model(random.Random(2))
+    model.orders = {i: (i, i % 2, i, "open") for i in range(20)}   # customers 0 and 1: ten orders each
+    target = start_warehouse(spark, path, model)
+    names = ["order_customer", "by_customer", "by_region"]
+    views = SparkViews(target.warehouse, lambda: spark)
+    try:
+        for name in names:
+            views.create(name, VIEWS[name], "incremental")
+        target.begin()   # one customer: ten orders join it, more than the driver may hold
+        target.upsert(CUSTOMERS, "U", [(0, "c0-renamed", "east")])
+        target.set_position("q", "c", next(TICKS))
+        target.commit()
+        assert calls["_changed_rows", None] == 1
+        commit_batch(target, [(2, 4, 2, "open"), (3, 5, 3, "open")])   # four customers' totals change
+        assert calls["_write_log", False] >= 1
+    finally:
+        target.close()
+    register_views(spark, path)
+    for name in names:
+        assert multiset(read_view(spark, path, name)) == multiset(spark.sql(VIEWS[name])), name
+        kinds = [r["kind"] for r in views.refreshes(name, 100)]
+        assert kinds[0] == "incremental" and "full" not in kinds[:-1], (name, kinds)   # (the last is its CREATE)
+
+
+READINGS = TargetTable(source_name="public.readings", table_id=3, mode="full", copy_snapshot=None,
+                       structure=TableStructure(schema="public", name="readings", key=("at", "sensor"), columns=(
+                           Column("at", "timestamp with time zone", "timestamp with time zone", "D", True, 1),
+                           Column("sensor", "text", "text", "S", True, 2),
+                           Column("value", "double precision", "double precision", "N", False, 3),
+                           Column("flag", "boolean", "boolean", "B", False, 4))))
+READING_VIEWS = {   # keys of the types pyarrow compares by canonical form, NULLs, -0.0 and 0.0
+    "by_value": "SELECT value, count(*) AS n FROM readings GROUP BY value",
+    "by_at": "SELECT at, count(*) AS n, sum(value) AS total FROM readings GROUP BY at",
+    "flagged": "SELECT at, sensor, value FROM readings WHERE flag",
+    "kinds": "SELECT DISTINCT sensor, flag FROM readings",
+}
+
+
+def reading_batches(seed: int, n: int) -> list[tuple[list[tuple], list[tuple]]]:
+    """Batches of upserts and deletes of readings (sums of these values are exact in any order)."""
+    rng = random.Random(seed)
+    stamps = [f"2025-01-0{d}T0{h}:00:00.{u:06d}+00:00" for d in (1, 2) for h in range(3) for u in (0, 250)]
+    values = [-0.0, 0.0, 1.5, 2.25, -3.0, None]
+    rows: dict[tuple, tuple] = {}
+    out = []
+    for _ in range(n):
+        upserts, deletes = {}, {}
+        for _ in range(rng.randrange(4, 14)):
+            key = (rng.choice(stamps), rng.choice(["a", "b", "c"]))
+            if rows and rng.random() < 0.25:
+                key = rng.choice(sorted(rows))
+                deletes[key] = key
+                upserts.pop(key, None)
+                rows.pop(key)
+                continue
+            rows[key] = upserts[key] = (*key, rng.choice(values), rng.choice([True, False, None]))
+            deletes.pop(key, None)
+        out.append((list(upserts.values()), list(deletes.values())))
+    return out
+
+
+def test_views_with_typed_keys_agree_between_driver_and_spark_lookups(spark, tmp_path, monkeypatch):
+    """Timestamp, float, boolean and two-column keys, bases rewritten by Spark
+    (compaction: INT96 timestamps) and view logs folded into a new base: the lookups
+    on the driver give the views and the refresh records that Spark's do."""
+    from replicator.spark.compaction import compact
+
+    monkeypatch.setattr(spark_views, "REWRITE_AFTER_LOGS", 3)
+    batches = reading_batches(3, 6)
+    records = {}
+    bounds = {"driver": (spark_views.DRIVER_MAX_KEYS, spark_views.LOCAL_LOG_ROWS), "spark": (0, 0)}
+    for way in ("driver", "spark"):
+        monkeypatch.setattr(spark_views, "DRIVER_MAX_KEYS", bounds[way][0])
+        monkeypatch.setattr(spark_views, "LOCAL_LOG_ROWS", bounds[way][1])
+        path = tmp_path / way
+        target = SparkTarget(path, spark=spark, compact_after_logs=0)
+        views = SparkViews(target.warehouse, lambda: spark)
+        try:
+            target.begin()
+            target.create_table(READINGS)
+            target.upsert(READINGS, "U", batches[0][0])
+            target.set_position("q", "c", 1)
+            target.commit()
+            for name, sql in READING_VIEWS.items():
+                views.create(name, sql, "incremental")
+            for n, (upserts, deletes) in enumerate(batches[1:]):
+                if n == 2:
+                    compact(spark, path)
+                target.begin()
+                target.upsert(READINGS, "U", upserts)
+                target.delete(READINGS, deletes)
+                target.set_position("q", "c", n + 2)
+                target.commit()
+                register_views(spark, path)
+                for name, sql in READING_VIEWS.items():
+                    assert multiset(read_view(spark, path, name)) == multiset(spark.sql(sql)), (way, n, name)
+        finally:
+            target.close()
+        records[way] = {name: [(r["kind"], r["keys"], r["rows_deleted"], r["rows_inserted"], r["rows_updated"])
+                               for r in views.refreshes(name, 100)] for name in READING_VIEWS}
+        assert all(kind == "incremental" for r in records[way].values() for kind, *_ in r[:-1]), records[way]
+    assert records["driver"] == records["spark"]
 
 
 SOURCE_DDL = """

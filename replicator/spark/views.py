@@ -23,6 +23,20 @@ the state before the batch instead of captured by triggers:
   are recomputed, the view rows naming a changed key and not given again are
   deleted.
 
+What is a lookup by key is done on the driver with pyarrow
+(replicator.spark.lookup), not by Spark: the warehouse has no index, so Spark
+would scan whole tables for a few rows, and its fixed cost per job and stage
+(a few hundred milliseconds on one machine) was most of a refresh. The
+driver reads the old rows of the changed keys, which view keys are stored
+among those recomputed (hence the deletions and the counts), and, for row
+views, the rows an equi-join pairs with the changed rows, so that such a
+view's refresh scans no table; a table's change log is handed to Spark's
+queries as local relations rather than merged by a shuffle. Spark evaluates
+the query (one job over the table for an aggregate view) and the view's log
+is written by pyarrow. A view whose keys pyarrow cannot compare as Spark does,
+or a transaction of more than DRIVER_MAX_KEYS keys, is refreshed by Spark
+alone, the same way with joins instead of lookups.
+
 A full refresh writes a new base. Policy ``auto`` refreshes in full when the
 change touches more than AUTO_FULL_SHARE of the view. A view whose tables are
 replaced (TRUNCATE, copied again) is refreshed in full; one whose tables
@@ -36,21 +50,28 @@ import logging
 import re
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import reduce
 from itertools import combinations
+from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import UserError
 from ..schema import TableStructure, target_table_name
 from ..views import Analysis, Reason, TableInfo, analyse, check_name, check_policy
-from .reader import entry_frame, logged_rows, merge_on_read, read_parquet
-from .warehouse import DELETED, SEQ, Warehouse, make_durable, new_id, retire
+from . import lookup
+from .lookup import KeySet
+from .reader import _physical_struct, entry_frame, logged_rows, merge_on_read, read_parquet
+from .warehouse import (DELETED, SEQ, Warehouse, make_durable, new_id, physical_name, physical_schema, retire,
+                        table_files)
 
 log = logging.getLogger("replicator")
 
@@ -59,6 +80,8 @@ AUTO_FULL_SHARE = 0.2          # auto: a change touching more of the view is ref
 AUTO_RETRY_AFTER = 50          # auto: full refreshes chosen on cost before an incremental one is tried again
 REWRITE_AFTER_LOGS = 16        # a view's log files folded into a new base past this many
 KEEP_REFRESHES = 100           # refresh records kept per view
+DRIVER_MAX_KEYS = 1_000_000    # changed keys (rows looked up) past which a refresh's lookups are Spark's
+LOCAL_LOG_ROWS = 100_000       # a table's change log rows up to which queries read them from the driver
 
 
 def quote_spark(name: str) -> str:
@@ -103,6 +126,25 @@ def _storage_frame(spark: Any, warehouse: Warehouse, entry: dict[str, Any]) -> A
                          _storage_schema(entry, log=True), entry["key_columns"])
 
 
+def _arrow_safe(entry: dict[str, Any]) -> bool:
+    """Whether the view's columns have types that Spark's Arrow conversion gives and a
+    Parquet file written by pyarrow holds as Spark reads them back (atomic types but
+    intervals, variants and the like; arrays, maps and structs of them)."""
+    from pyspark.sql import types as T
+    atomic = (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType,
+              T.DecimalType, T.StringType, T.BinaryType, T.DateType, T.TimestampType, T.TimestampNTZType)
+
+    def safe(t: Any) -> bool:
+        if isinstance(t, T.ArrayType):
+            return safe(t.elementType)
+        if isinstance(t, T.MapType):
+            return safe(t.keyType) and safe(t.valueType)
+        if isinstance(t, T.StructType):
+            return all(safe(f.dataType) for f in t.fields)
+        return isinstance(t, atomic)
+    return all(safe(f.dataType) for f in _storage_schema(entry).fields)
+
+
 def _null_safe(left: Any, right: Any, pairs: list[tuple[str, str]]) -> Any:
     return reduce(lambda a, b: a & b, [left[x].eqNullSafe(right[y]) for x, y in pairs])
 
@@ -125,10 +167,15 @@ class ViewPlan:
     key_exprs: list[str]
     key_columns: list[str]          # storage key columns
 
-    def select(self, relations: dict[int, str] | None = None, semi: tuple[str, str] | None = None) -> str:
+    def select(self, relations: dict[int, str] | None = None, semi: tuple[str, str] | None = None,
+               any_of: list[tuple[str, str]] | None = None) -> str:
         """The query giving the storage rows (key columns, then the query's columns):
         relations replaces tables by other relations; semi = (relation, condition)
-        keeps the combinations matching it (its columns are _replicator_x.c0...)."""
+        keeps the combinations matching it (its columns are _replicator_x.c0...),
+        any_of = [(relation, condition), ...] those matching any of them (each
+        condition naming its relation _replicator_x too). The relations are small
+        key sets: broadcast, so the tables' side is filtered where it is scanned
+        rather than shuffled to meet them."""
         a = self.analysis
         if self.mode != "incremental":
             return self.sql
@@ -136,16 +183,24 @@ class ViewPlan:
         parts = [f"{relations.get(i, quote_spark(o.table.name))} AS {quote_spark(o.alias)}"
                  for i, o in enumerate(a.occurrences)]
         source = " CROSS JOIN ".join(parts)
+        hint = ""
         if semi is not None:
             source += f" LEFT SEMI JOIN {semi[0]} AS _replicator_x ON {semi[1]}"
+            hint = "/*+ BROADCAST(_replicator_x) */ "
         terms = [f"({c})" for c in a.conditions] + ([f"({a.where})"] if a.where else [])
+        if any_of:
+            # Spark turns EXISTS under OR into existence joins (broadcast hash joins on
+            # small sides): one scan of the tables for all the key sets, no union of
+            # per-set queries to de-duplicate.
+            terms.append("(" + " OR ".join(f"EXISTS (SELECT 1 FROM {r} AS _replicator_x WHERE {c})"
+                                           for r, c in any_of) + ")")
         where = (" WHERE " + " AND ".join(terms)) if terms else ""
         keys = ", ".join(f"{e} AS {k}" for e, k in zip(self.key_exprs, self.key_columns))
         distinct = "DISTINCT " if a.kind == "distinct" else ""
         tail = ""
         if a.kind == "aggregate":
             tail = f" GROUP BY {', '.join(a.group_by)}" + (f" HAVING {a.having}" if a.having else "")
-        return f"SELECT {distinct}{keys}, {a.select} FROM {source}{where}{tail}"
+        return f"SELECT {hint}{distinct}{keys}, {a.select} FROM {source}{where}{tail}"
 
     def affected_keys(self, subset: tuple[int, ...], delta: dict[int, str]) -> str:
         """Key values of the combinations whose occurrences in subset are read from their delta."""
@@ -171,15 +226,24 @@ class ViewPlan:
 
 class _Changes:
     """A transaction's changes to the warehouse's tables as Spark sees them, computed
-    once for all the views that read them: each changed table's keys and delta (the
-    old rows of those keys, from the table before, and their new rows, from the
-    transaction's log files: one scan of the table)."""
+    once for all the views that read them: each changed table's keys (read from the
+    transaction's log files, no scan of the table) and delta (the old rows of those
+    keys, from the table before, and their new rows, from the log files).
+
+    The old rows are looked up on the driver with pyarrow (replicator.spark.lookup)
+    when the keys are few enough to hold there, DRIVER_MAX_KEYS: a Spark job would
+    scan the table whole for them, and its fixed cost is most of a refresh."""
 
     def __init__(self, session: Callable[[], Any], warehouse: Warehouse, before: dict[str, Any],
                  after: dict[str, Any], logs: dict[str, list[str]]) -> None:
         self._session, self.warehouse, self.before, self.after, self.logs = session, warehouse, before, after, logs
-        self._keys: dict[str, tuple[Any, int]] = {}
-        self._delta: dict[str, str] = {}
+        self._keys: dict[str, Any] = {}
+        self._key_tables: dict[str, pa.Table] = {}
+        self._counts: dict[str, int] = {}
+        self._delta_rows: dict[str, pa.Table] = {}
+        self._new_rows: dict[str, pa.Table] = {}
+        self._delta: dict[tuple[str, bool], tuple[str, Any]] = {}
+        self._delta_uses: dict[tuple[str, bool], int] = {}
         self._cached: list[Any] = []
 
     @property
@@ -189,32 +253,96 @@ class _Changes:
     def _structure(self, source_name: str) -> TableStructure:
         return TableStructure.from_json(self.after["tables"][source_name]["structure"])
 
-    def keys(self, source_name: str) -> tuple[Any, int]:
-        """The table's changed keys (columns c0...) and how many there are."""
+    def _key_physical(self, source_name: str) -> list[str]:
+        return [physical_name(c) for c in self._structure(source_name).key_columns()]
+
+    def keys(self, source_name: str) -> Any:
+        """The table's changed keys (columns c0...): the key columns of the transaction's
+        log files as they are. A key in two of them (a batch spilled) is there twice,
+        which the semi-joins and existence joins they serve do not mind; not caching
+        them keeps Spark from running a job to fill the cache, and the files are
+        small enough to be read again by each query."""
         if source_name not in self._keys:
             from pyspark.sql import functions as F
-            physical = [f"c{c.attnum}" if c.attnum else "n_" + c.name
-                        for c in self._structure(source_name).key_columns()]
+            structure = self._structure(source_name)
             files = [str(self.warehouse.file(f)) for f in self.logs[source_name]]
-            keys = self.spark.read.parquet(*files).select(
-                *[F.col(p).alias(f"c{j}") for j, p in enumerate(physical)]).distinct().cache()
-            self._cached.append(keys)
-            self._keys[source_name] = (keys, keys.count())
+            self._keys[source_name] = read_parquet(self.spark, files, _physical_struct(structure, log=True)).select(
+                *[F.col(p).alias(f"c{j}") for j, p in enumerate(self._key_physical(source_name))])
         return self._keys[source_name]
 
-    def delta(self, source_name: str) -> str:
-        """A temporary view of the old and new rows of the table's changed keys."""
-        if source_name not in self._delta:
-            keys, _ = self.keys(source_name)
-            pairs = [(k, f"c{j}") for j, k in enumerate(self._structure(source_name).key)]
-            old = entry_frame(self.spark, self.warehouse, self.before["tables"][source_name])
-            new = logged_rows(self.spark, self.warehouse, self.after["tables"][source_name], self.logs[source_name])
-            rows = old.join(keys, _null_safe(old, keys, pairs), "left_semi").unionByName(new).cache()
-            self._cached.append(rows)
+    def key_table(self, source_name: str) -> pa.Table:
+        """The key columns of the transaction's log files for the table, read by pyarrow
+        (the consumer wrote them on this disk a moment ago): no Spark job."""
+        if source_name not in self._key_tables:
+            self._key_tables[source_name] = lookup.key_columns(self.warehouse, self.after["tables"][source_name],
+                                                               self.logs[source_name])
+        return self._key_tables[source_name]
+
+    def key_set(self, source_name: str) -> KeySet:
+        table = self.key_table(source_name)
+        return KeySet([table.column(c) for c in table.column_names])
+
+    def count(self, source_name: str) -> int:
+        """How many keys the transaction changed in the table: the distinct key values
+        of its log files."""
+        if source_name not in self._counts:
+            table = self.key_table(source_name)
+            self._counts[source_name] = lookup.distinct(table, table.column_names)
+        return self._counts[source_name]
+
+    def delta_rows(self, source_name: str) -> pa.Table:
+        """The old and new rows of the table's changed keys, looked up with pyarrow
+        (physical column names)."""
+        if source_name not in self._delta_rows:
+            keys = self.key_table(source_name)
+            self._delta_rows[source_name] = pa.concat_tables([
+                lookup.old_rows(self.warehouse, self.before["tables"][source_name],
+                                [keys.column(c) for c in keys.column_names]),
+                self.new_rows(source_name)])
+        return self._delta_rows[source_name]
+
+    def new_rows(self, source_name: str) -> pa.Table:
+        """The rows the transaction set in the table (each changed key's latest, deleted
+        ones left out), read by pyarrow (physical column names)."""
+        if source_name not in self._new_rows:
+            self._new_rows[source_name] = lookup.logged_rows(self.warehouse, self.after["tables"][source_name],
+                                                             self.logs[source_name])
+        return self._new_rows[source_name]
+
+    def delta(self, source_name: str, uses: int = 1, *, driver: bool = False) -> str:
+        """A temporary view of the old and new rows of the table's changed keys.
+
+        driver: the rows are looked up with pyarrow and handed to Spark as a local
+        relation (no job to read them, none to broadcast them). Otherwise a Spark
+        semi-join of the table before with the keys; it is not cached while one
+        query reads it once: Spark then reads only the columns that query needs
+        (the scan is most of the cost). Read more than once (uses, or another
+        view), it is cached."""
+        from pyspark.sql import functions as F
+
+        slot = (source_name, driver)
+        if slot not in self._delta:
+            structure = self._structure(source_name)
+            if driver:
+                frame = self.spark.createDataFrame(self.delta_rows(source_name),
+                                                   schema=_physical_struct(structure)).select(
+                    *[F.col(physical_name(c)).alias(c.name) for c in structure.columns])
+            else:
+                keys = self.keys(source_name)
+                pairs = [(k, f"c{j}") for j, k in enumerate(structure.key)]
+                old = entry_frame(self.spark, self.warehouse, self.before["tables"][source_name])
+                new = logged_rows(self.spark, self.warehouse, self.after["tables"][source_name],
+                                  self.logs[source_name])
+                frame = old.join(F.broadcast(keys), _null_safe(old, keys, pairs), "left_semi").unionByName(new)
             name = f"_replicator_delta_{len(self._delta)}"
-            rows.createOrReplaceTempView(name)
-            self._delta[source_name] = name
-        return self._delta[source_name]
+            frame.createOrReplaceTempView(name)
+            self._delta[slot] = (name, frame)
+        name, frame = self._delta[slot]
+        self._delta_uses[slot] = self._delta_uses.get(slot, 0) + uses
+        if not driver and self._delta_uses[slot] > 1 and not any(f is frame for f in self._cached):
+            # cached by plan: queries over the temporary view from now on read the cache
+            self._cached.append(frame.cache())
+        return name
 
     def release(self) -> None:
         for frame in self._cached:
@@ -228,6 +356,9 @@ class SparkViews:
         self.warehouse = warehouse
         self._session = session
         self._spark: Any = None
+        self._tables_of: dict[str, Any] | None = None   # the manifest whose tables are registered
+        self._tables_done: set[str] = set()
+        self._registering = 0.0                          # seconds spent registering tables, in all
 
     @property
     def spark(self) -> Any:
@@ -258,11 +389,56 @@ class SparkViews:
                              key=list(s.key), replicated=True)
         return lookup
 
-    def _register_tables(self, manifest: dict[str, Any]) -> None:
-        for entry in manifest["tables"].values():
+    def _register_tables(self, manifest: dict[str, Any], only: set[str] | None = None) -> None:
+        """Registers the tables as the manifest has them (only: those of these source
+        names) as temporary views, each once per manifest: a refresh asks for the
+        tables its queries read when it runs them (a row view whose rows are looked
+        up on the driver reads none)."""
+        began = time.perf_counter()
+        if manifest is not self._tables_of:
+            self._tables_of, self._tables_done = manifest, set()   # (the reference keeps its id unique)
+        for source_name, entry in manifest["tables"].items():
+            if (only is not None and source_name not in only) or source_name in self._tables_done:
+                continue
             s = TableStructure.from_json(entry["structure"])
-            entry_frame(self.spark, self.warehouse, entry).createOrReplaceTempView(
-                target_table_name(s.schema, s.name))
+            self._table_frame(entry).createOrReplaceTempView(target_table_name(s.schema, s.name))
+            self._tables_done.add(source_name)
+        self._registering += time.perf_counter() - began
+
+    def _elapsed(self, started: float, registering: float) -> float:
+        """Seconds since started, less those spent registering tables since (a refresh
+        record counts the refresh, not the temporary views it reads, as it always has)."""
+        return time.perf_counter() - started - (self._registering - registering)
+
+    def _table_frame(self, entry: dict[str, Any]) -> Any:
+        """A table's current rows, as reader.entry_frame has them, for the views'
+        queries. While its change log holds at most LOCAL_LOG_ROWS rows, the log's
+        side of the merge is read by pyarrow and handed to Spark as local relations
+        (each key's latest row, and every key the log touched): the query then has
+        no stage that scans the log files, shuffles and sorts them to pick the
+        latest rows, and broadcasts their keys (a few stages in line before the
+        table's scan starts, on every refresh, full or incremental). The base is
+        Spark's to scan."""
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        rows = sum(log.get("rows", LOCAL_LOG_ROWS + 1) for log in entry["logs"])
+        if not entry["logs"] or rows > LOCAL_LOG_ROWS:
+            return entry_frame(self.spark, self.warehouse, entry)
+        structure = TableStructure.from_json(entry["structure"])
+        keys = [physical_name(c) for c in structure.key_columns()]
+        base_files, log_files = table_files(entry)
+        schema = _physical_struct(structure)
+        base = read_parquet(self.spark, [str(self.warehouse.file(f)) for f in base_files], schema)
+        latest = self.spark.createDataFrame(lookup.logged_rows(self.warehouse, entry, log_files), schema=schema)
+        touched = lookup.key_columns(self.warehouse, entry, log_files)
+        touched_frame = self.spark.createDataFrame(
+            touched.rename_columns([f"_key_{k}" for k in keys]),
+            schema=T.StructType([T.StructField(f"_key_{f.name}", f.dataType, True) for f in schema.fields
+                                 if f.name in keys]))
+        condition = reduce(lambda x, y: x & y, [base[k].eqNullSafe(touched_frame[f"_key_{k}"]) for k in keys])
+        merged = base.join(F.broadcast(touched_frame), condition, "left_anti").unionByName(latest)
+        return merged.select(*[F.col(physical_name(c)).alias(c.name) for c in structure.columns])
 
     # planning ------------------------------------------------------------------------------
 
@@ -455,15 +631,11 @@ class SparkViews:
 
     def _refresh_changed(self, after: dict[str, Any], views: dict[str, Any], logs: dict[str, list[str]],
                          replaced: dict[str, str], changes: _Changes) -> None:
-        registered = False
         for name in list(views):
             entry = views[name]
             deps = set(entry["deps"])
             if entry["status"] != "ok" or not deps & (set(logs) | set(replaced)):
                 continue
-            if not registered:
-                self._register_tables(after)
-                registered = True
             started = time.perf_counter()
             try:
                 why = next((replaced[d] for d in sorted(deps) if d in replaced), None)
@@ -523,8 +695,9 @@ class SparkViews:
 
     def _full(self, manifest: dict[str, Any], name: str, plan: ViewPlan, reason: str) -> None:
         """Recomputes all of the view into a new base."""
-        started = time.perf_counter()
+        started, registering = time.perf_counter(), self._registering
         entry = manifest["views"][name]
+        self._register_tables(manifest, set(plan.deps))
         frame = self.spark.sql(plan.select()).toDF(*plan.key_columns, *_value_names(entry))
         generation = f"{entry['dir']}/g-{new_id()}"
         base = f"{generation}/base"
@@ -538,13 +711,33 @@ class SparkViews:
                       "schema": frame.schema.jsonValue()})
         for field in entry["schema"]["fields"]:
             field["nullable"] = True
-        self._record(entry, "full", reason, time.perf_counter() - started, keys=None, deleted=old_rows,
+        self._record(entry, "full", reason, self._elapsed(started, registering), keys=None, deleted=old_rows,
                      inserted=rows, updated=0)
 
     def _incremental(self, after: dict[str, Any], name: str, plan: ViewPlan, changes: _Changes,
                      started: float) -> None:
-        """Recomputes the keys the transaction's table changes touched."""
+        """Recomputes the keys the transaction's table changes touched.
+
+        Spark's fixed cost per job and stage is most of a small refresh, so it runs
+        as few as it can, and the driver does with pyarrow what is a lookup
+        (replicator.spark.lookup): the changed keys are counted from the log files;
+        an aggregate view's affected keys come from the old rows of those keys,
+        looked up in the table as it was, and their new rows (by pyarrow for plain
+        column keys, else by a small Spark job over them, local); the view's rows
+        for the affected keys are computed by one job over the tables as they are,
+        filtered by the broadcast keys, and collected; which of those keys the view
+        held, hence the deletions and the counts, is read from its key columns, and
+        the log is written by pyarrow. A row view needs no old rows (its rows are
+        named by the base keys themselves), and where its equi-joins lead from the
+        changed rows to the others, those are looked up too: no table is scanned.
+
+        When a key of the view's storage has a type pyarrow cannot compare as Spark
+        does, or the transaction changed more than DRIVER_MAX_KEYS keys, all of it
+        is done by Spark (_write_log_spark)."""
+        from pyspark.sql import functions as F
+
         spark = self.spark
+        registering = self._registering
         entry = after["views"][name]
         a = plan.analysis
         names = self._table_names(after)
@@ -556,62 +749,243 @@ class SparkViews:
         if costly is not None:
             self._full(after, name, plan, costly)
             return
-        state = _storage_frame(spark, self.warehouse, entry)
-        key_pairs = [(k, k) for k in plan.key_columns]
-        cached: list[Any] = []
-
-        def keep(frame: Any) -> Any:
-            cached.append(frame.cache())
-            return frame
+        values = _value_names(entry)
+        driver = (self._key_arrow_schema(entry) is not None
+                  and sum(changes.count(s) for s in {occurrence_source[i] for i in with_delta}) <= DRIVER_MAX_KEYS)
+        affected: Any = None
         try:
             if a.kind == "rows":
-                upserts, olds, n_keys = [], [], 0
-                for i in with_delta:
-                    keys, count = changes.keys(occurrence_source[i])
-                    n_keys += count
-                    relation = f"_replicator_pk{i}"
-                    keys.createOrReplaceTempView(relation)
-                    o = a.occurrences[i]
-                    cond = " AND ".join(f"{quote_spark(o.alias)}.{quote_spark(k)} <=> _replicator_x.c{j}"
-                                        for j, k in enumerate(o.table.key))
-                    upserts.append(spark.sql(plan.select(semi=(relation, cond))))
-                    own = plan.occurrence_keys(i)
-                    olds.append(state.join(keys, _null_safe(state, keys, [(k, f"c{j}") for j, k in enumerate(own)]),
-                                           "left_semi").select(*plan.key_columns))
-                n_view_keys = n_keys
-                if self._too_large(entry, plan, n_keys):
-                    self._full(after, name, plan, f"THRESHOLD: {n_keys} changed keys, view of {entry['rows']} rows")
+                n_view_keys = sum(changes.count(occurrence_source[i]) for i in with_delta)
+                if self._too_large(entry, plan, n_view_keys):
+                    self._full(after, name, plan,
+                               f"THRESHOLD: {n_view_keys} changed keys, view of {entry['rows']} rows")
                     return
-                recomputed = keep(reduce(lambda x, y: x.unionByName(y), upserts)
-                                  .toDF(*plan.key_columns, *_value_names(entry)).dropDuplicates(plan.key_columns))
-                existing = keep(reduce(lambda x, y: x.unionByName(y), olds).distinct())
+                local = self._changed_rows_local(plan, with_delta, occurrence_source, changes, values) \
+                    if driver else None
+                if local is None:
+                    self._register_tables(after, set(entry["deps"]))
+                    recomputed, bound = self._changed_rows(plan, with_delta, occurrence_source, changes, values), None
+                else:
+                    recomputed, bound = local
+                if driver:
+                    wanted = [(plan.occurrence_keys(i), changes.key_set(occurrence_source[i])) for i in with_delta]
+                    written = self._write_log(after, entry, recomputed, wanted,
+                                              collect=bound is not None and bound <= DRIVER_MAX_KEYS
+                                              and _arrow_safe(entry))
+                else:
+                    written = self._write_log_spark(after, entry, recomputed,
+                                                    self._stored_rows(plan, with_delta, occurrence_source, changes,
+                                                                      entry))
             else:
-                delta = {i: changes.delta(occurrence_source[i]) for i in with_delta}
-                selects = [plan.affected_keys(subset, delta) for size in range(1, len(with_delta) + 1)
-                           for subset in combinations(with_delta, size)]
-                affected = keep(spark.sql(" UNION ".join(selects)))
-                n_view_keys = affected.count()
+                self._register_tables(after, set(entry["deps"]))
+                found = self._affected_on_driver(plan, entry, occurrence_source, changes) if driver else None
+                if found is not None:
+                    keys_frame = spark.createDataFrame(found, schema=self._key_struct(entry, "c"))
+                    n_view_keys = found.num_rows
+                else:
+                    uses = Counter(i for size in range(1, len(with_delta) + 1)
+                                   for subset in combinations(with_delta, size) for i in subset)
+                    delta = {i: changes.delta(occurrence_source[i], uses[i], driver=driver) for i in with_delta}
+                    selects = [plan.affected_keys(subset, delta) for size in range(1, len(with_delta) + 1)
+                               for subset in combinations(with_delta, size)]
+                    affected = spark.sql(" UNION ".join(selects))
+                    if driver:
+                        # on the driver: counted there, and a local relation from then on,
+                        # which Spark broadcasts without a job
+                        found = affected.toArrow()
+                        n_view_keys = found.num_rows
+                        keys_frame = spark.createDataFrame(found, schema=affected.schema)
+                        affected = None
+                    else:
+                        # cached and counted: one job (the threshold needs the count before
+                        # the refresh is chosen), then read from memory by the joins below
+                        affected = keys_frame = affected.cache()
+                        n_view_keys = affected.count()
                 if self._too_large(entry, plan, n_view_keys):
                     self._full(after, name, plan,
                                f"THRESHOLD: {n_view_keys} affected keys, view of {entry['rows']} rows")
                     return
-                affected.createOrReplaceTempView("_replicator_keys")
+                if not n_view_keys:
+                    self._record(entry, "none", "NO_AFFECTED_KEYS", self._elapsed(started, registering), keys=0,
+                                 deleted=0, inserted=0, updated=0)
+                    return
+                keys_frame.createOrReplaceTempView("_replicator_keys")
                 cond = " AND ".join(f"({e}) <=> _replicator_x.c{j}" for j, e in enumerate(plan.key_exprs))
-                recomputed = keep(spark.sql(plan.select(semi=("_replicator_keys", cond)))
-                                  .toDF(*plan.key_columns, *_value_names(entry)))
-                keys_named = affected.toDF(*plan.key_columns)
-                existing = keep(state.join(keys_named, _null_safe(state, keys_named, key_pairs), "left_semi")
-                                .select(*plan.key_columns))
-            n_existing = existing.count()
-            gone = existing.join(recomputed, _null_safe(existing, recomputed, key_pairs), "left_anti")
-            n_upserts, n_deleted = self._write_log(after, entry, recomputed, gone)
-            self._record(entry, "incremental" if n_view_keys else "none", "" if n_view_keys else "NO_AFFECTED_KEYS",
-                         time.perf_counter() - started, keys=n_view_keys, deleted=n_deleted,
-                         inserted=n_upserts - (n_existing - n_deleted), updated=n_existing - n_deleted)
+                recomputed = spark.sql(plan.select(semi=("_replicator_keys", cond))).toDF(*plan.key_columns, *values)
+                if found is not None:
+                    # an aggregate gives a row per affected key at most: few enough to
+                    # collect when the keys are (and a local file is written without
+                    # the commit protocol of a Spark write)
+                    written = self._write_log(after, entry, recomputed,
+                                              [(plan.key_columns, KeySet([found.column(c) for c in found.column_names]))],
+                                              collect=n_view_keys <= DRIVER_MAX_KEYS and _arrow_safe(entry))
+                else:
+                    state = _storage_frame(spark, self.warehouse, entry)
+                    keys_named = keys_frame.toDF(*plan.key_columns)
+                    existing = state.join(F.broadcast(keys_named),
+                                          _null_safe(state, keys_named, [(k, k) for k in plan.key_columns]),
+                                          "left_semi").select(*plan.key_columns)
+                    written = self._write_log_spark(after, entry, recomputed, existing)
+            n_upserts, n_deleted, n_existing = written
+            self._record(entry, "incremental", "", self._elapsed(started, registering), keys=n_view_keys,
+                         deleted=n_deleted, inserted=n_upserts - (n_existing - n_deleted),
+                         updated=n_existing - n_deleted)
             entry["rows"] += n_upserts - n_existing
         finally:
-            for frame in cached:
-                frame.unpersist()
+            if affected is not None:
+                affected.unpersist()
+
+    def _changed_rows(self, plan: ViewPlan, with_delta: list[int], occurrence_source: list[str],
+                      changes: _Changes, values: list[str]) -> Any:
+        """A row view's recomputed rows: the combinations holding a changed base row,
+        from the tables as they are. With one changed occurrence, its table is
+        replaced by the transaction's new rows of it (the table as it is has no
+        other rows for those keys): that table is not read at all. With several,
+        one query keeps the combinations matching any of their key sets (existence
+        joins under one OR), so each table is scanned once and no combination twice."""
+        spark = self.spark
+        a = plan.analysis
+        if len(with_delta) == 1:
+            i = with_delta[0]
+            source = occurrence_source[i]
+            logged_rows(spark, self.warehouse, changes.after["tables"][source], changes.logs[source]) \
+                .createOrReplaceTempView("_replicator_new")
+            select = plan.select(relations={i: "_replicator_new"})
+        else:
+            restrict = []
+            for i in with_delta:
+                relation = f"_replicator_pk{i}"
+                changes.keys(occurrence_source[i]).createOrReplaceTempView(relation)
+                o = a.occurrences[i]
+                restrict.append((relation, " AND ".join(
+                    f"{quote_spark(o.alias)}.{quote_spark(k)} <=> _replicator_x.c{j}"
+                    for j, k in enumerate(o.table.key))))
+            select = plan.select(any_of=restrict)
+        return spark.sql(select).toDF(*plan.key_columns, *values)
+
+    def _changed_rows_local(self, plan: ViewPlan, with_delta: list[int], occurrence_source: list[str],
+                            changes: _Changes, values: list[str]) -> tuple[Any, int] | None:
+        """A row view's recomputed rows from rows looked up on the driver, when the
+        view's equi-joins lead there: no table is scanned. Per changed occurrence i
+        (a branch), i reads the transaction's new rows of its table; each other
+        occurrence reads the rows of its table (as it is) that an equi-join
+        condition pairs with the rows found for a neighbour (lookup.rows_matching),
+        a superset of those its combinations can hold, which the query then
+        filters; a changed occurrence of an earlier branch leaves out its changed
+        keys (those combinations are that branch's). Returns the rows and a bound on
+        how many there are; None when an occurrence is not reached through conditions
+        between columns of one category, or more than DRIVER_MAX_KEYS rows would be
+        held (the caller scans with Spark)."""
+        from pyspark.sql import functions as F
+
+        a = plan.analysis
+        after = changes.after
+        structures = [TableStructure.from_json(after["tables"][s]["structure"]) for s in occurrence_source]
+        columns = [{c.name: c for c in st.columns} for st in structures]
+        types = [physical_schema(st) for st in structures]
+        pairs = [(x, y) for x, y in a.equi] + [(y, x) for x, y in a.equi]
+        held = 0
+        branches = []
+        combinations_bound = 0
+        for i in with_delta:
+            found: dict[int, pa.Table] = {i: changes.new_rows(occurrence_source[i])}
+            bound = found[i].num_rows
+            if not bound:   # the transaction only deleted rows of i: no combination holds a new one
+                found.update({j: types[j].empty_table() for j in range(len(a.occurrences)) if j != i})
+            while len(found) < len(a.occurrences):
+                reached = next(((j, r) for (r, _), (j, _) in pairs if r in found and j not in found), None)
+                if reached is None:
+                    return None
+                j, r = reached
+                link = [(physical_name(columns[r][cr]), physical_name(columns[j][cj]))
+                        for (rr, cr), (jj, cj) in pairs if rr == r and jj == j]
+                if any(lookup.category(types[r].field(pr).type) is None
+                       or lookup.category(types[r].field(pr).type) != lookup.category(types[j].field(pj).type)
+                       for pr, pj in link):
+                    return None
+                paired = KeySet([found[r].column(pr) for pr, _ in link])
+                rows = lookup.rows_matching(self.warehouse, after["tables"][occurrence_source[j]],
+                                            [pj for _, pj in link], paired, DRIVER_MAX_KEYS - held)
+                if rows is None:
+                    return None
+                if j in with_delta and j < i:
+                    key = [physical_name(c) for c in structures[j].key_columns()]
+                    rows = changes.key_set(occurrence_source[j]).keep(rows, key, inside=False)
+                found[j] = rows
+                held += rows.num_rows
+                # a row found so far pairs with at most as many rows of j as j holds for
+                # one value of the link: the branch's combinations are at most the
+                # product of those (counted on canonical values, as the join compares)
+                bound *= lookup.largest_group(rows, [pj for _, pj in link])
+            names = {}
+            for j, rows in found.items():
+                names[j] = f"_replicator_r{i}_{j}"
+                self.spark.createDataFrame(rows, schema=_physical_struct(structures[j])).select(
+                    *[F.col(physical_name(c)).alias(c.name) for c in structures[j].columns]
+                ).createOrReplaceTempView(names[j])
+            branches.append(plan.select(relations=names))
+            combinations_bound += bound
+        return self.spark.sql(" UNION ALL ".join(branches)).toDF(*plan.key_columns, *values), combinations_bound
+
+    def _stored_rows(self, plan: ViewPlan, with_delta: list[int], occurrence_source: list[str], changes: _Changes,
+                     entry: dict[str, Any]) -> Any:
+        """The key columns of a row view's stored rows naming a changed key, by Spark
+        (one scan of the view's storage, the key sets broadcast)."""
+        spark = self.spark
+        _storage_frame(spark, self.warehouse, entry).createOrReplaceTempView("_replicator_state")
+        stored = []
+        for i in with_delta:
+            relation = f"_replicator_pk{i}"
+            changes.keys(occurrence_source[i]).createOrReplaceTempView(relation)
+            stored.append((relation, " AND ".join(f"_replicator_s.{quote_spark(k)} <=> _replicator_x.c{j}"
+                                                  for j, k in enumerate(plan.occurrence_keys(i)))))
+        columns = ", ".join(quote_spark(k) for k in plan.key_columns)
+        if len(stored) == 1:
+            return spark.sql(f"SELECT /*+ BROADCAST(_replicator_x) */ {columns} FROM _replicator_state AS "
+                             f"_replicator_s LEFT SEMI JOIN {stored[0][0]} AS _replicator_x ON {stored[0][1]}")
+        exists = " OR ".join(f"EXISTS (SELECT 1 FROM {r} AS _replicator_x WHERE {c})" for r, c in stored)
+        return spark.sql(f"SELECT {columns} FROM _replicator_state AS _replicator_s WHERE {exists}")
+
+    def _affected_on_driver(self, plan: ViewPlan, entry: dict[str, Any], occurrence_source: list[str],
+                            changes: _Changes) -> pa.Table | None:
+        """An aggregate (or DISTINCT) view's affected keys (columns c0...) computed by
+        pyarrow, when they are plain columns of its one table, read without a filter:
+        the distinct values of those columns in the delta. None otherwise (Spark
+        evaluates the key expressions), and for float keys, whose -0.0 and 0.0 (and
+        NaNs) Arrow would keep apart where Spark's grouping makes them one."""
+        a = plan.analysis
+        if len(a.occurrences) != 1 or a.conditions or a.where or not a.key_columns \
+                or any(k is None for k in a.key_columns):
+            return None
+        schema = self._key_struct(entry, "c")
+        if any(f.dataType.typeName() in ("float", "double") for f in schema.fields):
+            return None
+        structure = changes._structure(occurrence_source[0])
+        by_name = {c.name: c for c in structure.columns}
+        physical = [physical_name(by_name[k[1]]) for k in a.key_columns if k is not None]
+        rows = changes.delta_rows(occurrence_source[0])
+        distinct = rows.select(physical).group_by(physical).aggregate([])
+        types = [lookup.spark_arrow_type(f.dataType) for f in schema.fields]
+        return pa.Table.from_arrays([distinct.column(p).cast(t) for p, t in zip(physical, types)],
+                                    names=[f.name for f in schema.fields])
+
+    @staticmethod
+    def _key_struct(entry: dict[str, Any], prefix: str | None = None) -> Any:
+        """The Spark schema of the view's key columns (renamed prefix0... if given)."""
+        from pyspark.sql import types as T
+        fields = {f.name: f for f in _storage_schema(entry).fields}
+        return T.StructType([T.StructField(f"{prefix}{j}" if prefix else k, fields[k].dataType, True)
+                             for j, k in enumerate(entry["key_columns"])])
+
+    @staticmethod
+    def _key_arrow_schema(entry: dict[str, Any]) -> pa.Schema | None:
+        """The Arrow schema of the view's key columns as its log files hold them, when
+        pyarrow can compare them as Spark does; None otherwise."""
+        fields = {f.name: f for f in _storage_schema(entry).fields}
+        types = [lookup.spark_arrow_type(fields[k].dataType) for k in entry["key_columns"]]
+        if any(t is None for t in types):
+            return None
+        return pa.schema([pa.field(k, t) for k, t in zip(entry["key_columns"], types)])
 
     @staticmethod
     def _cost_says_full(entry: dict[str, Any], plan: ViewPlan) -> str | None:
@@ -645,32 +1019,107 @@ class SparkViews:
     def _too_large(self, entry: dict[str, Any], plan: ViewPlan, keys: int) -> bool:
         return plan.policy == "auto" and keys > AUTO_FULL_SHARE * max(entry["rows"], 1)
 
-    def _write_log(self, manifest: dict[str, Any], entry: dict[str, Any], upserts: Any, gone: Any) -> tuple[int, int]:
-        """One change log for the view: upserts and deletions, one row per key.
-        Returns how many of each it holds (an empty one is not kept)."""
+    def _write_log(self, manifest: dict[str, Any], entry: dict[str, Any], upserts: Any,
+                   wanted: list[tuple[list[str], KeySet]], *, collect: bool = False) -> tuple[int, int, int]:
+        """One change log for the view: the recomputed rows (upserts), and deletions
+        of the stored keys matching wanted (see lookup.stored_keys) that were not
+        recomputed, found and written by pyarrow into the same directory (one log,
+        one _seq: their keys are not the upserts'). The upserts are written by
+        Spark, or with collect collected and written by pyarrow (the caller knows
+        they are few). Returns how many upserts and deletions it holds and how many
+        stored keys matched (an empty log is not kept)."""
+        from pyspark.sql import functions as F
+
+        seq = manifest["next_seq"]
+        keys = entry["key_columns"]
+        key_schema = self._key_arrow_schema(entry)
+        assert key_schema is not None
+        path = f"{entry['generation']}/log-{seq:012d}-{new_id()}"
+        directory = self.warehouse.file(path)
+        columns = [f.name for f in _storage_schema(entry).fields]
+        parts: list[Path] = []
+        if collect:
+            rows = upserts.select(*columns).toArrow()
+            directory.mkdir(parents=True)
+            recomputed = rows.select(keys)
+            if rows.num_rows:
+                part = directory / f"part-upserts-{new_id()}.parquet"
+                pq.write_table(rows.append_column(SEQ, pa.array([seq] * rows.num_rows, pa.int64()))
+                               .append_column(DELETED, pa.array([False] * rows.num_rows, pa.bool_())),
+                               part, compression="snappy")
+                parts.append(part)
+        else:
+            # _seq from a one-row local relation rather than a literal: a literal is
+            # compiled into the stage's generated code, a new class every batch
+            stamp = self.spark.createDataFrame([(seq, False)], f"{SEQ} long, {DELETED} boolean")
+            upserts.crossJoin(F.broadcast(stamp)).select(*columns, SEQ, DELETED).write.parquet(str(directory))
+            parts = sorted(directory.glob("*.parquet"))
+            written = [pq.read_table(p, columns=keys) for p in parts]
+            recomputed = pa.concat_tables([t.cast(written[0].schema) for t in written]) if written \
+                else pa.table({k: pa.array([], pa.null()) for k in keys})
+        n_upserts = recomputed.num_rows
+        existing = lookup.stored_keys(self.warehouse, entry, keys, wanted)
+        gone = existing
+        if n_upserts and existing.num_rows:
+            gone = existing.filter(pc.invert(KeySet([recomputed.column(k) for k in keys])
+                                             .mask([existing.column(k) for k in keys])))
+        if gone.num_rows:
+            deletions = directory / f"part-deleted-{new_id()}.parquet"
+            pq.write_table(lookup.tombstones(gone, key_schema, seq), deletions, compression="snappy")
+            parts.append(deletions)
+        if not n_upserts + gone.num_rows:
+            shutil.rmtree(directory)
+            return 0, 0, existing.num_rows
+        make_durable(parts, self.warehouse.path)
+        manifest["next_seq"] = seq + 1
+        entry["logs"].append({"file": path, "seq": seq, "rows": n_upserts + gone.num_rows})
+        if len(entry["logs"]) >= REWRITE_AFTER_LOGS:
+            self._rewrite(manifest, entry)
+        return n_upserts, gone.num_rows, existing.num_rows
+
+    def _write_log_spark(self, manifest: dict[str, Any], entry: dict[str, Any], upserts: Any,
+                         existing: Any) -> tuple[int, int, int]:
+        """One change log for the view: the recomputed rows, and deletions of the
+        stored keys (existing) not recomputed, one row per key. Returns how many
+        upserts and deletions it holds and how many of its keys the view held
+        (an empty one is not kept). One job: a full outer join of the two sides
+        (both small) gives the rows and, observed as they are written, the counts,
+        with no count job that would compute either side again."""
+        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         seq = manifest["next_seq"]
         schema = _storage_schema(entry)
-        values = [f for f in schema.fields if f.name not in entry["key_columns"]]
-        deletions = gone.select(*entry["key_columns"], *[F.lit(None).cast(f.dataType).alias(f.name) for f in values])
-        frame = (upserts.withColumn(DELETED, F.lit(False))
-                 .unionByName(deletions.withColumn(DELETED, F.lit(True)))
-                 .withColumn(SEQ, F.lit(seq).cast("long")))
+        keys = entry["key_columns"]
+        values = [f.name for f in schema.fields if f.name not in keys]
+        new = upserts.withColumn("_replicator_new", F.lit(True))
+        old = existing.select(*[F.col(k).alias(f"_replicator_e{j}") for j, k in enumerate(keys)],
+                              F.lit(True).alias("_replicator_old"))
+        joined = new.join(old, _null_safe(new, old, [(k, f"_replicator_e{j}") for j, k in enumerate(keys)]),
+                          "full_outer")
+        counts = Observation()
+        joined = joined.observe(counts, F.count("_replicator_new").alias("upserts"),
+                                F.count("_replicator_old").alias("existing"),
+                                F.count_if(F.col("_replicator_new").isNull()).alias("deleted"))
+        # a key column is the recomputed row's, or the stored one's for a deletion (a
+        # NULL key is a value: the side is told by its marker, not by coalesce)
+        frame = joined.select(*[F.when(F.col("_replicator_new"), F.col(k)).otherwise(F.col(f"_replicator_e{j}"))
+                                .alias(k) for j, k in enumerate(keys)],
+                              *values, F.lit(seq).cast("long").alias(SEQ),
+                              F.col("_replicator_new").isNull().alias(DELETED))
         path = f"{entry['generation']}/log-{seq:012d}-{new_id()}"
         directory = self.warehouse.file(path)
-        self._write(frame.select(*[f.name for f in schema.fields], SEQ, DELETED), path)
-        flags = [pq.read_table(f, columns=[DELETED]).column(0).to_pylist() for f in directory.glob("*.parquet")]
-        rows = sum(len(f) for f in flags)
-        deleted = sum(sum(1 for d in f if d) for f in flags)
-        if not rows:
+        self._write(frame, path)
+        observed = counts.get
+        n_upserts, n_deleted, n_existing = observed["upserts"], observed["deleted"], observed["existing"]
+        if not n_upserts + n_deleted:
             shutil.rmtree(directory)
-            return 0, 0
+            return 0, 0, n_existing
         manifest["next_seq"] = seq + 1
-        entry["logs"].append({"file": path, "seq": seq, "rows": rows})
+        entry["logs"].append({"file": path, "seq": seq, "rows": n_upserts + n_deleted})
         if len(entry["logs"]) >= REWRITE_AFTER_LOGS:
             self._rewrite(manifest, entry)
-        return rows - deleted, deleted
+        return n_upserts, n_deleted, n_existing
 
     def _rewrite(self, manifest: dict[str, Any], entry: dict[str, Any]) -> None:
         """Folds the view's change log into a new base (a new generation)."""

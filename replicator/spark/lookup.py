@@ -1,0 +1,385 @@
+"""Lookups in a Spark warehouse by value, with pyarrow on the driver.
+
+An incremental view refresh needs a few rows out of large files: the old rows
+of a transaction's changed keys, the rows an equi-join pairs with the changed
+rows, the latest rows of a table's change log, and which keys the view's
+storage holds among those it recomputes. The warehouse has no index, so Spark
+would scan the files whole, and on a small cluster (or local mode) a Spark
+job's fixed cost (stages, scheduling, a shuffle to pick each key's latest log
+row) is most of a refresh. The files are on the driver's disk (the consumer
+wrote the logs there a moment ago), and pyarrow reads a column of a million
+rows, then the rows that match, in tens of milliseconds, one row group at a
+time (memory stays bounded by a row group and the matches, and callers bound
+the matches).
+
+Keys are compared as Spark's ``<=>`` does: NULL equals NULL; -0.0 equals
+0.0 and NaN equals NaN (Spark normalizes them in joins and groups). Each key
+column is first made canonical, so that files written by pyarrow (logs, copied
+bases) and by Spark (compacted bases, views: INT96 timestamps, other integer
+widths) compare: integers, booleans, dates and timestamps (as microseconds)
+become int64, floats and decimals their exact text, strings and binaries stay.
+Other types (nested, intervals) have no canonical form here: callers fall back
+to Spark for them.
+
+The merge rule is the reader's (replicator.spark.reader): a key's row is the
+one of the latest log file holding it (none when that is a tombstone), else
+the base's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..schema import TableStructure
+from .warehouse import DELETED, SEQ, Warehouse, physical_name, physical_schema, table_files
+
+Columns = Sequence[pa.Array | pa.ChunkedArray]
+
+
+_MICROS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": None}
+
+
+def canonical(values: pa.Array | pa.ChunkedArray) -> pa.ChunkedArray:
+    """A key column in its canonical form; NULLs stay NULL."""
+    if isinstance(values, pa.Array):
+        values = pa.chunked_array([values], values.type)
+    typ = values.type
+    if pa.types.is_timestamp(typ):
+        raw = values.cast(pa.timestamp(typ.unit)).cast(pa.int64())   # the instant (UTC), without the zone
+        factor = _MICROS[typ.unit]
+        return pc.divide(raw, 1000) if factor is None else pc.multiply(raw, factor)
+    if pa.types.is_date(typ):
+        return values.cast(pa.date32()).cast(pa.int32()).cast(pa.int64())
+    if pa.types.is_integer(typ) or pa.types.is_boolean(typ):
+        return values.cast(pa.int64())
+    if pa.types.is_floating(typ):
+        # x + 0.0 turns -0.0 into 0.0; the shortest text that reads back as the value
+        # is exact and one per value (NaN is "nan" whatever its bits)
+        return pc.add(values.cast(pa.float64()), 0.0).cast(pa.string())
+    if pa.types.is_decimal(typ):
+        return values.cast(pa.string())
+    if pa.types.is_large_string(typ):
+        return values.cast(pa.string())
+    if pa.types.is_large_binary(typ):
+        return values.cast(pa.binary())
+    if pa.types.is_string(typ) or pa.types.is_binary(typ):
+        return values
+    raise TypeError(f"no canonical form for key type {typ}")
+
+
+_EMPTY = {pa.int64(): pa.scalar(0, pa.int64()), pa.string(): pa.scalar("", pa.string()),
+          pa.binary(): pa.scalar(b"", pa.binary())}
+
+
+class KeySet:
+    """A set of key tuples, NULL-safe, that masks the rows of other key columns."""
+
+    def __init__(self, columns: Columns) -> None:
+        self.width = len(columns)
+        self.columns = [canonical(c) for c in columns]
+        self.size = len(self.columns[0]) if self.columns else 0
+
+    def mask(self, columns: Columns) -> pa.ChunkedArray:
+        """Which rows of these key columns (in the set's order) are in the set."""
+        assert len(columns) == self.width
+        values = [canonical(c) for c in columns]
+        n = len(values[0])
+        if self.width == 1:
+            return pc.is_in(values[0], value_set=self.columns[0].combine_chunks(), skip_nulls=False)
+        # several columns: a semi-join on (is NULL, value or a filler) pairs, which have no
+        # NULL (a hash join never matches NULLs); the rows found are marked by position
+        left = _pairs(values)
+        positions = _positions(n)
+        left["_replicator_row"] = positions
+        found = pa.table(left).join(pa.table(_pairs(self.columns)), keys=[k for k in left if k != "_replicator_row"],
+                                    join_type="left semi").column("_replicator_row")
+        return pa.chunked_array([pc.is_in(positions, value_set=found.combine_chunks())])
+
+    def keep(self, table: pa.Table, columns: list[str], *, inside: bool = True) -> pa.Table:
+        """The rows of a table whose key (these columns) is in the set (or, inside
+        False, is not)."""
+        if not table.num_rows or (inside and not self.size):
+            return table.slice(0, 0) if inside else table
+        if not self.size:
+            return table
+        mask = self.mask([table.column(c) for c in columns])
+        return table.filter(mask if inside else pc.invert(mask))
+
+
+def _positions(n: int) -> pa.Array:
+    """0, 1, ... n - 1 (the indexes of n true values), built by Arrow."""
+    return pc.indices_nonzero(pc.invert(pc.is_valid(pa.nulls(n, pa.int8())))).cast(pa.int64())
+
+
+def _pairs(values: list[pa.ChunkedArray]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for j, v in enumerate(values):
+        out[f"_replicator_n{j}"] = pc.is_null(v)
+        out[f"_replicator_v{j}"] = pc.fill_null(v, _EMPTY[v.type])
+    return out
+
+
+def parquet_files(warehouse: Warehouse, relative: Sequence[str]) -> list[Path]:
+    """The Parquet files of manifest entries (a file, or a directory Spark wrote)."""
+    out: list[Path] = []
+    for name in relative:
+        path = warehouse.file(name)
+        out.extend(sorted(p for p in path.glob("*.parquet") if not p.name.startswith(("_", "."))) if path.is_dir()
+                   else [path])
+    return out
+
+
+def _row_groups(path: Path, schema: pa.Schema) -> Iterator[tuple[pq.ParquetFile, int, pa.Table]]:
+    """Each row group's columns of the schema (the key columns, read before the rest),
+    conformed to it."""
+    handle = pq.ParquetFile(path)
+    present = set(handle.schema_arrow.names)
+    names = [f.name for f in schema if f.name in present]
+    for i in range(handle.metadata.num_row_groups):
+        yield handle, i, _conform(handle.read_row_group(i, columns=names), schema)
+
+
+def _read(path: Path, schema: pa.Schema, *, flags: bool = False) -> pa.Table:
+    """A file's columns of the schema conformed to it (with the _deleted flag if flags)."""
+    present = set(pq.read_schema(path).names)
+    table = pq.read_table(path, columns=[f.name for f in schema if f.name in present] + ([DELETED] if flags else []))
+    conformed = _conform(table, schema)
+    return conformed.append_column(DELETED, table.column(DELETED)) if flags else conformed
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Rows of a file in the schema: columns cast to its types (a file written by Spark
+    has other timestamp units and integer widths), those it lacks (added since) NULL."""
+    arrays = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+              for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def key_columns(warehouse: Warehouse, entry: dict[str, Any], files: Sequence[str]) -> pa.Table:
+    """The key columns (physical names) of some of a table entry's files."""
+    structure = TableStructure.from_json(entry["structure"])
+    schema = physical_schema(structure)
+    keys = pa.schema([schema.field(physical_name(c)) for c in structure.key_columns()])
+    tables = [_read(path, keys) for path in parquet_files(warehouse, files)]
+    return pa.concat_tables(tables) if tables else keys.empty_table()
+
+
+def _settled_set(settled: list[pa.Table], names: list[str]) -> KeySet | None:
+    """The keys of the tables as one set (None when there are none)."""
+    tables = [t for t in settled if t.num_rows]
+    if not tables:
+        return None
+    return KeySet([pa.chunked_array([c for t in tables for c in t.column(k).cast(tables[0].schema.field(k).type).chunks])
+                   for k in names])
+
+
+def _matching(path: Path, key_names: list[str], schema: pa.Schema, wanted: KeySet, settled: KeySet | None,
+              flags: bool) -> Iterator[pa.Table]:
+    """The rows of a file whose key is wanted and not settled, conformed to schema (with
+    the _deleted flag if flags)."""
+    present = set(pq.read_schema(path).names)
+    columns = [f.name for f in schema if f.name in present] + ([DELETED] if flags else [])
+    key_schema = pa.schema([schema.field(k) for k in key_names])
+    for handle, i, keys in _row_groups(path, key_schema):
+        if not keys.num_rows:
+            continue
+        mask = wanted.mask([keys.column(k) for k in key_names])
+        if not pc.any(mask).as_py():
+            continue
+        found = handle.read_row_group(i, columns=columns).filter(mask)
+        rows = _conform(found, schema)
+        if flags:
+            rows = rows.append_column(DELETED, found.column(DELETED))
+        if settled is not None:   # on the few wanted rows, not the row group
+            rows = settled.keep(rows, key_names, inside=False)
+        yield rows
+
+
+def old_rows(warehouse: Warehouse, entry: dict[str, Any], keys: Columns) -> pa.Table:
+    """The rows a manifest table entry holds for these keys (key columns in the
+    structure's key order), in its physical schema."""
+    structure = TableStructure.from_json(entry["structure"])
+    schema = physical_schema(structure)
+    key_names = [physical_name(c) for c in structure.key_columns()]
+    wanted = KeySet(keys)
+    base_files, log_files = table_files(entry)
+    found: list[pa.Table] = []
+    settled: list[pa.Table] = []    # keys a later log file decided (a row or a tombstone)
+    for path in reversed(parquet_files(warehouse, log_files)):
+        done = _settled_set(settled, key_names)
+        for rows in _matching(path, key_names, schema, wanted, done, flags=True):
+            settled.append(rows.select(key_names))
+            found.append(rows.filter(pc.invert(rows.column(DELETED))).drop_columns([DELETED]))
+    done = _settled_set(settled, key_names)
+    for path in parquet_files(warehouse, base_files):
+        found.extend(_matching(path, key_names, schema, wanted, done, flags=False))
+    return pa.concat_tables(found) if found else schema.empty_table()
+
+
+def logged_rows(warehouse: Warehouse, entry: dict[str, Any], log_files: Sequence[str]) -> pa.Table:
+    """The rows some of a table entry's log files set (the latest of each key,
+    tombstones left out), in its physical schema."""
+    structure = TableStructure.from_json(entry["structure"])
+    schema = physical_schema(structure)
+    key_names = [physical_name(c) for c in structure.key_columns()]
+    found: list[pa.Table] = []
+    settled: list[pa.Table] = []
+    for path in reversed(parquet_files(warehouse, log_files)):
+        rows = _read(path, schema, flags=True)
+        done = _settled_set(settled, key_names)
+        if done is not None:
+            rows = done.keep(rows, key_names, inside=False)
+        settled.append(rows.select(key_names))
+        found.append(rows.filter(pc.invert(rows.column(DELETED))).drop_columns([DELETED]))
+    return pa.concat_tables(found) if found else schema.empty_table()
+
+
+def category(typ: pa.DataType) -> str | None:
+    """The kind of values a column holds, as Spark compares them without a cast: two
+    columns of one category compare in canonical form as Spark's `=` does; of two
+    (an integer and a string, a date and a timestamp) Spark casts one first, which
+    canonical forms do not follow."""
+    if pa.types.is_integer(typ):
+        return "integer"
+    if pa.types.is_timestamp(typ):
+        return "timestamp" if typ.tz else "timestamp_ntz"
+    if pa.types.is_decimal(typ):   # the text of a decimal has its scale's digits
+        return f"decimal({typ.scale})"
+    for name, test in (("boolean", pa.types.is_boolean), ("float", pa.types.is_floating), ("date", pa.types.is_date),
+                       ("string", lambda t: pa.types.is_string(t) or pa.types.is_large_string(t)),
+                       ("binary", lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t))):
+        if test(typ):
+            return name
+    return None
+
+
+def _groups(table: pa.Table, columns: list[str]) -> pa.Table:
+    """The distinct values of these columns with their row counts (count_all),
+    compared in canonical form, NULLs together: as Spark groups them."""
+    values = pa.table({f"c{j}": canonical(table.column(c)) for j, c in enumerate(columns)})
+    return values.group_by(values.column_names).aggregate([([], "count_all")])
+
+
+def distinct(table: pa.Table, columns: list[str]) -> int:
+    """How many distinct values these columns hold."""
+    return _groups(table, columns).num_rows if table.num_rows else 0
+
+
+def largest_group(table: pa.Table, columns: list[str]) -> int:
+    """How many rows of the table share the most common value of these columns; 0
+    for no rows."""
+    if not table.num_rows:
+        return 0
+    return pc.max(_groups(table, columns).column("count_all")).as_py()
+
+
+def rows_matching(warehouse: Warehouse, entry: dict[str, Any], columns: list[str], values: KeySet,
+                  limit: int) -> pa.Table | None:
+    """The current rows of a manifest table entry whose columns (physical names; any
+    columns, not only the key) hold one of the values, in its physical schema; None
+    when there are more than limit. Only those columns are read from the base,
+    then its row groups holding a match."""
+    structure = TableStructure.from_json(entry["structure"])
+    schema = physical_schema(structure)
+    key_names = [physical_name(c) for c in structure.key_columns()]
+    base_files, log_files = table_files(entry)
+    found: list[pa.Table] = []
+    settled: list[pa.Table] = []    # every key of the log: the base's row of it is not current
+    count = 0
+    for path in reversed(parquet_files(warehouse, log_files)):
+        rows = _read(path, schema, flags=True)
+        done = _settled_set(settled, key_names)
+        if done is not None:
+            rows = done.keep(rows, key_names, inside=False)
+        settled.append(rows.select(key_names))
+        rows = rows.filter(pc.invert(rows.column(DELETED))).drop_columns([DELETED])
+        rows = values.keep(rows, columns)
+        count += rows.num_rows
+        if count > limit:
+            return None
+        found.append(rows)
+    done = _settled_set(settled, key_names)
+    probe = pa.schema([schema.field(c) for c in dict.fromkeys([*columns, *key_names])])
+    for path in parquet_files(warehouse, base_files):
+        for handle, i, head in _row_groups(path, probe):
+            mask = values.mask([head.column(c) for c in columns])
+            hits = pc.sum(mask).as_py() or 0
+            if not hits:
+                continue
+            if count + hits > limit:
+                return None
+            present = set(handle.schema_arrow.names)
+            rows = _conform(handle.read_row_group(i, columns=[f.name for f in schema if f.name in present])
+                            .filter(mask), schema)
+            if done is not None:
+                rows = done.keep(rows, key_names, inside=False)
+            count += rows.num_rows
+            found.append(rows)
+    return pa.concat_tables(found) if found else schema.empty_table()
+
+
+def stored_keys(warehouse: Warehouse, entry: dict[str, Any], keys: list[str],
+                wanted: list[tuple[list[str], KeySet]]) -> pa.Table:
+    """The key columns of a view's stored rows (entry: its manifest entry, keys: its
+    key columns) that match any of wanted: (columns, a set of their values). Only
+    the key columns are read."""
+    found: list[pa.Table] = []
+    settled: list[pa.Table] = []
+
+    def matching(table: pa.Table) -> pa.Table:
+        masks = [key_set.mask([table.column(c) for c in columns]) for columns, key_set in wanted]
+        mask = masks[0]
+        for other in masks[1:]:
+            mask = pc.or_(mask, other)
+        return table.filter(mask)
+
+    for log in reversed(entry["logs"]):   # newest first: a key's latest row decides
+        done = _settled_set(settled, keys)
+        for path in parquet_files(warehouse, [log["file"]]):
+            rows = matching(pq.read_table(path, columns=[*keys, DELETED]))
+            if done is not None:
+                rows = done.keep(rows, keys, inside=False)
+            settled.append(rows.select(keys))
+            found.append(rows.filter(pc.invert(rows.column(DELETED))).select(keys))
+    done = _settled_set(settled, keys)
+    for path in parquet_files(warehouse, entry["base"]):
+        handle = pq.ParquetFile(path)
+        for i in range(handle.metadata.num_row_groups):
+            rows = matching(handle.read_row_group(i, columns=keys))
+            found.append(done.keep(rows, keys, inside=False) if done is not None else rows)
+    found = [t for t in found if t.num_rows] or found[:1]
+    if not found:
+        return pa.table({k: pa.array([], pa.null()) for k in keys})
+    return pa.concat_tables([t.cast(found[0].schema) for t in found])
+
+
+def spark_arrow_type(spark_type: Any) -> pa.DataType | None:
+    """The Arrow type a key column of this Spark type is written with (Spark reads it back
+    as that type); None for types outside the canonical ones."""
+    from pyspark.sql import types as T
+    simple = {T.LongType: pa.int64(), T.IntegerType: pa.int32(), T.ShortType: pa.int16(), T.ByteType: pa.int8(),
+              T.BooleanType: pa.bool_(), T.DoubleType: pa.float64(), T.FloatType: pa.float32(),
+              T.StringType: pa.string(), T.BinaryType: pa.binary(), T.DateType: pa.date32(),
+              T.TimestampType: pa.timestamp("us", tz="UTC"), T.TimestampNTZType: pa.timestamp("us")}
+    for cls, typ in simple.items():
+        if type(spark_type) is cls:
+            return typ
+    if isinstance(spark_type, T.DecimalType):
+        return pa.decimal128(spark_type.precision, spark_type.scale)
+    return None
+
+
+def tombstones(keys: pa.Table, schema: pa.Schema, seq: int) -> pa.Table:
+    """Change log rows deleting these keys: the key columns (cast to schema, the view's
+    storage types) with _seq and _deleted; the value columns are left out, and Spark
+    reads them as NULL."""
+    arrays = [keys.column(f.name).cast(f.type) for f in schema]
+    return pa.Table.from_arrays([*arrays, pa.array([seq] * keys.num_rows, pa.int64()),
+                                 pa.array([True] * keys.num_rows, pa.bool_())],
+                                schema=pa.schema([*schema, pa.field(SEQ, pa.int64()), pa.field(DELETED, pa.bool_())]))
