@@ -228,16 +228,22 @@ def logged_rows(warehouse: Warehouse, entry: dict[str, Any], log_files: Sequence
     structure = TableStructure.from_json(entry["structure"])
     schema = physical_schema(structure)
     key_names = [physical_name(c) for c in structure.key_columns()]
-    found: list[pa.Table] = []
-    settled: list[pa.Table] = []
+    found = list(_log_rows(warehouse, log_files, schema, key_names, []))
+    return pa.concat_tables(found) if found else schema.empty_table()
+
+
+def _log_rows(warehouse: Warehouse, log_files: Sequence[str], schema: pa.Schema, key_names: list[str],
+              settled: list[pa.Table]) -> Iterator[pa.Table]:
+    """Each log file's current rows, newest file first: without the keys a later file
+    decided, without tombstones. Every key a file holds is added to settled (the
+    base's row of it is not current)."""
     for path in reversed(parquet_files(warehouse, log_files)):
         rows = _read(path, schema, flags=True)
         done = _settled_set(settled, key_names)
         if done is not None:
             rows = done.keep(rows, key_names, inside=False)
         settled.append(rows.select(key_names))
-        found.append(rows.filter(pc.invert(rows.column(DELETED))).drop_columns([DELETED]))
-    return pa.concat_tables(found) if found else schema.empty_table()
+        yield rows.filter(pc.invert(rows.column(DELETED))).drop_columns([DELETED])
 
 
 def category(typ: pa.DataType) -> str | None:
@@ -292,13 +298,7 @@ def rows_matching(warehouse: Warehouse, entry: dict[str, Any], columns: list[str
     found: list[pa.Table] = []
     settled: list[pa.Table] = []    # every key of the log: the base's row of it is not current
     count = 0
-    for path in reversed(parquet_files(warehouse, log_files)):
-        rows = _read(path, schema, flags=True)
-        done = _settled_set(settled, key_names)
-        if done is not None:
-            rows = done.keep(rows, key_names, inside=False)
-        settled.append(rows.select(key_names))
-        rows = rows.filter(pc.invert(rows.column(DELETED))).drop_columns([DELETED])
+    for rows in _log_rows(warehouse, log_files, schema, key_names, settled):
         rows = values.keep(rows, columns)
         count += rows.num_rows
         if count > limit:
