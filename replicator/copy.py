@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from . import db
 from .schema import RowsDecoder, TableStructure, parse_json
-from .source import CapturedTable
+from .source import CapturedTable, Source
 
 COPY_CHUNK_ROWS = 5000
 
@@ -59,6 +60,9 @@ class SnapshotCopy:
 
     ``snapshot`` (txid_snapshot text) is known once the object is entered: events
     of transactions visible in it are already in the copy and must be skipped.
+    It is made durable before it is returned (durable_tick): a source crash cannot
+    take back a commit it shows, nor give its txids to new transactions, whose
+    events would then be skipped as already copied.
     """
 
     def __init__(self, dsn: str, table: CapturedTable, structure: TableStructure) -> None:
@@ -73,10 +77,15 @@ class SnapshotCopy:
         self.conn = db.open_connection(db.resolve_dsn(self.dsn), autocommit=False, application_name="replicator copy")
         self.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         self.conn.read_only = True
-        # The first statement fixes the transaction's snapshot: this is it.
-        self.snapshot = self.conn.execute("SELECT txid_current_snapshot()::text").fetchone()[0]
-        self.estimated_rows = max(0, int(self.conn.execute(
-            "SELECT reltuples FROM pg_class WHERE oid = %s", (self.table.oid,)).fetchone()[0]))
+        try:
+            # The first statement fixes the transaction's snapshot: this is it.
+            self.snapshot = self.conn.execute("SELECT txid_current_snapshot()::text").fetchone()[0]
+            self.estimated_rows = max(0, int(self.conn.execute(
+                "SELECT reltuples FROM pg_class WHERE oid = %s", (self.table.oid,)).fetchone()[0]))
+            durable_tick(self.dsn, self.table.queue_name)
+        except BaseException:
+            self.conn.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -99,6 +108,24 @@ class SnapshotCopy:
                     texts = []
             if texts:
                 yield decode_rows(texts, decode)
+
+
+def durable_tick(dsn: str, queue: str) -> int:
+    """Makes a tick now, after the caller's snapshot, and returns its id.
+
+    A source crash loses the WAL not yet flushed (commits under synchronous_commit =
+    off, rollbacks always), and PostgreSQL then gives the txids it has no WAL of to
+    new transactions: a copy snapshot taken just before the crash could show lost
+    commits, and take new transactions, with txids below its xmax, for ones already
+    copied (their events skipped). A tick commits synchronously: its commit record
+    flushes every commit the snapshot shows, and its txid, at or above the
+    snapshot's xmax, is never given again. Another ticker's tick may predate the
+    snapshot: wait for one of our own."""
+    with db.open_connection(db.resolve_dsn(dsn), application_name="replicator copy") as conn:
+        source = Source(conn, check_installed=False)
+        while (tick := source.tick(queue, force=True)) is None:
+            time.sleep(0.01)
+        return tick
 
 
 def copy_progress() -> Progress:

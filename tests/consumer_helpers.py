@@ -176,6 +176,15 @@ def latest_tick(conn: psycopg.Connection, queue: str = "q") -> int:
                         (queue,)).fetchone()[0]
 
 
+def forced_tick(conn: psycopg.Connection, queue: str = "q") -> int:
+    """A tick taken after every change committed so far, whatever else ticks. A forced
+    tick is skipped (NULL) while another ticker holds the queue (a ticker daemon, a
+    consumer making its copy snapshot durable), and that ticker's tick may predate the
+    changes: try again until one of ours is made."""
+    return wait_until(lambda: conn.execute("SELECT replicator.ticker(%s, true)", (queue,)).fetchone()[0], 30,
+                      f"a forced tick of queue {queue}")
+
+
 # the oracle ----------------------------------------------------------------------------
 
 def expected_sqlite_value(value: Any, pg_type: str = "") -> Any:

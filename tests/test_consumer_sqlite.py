@@ -9,7 +9,9 @@ files; crashes are real SIGKILLs of a real consumer process.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -22,9 +24,9 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from consumer_helpers import (Daemon, assert_replica_equals_source, latest_tick, run_cli, set_fast_ticks,
-                              sqlite_position, sqlite_primary_key, sqlite_reader, sqlite_rows, sqlite_types,
-                              wait_until, cli_env)
+from consumer_helpers import (Daemon, assert_replica_equals_source, forced_tick, latest_tick, run_cli,
+                              set_fast_ticks, sqlite_position, sqlite_primary_key, sqlite_reader, sqlite_rows,
+                              sqlite_types, wait_until, cli_env)
 from replicator.consumer import Consumer
 from replicator.targets.sqlite import SqliteTarget
 
@@ -385,6 +387,62 @@ def test_writes_concurrent_with_the_copy_are_neither_lost_nor_doubled(dsn, conn,
     assert sqlite_rows(replica, "counters", ["id"])[(1,)]["n"] == written["updates"]
 
 
+def test_a_copy_just_before_a_source_crash_keeps_no_lost_commit_and_skips_no_later_change(dsn, conn, source,
+                                                                                          tmp_path):
+    """The cluster runs with synchronous_commit = off: a crash loses the last commits,
+    and PostgreSQL then gives their txids to new transactions. A copy whose snapshot
+    showed them would keep rows the source lost, and skip as already copied the events
+    of new transactions with those txids (below the snapshot's xmax). The WAL writer is
+    held stopped, so the crash loses exactly what no synchronous commit flushed."""
+    conn.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE late (id int PRIMARY KEY, v text);"
+                 " CREATE TABLE lost (id int)")
+    conn.execute("INSERT INTO late SELECT g, 'before the add' FROM generate_series(1, 50) g")
+    source.create_queue("q")
+    source.add_table("q", "a")
+    replica = tmp_path / "r.db"
+    target = SqliteTarget(replica)
+    consumer = Consumer(dsn, "q", target)
+    try:
+        consumer.connect()
+        consumer.step()
+        source.add_table("q", "late")
+        source.tick("q", force=True)                       # durable: the add and everything before it
+        walwriter = conn.execute("SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'").fetchone()[0]
+        os.kill(walwriter, signal.SIGSTOP)
+        try:
+            conn.execute("UPDATE late SET v = 'committed just before the copy' WHERE id = 1")
+            consumer.sync_tables()                         # the daemon notices late and copies it
+            conn.execute("INSERT INTO lost VALUES (1)")    # committed after the copy: nothing flushes it
+        finally:
+            os.kill(walwriter, signal.SIGKILL)             # a crash: the server recovers from the WAL written
+        wait_until(lambda: connection_lost(conn), 30, "the server to crash")
+        consumer.close()
+        with wait_until(lambda: try_connect(dsn), 60, "the server to recover") as after:
+            lost = after.execute("SELECT count(*) FROM lost").fetchone()[0]
+            assert lost == 0, "the crash lost nothing: the test proves nothing"
+            after.execute("UPDATE late SET v = NULL WHERE id = 50")
+            consumer.run(until_caught_up=True)
+            assert_replica_equals_source(after, replica, [("public.late", "late", ["id"])])
+    finally:
+        consumer.close()
+        target.close()
+
+
+def connection_lost(conn: psycopg.Connection) -> bool:
+    try:
+        conn.execute("SELECT 1")
+        return False
+    except psycopg.OperationalError:
+        return True
+
+
+def try_connect(dsn: str) -> psycopg.Connection | None:
+    try:
+        return psycopg.connect(dsn, autocommit=True)
+    except psycopg.OperationalError:
+        return None
+
+
 def replica_has_table(path: Path, table: str) -> bool:
     if not path.exists():
         return False
@@ -418,7 +476,7 @@ def test_table_added_while_the_daemon_runs_is_copied_and_followed(dsn, conn, sou
             conn.execute("UPDATE b SET v = 'in add txn' WHERE id <= 10")
         conn.execute("INSERT INTO b SELECT g, 'after' FROM generate_series(1001, 1500) g")
         conn.execute("DELETE FROM b WHERE id BETWEEN 11 AND 20")
-        tick = source.tick("q", force=True)
+        tick = forced_tick(conn)                           # the ticker daemon may hold the queue
         wait_until(lambda: (sqlite_position(replica) or 0) >= tick, 30, "the daemon to pass the add",
                    check=lambda: assert_alive(daemon))
         assert_replica_equals_source(conn, replica, [("public.a", "a", ["id"]), ("public.b", "b", ["id"])])
@@ -558,7 +616,7 @@ def test_reader_polling_the_wal_replica_never_sees_part_of_a_batch(dsn, conn, so
             t.start()
         for t in threads[1:]:
             t.join(120)
-        tick = source.tick("q", force=True)
+        tick = forced_tick(conn)
         wait_until(lambda: (sqlite_position(replica) or 0) >= tick, 60, "the daemon to catch up",
                    check=lambda: assert_alive(daemon))
     finally:

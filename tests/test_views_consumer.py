@@ -15,8 +15,8 @@ from pathlib import Path
 
 import psycopg
 
-from consumer_helpers import (Daemon, assert_replica_equals_source, cli_env, run_cli, set_fast_ticks,
-                              sqlite_position, wait_until)
+from consumer_helpers import (Daemon, assert_replica_equals_source, cli_env, forced_tick, run_cli,
+                              set_fast_ticks, sqlite_position, wait_until)
 from views_helpers import view_differences
 
 SCHEMA = """
@@ -134,7 +134,7 @@ def test_a_view_created_while_the_daemon_runs_is_maintained_by_it(dsn, conn, sou
                     log=tmp_path / "consumer.log")
     try:
         wait_until(lambda: sqlite_position(replica), 30, "the consumer's first position")
-        tick = source.tick("q", force=True)
+        tick = forced_tick(conn)                           # the ticker daemon may hold the queue
         wait_until(lambda: (sqlite_position(replica) or 0) >= tick, 30, "the copy")
         for name in ("by_customer", "order_lines"):
             created = run_cli(dsn, "view", "create", name, "--target", f"sqlite:{replica}", "--sql", VIEWS[name],
@@ -143,7 +143,7 @@ def test_a_view_created_while_the_daemon_runs_is_maintained_by_it(dsn, conn, sou
         rng = random.Random(3)
         for _ in range(4):
             random_round(conn, rng)
-        tick = source.tick("q", force=True)
+        tick = forced_tick(conn)
         wait_until(lambda: (sqlite_position(replica) or 0) >= tick, 30, "the daemon to apply the changes")
         assert_views_match(replica, {n: VIEWS[n] for n in ("by_customer", "order_lines")})
         assert daemon.terminate() == 0
