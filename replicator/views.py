@@ -292,6 +292,7 @@ class Analysis:
     equi: list[tuple[tuple[int, str], tuple[int, str]]] = field(default_factory=list)
     strict_equi: list[tuple[tuple[int, str], tuple[int, str]]] = field(default_factory=list)  # `=`: no NULLs
     columns_read: list[set[str]] = field(default_factory=list)               # per occurrence
+    columns_filtered: list[set[str]] = field(default_factory=list)           # per occurrence: by ON, WHERE
 
     @property
     def incremental(self) -> bool:
@@ -765,12 +766,15 @@ class _Parser:
     def _note_columns(self, *parts: list[Token]) -> None:
         a = self.a
         a.columns_read = [set() for _ in a.occurrences]
+        a.columns_filtered = [set() for _ in a.occurrences]
         where = tokenize(a.where, self.dialect) if a.where else []
         conds = [t for c in a.conditions for t in tokenize(c, self.dialect)]
         for tokens in (*parts, where, conds):
             for ref, _ in self._refs(tokens):
                 if ref is not None:
                     a.columns_read[ref[0]].add(ref[1])
+                    if tokens is where or tokens is conds:
+                        a.columns_filtered[ref[0]].add(ref[1])
 
     def _plain(self, expr: Sequence[Token]) -> tuple[int, str] | None:
         """(occurrence, column) when the expression is just a column reference."""

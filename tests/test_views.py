@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -547,3 +548,14 @@ def test_auto_learns_the_cost_of_keys_from_its_refresh_log(target):
     last = target.views.refreshes("lines")[0]
     assert last["kind"] == "full" and last["reason"].startswith("COST: about 2 keys at 10000 µs"), (last, full)
     assert view_differences(target.db, "lines", sql) is None
+
+
+def test_auto_weighs_only_the_cost_left_once_the_keys_are_found():
+    """Keys found through a join can be many more than the rows changed: when the
+    search says so, what it took is spent whichever way auto goes."""
+    costs = (0.001, 1.0)                # 1 ms a key, 1 s a full refresh
+    decide = sqlite_views.SqliteViews._auto_says_full
+    assert decide(costs, 800, 800, 0, "keys") is not None                      # 0.8 s predicted: full
+    searched_for = time.perf_counter() - 0.3                                   # 0.3 s of it spent already
+    assert decide(costs, 800, 800, 0, "keys", searched_for) is None            # 0.5 s left: incremental
+    assert decide(costs, 1200, 1200, 0, "keys", searched_for) is not None     # 0.9 s left: full

@@ -646,9 +646,8 @@ class SqliteViews:
             self.db.execute(f"CREATE INDEX temp.{quote(name + '_i')} ON {quote(name)} ({', '.join(cols)})")
 
     def _ensure_rows_table(self, plan: Plan) -> None:
-        """TEMP table of a rooted row view's recomputed rows: rowid, whether the storage
-        had that row, the view's columns."""
-        want = ["r", "present"] + [f"v{i}" for i in range(len(plan.columns))]
+        """TEMP table of a rooted row view's recomputed rows: rowid, the view's columns."""
+        want = ["r"] + [f"v{i}" for i in range(len(plan.columns))]
         if [r[1] for r in self.db.execute(f"PRAGMA temp.table_info({quote(plan.rows_table)})")] == want:
             return
         self.db.execute(f"DROP TABLE IF EXISTS temp.{quote(plan.rows_table)}")
@@ -867,7 +866,8 @@ class SqliteViews:
         return key[0][1]
 
     def _rooted_statements(self, plan: Plan, with_delta: tuple[int, ...]) -> list[str]:
-        """[fill the affected rowids..., compute their rows, write them, delete the rest].
+        """[fill the affected rowids..., compute their rows, count those the storage has,
+        write them, delete the rest].
 
         The affected rowids: the root table's changed keys, and the root rows of every
         combination that reads a changed row of another table (the subsets of those
@@ -886,17 +886,21 @@ class SqliteViews:
             stmts.append(f"INSERT OR IGNORE INTO {affected} SELECT {quote(root.table.key[0])} "
                          f"FROM temp.{quote(_delta_name(root.table.name))}")
         others = [i for i in with_delta if i != plan.root]
+        # A changed row of another table reaches the root rows its ON and WHERE columns
+        # match: its old and new versions often agree on those (a customer renamed).
+        changed = {i: f"(SELECT DISTINCT {', '.join(quote(c) for c in sorted(a.columns_filtered[i])) or '1'} "
+                      f"FROM temp.{quote(_delta_name(a.occurrences[i].table.name))})" for i in others}
         for size in range(1, len(others) + 1):
             for subset in combinations(others, size):
-                relations = {i: f"temp.{quote(_delta_name(a.occurrences[i].table.name))}" for i in subset}
+                relations = {i: changed[i] for i in subset}
                 stmts.append(f"INSERT OR IGNORE INTO {affected} SELECT {key} FROM "
                              f"{self._from(a, self._order(a, list(subset)), relations)}{self._where(a, [])}")
         rows = f"temp.{quote(plan.rows_table)}"
         storage = f"main.{quote(plan.storage)}"
         source = self._from(a, self._order(a, [plan.root]), {}, first=f"{affected} AS _replicator_k")
-        stmts.append(f"INSERT INTO {rows} SELECT _replicator_k.c0, EXISTS (SELECT 1 FROM {storage} "
-                     f"WHERE rowid = _replicator_k.c0), {a.select} FROM {source}"
+        stmts.append(f"INSERT INTO {rows} SELECT _replicator_k.c0, {a.select} FROM {source}"
                      f"{self._where(a, [f'{key} = _replicator_k.c0'])}")
+        stmts.append(f"SELECT count(*) FROM {rows} AS r CROSS JOIN {storage} AS s WHERE s.rowid = r.r")
         columns = [quote(c) for c, _ in plan.columns]
         stmts.append(f"INSERT INTO {storage} SELECT r, {', '.join(f'v{i}' for i in range(len(columns)))} "
                      f"FROM {rows} WHERE true ON CONFLICT ({quote(ROW_COLUMN)}) DO UPDATE SET "
@@ -1100,7 +1104,7 @@ class SqliteViews:
             if any(a.occurrences[i].table.name.lower() not in self._armed for i in with_delta):
                 full_reason = "UNTRACKED"
             elif with_delta:
-                full_reason = self._incremental(plan, with_delta, rows, seq + 1, counts)
+                full_reason = self._incremental(plan, with_delta, rows, seq + 1, counts, started)
         if full_reason is not None:
             kind, reason = "full", full_reason
             self._guard()
@@ -1113,7 +1117,8 @@ class SqliteViews:
         self._record(plan, kind, reason, counts, time.perf_counter() - started, rows)
         return bool(counts.deleted or counts.inserted or counts.updated)
 
-    def _incremental(self, plan: Plan, with_delta: set[int], rows: int, gen: int, counts: "_Counts") -> str | None:
+    def _incremental(self, plan: Plan, with_delta: set[int], rows: int, gen: int, counts: "_Counts",
+                     started: float) -> str | None:
         """Recomputes the affected keys; returns why it must be a full refresh instead, if so."""
         a = plan.analysis
         assert a is not None
@@ -1128,20 +1133,22 @@ class SqliteViews:
             if why:
                 return why
         if plan.root is not None:
-            return self._incremental_rooted(plan, key, rows, costs, counts)
+            return self._incremental_rooted(plan, key, rows, costs, counts, started)
         if a.kind == "rows":
             self._guard()
-            return self._incremental_rows(plan, key, rows, gen, costs, counts)
-        return self._incremental_groups(plan, key, rows, gen, costs, counts)
+            return self._incremental_rows(plan, key, rows, gen, costs, counts, started)
+        return self._incremental_groups(plan, key, rows, gen, costs, counts, started)
 
     @staticmethod
     def _auto_says_full(costs: tuple[float, float] | None, keys: int, touched: int, rows: int,
-                        what: str) -> str | None:
+                        what: str, started: float | None = None) -> str | None:
         """Why auto refreshes in full: the keys' predicted cost (from the view's refresh
         log) beyond a full refresh's, or, without that history, the rows they touch past
-        AUTO_FULL_SHARE of the rows."""
+        AUTO_FULL_SHARE of the rows. Once the keys are found (`started`: when the refresh
+        began), what finding them took is spent either way: only the rest is weighed."""
         if costs is not None:
-            if keys * costs[0] > AUTO_MARGIN * costs[1]:
+            spent = time.perf_counter() - started if started is not None else 0.0
+            if keys * costs[0] - spent > AUTO_MARGIN * costs[1]:
                 return (f"COST: about {keys} keys at {costs[0] * 1e6:.0f} µs each, a full refresh "
                         f"takes {costs[1] * 1000:.0f} ms")
             return None
@@ -1150,30 +1157,29 @@ class SqliteViews:
         return None
 
     def _incremental_rooted(self, plan: Plan, key: tuple[int, ...], rows: int,
-                            costs: tuple[float, float] | None, counts: "_Counts") -> str | None:
+                            costs: tuple[float, float] | None, counts: "_Counts", started: float) -> str | None:
         """A rooted row view: its affected rowids, their rows computed into a TEMP table
         (where a failing expression fails before anything is written), then copied."""
-        *fills, compute, write, sweep = self._rooted_statements(plan, key)
+        *fills, compute, present, write, sweep = self._rooted_statements(plan, key)
         self.db.execute(f"DELETE FROM temp.{quote(plan.keys_table)}")
         self.db.execute(f"DELETE FROM temp.{quote(plan.rows_table)}")
         counts.keys = sum(self.db.execute(stmt).rowcount for stmt in fills)
         if not counts.keys:
             return None
         if plan.policy == "auto":
-            why = self._auto_says_full(costs, counts.keys, counts.keys, rows, "rows")
+            why = self._auto_says_full(costs, counts.keys, counts.keys, rows, "rows", started)
             if why:
                 return why
-        self.db.execute(compute)
-        computed, present = self.db.execute(f"SELECT count(*), coalesce(sum(present), 0) "
-                                            f"FROM temp.{quote(plan.rows_table)}").fetchone()
+        computed = self.db.execute(compute).rowcount
+        counts.updated = self.db.execute(present).fetchone()[0]
         self._copying = not self._guarded
         self.db.execute(write)
         counts.deleted = self.db.execute(sweep).rowcount
-        counts.inserted, counts.updated = computed - present, present
+        counts.inserted = computed - counts.updated
         return None
 
     def _incremental_rows(self, plan: Plan, key: tuple[int, ...], rows: int, gen: int,
-                          costs: tuple[float, float] | None, counts: "_Counts") -> str | None:
+                          costs: tuple[float, float] | None, counts: "_Counts", started: float) -> str | None:
         """Other row views: the combinations holding a changed base row are upserted with
         generation `gen` (updated in place, or inserted with a rowid above the largest one
         before); the rows naming a changed key that did not get it are gone (swept)."""
@@ -1194,7 +1200,7 @@ class SqliteViews:
             # no history yet: count the rows the keys touch (an index scan per key)
             touched = counts.keys if costs is not None else max(counts.keys, sum(
                 self.db.execute(self._rows_count(plan, (i,))).fetchone()[0] for i in key))
-            why = self._auto_says_full(costs, counts.keys, touched, rows, "rows")
+            why = self._auto_says_full(costs, counts.keys, touched, rows, "rows", started)
             if why:
                 return why
         before = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
@@ -1205,7 +1211,7 @@ class SqliteViews:
         return None
 
     def _incremental_groups(self, plan: Plan, key: tuple[int, ...], rows: int, gen: int,
-                            costs: tuple[float, float] | None, counts: "_Counts") -> str | None:
+                            costs: tuple[float, float] | None, counts: "_Counts", started: float) -> str | None:
         """Aggregate and DISTINCT views: the batch's delta folded into the groups it can
         be (see _Fold), the other affected keys recomputed from their rows and upserted
         with generation `gen`; their rows that did not get it are gone (swept). A fold
@@ -1228,7 +1234,7 @@ class SqliteViews:
         if not counts.keys:
             return None
         if plan.policy == "auto":
-            why = self._auto_says_full(costs, counts.keys, counts.keys, rows, "keys")
+            why = self._auto_says_full(costs, counts.keys, counts.keys, rows, "keys", started)
             if why:
                 return why
         recompute = True
@@ -1238,18 +1244,18 @@ class SqliteViews:
             self._guard()
         else:
             self._copying = not self._guarded
-        before = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
         if folding:
             counts.updated = self.db.execute(update).rowcount
-            self.db.execute(insert, params)
+            counts.inserted = self.db.execute(insert, params).rowcount
             counts.deleted = self.db.execute(delete).rowcount
         if recompute:
+            # new rows get rowids above the largest one left (the fold may have deleted it)
             mark = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
             upserted = self.db.execute(self._keys_upsert(plan), params).rowcount
             counts.deleted += self.db.execute(self._keys_sweep(plan), params).rowcount
             new = self.db.execute(f"SELECT count(*) FROM {storage} WHERE rowid > ?", (mark,)).fetchone()[0]
             counts.updated += upserted - new
-        counts.inserted = self.db.execute(f"SELECT count(*) FROM {storage} WHERE rowid > ?", (before,)).fetchone()[0]
+            counts.inserted += new
         return None
 
     def _costs(self, plan: Plan) -> tuple[float, float] | None:
