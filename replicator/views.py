@@ -769,11 +769,11 @@ class _Parser:
         a.columns_filtered = [set() for _ in a.occurrences]
         where = tokenize(a.where, self.dialect) if a.where else []
         conds = [t for c in a.conditions for t in tokenize(c, self.dialect)]
-        for tokens in (*parts, where, conds):
+        for tokens, filtering in [*((p, False) for p in parts), (where, True), (conds, True)]:
             for ref, _ in self._refs(tokens):
                 if ref is not None:
                     a.columns_read[ref[0]].add(ref[1])
-                    if tokens is where or tokens is conds:
+                    if filtering:
                         a.columns_filtered[ref[0]].add(ref[1])
 
     def _plain(self, expr: Sequence[Token]) -> tuple[int, str] | None:
