@@ -29,6 +29,7 @@ the base's.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -85,29 +86,35 @@ class KeySet:
         self.columns = [canonical(c) for c in columns]
         self.size = len(self.columns[0]) if self.columns else 0
 
+    @cached_property
+    def _lookup(self) -> pa.Array | pa.Table:
+        """What mask looks rows up in, built once: the values (one column) or the
+        (is NULL, value) pairs (several)."""
+        if self.width == 1:
+            return self.columns[0].combine_chunks()
+        return pa.table(_pairs(self.columns))
+
     def mask(self, columns: Columns) -> pa.ChunkedArray:
         """Which rows of these key columns (in the set's order) are in the set."""
         assert len(columns) == self.width
         values = [canonical(c) for c in columns]
         n = len(values[0])
         if self.width == 1:
-            return pc.is_in(values[0], value_set=self.columns[0].combine_chunks(), skip_nulls=False)
+            return pc.is_in(values[0], value_set=self._lookup, skip_nulls=False)
         # several columns: a semi-join on (is NULL, value or a filler) pairs, which have no
         # NULL (a hash join never matches NULLs); the rows found are marked by position
         left = _pairs(values)
         positions = _positions(n)
         left["_replicator_row"] = positions
-        found = pa.table(left).join(pa.table(_pairs(self.columns)), keys=[k for k in left if k != "_replicator_row"],
+        found = pa.table(left).join(self._lookup, keys=[k for k in left if k != "_replicator_row"],
                                     join_type="left semi").column("_replicator_row")
         return pa.chunked_array([pc.is_in(positions, value_set=found.combine_chunks())])
 
     def keep(self, table: pa.Table, columns: list[str], *, inside: bool = True) -> pa.Table:
         """The rows of a table whose key (these columns) is in the set (or, inside
         False, is not)."""
-        if not table.num_rows or (inside and not self.size):
+        if not table.num_rows or not self.size:
             return table.slice(0, 0) if inside else table
-        if not self.size:
-            return table
         mask = self.mask([table.column(c) for c in columns])
         return table.filter(mask if inside else pc.invert(mask))
 

@@ -131,8 +131,6 @@ def _arrow_safe(entry: dict[str, Any]) -> bool:
     Parquet file written by pyarrow holds as Spark reads them back (atomic types but
     intervals, variants and the like; arrays, maps and structs of them)."""
     from pyspark.sql import types as T
-    atomic = (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType,
-              T.DecimalType, T.StringType, T.BinaryType, T.DateType, T.TimestampType, T.TimestampNTZType)
 
     def safe(t: Any) -> bool:
         if isinstance(t, T.ArrayType):
@@ -141,7 +139,7 @@ def _arrow_safe(entry: dict[str, Any]) -> bool:
             return safe(t.keyType) and safe(t.valueType)
         if isinstance(t, T.StructType):
             return all(safe(f.dataType) for f in t.fields)
-        return isinstance(t, atomic)
+        return lookup.spark_arrow_type(t) is not None
     return all(safe(f.dataType) for f in _storage_schema(entry).fields)
 
 
@@ -962,7 +960,7 @@ class SparkViews:
             return None
         structure = changes._structure(occurrence_source[0])
         by_name = {c.name: c for c in structure.columns}
-        physical = [physical_name(by_name[k[1]]) for k in a.key_columns if k is not None]
+        physical = [physical_name(by_name[k[1]]) for k in a.key_columns]
         rows = changes.delta_rows(occurrence_source[0])
         distinct = rows.select(physical).group_by(physical).aggregate([])
         types = [lookup.spark_arrow_type(f.dataType) for f in schema.fields]
@@ -1059,10 +1057,7 @@ class SparkViews:
                 else pa.table({k: pa.array([], pa.null()) for k in keys})
         n_upserts = recomputed.num_rows
         existing = lookup.stored_keys(self.warehouse, entry, keys, wanted)
-        gone = existing
-        if n_upserts and existing.num_rows:
-            gone = existing.filter(pc.invert(KeySet([recomputed.column(k) for k in keys])
-                                             .mask([existing.column(k) for k in keys])))
+        gone = KeySet([recomputed.column(k) for k in keys]).keep(existing, keys, inside=False)
         if gone.num_rows:
             deletions = directory / f"part-deleted-{new_id()}.parquet"
             pq.write_table(lookup.tombstones(gone, key_schema, seq), deletions, compression="snappy")

@@ -1172,7 +1172,7 @@ class SqliteViews:
                 return why
         computed = self.db.execute(compute).rowcount
         counts.updated = self.db.execute(present).fetchone()[0]
-        self._copying = not self._guarded
+        self._copying = True
         self.db.execute(write)
         counts.deleted = self.db.execute(sweep).rowcount
         counts.inserted = computed - counts.updated
@@ -1243,7 +1243,7 @@ class SqliteViews:
         if recompute:
             self._guard()
         else:
-            self._copying = not self._guarded
+            self._copying = True
         if folding:
             counts.updated = self.db.execute(update).rowcount
             counts.inserted = self.db.execute(insert, params).rowcount
