@@ -341,6 +341,27 @@ BEGIN
 END;
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.warned(p_relation oid)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.warned(p_relation)
+--
+--      Whether replicator.warn_once has warned about the relation in this
+--      transaction (setting replicator.warned): under `replicator
+--      execute`, later statements of a script skip the work that would
+--      only lead to the same warning.
+--
+-- Parameters:
+--      p_relation  - the relation
+--
+-- Returns:
+--      true if a warning about it was raised in this transaction
+-- ----------------------------------------------------------------------
+    SELECT coalesce(p_relation::text = ANY (string_to_array(current_setting('replicator.warned', true), ',')),
+                    false);
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.warn_once(p_relation oid, p_message text)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -357,7 +378,7 @@ LANGUAGE plpgsql AS $$
 --      p_message   - the warning
 -- ----------------------------------------------------------------------
 BEGIN
-    IF p_relation::text = ANY (string_to_array(coalesce(current_setting('replicator.warned', true), ''), ',')) THEN
+    IF replicator.warned(p_relation) THEN
         RETURN;
     END IF;
     RAISE WARNING '%', p_message;
@@ -449,6 +470,7 @@ BEGIN
           AND NOT EXISTS (SELECT 1 FROM replicator.captured_table t
                           WHERE t.queue_id = s.queue_id
                             AND t.table_oid IN (SELECT replicator.capture_ancestors(c.oid)))
+          AND NOT replicator.warned(c.oid)
         ORDER BY c.oid
     LOOP
         BEGIN
