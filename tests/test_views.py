@@ -373,6 +373,35 @@ def test_policies_and_the_auto_threshold(target, monkeypatch):
     assert log[0]["keys"] == 1 and (log[0]["rows_deleted"], log[0]["rows_inserted"], log[0]["rows_updated"]) == (0, 0, 0)
 
 
+def test_a_group_that_loses_its_min_or_max_reads_the_new_one_from_the_replica_and_stays_folded(target):
+    sql = ("SELECT cid, count(*) AS n, min(amount) AS lo, max(amount) AS hi FROM orders"
+           " WHERE status IS NOT 'paid' GROUP BY cid")
+    target.views.create("extremes", sql, "incremental")
+    # each group gets an extreme of its own, then loses it
+    target.begin()
+    target.upsert(ORDERS, "U", [(1000, 3, -100, "new"), (1001, 4, 1000, None), (1002, None, -100, "new")])
+    target.commit()
+
+    def generations() -> dict[int | None, int]:
+        return dict(target.db.execute("SELECT _replicator_k0, _replicator_gen FROM _replicator_mv_extremes"
+                                      " WHERE _replicator_k0 IN (3, 4) OR _replicator_k0 IS NULL"))
+
+    before = generations()
+    target.begin()
+    target.delete(ORDERS, [(1000,)])
+    target.upsert(ORDERS, "U", [(1001, 4, 5, None), (1002, None, 7, "new")])
+    target.commit()
+    assert view_differences(target.db, "extremes", sql) is None
+    assert dict(target.db.execute("SELECT cid, lo FROM extremes WHERE cid = 3 OR cid IS NULL")) == {
+        cid: target.db.execute("SELECT min(amount) FROM orders WHERE cid IS ? AND status IS NOT 'paid'",
+                               (cid,)).fetchone()[0] for cid in (3, None)}
+    assert target.db.execute("SELECT hi FROM extremes WHERE cid = 4").fetchone()[0] < 1000
+    last = target.views.refreshes("extremes")[0]
+    assert last["kind"] == "incremental" and last["keys"] == 3 and last["rows_updated"] == 3
+    # folded: a group recomputed from its rows would carry this refresh's generation
+    assert generations() == before
+
+
 def test_the_refresh_log_keeps_the_last_records(target, monkeypatch):
     monkeypatch.setattr(sqlite_views, "KEEP_REFRESHES", 5)
     target.views.create("v", "SELECT id, amount FROM orders WHERE amount > 10", "incremental")

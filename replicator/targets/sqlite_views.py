@@ -131,6 +131,10 @@ def _compares_as_stored(key: str, other: str) -> bool:
     return o in ("TEXT", "BLOB") if k == "TEXT" else o == "BLOB"
 
 
+def _definition(columns: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{quote(c)} {t}".strip() for c, t in columns)
+
+
 def _delta_name(table: str) -> str:
     return f"_replicator_d_{_h(table.lower())}"
 
@@ -144,10 +148,11 @@ class _Fold:
     """An aggregate view maintained by folding each batch's signed delta into state
     kept in hidden storage columns: the group's row count, and per argument column
     count(x) and sum(x). count/sum/avg/total come from that state; min/max from the
-    stored value and the batch's values, except where a batch removed a group's
-    extreme value: those groups (and any whose sum is not an exact integer) are
-    recomputed from their rows. Only integers are folded: a float sum would drift
-    from a recomputation."""
+    stored value and the batch's values, or, where a batch removed a group's extreme
+    value, from the group's rows in the replica, read through the index on the plain
+    columns of its GROUP BY (without one, such groups are recomputed). Groups whose
+    sum is not an exact integer are recomputed from their rows. Only integers are
+    folded: a float sum would drift from a recomputation."""
     outputs: list[tuple[str, int | None]]   # per view column: (function, argument index), ("", None) a key item
     args: list[str]                         # argument columns, as SQL (alias.column)
     minimum: dict[int, int] = field(default_factory=dict)   # argument -> view column holding its min
@@ -199,19 +204,19 @@ class Plan:
     def state_columns(self) -> list[str]:
         return self.fold.state_columns() if self.fold else []
 
+    def _storage_layout(self) -> list[tuple[str, str]]:
+        """The storage table's (column, declared type)s."""
+        if self.root is not None:
+            return [(ROW_COLUMN, "INTEGER PRIMARY KEY")] + self.columns
+        return (list(zip(self.key_columns, self.key_types)) + ([(GEN_COLUMN, "INTEGER")] if self.key_columns else [])
+                + self.columns + [(c, "") for c in self.state_columns])
+
     def storage_columns(self) -> list[str]:
-        generation = [GEN_COLUMN] if self.key_columns and self.root is None else []
-        return self.key_columns + generation + [c for c, _ in self.columns] + self.state_columns
+        return [c for c, _ in self._storage_layout()]
 
     def storage_definition(self) -> str:
         """The storage table's column definitions."""
-        if self.root is not None:
-            return ", ".join([f"{quote(ROW_COLUMN)} INTEGER PRIMARY KEY"]
-                             + [f"{quote(c)} {t}".strip() for c, t in self.columns])
-        return ", ".join([f"{quote(c)} {t}".strip() for c, t in zip(self.key_columns, self.key_types)]
-                         + ([GEN_COLUMN_Q + " INTEGER"] if self.key_columns else [])
-                         + [f"{quote(c)} {t}".strip() for c, t in self.columns]
-                         + [quote(c) for c in self.state_columns])
+        return _definition(self._storage_layout())
 
     @property
     def storage(self) -> str:
@@ -243,8 +248,8 @@ class Plan:
         if self.analysis.kind != "aggregate":
             return []
         if self.fold is not None:
-            return ["aggregates folded from state (group count, count and sum per column); groups that"
-                    " lose their min or max value are recomputed from their rows"]
+            return ["aggregates folded from state (group count, count and sum per column); a group that"
+                    " loses its min or max value reads the new one from its rows"]
         return [f"each affected group is recomputed from its rows: {self.fold_reason}"]
 
     def describe(self) -> dict[str, Any]:
@@ -483,6 +488,13 @@ class SqliteViews:
             parts.append(last)
         return " CROSS JOIN ".join(parts)
 
+    def _per_subset(self, a: Analysis, changes: dict[int, str], items: str) -> list[str]:
+        """SELECT items of the query's FROM and WHERE, once per non-empty subset of the
+        occurrences in `changes`, each of the subset read from its relation there."""
+        return [f"SELECT {items} FROM {self._from(a, self._order(a, list(subset)), {i: changes[i] for i in subset})}"
+                f"{self._where(a, [])}"
+                for size in range(1, len(changes) + 1) for subset in combinations(sorted(changes), size)]
+
     @staticmethod
     def _where(a: Analysis, extra: list[str]) -> str:
         terms = [f"({c})" for c in a.conditions] + ([f"({a.where})"] if a.where else []) + extra
@@ -576,9 +588,7 @@ class SqliteViews:
         def covering(i: int, cols: tuple[str, ...]) -> tuple[str, ...]:
             """cols, then the other columns the view reads of occurrence i, if that stays
             small: the rows of a key are then read from the index alone."""
-            o = a.occurrences[i]
-            rowid = o.table.key[0].lower() if len(o.table.key) == 1 and any(
-                c.lower() == o.table.key[0].lower() and t.upper() == "INTEGER" for c, t in o.table.columns) else None
+            rowid = (self._rowid_key(a.occurrences[i].table.name) or "").lower()
             rest = sorted(c for c in a.columns_read[i] if c not in cols and c.lower() != rowid)
             return cols + tuple(rest) if len(cols) + len(rest) <= COVERING_MAX_COLUMNS else cols
 
@@ -619,54 +629,41 @@ class SqliteViews:
         finally:
             self.db.execute(f"DROP TABLE temp.{stand_in}")
 
+    def _ensure_temp(self, name: str, columns: list[tuple[str, str]]) -> bool:
+        """TEMP table `name` of these (column, declared type)s, made again if it has others
+        (an INTEGER PRIMARY KEY declared so). Returns whether it was (re)made."""
+        have = [(r[1], (r[2] or "") + (" PRIMARY KEY" if r[5] else ""))
+                for r in self.db.execute(f"PRAGMA temp.table_info({quote(name)})")]
+        if have == columns:
+            return False
+        self.db.execute(f"DROP TABLE IF EXISTS temp.{quote(name)}")
+        self.db.execute(f"CREATE TEMP TABLE {quote(name)} ({_definition(columns)})")
+        return True
+
     def _ensure_delta(self, table: str) -> None:
         """TEMP table of the base table's columns and declared types (same affinities)."""
-        name = _delta_name(table)
         columns = [(r[1], r[2] or "") for r in self.db.execute(f"PRAGMA main.table_info({quote(table)})")]
-        columns.append((SIGN_COLUMN, "INTEGER"))
-        have = [(r[1], r[2] or "") for r in self.db.execute(f"PRAGMA temp.table_info({quote(name)})")]
-        if have == columns:
-            return
-        self._disarm(table.lower())
-        self.db.execute(f"DROP TABLE IF EXISTS temp.{quote(name)}")
-        self.db.execute(f"CREATE TEMP TABLE {quote(name)} ("
-                        + ", ".join(f"{quote(c)} {t}" for c, t in columns) + ")")
+        if self._ensure_temp(_delta_name(table), columns + [(SIGN_COLUMN, "INTEGER")]):
+            self._disarm(table.lower())
 
     def _ensure_keys(self, name: str, types: list[str]) -> None:
         """TEMP table of keys c0, c1... of these types, indexed (a rowid table: by its rowid)."""
-        rowid = types == ["INTEGER PRIMARY KEY"]
-        have = [(r[2] or "") + (" PRIMARY KEY" if r[5] else "")
-                for r in self.db.execute(f"PRAGMA temp.table_info({quote(name)})")]
-        if have == types:
-            return
         cols = [f"c{j}" for j in range(len(types))]
-        self.db.execute(f"DROP TABLE IF EXISTS temp.{quote(name)}")
-        self.db.execute(f"CREATE TEMP TABLE {quote(name)} ({', '.join(f'{c} {t}' for c, t in zip(cols, types))})")
-        if not rowid:
+        if self._ensure_temp(name, list(zip(cols, types))) and types != ["INTEGER PRIMARY KEY"]:
             self.db.execute(f"CREATE INDEX temp.{quote(name + '_i')} ON {quote(name)} ({', '.join(cols)})")
 
     def _ensure_rows_table(self, plan: Plan) -> None:
         """TEMP table of a rooted row view's recomputed rows: rowid, the view's columns."""
-        want = ["r"] + [f"v{i}" for i in range(len(plan.columns))]
-        if [r[1] for r in self.db.execute(f"PRAGMA temp.table_info({quote(plan.rows_table)})")] == want:
-            return
-        self.db.execute(f"DROP TABLE IF EXISTS temp.{quote(plan.rows_table)}")
-        self.db.execute(f"CREATE TEMP TABLE {quote(plan.rows_table)} (r INTEGER PRIMARY KEY, "
-                        + ", ".join(want[1:]) + ")")
+        self._ensure_temp(plan.rows_table, [("r", "INTEGER PRIMARY KEY")]
+                          + [(f"v{i}", "") for i in range(len(plan.columns))])
 
     def _ensure_fold_table(self, plan: Plan) -> None:
         """TEMP table of a batch's folded groups: key, the storage row (if any), what to do
         with it, the group's new view columns and state."""
         assert plan.fold is not None
-        want = ([f"k{j}" for j in range(len(plan.key_columns))] + ["srowid", "act"]
-                + [f"v{i}" for i in range(len(plan.columns))] + [f"t{j}" for j in range(len(plan.state_columns))])
-        types = plan.key_types + [""] * (len(want) - len(plan.key_types))
-        have = [(r[1], r[2] or "") for r in self.db.execute(f"PRAGMA temp.table_info({quote(plan.fold_table)})")]
-        if have == list(zip(want, types)):
-            return
-        self.db.execute(f"DROP TABLE IF EXISTS temp.{quote(plan.fold_table)}")
-        self.db.execute(f"CREATE TEMP TABLE {quote(plan.fold_table)} ("
-                        + ", ".join(f"{c} {t}".strip() for c, t in zip(want, types)) + ")")
+        self._ensure_temp(plan.fold_table, [(f"k{j}", t) for j, t in enumerate(plan.key_types)]
+                          + [(c, "") for c in ["srowid", "act"] + [f"v{i}" for i in range(len(plan.columns))]
+                             + [f"t{j}" for j in range(len(plan.state_columns))]])
 
     def _statements(self, plan: Plan, with_delta: set[int]) -> list[str]:
         """Every maintenance statement for a batch that changed these occurrences."""
@@ -697,13 +694,9 @@ class SqliteViews:
             return cached
         a = plan.analysis
         assert a is not None
-        selects = []
-        for size in range(1, len(with_delta) + 1):
-            for subset in combinations(with_delta, size):
-                relations = {i: f"temp.{quote(_delta_name(a.occurrences[i].table.name))}" for i in subset}
-                selects.append(f"SELECT DISTINCT {', '.join(a.keys)} FROM "
-                               f"{self._from(a, self._order(a, list(subset)), relations)}{self._where(a, [])}")
-        stmt = f"INSERT INTO temp.{quote(plan.keys_table)} " + " UNION ".join(selects)
+        deltas = {i: f"temp.{quote(_delta_name(a.occurrences[i].table.name))}" for i in with_delta}
+        stmt = f"INSERT INTO temp.{quote(plan.keys_table)} " + " UNION ".join(
+            self._per_subset(a, deltas, f"DISTINCT {', '.join(a.keys)}"))
         plan._cache[("fill", with_delta)] = stmt
         return stmt
 
@@ -772,7 +765,11 @@ class SqliteViews:
         mid = [f"d.k{j} AS k{j}" for j in range(nk)] + ["s.rowid AS srowid", "coalesce(s._replicator_n, 0) + d.dn AS n"]
         ok = ["1"]
         changed = ["s.rowid IS NULL", "d.dn <> 0"]
-        for j in range(len(f.args)):
+        # a group's rows can be read through the helper index on its plain GROUP BY columns
+        indexed = any(c is not None for c in a.key_columns)
+        base = f"main.{quote(o.table.name)} AS {quote(o.alias)}"
+        group_rows = self._where(a, [f"({e}) IS d.k{j}" for j, e in enumerate(a.keys)])
+        for j, x in enumerate(f.args):
             mid.append(f"coalesce(s._replicator_c{j}, 0) + d.dc{j} AS c{j}")
             mid.append(f"coalesce(s._replicator_s{j}, 0) + coalesce(d.ds{j}, 0) AS s{j}")
             ok.append(f"typeof(s{j}) = 'integer' AND c{j} >= 0")
@@ -792,11 +789,16 @@ class SqliteViews:
                 lt = "<" if kind == "min" else ">"
                 gt = ">" if kind == "min" else "<"
                 # Old values gone (m) all beyond the stored extreme: it stays, or a new value beats
-                # it. Else a new value beyond every value gone is the extreme. Else: recompute.
+                # it. Else a new value beyond every value gone is the extreme. Else the group's rows
+                # in the replica (already changed) have it: read through the index, or, without
+                # one, the group is recomputed with the others (one pass over the table).
+                rest = f"(SELECT {kind}({x}) FROM {base}{group_rows})" if indexed else p
                 mid.append(f"CASE WHEN {m} IS NULL OR {m} {gt} {old} THEN CASE WHEN {p} IS NULL THEN {old}"
-                           f" WHEN {old} IS NULL OR {p} {lt} {old} THEN {p} ELSE {old} END ELSE {p} END AS {kind}{j}")
-                mid.append(f"coalesce({m} IS NULL OR {m} {gt} {old} OR {p} {lt} {m}, 0) AS ok{kind}{j}")
-                ok.append(f"ok{kind}{j}")
+                           f" WHEN {old} IS NULL OR {p} {lt} {old} THEN {p} ELSE {old} END"
+                           f" WHEN {p} {lt} {m} THEN {p} ELSE {rest} END AS {kind}{j}")
+                if not indexed:
+                    mid.append(f"coalesce({m} IS NULL OR {m} {gt} {old} OR {p} {lt} {m}, 0) AS ok{kind}{j}")
+                    ok.append(f"ok{kind}{j}")
                 changed.append(f"{p} IS NOT NULL OR {m} IS NOT NULL")
         mid.append(f"{' OR '.join(f'({c})' for c in changed)} AS changed")
         mid += [f"d.i{n} AS i{n}" for n, (fn, _) in enumerate(f.outputs) if not fn]
@@ -890,11 +892,7 @@ class SqliteViews:
         # match: its old and new versions often agree on those (a customer renamed).
         changed = {i: f"(SELECT DISTINCT {', '.join(quote(c) for c in sorted(a.columns_filtered[i])) or '1'} "
                       f"FROM temp.{quote(_delta_name(a.occurrences[i].table.name))})" for i in others}
-        for size in range(1, len(others) + 1):
-            for subset in combinations(others, size):
-                relations = {i: changed[i] for i in subset}
-                stmts.append(f"INSERT OR IGNORE INTO {affected} SELECT {key} FROM "
-                             f"{self._from(a, self._order(a, list(subset)), relations)}{self._where(a, [])}")
+        stmts += [f"INSERT OR IGNORE INTO {affected} {select}" for select in self._per_subset(a, changed, key)]
         rows = f"temp.{quote(plan.rows_table)}"
         storage = f"main.{quote(plan.storage)}"
         source = self._from(a, self._order(a, [plan.root]), {}, first=f"{affected} AS _replicator_k")
@@ -1135,7 +1133,6 @@ class SqliteViews:
         if plan.root is not None:
             return self._incremental_rooted(plan, key, rows, costs, counts, started)
         if a.kind == "rows":
-            self._guard()
             return self._incremental_rows(plan, key, rows, gen, costs, counts, started)
         return self._incremental_groups(plan, key, rows, gen, costs, counts, started)
 
@@ -1203,6 +1200,7 @@ class SqliteViews:
             why = self._auto_says_full(costs, counts.keys, touched, rows, "rows", started)
             if why:
                 return why
+        self._guard()
         before = self.db.execute(f"SELECT coalesce(max(rowid), 0) FROM {storage}").fetchone()[0]
         upserted = sum(self.db.execute(self._rows_upsert(plan, i, key), params).rowcount for i in key)
         counts.deleted = sum(self.db.execute(self._rows_sweep(plan, i), params).rowcount for i in key)
