@@ -308,6 +308,76 @@ def test_views_with_typed_keys_agree_between_driver_and_spark_lookups(spark, tmp
     assert records["driver"] == records["spark"]
 
 
+def test_driver_lookups_merge_many_log_files_as_the_reader_does(tmp_path):
+    """The lookups on the driver (replicator.spark.lookup) see a table as the reader
+    merges it over many change log files: a key's row is the newest file's, none when
+    that is a tombstone, else the base's; a view's keys compare as Spark's <=> does
+    (NULL, -0.0 and 0.0, NaN)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from replicator.spark import lookup
+
+    rng = random.Random(7)
+    warehouse = Warehouse(tmp_path)
+
+    def write(name: str, rows: list[tuple], seq: int | None = None, deleted: list[bool] | None = None) -> str:
+        columns = {f"c{j + 1}": pa.array([r[j] for r in rows], pa.int64() if j < 3 else pa.string())
+                   for j in range(4)}
+        if seq is not None:
+            columns |= {"_seq": pa.array([seq] * len(rows), pa.int64()), "_deleted": pa.array(deleted, pa.bool_())}
+        pq.write_table(pa.table(columns), tmp_path / name, row_group_size=7)
+        return name
+
+    def order(i: int) -> tuple:
+        return (i, rng.choice([1, 2, 3, None]), rng.randrange(100), rng.choice(STATUSES))
+
+    rows = {i: order(i) for i in range(60)}
+    base, logged, logs = write("base.parquet", list(rows.values())), {}, []
+    for seq in range(1, 13):
+        batch = [order(i) for i in rng.sample(range(80), 15)]
+        deleted = [rng.random() < 0.3 for _ in batch]
+        logs.append(write(f"log-{seq}.parquet", batch, seq, deleted))
+        for row, gone in zip(batch, deleted):
+            logged[row[0]] = None if gone else row
+            if gone:
+                rows.pop(row[0], None)
+            else:
+                rows[row[0]] = row
+    entry = {"structure": ORDERS.structure.to_json(), "base": [base], "logs": [{"file": f} for f in logs]}
+
+    def as_set(table: Any) -> set[tuple]:
+        return {tuple(r.values()) for r in table.to_pylist()}
+
+    latest, keys = lookup.logged_rows_and_keys(warehouse, entry, logs)
+    assert as_set(latest) == {r for r in logged.values() if r} == as_set(lookup.logged_rows(warehouse, entry, logs))
+    assert sorted(keys.column("c1").to_pylist()) == sorted(lookup.key_columns(warehouse, entry, logs)
+                                                           .column("c1").to_pylist())
+    wanted = rng.sample(range(80), 30)
+    assert as_set(lookup.old_rows(warehouse, entry, [pa.array(wanted, pa.int64())])) == \
+        {rows[i] for i in wanted if i in rows}
+    customers = lookup.KeySet([pa.array([1, None], pa.int64())])
+    matching = {r for r in rows.values() if r[1] in (1, None)}
+    assert as_set(lookup.rows_matching(warehouse, entry, ["c2"], customers, 1000)) == matching
+    assert lookup.rows_matching(warehouse, entry, ["c2"], customers, len(matching) - 1) is None   # past the limit
+
+    # a view keyed by a float: the newer log deletes 0.0 and NULL, the older one NaN and writes -0.0
+    def view_file(name: str, values: list[float | None], deleted: list[bool] | None = None) -> str:
+        columns = {"_replicator_k0": pa.array(values, pa.float64())}
+        if deleted is not None:
+            columns |= {"_seq": pa.array([1] * len(values), pa.int64()), "_deleted": pa.array(deleted, pa.bool_())}
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table(columns), tmp_path / name / "part-0.parquet")
+        return name
+
+    view = {"base": [view_file("view-base", [None, 0.0, float("nan"), 1.0, 2.0])],
+            "logs": [{"file": view_file("view-log-1", [float("nan"), -0.0, 3.0], [True, False, False])},
+                     {"file": view_file("view-log-2", [0.0, None], [True, True])}]}
+    every = lookup.KeySet([pa.array([None, 0.0, float("nan"), 1.0, 2.0, 3.0], pa.float64())])
+    stored = lookup.stored_keys(warehouse, view, ["_replicator_k0"], [(["_replicator_k0"], every)])
+    assert sorted(stored.column("_replicator_k0").to_pylist()) == [1.0, 2.0, 3.0]
+
+
 SOURCE_DDL = """
     CREATE TABLE customers (id int PRIMARY KEY, name text, region text);
     CREATE TABLE orders (id int PRIMARY KEY, customer_id int, amount bigint, status text);

@@ -237,6 +237,7 @@ class _Changes:
         self._session, self.warehouse, self.before, self.after, self.logs = session, warehouse, before, after, logs
         self._keys: dict[str, Any] = {}
         self._key_tables: dict[str, pa.Table] = {}
+        self._key_sets: dict[str, KeySet] = {}
         self._counts: dict[str, int] = {}
         self._delta_rows: dict[str, pa.Table] = {}
         self._new_rows: dict[str, pa.Table] = {}
@@ -277,8 +278,12 @@ class _Changes:
         return self._key_tables[source_name]
 
     def key_set(self, source_name: str) -> KeySet:
-        table = self.key_table(source_name)
-        return KeySet([table.column(c) for c in table.column_names])
+        """The table's changed keys as a KeySet, built once for all the views: it makes
+        them canonical, and its lookup table is built on first use."""
+        if source_name not in self._key_sets:
+            table = self.key_table(source_name)
+            self._key_sets[source_name] = KeySet([table.column(c) for c in table.column_names])
+        return self._key_sets[source_name]
 
     def count(self, source_name: str) -> int:
         """How many keys the transaction changed in the table: the distinct key values
@@ -428,8 +433,8 @@ class SparkViews:
         base_files, log_files = table_files(entry)
         schema = _physical_struct(structure)
         base = read_parquet(self.spark, [str(self.warehouse.file(f)) for f in base_files], schema)
-        latest = self.spark.createDataFrame(lookup.logged_rows(self.warehouse, entry, log_files), schema=schema)
-        touched = lookup.key_columns(self.warehouse, entry, log_files)
+        latest_rows, touched = lookup.logged_rows_and_keys(self.warehouse, entry, log_files)
+        latest = self.spark.createDataFrame(latest_rows, schema=schema)
         touched_frame = self.spark.createDataFrame(
             touched.rename_columns([f"_key_{k}" for k in keys]),
             schema=T.StructType([T.StructField(f"_key_{f.name}", f.dataType, True) for f in schema.fields
@@ -760,9 +765,15 @@ class SparkViews:
                     return
                 local = self._changed_rows_local(plan, with_delta, occurrence_source, changes, values) \
                     if driver else None
+                key_views: dict[int, str] = {}
                 if local is None:
                     self._register_tables(after, set(entry["deps"]))
-                    recomputed, bound = self._changed_rows(plan, with_delta, occurrence_source, changes, values), None
+                    # read by the existence joins of several changed occurrences, and by
+                    # _stored_rows when there are no lookups: registered once for both
+                    if len(with_delta) > 1 or not driver:
+                        key_views = self._key_views(with_delta, occurrence_source, changes)
+                    recomputed, bound = self._changed_rows(plan, with_delta, occurrence_source, changes, values,
+                                                           key_views), None
                 else:
                     recomputed, bound = local
                 if driver:
@@ -771,9 +782,7 @@ class SparkViews:
                                               collect=bound is not None and bound <= DRIVER_MAX_KEYS
                                               and _arrow_safe(entry))
                 else:
-                    written = self._write_log_spark(after, entry, recomputed,
-                                                    self._stored_rows(plan, with_delta, occurrence_source, changes,
-                                                                      entry))
+                    written = self._write_log_spark(after, entry, recomputed, self._stored_rows(plan, key_views, entry))
             else:
                 self._register_tables(after, set(entry["deps"]))
                 found = self._affected_on_driver(plan, entry, occurrence_source, changes) if driver else None
@@ -833,14 +842,25 @@ class SparkViews:
             if affected is not None:
                 affected.unpersist()
 
+    @staticmethod
+    def _key_views(with_delta: list[int], occurrence_source: list[str], changes: _Changes) -> dict[int, str]:
+        """Registers the changed keys (columns c0...) of each changed occurrence i as the
+        temporary view _replicator_pk<i>; returns the names by occurrence."""
+        names = {}
+        for i in with_delta:
+            names[i] = f"_replicator_pk{i}"
+            changes.keys(occurrence_source[i]).createOrReplaceTempView(names[i])
+        return names
+
     def _changed_rows(self, plan: ViewPlan, with_delta: list[int], occurrence_source: list[str],
-                      changes: _Changes, values: list[str]) -> Any:
+                      changes: _Changes, values: list[str], key_views: dict[int, str]) -> Any:
         """A row view's recomputed rows: the combinations holding a changed base row,
         from the tables as they are. With one changed occurrence, its table is
         replaced by the transaction's new rows of it (the table as it is has no
         other rows for those keys): that table is not read at all. With several,
-        one query keeps the combinations matching any of their key sets (existence
-        joins under one OR), so each table is scanned once and no combination twice."""
+        one query keeps the combinations matching any of their key sets (key_views,
+        existence joins under one OR), so each table is scanned once and no
+        combination twice."""
         spark = self.spark
         a = plan.analysis
         if len(with_delta) == 1:
@@ -851,9 +871,7 @@ class SparkViews:
             select = plan.select(relations={i: "_replicator_new"})
         else:
             restrict = []
-            for i in with_delta:
-                relation = f"_replicator_pk{i}"
-                changes.keys(occurrence_source[i]).createOrReplaceTempView(relation)
+            for i, relation in key_views.items():
                 o = a.occurrences[i]
                 restrict.append((relation, " AND ".join(
                     f"{quote_spark(o.alias)}.{quote_spark(k)} <=> _replicator_x.c{j}"
@@ -925,16 +943,14 @@ class SparkViews:
             combinations_bound += bound
         return self.spark.sql(" UNION ALL ".join(branches)).toDF(*plan.key_columns, *values), combinations_bound
 
-    def _stored_rows(self, plan: ViewPlan, with_delta: list[int], occurrence_source: list[str], changes: _Changes,
-                     entry: dict[str, Any]) -> Any:
-        """The key columns of a row view's stored rows naming a changed key, by Spark
-        (one scan of the view's storage, the key sets broadcast)."""
+    def _stored_rows(self, plan: ViewPlan, key_views: dict[int, str], entry: dict[str, Any]) -> Any:
+        """The key columns of a row view's stored rows naming a changed key (key_views:
+        the changed occurrences' keys), by Spark (one scan of the view's storage, the
+        key sets broadcast)."""
         spark = self.spark
         _storage_frame(spark, self.warehouse, entry).createOrReplaceTempView("_replicator_state")
         stored = []
-        for i in with_delta:
-            relation = f"_replicator_pk{i}"
-            changes.keys(occurrence_source[i]).createOrReplaceTempView(relation)
+        for i, relation in key_views.items():
             stored.append((relation, " AND ".join(f"_replicator_s.{quote_spark(k)} <=> _replicator_x.c{j}"
                                                   for j, k in enumerate(plan.occurrence_keys(i)))))
         columns = ", ".join(quote_spark(k) for k in plan.key_columns)
@@ -1055,22 +1071,14 @@ class SparkViews:
             written = [pq.read_table(p, columns=keys) for p in parts]
             recomputed = pa.concat_tables([t.cast(written[0].schema) for t in written]) if written \
                 else pa.table({k: pa.array([], pa.null()) for k in keys})
-        n_upserts = recomputed.num_rows
         existing = lookup.stored_keys(self.warehouse, entry, keys, wanted)
         gone = KeySet([recomputed.column(k) for k in keys]).keep(existing, keys, inside=False)
         if gone.num_rows:
             deletions = directory / f"part-deleted-{new_id()}.parquet"
             pq.write_table(lookup.tombstones(gone, key_schema, seq), deletions, compression="snappy")
             parts.append(deletions)
-        if not n_upserts + gone.num_rows:
-            shutil.rmtree(directory)
-            return 0, 0, existing.num_rows
-        make_durable(parts, self.warehouse.path)
-        manifest["next_seq"] = seq + 1
-        entry["logs"].append({"file": path, "seq": seq, "rows": n_upserts + gone.num_rows})
-        if len(entry["logs"]) >= REWRITE_AFTER_LOGS:
-            self._rewrite(manifest, entry)
-        return n_upserts, gone.num_rows, existing.num_rows
+        return self._keep_log(manifest, entry, path, seq, (recomputed.num_rows, gone.num_rows, existing.num_rows),
+                              parts)
 
     def _write_log_spark(self, manifest: dict[str, Any], entry: dict[str, Any], upserts: Any,
                          existing: Any) -> tuple[int, int, int]:
@@ -1103,18 +1111,28 @@ class SparkViews:
                               *values, F.lit(seq).cast("long").alias(SEQ),
                               F.col("_replicator_new").isNull().alias(DELETED))
         path = f"{entry['generation']}/log-{seq:012d}-{new_id()}"
-        directory = self.warehouse.file(path)
-        self._write(frame, path)
+        self._write(frame, path)   # durable already
         observed = counts.get
-        n_upserts, n_deleted, n_existing = observed["upserts"], observed["deleted"], observed["existing"]
+        return self._keep_log(manifest, entry, path, seq,
+                              (observed["upserts"], observed["deleted"], observed["existing"]))
+
+    def _keep_log(self, manifest: dict[str, Any], entry: dict[str, Any], path: str, seq: int,
+                  counts: tuple[int, int, int], parts: list[Path] | None = None) -> tuple[int, int, int]:
+        """Names a view's new log (the directory path, its rows stamped seq, the
+        manifest's next_seq) in its entry, its files (parts) made durable first; an
+        empty log (counts: upserts, deletions, stored keys matched) is removed instead.
+        Past REWRITE_AFTER_LOGS logs the view's log is folded into a new base. Returns
+        the counts."""
+        n_upserts, n_deleted, _ = counts
         if not n_upserts + n_deleted:
-            shutil.rmtree(directory)
-            return 0, 0, n_existing
+            shutil.rmtree(self.warehouse.file(path))
+            return counts
+        make_durable(parts or [], self.warehouse.path)
         manifest["next_seq"] = seq + 1
         entry["logs"].append({"file": path, "seq": seq, "rows": n_upserts + n_deleted})
         if len(entry["logs"]) >= REWRITE_AFTER_LOGS:
             self._rewrite(manifest, entry)
-        return n_upserts, n_deleted, n_existing
+        return counts
 
     def _rewrite(self, manifest: dict[str, Any], entry: dict[str, Any]) -> None:
         """Folds the view's change log into a new base (a new generation)."""
