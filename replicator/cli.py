@@ -619,7 +619,7 @@ def view_explain(name: str | None, target_url: str, sql: str | None, policy: str
         click.echo(json.dumps(result, indent=2))
         return
     if result["maintenance"] == "incremental":
-        click.echo(f"incremental: {result['kind']} view, recomputed by key ({result['keys']})")
+        click.echo(f"incremental: {result['kind']} view, maintained by key ({result['keys']})")
         click.echo(f"tables: {', '.join(result['tables'])}")
         if result["indexes"]:
             click.echo(f"indexes used: {', '.join(result['indexes'])}")

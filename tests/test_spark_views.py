@@ -565,7 +565,7 @@ def test_view_commands_create_explain_refresh_and_list_spark_views(spark, tmp_pa
 
         explained = replicator_here("view", "explain", "by_customer", "--target", url)
         assert explained.stdout.splitlines()[:2] == [
-            "incremental: aggregate view, recomputed by key (customer_id)", "tables: public.orders"], explained
+            "incremental: aggregate view, maintained by key (customer_id)", "tables: public.orders"], explained
         explained = replicator_here("view", "explain", "--target", url, "--sql",
                                     "SELECT customer_id, count(*) AS n, current_timestamp() AS at FROM orders"
                                     " GROUP BY customer_id")

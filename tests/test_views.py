@@ -233,7 +233,7 @@ def test_commands_create_explain_list_refresh_drop(replica):
         "  LIMIT: LIMIT/OFFSET depend on rows outside the changed keys (at: LIMIT 3)",
         "  OUTER_JOIN: outer joins are not maintained incrementally (inner joins are) (at: LEFT JOIN customers)"]
     explained = cli("view", "explain", "per_customer", "--target", url)
-    assert explained.stdout.splitlines()[0] == "incremental: aggregate view, recomputed by key (cid)"
+    assert explained.stdout.splitlines()[0] == "incremental: aggregate view, maintained by key (cid)"
     as_json = json.loads(cli("view", "explain", "ranked", "--target", url, "--json").stdout)
     assert as_json["reasons"][0]["code"] == "WINDOW_FUNCTION"
 
