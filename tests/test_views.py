@@ -402,6 +402,33 @@ def test_a_group_that_loses_its_min_or_max_reads_the_new_one_from_the_replica_an
     assert generations() == before
 
 
+def test_a_fold_whose_table_is_aliased_like_its_own_names_reads_each_group_alone(target):
+    # the fold names the batch's groups d and their keys k0...: a base table aliased d with
+    # a column k0 must not capture those names in the lookup of a lost min or max
+    pairs = table("pairs", [("id", "int", True), ("k0", "int", False), ("x", "int", False)], ["id"], 9)
+    target.begin()
+    target.create_table(pairs)
+    target.upsert(pairs, "R", [(i, i % 3, i) for i in range(1, 31)])
+    target.commit()
+    sql = "SELECT d.k0, min(d.x) AS lo, max(d.x) AS hi FROM pairs AS d GROUP BY d.k0"
+    target.views.create("spread", sql, "incremental")
+    target.begin()
+    target.delete(pairs, [(1,), (30,)])    # group 1's min, group 0's max
+    target.commit()
+    assert view_differences(target.db, "spread", sql) is None
+
+
+def test_a_view_whose_statements_do_not_prepare_is_refreshed_in_full_and_correct(target):
+    # `c` in WHERE is an alias of the select list: the generated statements do not prepare
+    sql = "SELECT cid AS c, min(amount) AS lo, count(*) AS n FROM orders WHERE c > 3 GROUP BY cid"
+    info = target.views.create("aliased", sql, "auto")
+    assert (info["maintenance"], info["reason"]) == ("full", "REWRITE")
+    target.begin()
+    target.upsert(ORDERS, "U", [(1, 5, -7, "new")])
+    target.commit()
+    assert view_differences(target.db, "aliased", sql) is None
+
+
 def test_the_refresh_log_keeps_the_last_records(target, monkeypatch):
     monkeypatch.setattr(sqlite_views, "KEEP_REFRESHES", 5)
     target.views.create("v", "SELECT id, amount FROM orders WHERE amount > 10", "incremental")

@@ -90,7 +90,8 @@ VIEWS: dict[str, str] = {
     "filtered": "SELECT cid, count(*) FILTER (WHERE amount > 10) AS big, sum(amount) FILTER (WHERE status = 'new')"
                 " AS fresh, count(*) AS n FROM orders GROUP BY cid HAVING count(*) FILTER (WHERE status IS NULL) < 3",
 }
-FOLDED = {"folded", "folded_where", "folded_expression", "ledger_sums", "ledger_means", "folded_auto", "buckets", "by_status", "ordinal"}
+FOLDED = {"folded", "folded_where", "folded_expression", "ledger_sums", "ledger_means", "folded_auto", "buckets",
+          "by_status", "ordinal"}
 AUTO_VIEWS = {"by_customer_auto": VIEWS["by_customer"], "order_customer_auto": VIEWS["order_customer"],
               "folded_auto": VIEWS["folded"]}
 

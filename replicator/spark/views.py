@@ -51,7 +51,7 @@ import re
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -1077,8 +1077,8 @@ class SparkViews:
             deletions = directory / f"part-deleted-{new_id()}.parquet"
             pq.write_table(lookup.tombstones(gone, key_schema, seq), deletions, compression="snappy")
             parts.append(deletions)
-        return self._keep_log(manifest, entry, path, seq, (recomputed.num_rows, gone.num_rows, existing.num_rows),
-                              parts)
+        return self._keep_log(manifest, entry, path, seq, upserts=recomputed.num_rows, deleted=gone.num_rows,
+                              existing=existing.num_rows, parts=parts)
 
     def _write_log_spark(self, manifest: dict[str, Any], entry: dict[str, Any], upserts: Any,
                          existing: Any) -> tuple[int, int, int]:
@@ -1113,26 +1113,25 @@ class SparkViews:
         path = f"{entry['generation']}/log-{seq:012d}-{new_id()}"
         self._write(frame, path)   # durable already
         observed = counts.get
-        return self._keep_log(manifest, entry, path, seq,
-                              (observed["upserts"], observed["deleted"], observed["existing"]))
+        return self._keep_log(manifest, entry, path, seq, upserts=observed["upserts"], deleted=observed["deleted"],
+                              existing=observed["existing"])
 
-    def _keep_log(self, manifest: dict[str, Any], entry: dict[str, Any], path: str, seq: int,
-                  counts: tuple[int, int, int], parts: list[Path] | None = None) -> tuple[int, int, int]:
+    def _keep_log(self, manifest: dict[str, Any], entry: dict[str, Any], path: str, seq: int, *, upserts: int,
+                  deleted: int, existing: int, parts: Sequence[Path] = ()) -> tuple[int, int, int]:
         """Names a view's new log (the directory path, its rows stamped seq, the
         manifest's next_seq) in its entry, its files (parts) made durable first; an
-        empty log (counts: upserts, deletions, stored keys matched) is removed instead.
-        Past REWRITE_AFTER_LOGS logs the view's log is folded into a new base. Returns
-        the counts."""
-        n_upserts, n_deleted, _ = counts
-        if not n_upserts + n_deleted:
+        empty log (no upserts, no deletions) is removed instead. Past
+        REWRITE_AFTER_LOGS logs the view's log is folded into a new base. Returns
+        (upserts, deleted, existing: the stored keys the log's matched)."""
+        if upserts + deleted:
+            make_durable(parts, self.warehouse.path)
+            manifest["next_seq"] = seq + 1
+            entry["logs"].append({"file": path, "seq": seq, "rows": upserts + deleted})
+            if len(entry["logs"]) >= REWRITE_AFTER_LOGS:
+                self._rewrite(manifest, entry)
+        else:
             shutil.rmtree(self.warehouse.file(path))
-            return counts
-        make_durable(parts or [], self.warehouse.path)
-        manifest["next_seq"] = seq + 1
-        entry["logs"].append({"file": path, "seq": seq, "rows": n_upserts + n_deleted})
-        if len(entry["logs"]) >= REWRITE_AFTER_LOGS:
-            self._rewrite(manifest, entry)
-        return counts
+        return upserts, deleted, existing
 
     def _rewrite(self, manifest: dict[str, Any], entry: dict[str, Any]) -> None:
         """Folds the view's change log into a new base (a new generation)."""

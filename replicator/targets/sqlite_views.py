@@ -48,7 +48,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -149,12 +149,13 @@ class _Fold:
     kept in hidden storage columns: the group's row count, and per argument column
     count(x) and sum(x). count/sum/avg/total come from that state; min/max from the
     stored value and the batch's values, or, where a batch removed a group's extreme
-    value, from the group's rows in the replica, read through the index on the plain
-    columns of its GROUP BY (without one, such groups are recomputed). Groups whose
-    sum is not an exact integer are recomputed from their rows. Only integers are
-    folded: a float sum would drift from a recomputation."""
+    value, from the group's rows in the replica when that is one index seek (see
+    Plan.seek_column); else, and where a sum is not an exact integer, the group is
+    recomputed from its rows. Only integers are folded: a float sum would drift from a
+    recomputation."""
     outputs: list[tuple[str, int | None]]   # per view column: (function, argument index), ("", None) a key item
     args: list[str]                         # argument columns, as SQL (alias.column)
+    names: list[str]                        # the same columns' names
     minimum: dict[int, int] = field(default_factory=dict)   # argument -> view column holding its min
     maximum: dict[int, int] = field(default_factory=dict)
     absolute: set[int] = field(default_factory=set)          # arguments of avg/total: sum of |x| kept too
@@ -163,7 +164,8 @@ class _Fold:
         """(storage column, the value as an aggregate of the group's rows, name in the fold table)."""
         out = [("_replicator_n", "count(*)", "n")]
         for j, x in enumerate(self.args):
-            out += [(f"_replicator_c{j}", f"count({x})", f"c{j}"), (f"_replicator_s{j}", f"coalesce(sum({x}), 0)", f"s{j}")]
+            out += [(f"_replicator_c{j}", f"count({x})", f"c{j}"),
+                    (f"_replicator_s{j}", f"coalesce(sum({x}), 0)", f"s{j}")]
             if j in self.absolute:
                 out.append((f"_replicator_a{j}", f"total(iif({x} < 0, -{x}, {x}))", f"a{j}"))
         return out
@@ -238,6 +240,18 @@ class Plan:
             return []
         return sorted({o.table.name for o in self.analysis.occurrences})
 
+    def seek_column(self) -> str | None:
+        """The column a fold's helper index holds right after the GROUP BY columns, when
+        those are all plain columns: a group's min or max of it is one index seek (lower
+        case)."""
+        a = self.analysis
+        if a is None or not a.key_columns or any(c is None for c in a.key_columns):
+            return None
+        keys = {c.lower() for _, c in a.key_columns}
+        table = a.occurrences[0].table.name
+        return next((cols[len(keys)].lower() for t, cols in self.indexes
+                     if t == table and len(cols) > len(keys) and {c.lower() for c in cols[:len(keys)]} == keys), None)
+
     def _maintenance_notes(self) -> list[str]:
         if self.mode != "incremental" or self.analysis is None:
             return []
@@ -248,8 +262,16 @@ class Plan:
         if self.analysis.kind != "aggregate":
             return []
         if self.fold is not None:
-            return ["aggregates folded from state (group count, count and sum per column); a group that"
-                    " loses its min or max value reads the new one from its rows"]
+            note = "aggregates folded from state (group count, count and sum per column)"
+            extremes = {self.fold.names[j].lower() for j in [*self.fold.minimum, *self.fold.maximum]}
+            seek = self.seek_column()
+            if seek in extremes:
+                note += (f"; a group that loses its min or max of {seek} reads the new one through the index on"
+                         " the GROUP BY columns" + ("; of another column, it is recomputed from its rows"
+                                                    if extremes - {seek} else ""))
+            elif extremes:
+                note += "; groups that lose a min or max value are recomputed from their rows"
+            return [note]
         return [f"each affected group is recomputed from its rows: {self.fold_reason}"]
 
     def describe(self) -> dict[str, Any]:
@@ -433,7 +455,8 @@ class SqliteViews:
                 self._build(plan)
             except sqlite3.Error as exc:
                 plan.mode, plan.reason = "full", Reason("REWRITE", "", str(exc))
-                plan.key_columns, plan.indexes = [], []
+                plan.key_columns, plan.key_types, plan.indexes = [], [], []
+                plan.fold, plan.fold_reason, plan.root = None, "", None
                 plan._cache.clear()
         if plan.mode == "full":
             plan.full_insert = f"INSERT INTO main.{quote(plan.storage)} SELECT * FROM ({sql})"
@@ -509,7 +532,7 @@ class SqliteViews:
             return None, "HAVING"
         o = a.occurrences[0]
         types = {c.lower(): (c, t) for c, t in o.table.columns}
-        fold = _Fold(outputs=[], args=[])
+        fold = _Fold(outputs=[], args=[], names=[])
         for n, item in enumerate(a.items):
             tokens = tokenize(item)
             calls = [t for k, t in enumerate(tokens) if t.kind == "word" and t.lower in _AGGREGATE_NAMES
@@ -536,6 +559,7 @@ class SqliteViews:
             x = f"{quote(o.alias)}.{quote(column[0])}"
             if x not in fold.args:
                 fold.args.append(x)
+                fold.names.append(column[0])
             j = fold.args.index(x)
             fold.outputs.append((fn, j))
             if fn == "min":
@@ -632,13 +656,16 @@ class SqliteViews:
         finally:
             self.db.execute(f"DROP TABLE temp.{stand_in}")
 
-    def _ensure_temp(self, name: str, columns: list[tuple[str, str]]) -> bool:
+    def _ensure_temp(self, name: str, columns: list[tuple[str, str]], before: Callable[[], None] = lambda: None
+                     ) -> bool:
         """TEMP table `name` of these (column, declared type)s, made again if it has others
-        (an INTEGER PRIMARY KEY declared so). Returns whether it was (re)made."""
+        (an INTEGER PRIMARY KEY declared so), after calling before. Returns whether it was
+        (re)made."""
         have = [(r[1], (r[2] or "") + (" PRIMARY KEY" if r[5] else ""))
                 for r in self.db.execute(f"PRAGMA temp.table_info({quote(name)})")]
         if have == columns:
             return False
+        before()
         self.db.execute(f"DROP TABLE IF EXISTS temp.{quote(name)}")
         self.db.execute(f"CREATE TEMP TABLE {quote(name)} ({_definition(columns)})")
         return True
@@ -646,8 +673,9 @@ class SqliteViews:
     def _ensure_delta(self, table: str) -> None:
         """TEMP table of the base table's columns and declared types (same affinities)."""
         columns = [(r[1], r[2] or "") for r in self.db.execute(f"PRAGMA main.table_info({quote(table)})")]
-        if self._ensure_temp(_delta_name(table), columns + [(SIGN_COLUMN, "INTEGER")]):
-            self._disarm(table.lower())
+        # its triggers go first: none may be left writing into a table that is not there
+        self._ensure_temp(_delta_name(table), columns + [(SIGN_COLUMN, "INTEGER")],
+                          before=lambda: self._disarm(table.lower()))
 
     def _ensure_keys(self, name: str, types: list[str]) -> None:
         """TEMP table of keys c0, c1... of these types, indexed (a rowid table: by its rowid)."""
@@ -748,6 +776,7 @@ class SqliteViews:
         delta = f"temp.{quote(_delta_name(o.table.name))} AS {quote(o.alias)}"
         sign = quote(SIGN_COLUMN)
         nk = len(plan.key_columns)
+        d = "_replicator_d"   # the batch's groups: named apart from the view's alias, which the lookup uses
         # the batch's signed change per group
         inner = [f"{e} AS k{j}" for j, e in enumerate(a.keys)]
         inner += [f"{item} AS i{n}" for n, (item, (fn, _)) in enumerate(zip(a.items, f.outputs)) if not fn]
@@ -763,48 +792,50 @@ class SqliteViews:
             if j in f.maximum:
                 inner += [f"max(iif({sign} > 0, {x}, NULL)) AS pmax{j}", f"max(iif({sign} < 0, {x}, NULL)) AS mmax{j}"]
         group = f"SELECT {', '.join(inner)} FROM {delta}{self._where(a, [])} GROUP BY {', '.join(a.keys)}"
-        match = " AND ".join(f"s.{quote(c)} IS d.k{j}" for j, c in enumerate(plan.key_columns))
+        match = " AND ".join(f"s.{quote(c)} IS {d}.k{j}" for j, c in enumerate(plan.key_columns))
         # the group's new state, with the storage row's (none for a new group)
-        mid = [f"d.k{j} AS k{j}" for j in range(nk)] + ["s.rowid AS srowid", "coalesce(s._replicator_n, 0) + d.dn AS n"]
+        mid = [f"{d}.k{j} AS k{j}" for j in range(nk)] + ["s.rowid AS srowid",
+                                                          f"coalesce(s._replicator_n, 0) + {d}.dn AS n"]
         ok = ["1"]
-        changed = ["s.rowid IS NULL", "d.dn <> 0"]
-        # a group's rows can be read through the helper index on its plain GROUP BY columns
-        indexed = any(c is not None for c in a.key_columns)
+        changed = ["s.rowid IS NULL", f"{d}.dn <> 0"]
+        seek = plan.seek_column()
         base = f"main.{quote(o.table.name)} AS {quote(o.alias)}"
-        group_rows = self._where(a, [f"({e}) IS d.k{j}" for j, e in enumerate(a.keys)])
+        group_rows = self._where(a, [f"({e}) IS {d}.k{j}" for j, e in enumerate(a.keys)])
         for j, x in enumerate(f.args):
-            mid.append(f"coalesce(s._replicator_c{j}, 0) + d.dc{j} AS c{j}")
-            mid.append(f"coalesce(s._replicator_s{j}, 0) + coalesce(d.ds{j}, 0) AS s{j}")
+            mid.append(f"coalesce(s._replicator_c{j}, 0) + {d}.dc{j} AS c{j}")
+            mid.append(f"coalesce(s._replicator_s{j}, 0) + coalesce({d}.ds{j}, 0) AS s{j}")
             ok.append(f"typeof(s{j}) = 'integer' AND c{j} >= 0")
             if j in f.absolute:
-                mid.append(f"coalesce(s._replicator_a{j}, 0) + d.da{j} AS a{j}")
+                mid.append(f"coalesce(s._replicator_a{j}, 0) + {d}.da{j} AS a{j}")
                 ok.append(f"a{j} <= {EXACT}")
-            changed += [f"d.dc{j} <> 0", f"d.ds{j} <> 0"]
+            changed += [f"{d}.dc{j} <> 0", f"{d}.ds{j} <> 0"]
             if j in f.absolute:
                 # Count and sum can stay while |x| sums change (2 + 0 -> 2**53 + 2 - 2**53): the
                 # new abs-sum must be stored, or a later batch checks exactness against a stale one.
-                changed.append(f"d.da{j} <> 0")
+                changed.append(f"{d}.da{j} <> 0")
             for kind, col in (("min", f.minimum.get(j)), ("max", f.maximum.get(j))):
                 if col is None:
                     continue
                 old = f"s.{quote(plan.columns[col][0])}"
-                p, m = f"d.p{kind}{j}", f"d.m{kind}{j}"
+                p, m = f"{d}.p{kind}{j}", f"{d}.m{kind}{j}"
                 lt = "<" if kind == "min" else ">"
                 gt = ">" if kind == "min" else "<"
                 # Old values gone (m) all beyond the stored extreme: it stays, or a new value beats
                 # it. Else a new value beyond every value gone is the extreme. Else the group's rows
-                # in the replica (already changed) have it: read through the index, or, without
-                # one, the group is recomputed with the others (one pass over the table).
-                rest = f"(SELECT {kind}({x}) FROM {base}{group_rows})" if indexed else p
-                mid.append(f"CASE WHEN {m} IS NULL OR {m} {gt} {old} THEN CASE WHEN {p} IS NULL THEN {old}"
-                           f" WHEN {old} IS NULL OR {p} {lt} {old} THEN {p} ELSE {old} END"
-                           f" WHEN {p} {lt} {m} THEN {p} ELSE {rest} END AS {kind}{j}")
-                if not indexed:
+                # in the replica (already changed) have it: read by one index seek, when it is one
+                # (not for a group gone), or the group is recomputed (one pass for all of them).
+                extreme = (f"CASE WHEN {m} IS NULL OR {m} {gt} {old} THEN CASE WHEN {p} IS NULL THEN {old}"
+                           f" WHEN {old} IS NULL OR {p} {lt} {old} THEN {p} ELSE {old} END")
+                if f.names[j].lower() == seek:
+                    mid.append(f"{extreme} WHEN {p} {lt} {m} OR coalesce(s._replicator_n, 0) + {d}.dn <= 0 THEN {p}"
+                               f" ELSE (SELECT {kind}({x}) FROM {base}{group_rows}) END AS {kind}{j}")
+                else:
+                    mid.append(f"{extreme} ELSE {p} END AS {kind}{j}")
                     mid.append(f"coalesce({m} IS NULL OR {m} {gt} {old} OR {p} {lt} {m}, 0) AS ok{kind}{j}")
                     ok.append(f"ok{kind}{j}")
                 changed.append(f"{p} IS NOT NULL OR {m} IS NOT NULL")
         mid.append(f"{' OR '.join(f'({c})' for c in changed)} AS changed")
-        mid += [f"d.i{n} AS i{n}" for n, (fn, _) in enumerate(f.outputs) if not fn]
+        mid += [f"{d}.i{n} AS i{n}" for n, (fn, _) in enumerate(f.outputs) if not fn]
         outputs = []
         for n, (fn, j) in enumerate(f.outputs):
             outputs.append({"": f"i{n}", "count*": "n", "count": f"c{j}", "sum": f"iif(c{j} > 0, s{j}, NULL)",
@@ -815,7 +846,7 @@ class SqliteViews:
                f" THEN 4 WHEN srowid IS NULL THEN 2 WHEN changed THEN 1 ELSE 0 END")
         table = f"temp.{quote(plan.fold_table)}"
         fill = (f"INSERT INTO {table} SELECT {', '.join(f'k{j}' for j in range(nk))}, srowid, {act}, "
-                f"{', '.join(outputs + state)} FROM (SELECT {', '.join(mid)} FROM ({group}) AS d "
+                f"{', '.join(outputs + state)} FROM (SELECT {', '.join(mid)} FROM ({group}) AS {d} "
                 f"LEFT JOIN main.{quote(plan.storage)} AS s ON {match})")
         agg_cols = [n for n, (fn, _) in enumerate(f.outputs) if fn]
         targets = [quote(plan.columns[n][0]) for n in agg_cols] + [quote(c) for c in plan.state_columns]
