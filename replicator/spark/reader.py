@@ -104,9 +104,23 @@ def merge_on_read(spark: Any, base: Any, log_paths: list[str], log_schema: Any, 
     # reads the key columns of the files as they are, not the latest rows, so the scan of
     # the base does not wait for the shuffle and sort that pick them (a stage less in line).
     touched = logged.select(*[F.col(k).alias(f"_key_{k}") for k in keys])
+    return merge_frames(base, changes.where(~F.col(DELETED)), touched, keys)
+
+
+def merge_frames(base: Any, current: Any, touched: Any, keys: list[str]) -> Any:
+    """The base's rows whose key the log does not touch (touched: the key columns of
+    every log row, named _key_<k>), and the log's current rows (tombstones left out)."""
+    from pyspark.sql import functions as F
+
     condition = reduce(lambda a, b: a & b, [base[k].eqNullSafe(touched[f"_key_{k}"]) for k in keys])
-    kept = base.join(F.broadcast(touched), condition, "left_anti")
-    return kept.unionByName(changes.where(~F.col(DELETED)).select(*base.columns))
+    return base.join(F.broadcast(touched), condition, "left_anti").unionByName(current.select(*base.columns))
+
+
+def current_names(frame: Any, structure: TableStructure) -> Any:
+    """A frame of a table's physical columns with the columns' current names."""
+    from pyspark.sql import functions as F
+
+    return frame.select(*[F.col(physical_name(c)).alias(c.name) for c in structure.columns])
 
 
 def read_parquet(spark: Any, paths: list[str], schema: Any) -> Any:
@@ -134,16 +148,12 @@ def logged_rows(spark: Any, warehouse: Warehouse, entry: dict[str, Any], log_fil
     structure = TableStructure.from_json(entry["structure"])
     changes = latest_changes(spark, [str(warehouse.file(f)) for f in log_files], _physical_struct(structure, log=True),
                              [physical_name(c) for c in structure.key_columns()])
-    return changes.where(~F.col(DELETED)).select(*[F.col(physical_name(c)).alias(c.name) for c in structure.columns])
+    return current_names(changes.where(~F.col(DELETED)), structure)
 
 
 def entry_frame(spark: Any, warehouse: Warehouse, entry: dict[str, Any]) -> Any:
     """The current rows of a manifest table entry, with the columns' current names."""
-    from pyspark.sql import functions as F
-
-    structure = TableStructure.from_json(entry["structure"])
-    merged = merged_physical(spark, warehouse, entry)
-    return merged.select(*[F.col(physical_name(c)).alias(c.name) for c in structure.columns])
+    return current_names(merged_physical(spark, warehouse, entry), TableStructure.from_json(entry["structure"]))
 
 
 def read_table(spark: Any, path: Path | str, table: str) -> Any:

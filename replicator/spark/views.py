@@ -61,7 +61,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import UserError
@@ -69,7 +68,8 @@ from ..schema import TableStructure, target_table_name
 from ..views import Analysis, Reason, TableInfo, analyse, check_name, check_policy
 from . import lookup
 from .lookup import KeySet
-from .reader import _physical_struct, entry_frame, logged_rows, merge_on_read, read_parquet
+from .reader import (_physical_struct, current_names, entry_frame, logged_rows, merge_frames, merge_on_read,
+                     read_parquet)
 from .warehouse import (DELETED, SEQ, Warehouse, make_durable, new_id, physical_name, physical_schema, retire,
                         table_files)
 
@@ -327,9 +327,8 @@ class _Changes:
         if slot not in self._delta:
             structure = self._structure(source_name)
             if driver:
-                frame = self.spark.createDataFrame(self.delta_rows(source_name),
-                                                   schema=_physical_struct(structure)).select(
-                    *[F.col(physical_name(c)).alias(c.name) for c in structure.columns])
+                frame = current_names(self.spark.createDataFrame(self.delta_rows(source_name),
+                                                                 schema=_physical_struct(structure)), structure)
             else:
                 keys = self.keys(source_name)
                 pairs = [(k, f"c{j}") for j, k in enumerate(structure.key)]
@@ -422,7 +421,6 @@ class SparkViews:
         latest rows, and broadcasts their keys (a few stages in line before the
         table's scan starts, on every refresh, full or incremental). The base is
         Spark's to scan."""
-        from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
         rows = sum(log.get("rows", LOCAL_LOG_ROWS + 1) for log in entry["logs"])
@@ -439,9 +437,7 @@ class SparkViews:
             touched.rename_columns([f"_key_{k}" for k in keys]),
             schema=T.StructType([T.StructField(f"_key_{f.name}", f.dataType, True) for f in schema.fields
                                  if f.name in keys]))
-        condition = reduce(lambda x, y: x & y, [base[k].eqNullSafe(touched_frame[f"_key_{k}"]) for k in keys])
-        merged = base.join(F.broadcast(touched_frame), condition, "left_anti").unionByName(latest)
-        return merged.select(*[F.col(physical_name(c)).alias(c.name) for c in structure.columns])
+        return current_names(merge_frames(base, latest, touched_frame, keys), structure)
 
     # planning ------------------------------------------------------------------------------
 
@@ -790,11 +786,11 @@ class SparkViews:
                     keys_frame = spark.createDataFrame(found, schema=self._key_struct(entry, "c"))
                     n_view_keys = found.num_rows
                 else:
-                    uses = Counter(i for size in range(1, len(with_delta) + 1)
-                                   for subset in combinations(with_delta, size) for i in subset)
-                    delta = {i: changes.delta(occurrence_source[i], uses[i], driver=driver) for i in with_delta}
-                    selects = [plan.affected_keys(subset, delta) for size in range(1, len(with_delta) + 1)
+                    subsets = [subset for size in range(1, len(with_delta) + 1)
                                for subset in combinations(with_delta, size)]
+                    uses = Counter(i for subset in subsets for i in subset)
+                    delta = {i: changes.delta(occurrence_source[i], uses[i], driver=driver) for i in with_delta}
+                    selects = [plan.affected_keys(subset, delta) for subset in subsets]
                     affected = spark.sql(" UNION ".join(selects))
                     if driver:
                         # on the driver: counted there, and a local relation from then on,
@@ -892,8 +888,6 @@ class SparkViews:
         how many there are; None when an occurrence is not reached through conditions
         between columns of one category, or more than DRIVER_MAX_KEYS rows would be
         held (the caller scans with Spark)."""
-        from pyspark.sql import functions as F
-
         a = plan.analysis
         after = changes.after
         structures = [TableStructure.from_json(after["tables"][s]["structure"]) for s in occurrence_source]
@@ -936,9 +930,8 @@ class SparkViews:
             names = {}
             for j, rows in found.items():
                 names[j] = f"_replicator_r{i}_{j}"
-                self.spark.createDataFrame(rows, schema=_physical_struct(structures[j])).select(
-                    *[F.col(physical_name(c)).alias(c.name) for c in structures[j].columns]
-                ).createOrReplaceTempView(names[j])
+                current_names(self.spark.createDataFrame(rows, schema=_physical_struct(structures[j])),
+                              structures[j]).createOrReplaceTempView(names[j])
             branches.append(plan.select(relations=names))
             combinations_bound += bound
         return self.spark.sql(" UNION ALL ".join(branches)).toDF(*plan.key_columns, *values), combinations_bound
