@@ -7,7 +7,7 @@ the consumer does."""
 from __future__ import annotations
 
 import json
-import os
+import logging
 import sqlite3
 import subprocess
 import sys
@@ -427,6 +427,35 @@ def test_a_view_whose_statements_do_not_prepare_is_refreshed_in_full_and_correct
     target.upsert(ORDERS, "U", [(1, 5, -7, "new")])
     target.commit()
     assert view_differences(target.db, "aliased", sql) is None
+
+
+def test_indexes_dropped_by_another_connection_are_made_again_at_the_next_batch(target, replica, caplog):
+    grouped = "SELECT cid, count(*) AS n, min(amount) AS lo FROM orders GROUP BY cid"
+    paired = "SELECT o.id, c.name FROM orders o JOIN customers c ON c.region = o.status"   # no root: keyed
+    target.views.create("grouped", grouped, "incremental")
+    target.views.create("paired", paired, "incremental")
+
+    def indexes() -> dict[str, str]:
+        return dict(target.db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"))
+
+    made = indexes()
+    assert {"_replicator_mv_grouped_k", "_replicator_mv_paired_k", "_replicator_mv_paired_k1"} <= set(made)
+    assert any(n.startswith(sqlite_views.INDEX_PREFIX) for n in made)
+    other = sqlite3.connect(replica)
+    for name in made:
+        other.execute(f'DROP INDEX "{name}"')
+    other.commit()
+    other.close()
+    with caplog.at_level(logging.WARNING, logger="replicator"):
+        target.begin()
+        target.upsert(ORDERS, "U", [(1, 2, -5, "paid"), (2, 2, 99, "eu")])
+        target.commit()
+    assert indexes() == made
+    assert "made its dropped indexes again" in caplog.text
+    for name, sql in (("grouped", grouped), ("paired", paired)):
+        assert view_differences(target.db, name, sql) is None
+    plan = target.db.execute("EXPLAIN QUERY PLAN SELECT min(amount) FROM orders WHERE cid = 2").fetchall()
+    assert "USING COVERING INDEX" in " ".join(r[3] for r in plan)
 
 
 def test_the_refresh_log_keeps_the_last_records(target, monkeypatch):

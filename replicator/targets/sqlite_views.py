@@ -313,6 +313,7 @@ class SqliteViews:
             if not self._loaded or fingerprint != self._fingerprint:
                 self._load()
                 self._fingerprint = fingerprint
+            self._restore_indexes()
         if self.active:
             self._arm()
 
@@ -1360,18 +1361,43 @@ class SqliteViews:
         self.db.execute(f"DROP VIEW IF EXISTS main.{quote(plan.name)}")
         self.db.execute(f"DROP TABLE IF EXISTS main.{storage}")
         self.db.execute(f"CREATE TABLE main.{storage} ({plan.storage_definition()})")
-        a = plan.analysis
-        if plan.mode == "incremental" and a is not None and plan.root is None:
-            # unique: the upserts' conflict target; also serves the first table's keys
-            self.db.execute(f"CREATE UNIQUE INDEX main.{quote(plan.storage + '_k')} ON {storage} "
-                            f"({', '.join(quote(c) for c in plan.key_columns)})")
-            if a.kind == "rows":
-                for i in range(1, len(a.occurrences)):
-                    cols = self._occurrence_keys(plan, i)
-                    self.db.execute(f"CREATE INDEX main.{quote(plan.storage + f'_k{i}')} ON {storage} "
-                                    f"({', '.join(quote(c) for c in cols)})")
+        for _, create in self._storage_indexes(plan):
+            self.db.execute(create)
         self.db.execute(f"CREATE VIEW main.{quote(plan.name)} AS SELECT "
                         f"{', '.join(quote(c) for c, _ in plan.columns)} FROM main.{storage}")
+
+    def _storage_indexes(self, plan: Plan) -> list[tuple[str, str]]:
+        """(name, CREATE INDEX) of each index of a view's storage: the unique key (the
+        upserts' conflict target; it also serves the first table's keys) and, for a row
+        view, each other table's keys. A rooted view is stored by its rowid: none."""
+        a = plan.analysis
+        if plan.mode != "incremental" or a is None or plan.root is not None:
+            return []
+        storage = quote(plan.storage)
+        names = [plan.storage + "_k"]
+        creates = [f"CREATE UNIQUE INDEX main.{quote(names[0])} ON {storage} "
+                   f"({', '.join(quote(c) for c in plan.key_columns)})"]
+        if a.kind == "rows":
+            for i in range(1, len(a.occurrences)):
+                names.append(plan.storage + f"_k{i}")
+                creates.append(f"CREATE INDEX main.{quote(names[-1])} ON {storage} "
+                               f"({', '.join(quote(c) for c in self._occurrence_keys(plan, i))})")
+        return list(zip(names, creates))
+
+    def _restore_indexes(self) -> None:
+        """Makes again the views' storage and helper indexes another connection dropped
+        (by hand, say): without them each affected key would scan a table."""
+        for plan in self.plans:
+            if plan.status != "ok" or plan.mode != "incremental" or plan.name in self._revalidate:
+                continue   # a view to check again gets its indexes when it is installed
+            made = self._ensure_indexes(plan)
+            have = {r[1] for r in self.db.execute(f"PRAGMA main.index_list({quote(plan.storage)})")}
+            for name, create in self._storage_indexes(plan):
+                if name not in have:
+                    self.db.execute(create)
+                    made.append(name)
+            if made:
+                log.warning("view %s: made its dropped indexes again: %s", plan.name, ", ".join(made))
 
     def _layout(self, plan: Plan) -> list[str]:
         """The columns of a view's storage table as it is."""
@@ -1384,7 +1410,10 @@ class SqliteViews:
                 out.append((row[1], [r[2] for r in self.db.execute(f"PRAGMA main.index_info({quote(row[1])})")]))
         return out
 
-    def _ensure_indexes(self, plan: Plan) -> None:
+    def _ensure_indexes(self, plan: Plan) -> list[str]:
+        """Makes the helper indexes a view's maintenance seeks through, unless an index
+        of the table already starts with their columns. Returns the names of those made."""
+        made = []
         for table, columns in plan.indexes:
             want = [c.lower() for c in columns]
             if want[0] == (self._rowid_key(table) or "").lower():
@@ -1397,8 +1426,10 @@ class SqliteViews:
                     break
             if not covered:
                 name = INDEX_PREFIX + _h(table.lower() + "\0" + "\0".join(want))
-                self.db.execute(f"CREATE INDEX IF NOT EXISTS main.{quote(name)} ON {quote(table)} "
+                self.db.execute(f"CREATE INDEX main.{quote(name)} ON {quote(table)} "
                                 f"({', '.join(quote(c) for c in columns)})")
+                made.append(name)
+        return made
 
     def _drop_unused_indexes(self) -> None:
         """Helper indexes no view needs any more."""
