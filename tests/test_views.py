@@ -456,6 +456,18 @@ def test_indexes_dropped_by_another_connection_are_made_again_at_the_next_batch(
         assert view_differences(target.db, name, sql) is None
     plan = target.db.execute("EXPLAIN QUERY PLAN SELECT min(amount) FROM orders WHERE cid = 2").fetchall()
     assert "USING COVERING INDEX" in " ".join(r[3] for r in plan)
+    # the storage itself dropped by hand: the batch commits, the view is marked stale
+    other = sqlite3.connect(replica)
+    other.execute('DROP VIEW "grouped"')
+    other.execute('DROP TABLE "_replicator_mv_grouped"')
+    other.commit()
+    other.close()
+    target.begin()
+    target.upsert(ORDERS, "U", [(3, 2, 1, "paid")])
+    target.commit()
+    assert target.db.execute("SELECT amount FROM orders WHERE id = 3").fetchone()[0] == 1
+    assert {v["view"]: v["status"] for v in target.views.list()} == {"grouped": "stale", "paired": "ok"}
+    assert view_differences(target.db, "paired", paired) is None
 
 
 def test_the_refresh_log_keeps_the_last_records(target, monkeypatch):

@@ -1390,12 +1390,17 @@ class SqliteViews:
         for plan in self.plans:
             if plan.status != "ok" or plan.mode != "incremental" or plan.name in self._revalidate:
                 continue   # a view to check again gets its indexes when it is installed
-            made = self._ensure_indexes(plan)
-            have = {r[1] for r in self.db.execute(f"PRAGMA main.index_list({quote(plan.storage)})")}
-            for name, create in self._storage_indexes(plan):
-                if name not in have:
-                    self.db.execute(create)
-                    made.append(name)
+            try:
+                made = self._ensure_indexes(plan)
+                have = {r[1] for r in self.db.execute(f"PRAGMA main.index_list({quote(plan.storage)})")}
+                for name, create in self._storage_indexes(plan):
+                    if name not in have:
+                        self.db.execute(create)
+                        made.append(name)
+            except sqlite3.Error as exc:
+                # a table dropped by hand too: the view's refresh fails and marks it stale
+                log.warning("view %s: its indexes could not be made again: %s", plan.name, exc)
+                continue
             if made:
                 log.warning("view %s: made its dropped indexes again: %s", plan.name, ", ".join(made))
 
