@@ -164,7 +164,8 @@ def main() -> int:
         conn.cursor().executemany("INSERT INTO airport VALUES (%s, %s, %s)", AIRPORTS)
 
         console.print("[bold]2.[/] installing replicator and capturing the tables")
-        run_cli(dsn, "uninstall", "--yes")
+        if server is None:   # a database of the user's (--reset): what an earlier demo left goes
+            run_cli(dsn, "uninstall", "--yes")
         run_cli(dsn, "install")
         run_cli(dsn, "queue", "create", "flights", "--ticker-max-lag", "100ms")
         run_cli(dsn, "table", "add", "flights", "airport", "flight")
@@ -188,6 +189,8 @@ def main() -> int:
                 transactions += 1
                 if transactions % 50 == 0:
                     live.update(live_table(counts_pg(conn), counts_sqlite(replica), elapsed, args.seconds))
+        if not console.is_terminal:
+            console.line()   # off a terminal, Live leaves its last table without a line end
 
         console.print(f"[bold]5.[/] {transactions} transactions written; letting the replica catch up")
         subprocess.run([REPLICATOR, "--dsn", dsn, "consume", "flights", "--target", f"sqlite:{replica}",
@@ -198,7 +201,7 @@ def main() -> int:
             daemon.wait(timeout=30)
 
         show_result(conn, replica)
-        console.print(f"\nThe replica stays in [bold]{replica}[/]; open it with: sqlite3 {replica}")
+        console.print(f"\nThe replica stays in [bold]{replica}[/]; open it with: sqlite3 {replica}", soft_wrap=True)
         return 0
     finally:
         for daemon in daemons:

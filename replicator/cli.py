@@ -133,7 +133,7 @@ def uninstall(ctx: Context, yes: bool) -> None:
 
 @cli.group()
 def queue() -> None:
-    """Create, drop and list queues."""
+    """Create, configure, drop and list queues."""
 
 
 _TICKER_OPTIONS = [
@@ -229,7 +229,7 @@ def queue_drop(ctx: Context, name: str) -> None:
 
 
 @queue.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def queue_list(ctx: Context, as_json: bool) -> None:
     """List queues.
@@ -309,7 +309,7 @@ def table_remove(ctx: Context, queue_name: str, tables: tuple[str, ...]) -> None
 
 @table.command("list")
 @click.argument("queue_name", metavar="[QUEUE]", required=False)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def table_list(ctx: Context, queue_name: str | None, as_json: bool) -> None:
     """List captured tables, of one queue or of all.
@@ -364,7 +364,7 @@ def maint(ctx: Context, once: bool, interval: float) -> None:
     """
     if once:
         with ctx.source() as source:
-            actions = jobs.maint_once(source)
+            actions = source.maint()   # printed below, not logged
         for queue_name, done in actions.items():
             click.echo(f"{queue_name}: {', '.join(done) or 'nothing to do'}")
         return
@@ -461,14 +461,14 @@ def spark_compact(target_url: str, tables: tuple[str, ...], min_logs: int, spark
     Example:
         replicator spark compact --target spark:/data/warehouse
     """
+    scheme, _, path = target_url.partition(":")
+    if scheme != "spark" or not path:
+        raise UserError(f"invalid target {target_url!r}: use spark:PATH")
     from .spark.compaction import compact
     from .spark.errors import error_line, spark_errors
     from .spark.session import get_session
     from .spark.warehouse import Warehouse
 
-    scheme, _, path = target_url.partition(":")
-    if scheme != "spark" or not path:
-        raise UserError(f"invalid target {target_url!r}: use spark:PATH")
     warehouse = Warehouse(path)
     try:
         if not warehouse.exists():   # before starting Spark
@@ -481,7 +481,8 @@ def spark_compact(target_url: str, tables: tuple[str, ...], min_logs: int, spark
     except spark_errors() as exc:
         raise UserError(f"cannot compact {warehouse.path}: Spark failed: {error_line(exc)}") from None
     for c in done:
-        click.echo(f"{c.table}: {c.logs} log file(s) folded into {c.rows} rows in {c.seconds:.1f}s"
+        click.echo(f"{c.table}: {_count(c.logs, 'log file')} folded into {_count(c.rows, 'row')}"
+                   f" in {c.seconds:.1f}s"
                    + ("" if c.committed else " (not committed: the table changed meanwhile; run again)"))
     if not done:
         click.echo("nothing to compact")
@@ -542,9 +543,15 @@ def view() -> None:
     """Incremental views: SQL views of a SQLite or Spark target kept current after every batch."""
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _view_sql(sql: str) -> str:
     """--sql TEXT, or --sql @FILE."""
     if sql.startswith("@"):
+        if not sql[1:]:
+            raise UserError("--sql @ needs a file name: --sql @FILE")
         try:
             return Path(sql[1:]).read_text()
         except OSError as exc:
@@ -588,7 +595,7 @@ def view_create(name: str, target_url: str, sql: str, policy: str) -> None:
         how = "maintained incrementally"
     else:
         how = f"refreshed in full after each batch ({_reason_line({'code': info['reason'], 'message': info['reason_message'], 'fragment': info['fragment']})})"
-    click.echo(f"view {info['view']} created: {info['rows']} rows, {how}")
+    click.echo(f"view {info['view']} created: {_count(info['rows'], 'row')}, {how}")
 
 
 @view.command("explain")
@@ -609,7 +616,9 @@ def view_explain(name: str | None, target_url: str, sql: str | None, policy: str
     """
     from .views import open_views
 
-    if (name is None) == (sql is None):
+    if name is not None and sql is not None:
+        raise UserError("name a view or give the query with --sql, not both")
+    if name is None and sql is None:
         raise UserError("name a view, or give the query with --sql")
     with open_views(target_url) as views:
         if sql is None:
@@ -657,12 +666,13 @@ def view_list(target_url: str, as_json: bool) -> None:
     width = max(len(v["view"]) for v in rows)
     for v in rows:
         status = "ok" if v["status"] == "ok" else f"STALE: {v['status_reason']}"
-        click.echo(f"{v['view']:<{width}}  {v['maintenance']} (policy {v['policy']}), {v['rows']} rows, {status}")
+        click.echo(f"{v['view']:<{width}}  {v['maintenance']} (policy {v['policy']}), {_count(v['rows'], 'row')},"
+                   f" {status}")
         last = v["last_refresh"]
         if last:
             done = last["kind"] + (f" ({last['reason'].split(':')[0]})" if last.get("reason") else "")
             if last.get("keys") is not None:
-                done += f", {last['keys']} keys"
+                done += f", {_count(last['keys'], 'key')}"
             done += (f", -{last['rows_deleted']} +{last['rows_inserted']} ~{last['rows_updated'] or 0} rows"
                      f" in {last['seconds'] * 1000:.1f} ms at {last['at']}")
             click.echo(f"{'':<{width}}  last refresh: {done}")
@@ -687,7 +697,7 @@ def view_refresh(name: str, target_url: str, full: bool) -> None:
     with open_views(target_url) as views:
         info, recomputed = views.refresh_now(name, full=full)
     if recomputed:
-        click.echo(f"view {info['view']} recomputed: {info['rows']} rows")
+        click.echo(f"view {info['view']} recomputed: {_count(info['rows'], 'row')}")
     else:
         click.echo(f"view {info['view']} is up to date (maintained incrementally after every batch); "
                    f"--full recomputes it")
@@ -710,6 +720,20 @@ def view_drop(name: str, target_url: str) -> None:
     click.echo(f"view {name} dropped")
 
 
+_SPARK_EXTRA = {"pyspark", "pyarrow", "pandas", "numpy"}   # pyproject.toml's spark extra
+
+
+def _command_named(args: list[str]) -> str:
+    """The command path the arguments name, for the errors click raises without a
+    context (an option missing its value)."""
+    path, command = ["replicator"], cli
+    for arg in args:
+        if isinstance(command, click.Group) and arg in command.commands:
+            command = command.commands[arg]
+            path.append(arg)
+    return " ".join(path)
+
+
 def main() -> None:
     try:
         cli(standalone_mode=False)
@@ -717,7 +741,7 @@ def main() -> None:
         sys.exit(130)
     except click.UsageError as exc:
         # One line, like every other mistake, naming where the full usage is.
-        command = exc.ctx.command_path if exc.ctx else "replicator"
+        command = exc.ctx.command_path if exc.ctx else _command_named(sys.argv[1:])
         click.echo(f"error: {exc.format_message()} (see: {command} --help)", err=True)
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
@@ -741,6 +765,10 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] in _SPARK_EXTRA:
+            click.echo(f"error: Spark targets need the spark extra ({exc}): pip install 'replicator[spark]'",
+                       err=True)
+            sys.exit(1)
         # A bug, not a mistake of the user's: one line still, the traceback on request.
         if os.environ.get("REPLICATOR_DEBUG"):
             raise

@@ -92,7 +92,8 @@ def tick_once(source: Source) -> int:
 
 
 def maint_once(source: Source) -> dict[str, list[str]]:
-    """Runs rotation and cleanup over every queue; returns what was done per queue."""
+    """One pass of the maint daemon: rotation and cleanup over every queue, each
+    action logged; returns what was done per queue."""
     actions = source.maint()
     for queue, done in actions.items():
         for action in done:

@@ -840,10 +840,13 @@ def open_views(url: str, *, spark_master: str | None = None,
     may be writing it meanwhile."""
     from pathlib import Path
 
+    from .targets.sqlite import is_replica
+
     scheme, sep, rest = url.partition(":")
-    if scheme == "sqlite" and sep and rest and not Path(rest).expanduser().exists():
-        raise UserError(f"no replica at {rest}: views are defined over the tables `replicator consume` "
-                        f"replicates into it")
+    if scheme == "sqlite" and sep and rest and not is_replica(Path(rest).expanduser()):
+        what = "is not a replica" if Path(rest).expanduser().exists() else "does not exist"
+        raise UserError(f"no replica at {rest} (it {what}): views are defined over the tables "
+                        f"`replicator consume` replicates into it")
     if scheme in ("jsonl", "tsv"):
         raise UserError(f"a {scheme}: stream has no tables to define views on: use a sqlite: or spark: target")
     if scheme == "spark" and sep and rest:

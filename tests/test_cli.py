@@ -111,6 +111,22 @@ def test_duplicate_queue_and_table_are_one_line(app):
     assert_user_error(run("table", "add", "q", "orders", dsn=app), "already in queue")
 
 
+def test_an_option_missing_its_value_points_to_its_command_help():
+    assert_usage_error(run("view", "create", "v", "--target", "sqlite:r.db", "--sql"), "'--sql' requires an argument",
+                       "(see: replicator view create --help)")
+
+
+def test_a_spark_target_without_the_spark_extra_names_the_extra(tmp_path):
+    # what a plain install (no pyspark, no pyarrow) does: the import fails
+    blocked = ("import sys; sys.modules['pyarrow'] = sys.modules['pyspark'] = None; sys.argv[0] = 'replicator';"
+               " from replicator.cli import main; main()")
+    for args in (["view", "list", "--target", f"spark:{tmp_path}"], ["spark", "compact", "--target", f"spark:{tmp_path}"],
+                 ["consume", "q", "--target", f"spark:{tmp_path}", "--once"]):
+        result = subprocess.run([sys.executable, "-c", blocked, *args], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "REPLICATOR_DSN": "postgresql:///nowhere?host=/nonexistent"})
+        assert_user_error(result, "Spark targets need the spark extra", "pip install 'replicator[spark]'")
+
+
 def test_bad_options_are_refused(app):
     mode, tables, period, few, where, ignore, nothing, command = run_all([
         ["table", "add", "q", "orders", "--mode", "everything"], ["queue", "create", "r", "--tables", "many"],

@@ -42,6 +42,9 @@ def test_demo_replicates_its_workload_and_shows_equal_values(demo_dir):
         assert source_rows == replica_rows and same == "yes", (table, rows[table])
     assert rows["position_report"][0] > 0
     assert (demo_dir / "replica.db").exists()
+    # each step on a line of its own (off a terminal too), nothing about an uninstall on a new cluster
+    assert re.search(r"(?m)^5\. \d+ transactions written", result.stdout), result.stdout
+    assert "uninstalled" not in result.stdout
 
 
 def test_demo_refuses_to_drop_tables_in_a_database_it_was_pointed_at(tmp_path):

@@ -392,7 +392,7 @@ def test_compact_command_and_errors(dsn, conn, source, tmp_path, spark):
     assert len(Warehouse(path).read()["tables"]["public.t"]["logs"]) == 3
     result = CliRunner().invoke(cli, ["spark", "compact", "--target", f"spark:{path}"])
     assert result.exit_code == 0, result.output
-    assert "public.t: 3 log file(s) folded into 3 rows" in result.output
+    assert "public.t: 3 log files folded into 3 rows" in result.output
     assert Warehouse(path).read()["tables"]["public.t"]["logs"] == []
     assert_same(conn, spark, path, "t", "t", ["id"])
     bad = run_cli(dsn, "spark", "compact", "--target", "sqlite:x.db")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,18 @@ from .sqlite_views import SqliteViews
 PRAGMAS = ("journal_mode = WAL", "synchronous = FULL", "cache_size = -65536")
 _STATE = "_replicator_position"
 _TABLES = "_replicator_tables"
+
+
+def is_replica(path: Path) -> bool:
+    """Whether a SQLite file is one a consumer writes, read without changing it
+    (opening it as a target would make any SQLite file one)."""
+    if not path.is_file():
+        return False
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            return db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (_TABLES,)).fetchone() is not None
+    except sqlite3.DatabaseError as exc:
+        raise UserError(f"cannot use {path} as a SQLite target: {exc}") from None
 
 
 def quote(name: str) -> str:
