@@ -239,7 +239,7 @@ def rows_decoder(decoders: Sequence[Decoder]) -> RowsDecoder:
 
 def decoder_for(column: Column) -> Decoder:
     """How a value of this column, as found in the capture encoding, becomes a
-    target value (see docs/architecture.md, "Type mapping")."""
+    target value (see README.md, "SQLite type mapping", and docs/spark.md, "Type mapping")."""
     base = column.base_type
     if column.category == "A":
         return _identity

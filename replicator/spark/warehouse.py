@@ -81,7 +81,7 @@ _TIMESTAMP_MAX = datetime(9999, 12, 31, 23, 59, 59, 999999)
 
 
 def arrow_type(column: Column) -> pa.DataType:
-    """The Parquet/Spark type of a PostgreSQL column (see docs/architecture.md).
+    """The Parquet/Spark type of a PostgreSQL column (see docs/spark.md, "Type mapping").
     Numerics stay text (exact digits, NaN); json, arrays, intervals, uuids... stay text."""
     base = column.base_type
     if column.category == "A":
