@@ -147,15 +147,18 @@ def fetch_current_rows(conn: psycopg.Connection, table: CapturedTable, structure
     # Arrays, composites and jsonb travel as their JSON text in a string (capture_row_json):
     # parse it back into a JSON value, which jsonb_to_recordset turns into the column's type.
     structured = [c.name for c in key_columns if c.category in ("A", "C") or c.base_type == "jsonb"]
-    keys_json = sql.SQL("%s::jsonb")
+    # The keys go in as a literal, not a parameter: with parameters, every % of the query
+    # (in the row filter's SQL, in a column name) would be read as a placeholder.
+    payload = sql.SQL("{}::jsonb").format(sql.Literal(json.dumps([dict(zip(structure.key, key)) for key in keys])))
+    keys_json: sql.Composable = payload
     if structured:
-        keys_json = sql.SQL("(SELECT jsonb_agg(e || jsonb_build_object({})) FROM jsonb_array_elements(%s::jsonb) e)"
+        keys_json = sql.SQL("(SELECT jsonb_agg(e || jsonb_build_object({})) FROM jsonb_array_elements({}) e)"
                             ).format(sql.SQL(", ").join(sql.SQL("{0}, (e->>{0})::jsonb").format(sql.Literal(name))
-                                                        for name in structured))
-    query = sql.SQL("SELECT {expr}::text FROM {table} t"
-                    " JOIN jsonb_to_recordset({keys}) AS k({record}) ON {join} WHERE {filter}").format(
+                                                        for name in structured), payload)
+    # the filter reads the table alone: a key column it names would be ambiguous beside k's
+    query = sql.SQL("SELECT {expr}::text FROM (SELECT * FROM {table} WHERE {filter}) t"
+                    " JOIN jsonb_to_recordset({keys}) AS k({record}) ON {join}").format(
         expr=_row_expr(conn, table, structure), table=_relation(conn, table), keys=keys_json,
         record=record, join=join, filter=_filter(table))
-    payload = json.dumps([dict(zip(structure.key, key)) for key in keys])
-    texts = [row[0] for row in conn.execute(query, (payload,))]
+    texts = [row[0] for row in conn.execute(query)]
     return decode_rows(texts, structure.rows_decoder())

@@ -41,6 +41,14 @@ def open_connection(conninfo: str, *, autocommit: bool = True,
     return conn
 
 
+def without_password(conninfo: str) -> str:
+    """The connection string with its password masked, for messages and logs."""
+    params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    if "password" not in params:
+        return conninfo
+    return psycopg.conninfo.make_conninfo(**{**params, "password": "***"})
+
+
 def connect(dsn: str | None, *, autocommit: bool = True, application_name: str = "replicator") -> psycopg.Connection:
     """Opens a connection; failure is a UserError naming the server."""
     conninfo = resolve_dsn(dsn)
@@ -49,7 +57,7 @@ def connect(dsn: str | None, *, autocommit: bool = True, application_name: str =
     except psycopg.OperationalError as exc:
         lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
         reason = lines[0] if lines else "connection failed"
-        where = conninfo or "the server named by the PG* environment variables"
+        where = without_password(conninfo) or "the server named by the PG* environment variables"
         raise UserError(f"cannot connect to {where}: {reason}") from None
 
 

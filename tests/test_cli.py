@@ -75,6 +75,15 @@ def test_unreachable_server_is_one_line(tmp_path):
         assert_user_error(result, "cannot connect to", dsn)
 
 
+def test_a_password_in_the_dsn_is_masked_in_errors():
+    port = _free_port()
+    for dsn in (f"postgresql://postgres:s3cret@127.0.0.1:{port}/nowhere?connect_timeout=5",
+                f"host=127.0.0.1 port={port} user=postgres password=s3cret dbname=nowhere connect_timeout=5"):
+        for result in run_all([["status"], ["ticker"]], dsn):
+            line = assert_user_error(result, "cannot connect to", "password=***", f"port={port}")
+            assert "s3cret" not in result.stderr, line
+
+
 def test_malformed_dsn_is_one_line():
     assert_user_error(run("status", dsn="host=127.0.0.1 no_such_option=1"), "no_such_option")
 

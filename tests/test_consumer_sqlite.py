@@ -538,6 +538,23 @@ def test_pk_mode_reads_back_rows_keyed_by_arrays_composites_and_jsonb(dsn, conn,
     }
 
 
+def test_pk_mode_reads_back_through_a_row_filter_and_columns_holding_percent_signs(dsn, conn, source, tmp_path):
+    """The row filter is SQL text and the join-back query takes parameters: a % in
+    either must stay a % (a modulo, a LIKE pattern, a column name), not a placeholder."""
+    conn.execute("""CREATE TABLE pct (id int PRIMARY KEY, "share%" int, "b%s" text)""")
+    conn.execute("""INSERT INTO pct SELECT g, g % 7, 'u' || g FROM generate_series(1, 30) g""")
+    source.create_queue("q")
+    source.add_table("q", "pct", mode="pk", where="""id % 2 = 0 AND "b%s" LIKE 'u%'""")
+    replica = tmp_path / "r.db"
+    consume(dsn, replica)
+    conn.execute("""UPDATE pct SET "share%" = -1 WHERE id <= 10""")
+    conn.execute("""INSERT INTO pct VALUES (100, 1, 'u100'), (102, 2, 'x102')""")
+    consume(dsn, replica)
+    rows = sqlite_rows(replica, "pct", ["id"])
+    assert sorted(k for (k,) in rows) == [i for i in range(2, 31, 2)] + [100]
+    assert rows[(4,)] == {"id": 4, "share%": -1, "b%s": "u4"} and rows[(12,)]["share%"] == 5
+
+
 def test_pk_mode_is_refused_for_nullable_key_columns(conn, source):
     conn.execute("CREATE TABLE nokey (k int, v text); CREATE TABLE nnkey (k int NOT NULL, v text)")
     source.create_queue("q")

@@ -19,13 +19,15 @@ def test_granted_role_consumes_but_cannot_write_the_queue(dsn, conn, source, tmp
     conn.execute(f'DROP ROLE IF EXISTS "{role}"')
     conn.execute(f'CREATE ROLE "{role}" LOGIN')
     conn.execute('CREATE TABLE "Odd table" (id int PRIMARY KEY, v text)')
+    conn.execute('CREATE SCHEMA "Sales s"; CREATE TABLE "Sales s".t (id int PRIMARY KEY)')   # not the role's
     source.create_queue("q")
     source.add_table("q", '"Odd table"')
-    conn.execute("""INSERT INTO "Odd table" VALUES (1, 'a'), (2, 'b')""")
+    source.add_table("q", '"Sales s".t')
+    conn.execute("""INSERT INTO "Odd table" VALUES (1, 'a'), (2, 'b'); INSERT INTO "Sales s".t VALUES (7)""")
 
     granted = subprocess.run([REPLICATOR, "--dsn", dsn, "grant", role], capture_output=True, text=True)
     assert granted.returncode == 0, granted.stderr
-    assert "1 captured table" in granted.stdout
+    assert "2 captured table" in granted.stdout
 
     replica = tmp_path / "replica.db"
     consumed = subprocess.run([REPLICATOR, "--dsn", _as(dsn, role), "consume", "q", "--target",
@@ -37,6 +39,7 @@ def test_granted_role_consumes_but_cannot_write_the_queue(dsn, conn, source, tmp
     assert consumed.returncode == 0, consumed.stderr
     with sqlite3.connect(replica) as db:
         assert db.execute('SELECT id, v FROM "Odd table" ORDER BY id').fetchall() == [(1, "a"), (2, "c")]
+        assert db.execute('SELECT id FROM "Sales s__t"').fetchall() == [(7,)]
 
     with psycopg.connect(_as(dsn, role), autocommit=True) as reader:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -52,6 +55,7 @@ def test_granted_role_consumes_but_cannot_write_the_queue(dsn, conn, source, tmp
             reader.execute("DELETE FROM replicator.consumer")
     conn.execute(f'DROP OWNED BY "{role}"')
     conn.execute(f'DROP ROLE "{role}"')
+    conn.execute('DROP SCHEMA "Sales s" CASCADE')
 
 
 def test_grant_to_an_unknown_role_is_one_clear_error(dsn):
