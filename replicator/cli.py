@@ -133,7 +133,7 @@ def uninstall(ctx: Context, yes: bool) -> None:
 
 @cli.group()
 def queue() -> None:
-    """Create, configure, drop and list queues."""
+    """Create, configure, drop and list queues; unregister their consumers."""
 
 
 _TICKER_OPTIONS = [
@@ -215,8 +215,9 @@ def queue_config(ctx: Context, name: str, rotation_period: str | None, ticker_ma
 
 @queue.command("drop")
 @click.argument("name")
+@click.option("--force", is_flag=True, help="Drop it though consumers are registered (their pending events are lost).")
 @pass_ctx
-def queue_drop(ctx: Context, name: str) -> None:
+def queue_drop(ctx: Context, name: str, force: bool) -> None:
     """Drop a queue, its capture triggers and its events.
 
     \b
@@ -224,8 +225,32 @@ def queue_drop(ctx: Context, name: str) -> None:
         replicator queue drop main
     """
     with ctx.source() as source:
+        source.queue_id(name)
+        consumers = [c["consumer_name"] for c in source.consumers() if c["queue_name"] == name]
+        if consumers and not force:
+            raise UserError(f"queue {name} has consumers ({', '.join(consumers)}) whose pending events would be lost:"
+                            f" stop them and unregister them (replicator queue unregister), or pass --force")
         source.drop_queue(name)
     click.echo(f"queue {name} dropped")
+
+
+@queue.command("unregister")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("consumer")
+@pass_ctx
+def queue_unregister(ctx: Context, queue_name: str, consumer: str) -> None:
+    """Forget CONSUMER of QUEUE (a replica retired, a consumer that failed after
+    registering): rotation no longer waits for it. Started again, the consumer resumes
+    from its replica's position only while the queue still holds that tick.
+
+    \b
+    Example:
+        replicator queue unregister main sqlite_old_replica_1a2b3c4d
+    """
+    with ctx.source() as source:
+        if not source.unregister_consumer(queue_name, consumer):
+            raise UserError(f"queue {queue_name} has no consumer {consumer!r} (see: replicator status)")
+    click.echo(f"consumer {consumer} of queue {queue_name} unregistered")
 
 
 @queue.command("list")

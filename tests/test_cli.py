@@ -234,7 +234,15 @@ def test_happy_path(empty_dsn):
 
     assert ok("maint", "--once").startswith("main: ")
     assert "1 table(s) removed from queue main" in ok("table", "remove", "main", "public.orders")
+    refused = run("queue", "drop", "main", dsn=empty_dsn)          # a consumer is registered
+    assert_user_error(refused, "queue main has consumers (reader)", "--force")
+    assert "consumer reader of queue main unregistered" in ok("queue", "unregister", "main", "reader")
+    assert_user_error(run("queue", "unregister", "main", "reader", dsn=empty_dsn), "no consumer 'reader'")
     assert "queue main dropped" in ok("queue", "drop", "main")
+    ok("queue", "create", "other")
+    with psycopg.connect(empty_dsn, autocommit=True) as c:
+        c.execute("SELECT replicator.register_consumer('other', 'gone')")
+    assert "queue other dropped" in ok("queue", "drop", "other", "--force")
     assert json.loads(ok("queue", "list", "--json")) == []
     assert "replicator uninstalled" in ok("uninstall", "--yes")
     with psycopg.connect(empty_dsn) as c:
