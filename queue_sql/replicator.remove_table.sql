@@ -5,8 +5,9 @@ LANGUAGE plpgsql STABLE AS $$
 -- Function: replicator.find_table(p_queue_name, p_table)
 --
 --      Looks up a table captured by a queue. p_table is 'schema.table' or
---      'table'; a table that was dropped since is still found by its
---      recorded name.
+--      'table' in SQL syntax, or the name as `table list` shows it
+--      (unquoted: 'public.Mixed Case'); a table that was dropped since is
+--      still found by its recorded name.
 --
 -- Returns:
 --      the captured_table row; raises when the queue does not capture it
@@ -19,7 +20,7 @@ BEGIN
     BEGIN
         v_oid := to_regclass(p_table);
     EXCEPTION WHEN invalid_name OR syntax_error THEN
-        RAISE EXCEPTION 'invalid table name: %', p_table;
+        v_oid := NULL;   -- not SQL syntax: the recorded name may still match
     END;
     SELECT ct.* INTO t FROM replicator.captured_table ct
     WHERE ct.queue_id = q.queue_id

@@ -114,6 +114,19 @@ def test_unknown_table_is_one_line(app):
     assert_user_error(removed, 'table orders is not in queue "q"')
 
 
+def test_a_table_is_removed_by_the_name_table_list_shows(app):
+    with psycopg.connect(app, autocommit=True) as c:
+        c.execute('CREATE TABLE "Mixed Case" (id int PRIMARY KEY); CREATE TABLE "Camel" (id int PRIMARY KEY)')
+    assert run("table", "add", "q", '"Mixed Case"', '"Camel"', dsn=app).returncode == 0
+    listed = json.loads(run("table", "list", "q", "--json", dsn=app).stdout)
+    assert {t["table"] for t in listed} == {"public.Mixed Case", "public.Camel"}
+    for shown in ("public.Mixed Case", "public.Camel"):   # as shown, not SQL syntax
+        removed = run("table", "remove", "q", shown, dsn=app)
+        assert removed.returncode == 0, removed.stderr
+    assert json.loads(run("table", "list", "q", "--json", dsn=app).stdout) == []
+    assert_user_error(run("table", "remove", "q", "public.Mixed Case", dsn=app), "is not in queue")
+
+
 def test_duplicate_queue_and_table_are_one_line(app):
     assert_user_error(run("queue", "create", "q", dsn=app), 'queue "q" already exists')
     assert run("table", "add", "q", "orders", dsn=app).returncode == 0
