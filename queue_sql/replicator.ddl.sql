@@ -456,6 +456,12 @@ BEGIN
             CONTINUE;
         END;
         PERFORM replicator.insert_schema_event(v_id, replicator.schema_event_data(v_id, p_tag, p_sql, 'created'));
+        IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = r.oid AND indisprimary) THEN
+            PERFORM replicator.warn_once(r.oid, format(
+                'replicator: %s.%s has no primary key: captured with every comparable column as its key,'
+                ' so identical rows are one row on targets (add a primary key to keep them apart)',
+                r.schema_name, r.relname));
+        END IF;
         v_count := v_count + 1;
     END LOOP;
     -- after the tables just captured: a child of one of them is captured with it.

@@ -656,10 +656,13 @@ def test_a_table_of_a_followed_schema_without_a_usable_key_is_warned_about_once(
     conn.execute("CREATE TABLE app.t (id int PRIMARY KEY)")
     conn.execute("ALTER TABLE app.t ADD COLUMN v int")
     assert warnings == ["replicator: app.doc has no column usable as a key and is not captured"]
-    # still tried again at every DDL: once it has a usable column, it is captured
+    # still tried again at every DDL: once it has a usable column, it is captured, keyed by
+    # every comparable column: identical rows would be one on targets, which it says
     conn.execute("ALTER TABLE app.doc ADD COLUMN id int")
     assert sorted(t.name for t in q.tables("q")) == ["app.doc", "app.t"]
-    assert len(warnings) == 1
+    assert len(warnings) == 2 and warnings[1].startswith("replicator: app.doc has no primary key: captured with")
+    conn.execute("ALTER TABLE app.doc ADD COLUMN n int")
+    assert len(warnings) == 2
 
 
 def test_execute_checks_only_the_capture_trees_its_script_touches(conn, q, no_event_triggers):
