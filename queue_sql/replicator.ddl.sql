@@ -520,6 +520,30 @@ BEGIN
 END;
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.unfollow_schema(p_queue_name text, p_schema text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.unfollow_schema(p_queue_name, p_schema)
+--
+--      Stops following a schema: tables created in it later are not
+--      captured. Its tables captured so far stay captured (remove_table
+--      them one by one).
+--
+-- Parameters:
+--      p_queue_name    - the queue
+--      p_schema        - a schema the queue follows
+-- ----------------------------------------------------------------------
+DECLARE
+    q replicator.queue := replicator.find_queue(p_queue_name);
+BEGIN
+    DELETE FROM replicator.captured_schema WHERE queue_id = q.queue_id AND schema_name = p_schema;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'queue "%" does not follow schema %', p_queue_name, p_schema;
+    END IF;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.sync_partitions(p_table_id integer, p_tag text, p_sql text,
                                                        p_check boolean DEFAULT true)
 RETURNS boolean

@@ -42,6 +42,8 @@ LANGUAGE plpgsql AS $$
 --
 --      Stops capturing a table into a queue: drops its triggers and
 --      generated function. Events already queued are still delivered.
+--      Refused for a table of a schema the queue follows: the next DDL
+--      would capture it again.
 --
 -- Returns:
 --      the id the table had in the queue
@@ -49,6 +51,12 @@ LANGUAGE plpgsql AS $$
 DECLARE
     t replicator.captured_table := replicator.find_table(p_queue_name, p_table);
 BEGIN
+    IF EXISTS (SELECT 1 FROM replicator.captured_schema
+               WHERE queue_id = t.queue_id AND schema_name = t.table_schema) THEN
+        RAISE EXCEPTION 'table %.% is in schema %, which queue "%" follows: the next DDL would capture it again;'
+                        ' stop following the schema first (replicator table remove % --schema %)',
+                        t.table_schema, t.table_name, t.table_schema, p_queue_name, p_queue_name, t.table_schema;
+    END IF;
     PERFORM replicator.drop_capture(t.table_id);
     DELETE FROM replicator.captured_table WHERE table_id = t.table_id;
     RETURN t.table_id;

@@ -317,19 +317,27 @@ def table_add(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: t
 
 @table.command("remove")
 @click.argument("queue_name", metavar="QUEUE")
-@click.argument("tables", nargs=-1, required=True)
+@click.argument("tables", nargs=-1)
+@click.option("--schema", "schemas", multiple=True,
+              help="Stop following a schema (before its tables are removed): tables created later are not captured.")
 @pass_ctx
-def table_remove(ctx: Context, queue_name: str, tables: tuple[str, ...]) -> None:
+def table_remove(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: tuple[str, ...]) -> None:
     """Stop capturing TABLE... into QUEUE.
 
     \b
     Example:
         replicator table remove main public.orders
+        replicator table remove main --schema sales sales.archive
     """
+    if not tables and not schemas:
+        raise UserError("name the tables to remove, or stop following a schema with --schema NAME")
     with ctx.source() as source, source.conn.transaction():
+        for schema in schemas:
+            source.unfollow_schema(queue_name, schema)
         for name in tables:
             source.remove_table(queue_name, name)
-    click.echo(f"{len(tables)} table(s) removed from queue {queue_name}")
+    click.echo(f"{len(tables)} table(s) removed from queue {queue_name}"
+               + (f"; no longer following schema {', '.join(schemas)}" if schemas else ""))
 
 
 @table.command("list")

@@ -159,6 +159,10 @@ class Source:
                           " FROM replicator.captured_table WHERE queue_id = (replicator.find_queue(%s)).queue_id",
                           (queue,))
 
+    def unfollow_schema(self, queue: str, schema: str) -> None:
+        """Stops capturing the tables created later in a schema; those captured stay."""
+        self._call("SELECT replicator.unfollow_schema(%s, %s)", (queue, schema))
+
     def remove_table(self, queue: str, table: str) -> int:
         return self._call("SELECT replicator.remove_table(%s, %s)", (queue, table))
 

@@ -665,6 +665,20 @@ def test_a_table_of_a_followed_schema_without_a_usable_key_is_warned_about_once(
     assert len(warnings) == 2
 
 
+def test_a_table_of_a_followed_schema_is_removed_once_the_schema_is_no_longer_followed(conn, q):
+    conn.execute("CREATE SCHEMA app; CREATE TABLE app.a (id int PRIMARY KEY); CREATE TABLE app.b (id int PRIMARY KEY)")
+    q.follow_schema("q", "app")
+    # removed while followed, the next DDL in the schema would capture it again
+    with pytest.raises(UserError, match='which queue "q" follows.*table remove q --schema app'):
+        q.remove_table("q", "app.a")
+    q.unfollow_schema("q", "app")
+    q.remove_table("q", "app.a")
+    conn.execute("CREATE TABLE app.c (id int PRIMARY KEY); ALTER TABLE app.a ADD COLUMN v int")
+    assert [t.name for t in q.tables("q")] == ["app.b"]   # captured so far: stays
+    with pytest.raises(UserError, match='does not follow schema app'):
+        q.unfollow_schema("q", "app")
+
+
 def test_execute_checks_only_the_capture_trees_its_script_touches(conn, q, no_event_triggers):
     conn.execute("CREATE TABLE p (id int PRIMARY KEY) PARTITION BY RANGE (id)")
     conn.execute("CREATE TABLE p1 (id int PRIMARY KEY)")
