@@ -480,8 +480,9 @@ def spark() -> None:
 
 @spark.command("compact")
 @click.option("--target", "target_url", required=True, help="spark:PATH, the warehouse directory.")
-@click.option("--table", "tables", multiple=True, help="Only this table (schema.table or view name; repeatable).")
-@click.option("--min-logs", default=1, show_default=True, type=int,
+@click.option("--table", "tables", multiple=True,
+              help="Only this table: schema.table, or its name as register_views gives it (schema__table); repeatable.")
+@click.option("--min-logs", default=1, show_default=True, type=click.IntRange(min=1),
               help="Compact a table only if it has this many change log files.")
 @click.option("--spark-master", help="Spark master (default local[*]).")
 @click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="A Spark setting (repeatable).")

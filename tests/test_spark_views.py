@@ -246,6 +246,9 @@ def reading_batches(seed: int, n: int) -> list[tuple[list[tuple], list[tuple]]]:
     """Batches of upserts and deletes of readings (sums of these values are exact in any order)."""
     rng = random.Random(seed)
     stamps = [f"2025-01-0{d}T0{h}:00:00.{u:06d}+00:00" for d in (1, 2) for h in range(3) for u in (0, 250)]
+    # infinity as the warehouse keeps it, and a year before 1677: past what nanoseconds (INT96,
+    # as Spark writes a compacted base) can hold
+    stamps += ["9999-12-31T23:59:59.999999+00:00", "1000-01-01T00:00:00+00:00"]
     values = [-0.0, 0.0, 1.5, 2.25, -3.0, None]
     rows: dict[tuple, tuple] = {}
     out = []
