@@ -87,6 +87,7 @@ def cli(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
     """
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.DEBUG if verbose else logging.WARNING)   # its INFO is Spark's plumbing
     ctx.obj = Context(dsn)
 
 

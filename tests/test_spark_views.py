@@ -491,6 +491,18 @@ def test_view_commands_on_a_missing_warehouse_say_so_in_one_line(dsn, tmp_path):
                                                   f"over the tables `replicator consume` replicates into it"]
 
 
+def test_a_query_spark_refuses_is_one_line_without_spark_logging(dsn, spark, tmp_path):
+    model = Model(random.Random(5))
+    start_warehouse(spark, tmp_path / "wh", model).close()
+    result = run_cli(dsn, "view", "create", "v", "--target", f"spark:{tmp_path / 'wh'}",
+                     "--sql", "SELECT id, no_such_column FROM orders")
+    assert result.returncode == 1
+    # the JVM's own notice of the modules Spark adds is all that precedes the error
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("WARNING: Using incubator modules")]
+    assert len(lines) == 1 and lines[0].startswith("error: the view's SQL does not run on the warehouse:"), \
+        result.stderr
+
+
 def test_a_crash_after_the_views_are_refreshed_keeps_the_previous_state_and_converges(dsn, conn, warehouse, spark):
     path = warehouse
     views = SparkViews(Warehouse(path), lambda: spark)

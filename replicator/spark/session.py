@@ -9,9 +9,11 @@ i.e. in the first session of a process.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
@@ -26,6 +28,9 @@ DEFAULTS = {
     "spark.sql.parquet.compression.codec": "snappy",
     "spark.driver.memory": "2g",
 }
+
+
+QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 
 
 def parse_conf(pairs: list[str] | tuple[str, ...] | None) -> dict[str, str]:
@@ -50,7 +55,13 @@ def get_session(master: str | None = None, conf: Mapping[str, str] | None = None
     except ImportError:
         raise UserError("the Spark target needs PySpark: pip install 'replicator[spark]'") from None
     builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("SPARK_MASTER", "local[*]"))
-    for key, value in {**DEFAULTS, **(conf or {})}.items():
+    settings = {**DEFAULTS, **(conf or {})}
+    if not logging.getLogger("replicator").isEnabledFor(logging.DEBUG):
+        # the JVM's start-up lines and log records (a failing query's stack trace, twice) would
+        # surround replicator's one-line errors; -v keeps them
+        settings.setdefault("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J}")
+        logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)   # PySpark's JSON records of them
+    for key, value in settings.items():
         builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()
