@@ -421,7 +421,8 @@ DECLARE
     v_count integer := 0;
 BEGIN
     FOR r IN
-        SELECT q.queue_name, s.schema_name, s.schema_mode, c.oid, c.relname
+        SELECT q.queue_name, s.schema_name, s.schema_mode, c.oid, c.relname,
+               EXISTS (SELECT 1 FROM pg_index WHERE indrelid = c.oid AND indisprimary) AS has_primary_key
         FROM replicator.captured_schema s
         JOIN replicator.queue q ON q.queue_id = s.queue_id
         JOIN pg_namespace n ON n.nspname = s.schema_name
@@ -445,8 +446,7 @@ BEGIN
         BEGIN
             v_id := replicator.add_table(
                 r.queue_name, format('%I.%I', r.schema_name, r.relname),
-                CASE WHEN EXISTS (SELECT 1 FROM pg_index WHERE indrelid = r.oid AND indisprimary)
-                     THEN r.schema_mode ELSE 'full' END,
+                CASE WHEN r.has_primary_key THEN r.schema_mode ELSE 'full' END,
                 NULL, '{}', NULL, true);
         EXCEPTION WHEN raise_exception THEN
             IF r.oid = ANY (p_new) THEN
@@ -456,7 +456,7 @@ BEGIN
             CONTINUE;
         END;
         PERFORM replicator.insert_schema_event(v_id, replicator.schema_event_data(v_id, p_tag, p_sql, 'created'));
-        IF NOT EXISTS (SELECT 1 FROM pg_index WHERE indrelid = r.oid AND indisprimary) THEN
+        IF NOT r.has_primary_key THEN
             PERFORM replicator.warn_once(r.oid, format(
                 'replicator: %s.%s has no primary key: captured with every comparable column as its key,'
                 ' so identical rows are one row on targets (add a primary key to keep them apart)',

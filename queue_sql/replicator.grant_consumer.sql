@@ -6,8 +6,9 @@ LANGUAGE plpgsql AS $$
 --
 --      Gives a role what a consumer needs and nothing more: read the
 --      queues, their events and the captured tables (initial copy, PK-only
---      join-back), with USAGE on the captured tables' schemas. Its position and its ticks go through the consumer
---      functions (register_consumer, next_batch, finish_batch,
+--      join-back), with USAGE on the captured tables' schemas. Its
+--      position and its ticks go through the consumer functions
+--      (register_consumer, next_batch, finish_batch,
 --      set_consumer_position, ticker), which run as their owner: the role
 --      writes no table of schema replicator, so it cannot forge a tick
 --      other consumers would read. Event tables of queues created later are

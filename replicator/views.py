@@ -843,8 +843,8 @@ def open_views(url: str, *, spark_master: str | None = None,
     from .targets.sqlite import is_replica
 
     scheme, sep, rest = url.partition(":")
-    if scheme == "sqlite" and sep and rest and not is_replica(Path(rest).expanduser()):
-        what = "is not a replica" if Path(rest).expanduser().exists() else "does not exist"
+    if scheme == "sqlite" and sep and rest and not is_replica(replica := Path(rest).expanduser()):
+        what = "is not a replica" if replica.exists() else "does not exist"
         raise UserError(f"no replica at {rest} (it {what}): views are defined over the tables "
                         f"`replicator consume` replicates into it")
     if scheme in ("jsonl", "tsv"):

@@ -44,9 +44,6 @@ from .warehouse import DELETED, SEQ, Warehouse, physical_name, physical_schema, 
 Columns = Sequence[pa.Array | pa.ChunkedArray]
 
 
-# Spark writes timestamps as INT96 (compacted bases, views): read at pyarrow's default, in
-# nanoseconds, a year past 2262 or before 1677 (PostgreSQL's infinities as stored) overflows
-INT96_UNIT = "us"
 _MICROS = {"s": 1_000_000, "ms": 1_000, "us": 1, "ns": None}
 
 
@@ -146,6 +143,19 @@ def parquet_files(warehouse: Warehouse, relative: Sequence[str]) -> list[Path]:
     return out
 
 
+def parquet_handle(path: Path) -> pq.ParquetFile:
+    """A Parquet file of the warehouse, opened to read its row groups. Timestamps Spark
+    wrote as INT96 (compacted bases, views' files) are read in microseconds: in
+    pyarrow's default nanoseconds, a year past 2262 or before 1677 (PostgreSQL's
+    infinities as the warehouse keeps them) overflows."""
+    return pq.ParquetFile(path, coerce_int96_timestamp_unit="us")
+
+
+def parquet_table(path: Path, columns: list[str]) -> pa.Table:
+    """These columns of a Parquet file of the warehouse, read whole (see parquet_handle)."""
+    return parquet_handle(path).read(columns=columns)
+
+
 def _columns(present: Iterable[str], schema: pa.Schema, *, flags: bool = False) -> list[str]:
     """The columns of schema a file holds (present: its column names), with the _deleted
     flag if flags."""
@@ -156,7 +166,7 @@ def _columns(present: Iterable[str], schema: pa.Schema, *, flags: bool = False) 
 def _row_groups(path: Path, schema: pa.Schema) -> Iterator[tuple[pq.ParquetFile, int, pa.Table]]:
     """Each row group's columns of the schema (the key columns, read before the rest),
     conformed to it."""
-    handle = pq.ParquetFile(path, coerce_int96_timestamp_unit=INT96_UNIT)
+    handle = parquet_handle(path)
     names = _columns(handle.schema_arrow.names, schema)
     for i in range(handle.metadata.num_row_groups):
         yield handle, i, _conform(handle.read_row_group(i, columns=names), schema)
@@ -165,7 +175,7 @@ def _row_groups(path: Path, schema: pa.Schema) -> Iterator[tuple[pq.ParquetFile,
 def _read(path: Path, schema: pa.Schema, *, flags: bool = False) -> pa.Table:
     """A file's columns of the schema conformed to it (with the _deleted flag if flags)."""
     columns = _columns(pq.read_schema(path).names, schema, flags=flags)
-    return _conform(pq.read_table(path, coerce_int96_timestamp_unit=INT96_UNIT, columns=columns), schema, flags=flags)
+    return _conform(parquet_table(path, columns), schema, flags=flags)
 
 
 def _conform(table: pa.Table, schema: pa.Schema, *, flags: bool = False) -> pa.Table:
@@ -418,11 +428,11 @@ def stored_keys(warehouse: Warehouse, entry: dict[str, Any], keys: list[str],
         return table.filter(mask)
 
     def row_groups(path: Path) -> Iterator[pa.Table]:
-        handle = pq.ParquetFile(path, coerce_int96_timestamp_unit=INT96_UNIT)
+        handle = parquet_handle(path)
         return (handle.read_row_group(i, columns=keys) for i in range(handle.metadata.num_row_groups))
 
     # a log is a directory of Parquet files (those of its upserts and of its tombstones)
-    log = _MergedLog(([matching(pq.read_table(path, columns=[*keys, DELETED], coerce_int96_timestamp_unit=INT96_UNIT))
+    log = _MergedLog(([matching(parquet_table(path, [*keys, DELETED]))
                        for path in parquet_files(warehouse, [view_log["file"]])]
                       for view_log in reversed(entry["logs"])), keys)
     parts = log.current + [log.unsettled(matching(rows)) for path in parquet_files(warehouse, entry["base"])

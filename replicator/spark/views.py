@@ -1061,7 +1061,7 @@ class SparkViews:
             stamp = self.spark.createDataFrame([(seq, False)], f"{SEQ} long, {DELETED} boolean")
             upserts.crossJoin(F.broadcast(stamp)).select(*columns, SEQ, DELETED).write.parquet(str(directory))
             parts = sorted(directory.glob("*.parquet"))
-            written = [pq.read_table(p, columns=keys, coerce_int96_timestamp_unit=lookup.INT96_UNIT) for p in parts]
+            written = [lookup.parquet_table(p, keys) for p in parts]
             recomputed = pa.concat_tables([t.cast(written[0].schema) for t in written]) if written \
                 else pa.table({k: pa.array([], pa.null()) for k in keys})
         existing = lookup.stored_keys(self.warehouse, entry, keys, wanted)

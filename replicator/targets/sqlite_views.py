@@ -48,7 +48,7 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -133,6 +133,10 @@ def _compares_as_stored(key: str, other: str) -> bool:
 
 def _definition(columns: list[tuple[str, str]]) -> str:
     return ", ".join(f"{quote(c)} {t}".strip() for c, t in columns)
+
+
+def _helper_index_name(table: str, columns: Sequence[str]) -> str:
+    return INDEX_PREFIX + _h(table.lower() + "\0" + "\0".join(c.lower() for c in columns))
 
 
 def _delta_name(table: str) -> str:
@@ -1376,15 +1380,12 @@ class SqliteViews:
         if plan.mode != "incremental" or a is None or plan.root is not None:
             return []
         storage = quote(plan.storage)
-        names = [plan.storage + "_k"]
-        creates = [f"CREATE UNIQUE INDEX main.{quote(names[0])} ON {storage} "
-                   f"({', '.join(quote(c) for c in plan.key_columns)})"]
+        indexes = [(plan.storage + "_k", "UNIQUE INDEX", plan.key_columns)]
         if a.kind == "rows":
-            for i in range(1, len(a.occurrences)):
-                names.append(plan.storage + f"_k{i}")
-                creates.append(f"CREATE INDEX main.{quote(names[-1])} ON {storage} "
-                               f"({', '.join(quote(c) for c in self._occurrence_keys(plan, i))})")
-        return list(zip(names, creates))
+            indexes += [(plan.storage + f"_k{i}", "INDEX", self._occurrence_keys(plan, i))
+                        for i in range(1, len(a.occurrences))]
+        return [(name, f"CREATE {kind} main.{quote(name)} ON {storage} ({', '.join(quote(c) for c in columns)})")
+                for name, kind, columns in indexes]
 
     def _restore_indexes(self) -> None:
         """Makes again the views' storage and helper indexes another connection dropped
@@ -1432,7 +1433,7 @@ class SqliteViews:
                     covered = True
                     break
             if not covered:
-                name = INDEX_PREFIX + _h(table.lower() + "\0" + "\0".join(want))
+                name = _helper_index_name(table, columns)
                 self.db.execute(f"CREATE INDEX main.{quote(name)} ON {quote(table)} "
                                 f"({', '.join(quote(c) for c in columns)})")
                 made.append(name)
@@ -1443,7 +1444,7 @@ class SqliteViews:
         needed = set()
         for plan in self.plans:
             for table, columns in plan.indexes:
-                needed.add(INDEX_PREFIX + _h(table.lower() + "\0" + "\0".join(c.lower() for c in columns)))
+                needed.add(_helper_index_name(table, columns))
         rows = self.db.execute("SELECT name FROM main.sqlite_master WHERE type = 'index'"
                                " AND substr(name, 1, ?) = ?", (len(INDEX_PREFIX), INDEX_PREFIX)).fetchall()
         for (name,) in rows:
