@@ -347,9 +347,11 @@ def test_create_twice_and_a_view_others_read(target):
 
 
 def test_policies_and_the_auto_threshold(target, monkeypatch):
-    sql = "SELECT cid, sum(amount) AS total FROM orders GROUP BY cid"
+    sql = "SELECT cid, count(DISTINCT amount) AS amounts FROM orders GROUP BY cid"   # groups recomputed
     for policy in ("auto", "incremental", "full"):
         target.views.create(f"v_{policy}", sql, policy)
+    folded = "SELECT cid, sum(amount) AS total FROM orders GROUP BY cid"
+    target.views.create("folded_auto", folded, "auto")
 
     def last() -> dict[str, tuple[str, str]]:
         return {v["view"]: (v["last_refresh"]["kind"], v["last_refresh"]["reason"]) for v in target.views.list()}
@@ -358,18 +360,28 @@ def test_policies_and_the_auto_threshold(target, monkeypatch):
     target.upsert(ORDERS, "U", [(1, 3, 7, "new")])       # 2 of 21 groups
     target.commit()
     assert last() == {"v_auto": ("incremental", ""), "v_incremental": ("incremental", ""),
-                      "v_full": ("full", "POLICY_FULL")}
+                      "v_full": ("full", "POLICY_FULL"), "folded_auto": ("incremental", "")}
     target.begin()
     target.upsert(ORDERS, "U", [(i, i % 19, 7, "new") for i in range(1, 60)])   # every group
     target.commit()
     kinds = last()
-    assert kinds["v_auto"][0] == "full" and kinds["v_auto"][1].startswith("THRESHOLD")
+    assert kinds["v_auto"][0] == "full" and kinds["v_auto"][1].startswith("THRESHOLD: 21 of 21 keys")
     assert kinds["v_incremental"] == ("incremental", "")
+    # folded, every group costs what the batch's rows cost: still incremental
+    assert kinds["folded_auto"] == ("incremental", "")
+    assert target.views.refreshes("folded_auto")[0]["keys"] == 21
+    target.begin()
+    target.delete(ORDERS, [(i,) for i in range(1, 60) if i % 19 in (2, 3)])   # groups 2 and 3 emptied
+    target.upsert(ORDERS, "U", [(i, i % 19, 7.5, "new") for i in range(1, 60) if i % 19 > 3])  # not integers
+    target.commit()
+    kinds = last()     # groups whose sum is no longer an exact integer are recomputed from their rows
+    assert kinds["folded_auto"][0] == "full" and kinds["folded_auto"][1].startswith("THRESHOLD: 15 of 21 groups")
     monkeypatch.setattr(sqlite_views, "AUTO_FULL_SHARE", 1.0)
     target.begin()
     target.upsert(ORDERS, "U", [(i, i % 19, 8, "new") for i in range(1, 60)])
     target.commit()
     assert last()["v_auto"] == ("incremental", "")
+    assert view_differences(target.db, "folded_auto", folded) is None
     target.begin()
     target.upsert(PLANETS, "U", [("mars",)])    # no view reads it: nothing recorded
     target.commit()
@@ -379,7 +391,8 @@ def test_policies_and_the_auto_threshold(target, monkeypatch):
     target.commit()
     for policy in ("auto", "incremental", "full"):
         assert view_differences(target.db, f"v_{policy}", sql) is None
-    log = target.views.refreshes("v_incremental")
+    assert view_differences(target.db, "folded_auto", folded) is None
+    log = target.views.refreshes("folded_auto")
     assert [r["kind"] for r in log[:2]] == ["incremental", "incremental"]
     # order 1000 in and out of the NULL group: folded, the group's row is left as it was
     assert log[0]["keys"] == 1 and (log[0]["rows_deleted"], log[0]["rows_inserted"], log[0]["rows_updated"]) == (0, 0, 0)

@@ -1272,13 +1272,15 @@ class SqliteViews:
             counts.keys = self.db.execute(self._keys_fill(plan, key)).rowcount
         if not counts.keys:
             return None
+        # the groups recomputed from their rows: a fold's others cost what the batch's rows
+        # do, however large a share of the view they are (every group of a view of a few)
+        recomputed = self.db.execute(redo).rowcount if folding else counts.keys
         if plan.policy == "auto":
-            why = self._auto_says_full(costs, counts.keys, counts.keys, rows, "keys", started)
+            why = self._auto_says_full(costs, counts.keys, recomputed, rows,
+                                       "groups to recompute" if folding else "keys", started)
             if why:
                 return why
-        recompute = True
-        if folding:
-            recompute = self.db.execute(redo).rowcount > 0
+        recompute = recomputed > 0
         if recompute:
             self._guard()
         else:
