@@ -66,3 +66,19 @@ LANGUAGE sql STABLE AS $$
     WHERE p_queue_name IS NULL OR q.queue_name = p_queue_name
     ORDER BY q.queue_name, t.table_id;
 $$;
+
+CREATE OR REPLACE FUNCTION replicator.schema_info(p_queue_name text DEFAULT NULL)
+RETURNS TABLE (queue_name text, schema_name text, mode text, since timestamptz)
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.schema_info(p_queue_name)
+--
+--      Schemas followed by one queue (or all queues when NULL): tables
+--      created in them are captured, in the given mode, from their first row.
+-- ----------------------------------------------------------------------
+    SELECT q.queue_name, s.schema_name, s.schema_mode, s.schema_added
+    FROM replicator.captured_schema s
+    JOIN replicator.queue q ON q.queue_id = s.queue_id
+    WHERE p_queue_name IS NULL OR q.queue_name = p_queue_name
+    ORDER BY q.queue_name, s.schema_name;
+$$;

@@ -346,7 +346,8 @@ def table_remove(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def table_list(ctx: Context, queue_name: str | None, as_json: bool) -> None:
-    """List captured tables, of one queue or of all.
+    """List captured tables, of one queue or of all, and the schemas whose new
+    tables are captured (--json: the tables only; `status --json` has both).
 
     \b
     Example:
@@ -355,10 +356,18 @@ def table_list(ctx: Context, queue_name: str | None, as_json: bool) -> None:
     with ctx.source() as source:
         rows = [{"queue": t.queue_name, "table": t.name, "mode": t.mode, "key": t.key,
                  "ignore": t.ignore, "where": t.row_filter} for t in source.tables(queue_name)]
+        schemas = source.followed_schemas(queue_name)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
-    else:
-        _print_rows(rows, "tables")
+        return
+    _print_rows(rows, "tables")
+    if schemas:
+        _print_rows(_schema_rows(schemas), "followed schemas")
+
+
+def _schema_rows(schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Followed schemas as the text output shows them."""
+    return [{**s, "since": s["since"].strftime("%Y-%m-%d %H:%M:%S")} for s in schemas]
 
 
 # jobs ------------------------------------------------------------------------
@@ -436,12 +445,14 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.option("--until-caught-up", is_flag=True, help="Tick, apply everything committed before now, exit.")
 @click.option("--poll-interval", default=0.2, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to wait when no batch is ready.")
+@click.option("--stats-interval", default=30.0, show_default=True, type=click.FloatRange(min=0),
+              help="Log what was applied (batches, events, rows, lag) every this many seconds; 0: every batch.")
 @click.option("--spark-master", help="spark: target: Spark master for compaction (default local[*]).")
 @click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="spark: target: a Spark setting (repeatable).")
 @pass_ctx
 def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str | None, tables: str | None,
-            once: bool, until_caught_up: bool, poll_interval: float, spark_master: str | None,
-            spark_conf: tuple[str, ...]) -> None:
+            once: bool, until_caught_up: bool, poll_interval: float, stats_interval: float,
+            spark_master: str | None, spark_conf: tuple[str, ...]) -> None:
     """Replicate QUEUE into a target, exactly once. Runs as a daemon unless
     --once or --until-caught-up; SIGTERM/SIGINT finish the current batch and exit 0.
 
@@ -458,9 +469,11 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         raise UserError("--once and --until-caught-up exclude each other")
     if (spark_master or spark_conf) and not target_url.startswith("spark:"):
         raise UserError("--spark-master and --spark-conf apply to a spark: target only")
+    with ctx.source() as source:   # a mistyped queue makes no target (opening one may create its file)
+        source.queue_id(queue_name)
     target = open_target(target_url, spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
     consumer = Consumer(db.resolve_dsn(ctx.dsn), queue_name, target, name=consumer_name,
-                        tables=_split(tables) or None, poll_interval=poll_interval)
+                        tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval)
     stop = jobs.StopFlag() if once or until_caught_up else jobs.StopFlag().install()
     try:
         consumer.run(once=once, until_caught_up=until_caught_up, stop=stop)
@@ -562,6 +575,8 @@ def status(ctx: Context, as_json: bool) -> None:
                   "last tick": q["last_tick"], "events since tick": q["events_since_tick"]}
                  for q in report["queues"]], "queues")
     _print_rows(report["tables"], "tables")
+    if report["schemas"]:
+        _print_rows(_schema_rows(report["schemas"]), "followed schemas")
     _print_rows([{"queue": c["queue_name"], "consumer": c["consumer_name"], "last tick": c["last_tick"],
                   "lag ticks": c["lag_ticks"], "lag events": c["lag_events"],
                   "lag seconds": f"{c['lag_seconds']:.1f}", "batch open": c["batch_open"]}

@@ -88,6 +88,33 @@ class BatchStats:
     events: int = 0
     rows: int = 0
     seconds: float = 0.0
+    lag_seconds: float = 0.0  # from the batch's last tick to its commit
+
+
+@dataclass
+class _Summary:
+    """What a running consumer applied since its last INFO line."""
+    started: float
+    batches: int = 0
+    events: int = 0
+    rows: int = 0
+    lag_seconds: float = 0.0
+
+    def add(self, stats: BatchStats) -> None:
+        self.batches += 1
+        self.events += stats.events
+        self.rows += stats.rows
+        self.lag_seconds = stats.lag_seconds
+
+    def flush(self, queue: str) -> None:
+        """Logs one line, unless every batch since the last was empty (an idle
+        queue logs nothing), and starts counting again."""
+        now = time.monotonic()
+        if self.events:
+            log.info("queue %s: %s %s, %s events, %s rows applied in %.1fs; lag %.1fs", queue, f"{self.batches:,}",
+                     "batch" if self.batches == 1 else "batches", f"{self.events:,}", f"{self.rows:,}",
+                     now - self.started, self.lag_seconds)
+        self.started, self.batches, self.events, self.rows = now, 0, 0, 0
 
 
 @dataclass
@@ -134,13 +161,14 @@ class _Run:
 class Consumer:
     def __init__(self, dsn: str, queue: str, target: Target, *, name: str | None = None,
                  tables: list[str] | None = None, poll_interval: float = 0.2,
-                 max_batch_events: int = MAX_BATCH_EVENTS) -> None:
+                 stats_interval: float = 30.0, max_batch_events: int = MAX_BATCH_EVENTS) -> None:
         self.dsn = dsn
         self.queue = queue
         self.target = target
         self.name = consumer_name(target, queue, name)
         self.table_filter = tables
         self.poll_interval = poll_interval
+        self.stats_interval = stats_interval
         self.max_batch_events = max_batch_events
         self.rows_per_event = 1000.0  # until a batch shows the queue's
         self.source: Source | None = None
@@ -306,6 +334,7 @@ class Consumer:
             # forgotten at the first batch of small events.
             self.rows_per_event = max(1.0, stats.rows / stats.events, self.rows_per_event / 2)
         stats.seconds = time.monotonic() - started
+        stats.lag_seconds = info.lag_seconds + stats.seconds
         log.debug("batch %s (tick %s): %d events, %d rows in %.3fs",
                   batch_id, info.tick_id, stats.events, stats.rows, stats.seconds)
         return stats
@@ -427,9 +456,16 @@ class Consumer:
     def run(self, *, once: bool = False, until_caught_up: bool = False, stop: StopFlag | None = None) -> int:
         """Runs until stopped (daemon), for one batch (once) or until every
         transaction committed before the call is applied (until_caught_up).
-        Reconnects with backoff when the source goes away. Returns the number
-        of batches applied."""
-        stop = stop or StopFlag()
+        Reconnects with backoff when the source goes away. Logs what it applied
+        every stats_interval seconds, and on return. Returns the number of
+        batches applied."""
+        summary = _Summary(time.monotonic())
+        try:
+            return self._run(once, until_caught_up, stop or StopFlag(), summary)
+        finally:
+            summary.flush(self.queue)
+
+    def _run(self, once: bool, until_caught_up: bool, stop: StopFlag, summary: _Summary) -> int:
         goal: int | None = None
         applied = 0
         backoff = 0.5
@@ -445,6 +481,9 @@ class Consumer:
                 stats = self.step()
                 if stats is not None:
                     applied += 1
+                    summary.add(stats)
+                    if time.monotonic() - summary.started >= self.stats_interval:
+                        summary.flush(self.queue)
                 if once:
                     return applied
                 if until_caught_up:

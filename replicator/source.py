@@ -37,6 +37,7 @@ class BatchInfo:
     cur_snapshot: str
     prev_event_seq: int
     cur_event_seq: int
+    lag_seconds: float  # how long ago, by the source's clock, the batch's last tick was taken
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,13 @@ class Source:
     def remove_table(self, queue: str, table: str) -> int:
         return self._call("SELECT replicator.remove_table(%s, %s)", (queue, table))
 
+    def followed_schemas(self, queue: str | None = None) -> list[dict[str, Any]]:
+        """Schemas whose new tables a queue captures (all queues' when None)."""
+        if queue is not None:
+            self.queue_id(queue)
+        return self._rows("SELECT queue_name AS queue, schema_name AS schema, mode, since"
+                          " FROM replicator.schema_info(%s)", (queue,))
+
     def tables(self, queue: str | None = None) -> list[CapturedTable]:
         if queue is not None:
             self.queue_id(queue)
@@ -230,14 +238,16 @@ class Source:
         return self._call("SELECT replicator.next_batch(%s, %s, %s)", (queue, consumer, max_events))
 
     def batch_info(self, batch_id: int) -> BatchInfo:
-        rows = self._rows("SELECT *, prev_snapshot::text AS prev_snap, cur_snapshot::text AS cur_snap"
+        rows = self._rows("SELECT *, prev_snapshot::text AS prev_snap, cur_snapshot::text AS cur_snap,"
+                          " extract(epoch FROM clock_timestamp() - tick_time)::float8 AS lag_seconds"
                           " FROM replicator.get_batch_info(%s)", (batch_id,))
         r = rows[0]
         return BatchInfo(batch_id=batch_id, queue_id=r["queue_id"], queue_name=r["queue_name"],
                          consumer_name=r["consumer_name"], prev_tick_id=r["prev_tick_id"], tick_id=r["tick_id"],
                          prev_tick_time=r["prev_tick_time"], tick_time=r["tick_time"],
                          prev_snapshot=r["prev_snap"], cur_snapshot=r["cur_snap"],
-                         prev_event_seq=r["prev_event_seq"], cur_event_seq=r["cur_event_seq"])
+                         prev_event_seq=r["prev_event_seq"], cur_event_seq=r["cur_event_seq"],
+                         lag_seconds=r["lag_seconds"])
 
     def batch_event_sql(self, batch_id: int, tables: list[int] | None = None) -> str:
         return self._call("SELECT replicator.batch_event_sql(%s, %s)", (batch_id, tables))

@@ -15,5 +15,6 @@ def status(source: Source) -> dict[str, Any]:
         "tables": [{"queue": t.queue_name, "table": t.name, "mode": t.mode, "key": t.key,
                     "ignore": t.ignore, "where": t.row_filter, "exists": t.structure is not None}
                    for t in source.tables()],
+        "schemas": source.followed_schemas(),
         "consumers": source.consumers(),
     }

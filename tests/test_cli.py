@@ -100,9 +100,12 @@ def test_schema_not_installed_is_one_line(empty_dsn):
         assert_user_error(result, "replicator is not installed", "replicator install")
 
 
-def test_unknown_queue_is_one_line(app):
-    for result in run_all([["table", "add", "nope", "orders"], ["queue", "drop", "nope"]], app):
+def test_unknown_queue_is_one_line_and_consume_makes_no_replica_for_it(app, tmp_path):
+    replica = tmp_path / "r.db"
+    for result in run_all([["table", "add", "nope", "orders"], ["queue", "drop", "nope"],
+                           ["consume", "nope", "--target", f"sqlite:{replica}", "--until-caught-up"]], app):
         assert_user_error(result, 'queue "nope" does not exist')
+    assert not replica.exists()
 
 
 def test_unknown_table_is_one_line(app):
@@ -138,14 +141,14 @@ def test_an_option_missing_its_value_points_to_its_command_help():
                        "(see: replicator view create --help)")
 
 
-def test_a_spark_target_without_the_spark_extra_names_the_extra(tmp_path):
+def test_a_spark_target_without_the_spark_extra_names_the_extra(app, tmp_path):
     # what a plain install (no pyspark, no pyarrow) does: the import fails
     blocked = ("import sys; sys.modules['pyarrow'] = sys.modules['pyspark'] = None; sys.argv[0] = 'replicator';"
                " from replicator.cli import main; main()")
     for args in (["view", "list", "--target", f"spark:{tmp_path}"], ["spark", "compact", "--target", f"spark:{tmp_path}"],
                  ["consume", "q", "--target", f"spark:{tmp_path}", "--once"]):
         result = subprocess.run([sys.executable, "-c", blocked, *args], capture_output=True, text=True, timeout=60,
-                                env={**os.environ, "REPLICATOR_DSN": "postgresql:///nowhere?host=/nonexistent"})
+                                env={**os.environ, "REPLICATOR_DSN": app})
         assert_user_error(result, "Spark targets need the spark extra", "pip install 'replicator[spark]'")
 
 

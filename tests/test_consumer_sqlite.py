@@ -9,8 +9,10 @@ files; crashes are real SIGKILLs of a real consumer process.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -682,6 +684,40 @@ def test_once_applies_one_batch_and_until_caught_up_applies_everything_committed
         open_txn.commit()
     assert run_cli(dsn, *args, "--until-caught-up").returncode == 0
     assert set(sqlite_rows(replica, "t", ["id"])) == {(1,), (2,), (3,), (4,)}
+
+
+def test_applied_batches_are_logged_per_interval_and_an_idle_queue_logs_nothing(dsn, conn, source, tmp_path,
+                                                                               caplog):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    caplog.set_level(logging.INFO, logger="replicator")
+
+    def applied_lines(path: Path, **options: float) -> list[str]:
+        """What one run until caught up logs of what it applied, times and lag as N."""
+        target = SqliteTarget(path)
+        consumer = Consumer(dsn, "q", target, max_batch_events=1, **options)
+        caplog.clear()
+        try:
+            consumer.run(until_caught_up=True)
+        finally:
+            consumer.close()
+            target.close()
+        return [re.sub(r"\b[0-9.]+s\b", "Ns", r.getMessage()) for r in caplog.records if " applied " in r.getMessage()]
+
+    assert applied_lines(tmp_path / "each.db", stats_interval=0) == []       # registers: nothing to apply
+    assert applied_lines(tmp_path / "summed.db") == []
+    conn.execute("INSERT INTO t SELECT generate_series(1, 3)")
+    source.tick("q", force=True)
+    conn.execute("INSERT INTO t SELECT generate_series(4, 8)")
+    source.tick("q", force=True)
+    assert applied_lines(tmp_path / "each.db", stats_interval=0) == [
+        "queue q: 1 batch, 1 events, 3 rows applied in Ns; lag Ns",
+        "queue q: 1 batch, 1 events, 5 rows applied in Ns; lag Ns"]
+    summed = applied_lines(tmp_path / "summed.db")
+    assert len(summed) == 1 and re.fullmatch(r"queue q: \d+ batches, 2 events, 8 rows applied in Ns; lag Ns",
+                                              summed[0]), summed
+    assert applied_lines(tmp_path / "each.db", stats_interval=0) == []       # caught up: empty batches only
 
 
 def test_daemon_finishes_the_current_batch_on_sigterm_and_exits_0(dsn, conn, source, tmp_path):

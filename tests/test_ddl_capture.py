@@ -7,6 +7,7 @@ their first row; changes that would break replication refused with the way out.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import threading
@@ -470,6 +471,22 @@ def test_tables_created_in_a_followed_schema_are_captured_from_their_first_row(d
     assert events[0].txid == events[1].txid
     assert [e.data["tag"] for e in schema_events(events)] == ["CREATE TABLE", "CREATE TABLE AS", "SELECT INTO"]
     assert events[2].data["key"] == ["id"]           # keyless: every comparable column is the key
+
+
+def test_followed_schemas_are_listed_by_table_list_and_status_until_unfollowed(dsn, conn, q):
+    conn.execute("CREATE SCHEMA app; CREATE SCHEMA \"Sales\"")
+    q.follow_schema("q", "app", mode="pk")
+    q.follow_schema("q", "Sales")
+    listed = run_cli(dsn, "table", "list", "q")
+    assert listed.returncode == 0, listed.stderr
+    assert "followed schemas" in listed.stdout
+    assert re.search(r"q\s*│\s*Sales\s*│\s*full", listed.stdout) and re.search(r"q\s*│\s*app\s*│\s*pk", listed.stdout)
+    report = json.loads(run_cli(dsn, "status", "--json").stdout)
+    assert sorted((s["queue"], s["schema"], s["mode"]) for s in report["schemas"]) == [("q", "Sales", "full"),
+                                                                                        ("q", "app", "pk")]
+    assert run_cli(dsn, "table", "remove", "q", "--schema", "Sales", "--schema", "app").returncode == 0
+    assert "followed schemas" not in run_cli(dsn, "table", "list").stdout
+    assert json.loads(run_cli(dsn, "status", "--json").stdout)["schemas"] == []
 
 
 def test_inheritance_child_created_in_a_followed_schema_is_captured_as_rows_of_its_parent(conn, q):
