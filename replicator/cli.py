@@ -23,6 +23,7 @@ from rich.table import Table
 from . import db, install as installer, jobs
 from .errors import UserError
 from .source import Source, parse_duration
+from .wording import counted
 
 console = Console()
 
@@ -312,7 +313,7 @@ def table_add(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: t
             added += 1
         for schema in schemas:
             added += source.follow_schema(queue_name, schema, mode=mode)
-    click.echo(f"{added} table(s) added to queue {queue_name}"
+    click.echo(f"{counted(added, 'table')} added to queue {queue_name}"
                + (f"; following schema {', '.join(schemas)}" if schemas else ""))
 
 
@@ -337,7 +338,7 @@ def table_remove(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas
             source.unfollow_schema(queue_name, schema)
         for name in tables:
             source.remove_table(queue_name, name)
-    click.echo(f"{len(tables)} table(s) removed from queue {queue_name}"
+    click.echo(f"{counted(len(tables), 'table')} removed from queue {queue_name}"
                + (f"; no longer following schema {', '.join(schemas)}" if schemas else ""))
 
 
@@ -387,7 +388,7 @@ def ticker(ctx: Context, once: bool, interval: float) -> None:
     if once:
         with ctx.source() as source:
             ticks = [source.tick(q["queue_name"], force=True) for q in source.queues()]
-        click.echo(f"{sum(t is not None for t in ticks)} tick(s)")
+        click.echo(counted(sum(t is not None for t in ticks), "tick"))
         return
     ctx.source().close()
     jobs.run_ticker(ctx.source, interval, jobs.StopFlag().install())
@@ -432,7 +433,7 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 
     with ctx.source() as source:
         queued = execute_file(source, queue_name, script)
-    click.echo(f"{script} applied; {queued} schema change(s) queued")
+    click.echo(f"{script} applied; {counted(queued, 'schema change')} queued")
 
 
 @cli.command()
@@ -529,7 +530,7 @@ def spark_compact(target_url: str, tables: tuple[str, ...], min_logs: int, spark
     except spark_errors() as exc:
         raise UserError(f"cannot compact {warehouse.path}: Spark failed: {error_line(exc)}") from None
     for c in done:
-        click.echo(f"{c.table}: {_count(c.logs, 'log file')} folded into {_count(c.rows, 'row')}"
+        click.echo(f"{c.table}: {counted(c.logs, 'log file')} folded into {counted(c.rows, 'row')}"
                    f" in {c.seconds:.1f}s"
                    + ("" if c.committed else " (not committed: the table changed meanwhile; run again)"))
     if not done:
@@ -549,7 +550,7 @@ def grant(ctx: Context, role: str) -> None:
     """
     with ctx.source() as source:
         tables = source.grant_consumer(role)
-    click.echo(f"{role} may consume; it reads {tables} captured table(s)")
+    click.echo(f"{role} may consume; it reads {counted(tables, 'captured table')}")
 
 
 @cli.command()
@@ -591,10 +592,6 @@ def status(ctx: Context, as_json: bool) -> None:
 @cli.group()
 def view() -> None:
     """Incremental views: SQL views of a SQLite or Spark target kept current after every batch."""
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _view_sql(sql: str) -> str:
@@ -645,7 +642,7 @@ def view_create(name: str, target_url: str, sql: str, policy: str) -> None:
         how = "maintained incrementally"
     else:
         how = f"refreshed in full after each batch ({_reason_line({'code': info['reason'], 'message': info['reason_message'], 'fragment': info['fragment']})})"
-    click.echo(f"view {info['view']} created: {_count(info['rows'], 'row')}, {how}")
+    click.echo(f"view {info['view']} created: {counted(info['rows'], 'row')}, {how}")
 
 
 @view.command("explain")
@@ -716,13 +713,13 @@ def view_list(target_url: str, as_json: bool) -> None:
     width = max(len(v["view"]) for v in rows)
     for v in rows:
         status = "ok" if v["status"] == "ok" else f"STALE: {v['status_reason']}"
-        click.echo(f"{v['view']:<{width}}  {v['maintenance']} (policy {v['policy']}), {_count(v['rows'], 'row')},"
+        click.echo(f"{v['view']:<{width}}  {v['maintenance']} (policy {v['policy']}), {counted(v['rows'], 'row')},"
                    f" {status}")
         last = v["last_refresh"]
         if last:
             done = last["kind"] + (f" ({last['reason'].split(':')[0]})" if last.get("reason") else "")
             if last.get("keys") is not None:
-                done += f", {_count(last['keys'], 'key')}"
+                done += f", {counted(last['keys'], 'key')}"
             done += (f", -{last['rows_deleted']} +{last['rows_inserted']} ~{last['rows_updated'] or 0} rows"
                      f" in {last['seconds'] * 1000:.1f} ms at {last['at']}")
             click.echo(f"{'':<{width}}  last refresh: {done}")
@@ -747,7 +744,7 @@ def view_refresh(name: str, target_url: str, full: bool) -> None:
     with open_views(target_url) as views:
         info, recomputed = views.refresh_now(name, full=full)
     if recomputed:
-        click.echo(f"view {info['view']} recomputed: {_count(info['rows'], 'row')}")
+        click.echo(f"view {info['view']} recomputed: {counted(info['rows'], 'row')}")
     else:
         click.echo(f"view {info['view']} is up to date (maintained incrementally after every batch); "
                    f"--full recomputes it")

@@ -27,6 +27,7 @@ from .snapshots import snapshot_xmax, snapshot_xmin, txid_visible
 from .schema import RowsDecoder, TableStructure, parse_json, reconcile
 from .source import CapturedTable, Source
 from .targets import Target, TargetTable
+from .wording import counted
 
 log = logging.getLogger("replicator")
 
@@ -111,9 +112,8 @@ class _Summary:
         queue logs nothing), and starts counting again."""
         now = time.monotonic()
         if self.events:
-            log.info("queue %s: %s %s, %s events, %s rows applied in %.1fs; lag %.1fs", queue, f"{self.batches:,}",
-                     "batch" if self.batches == 1 else "batches", f"{self.events:,}", f"{self.rows:,}",
-                     now - self.started, self.lag_seconds)
+            log.info("queue %s: %s, %s, %s applied in %.1fs; lag %.1fs", queue, counted(self.batches, "batch", "batches"),
+                     counted(self.events, "event"), counted(self.rows, "row"), now - self.started, self.lag_seconds)
         self.started, self.batches, self.events, self.rows = now, 0, 0, 0
 
 
@@ -297,7 +297,7 @@ class Consumer:
                         rows += len(chunk)
                         progress.update(task, completed=rows)
                 progress.update(task, total=rows, completed=rows)
-        log.info("copied %s: %d rows in %.1fs", table.name, rows, time.monotonic() - started)
+        log.info("copied %s: %s in %.1fs", table.name, counted(rows, "row"), time.monotonic() - started)
         return target_table
 
     # batches ---------------------------------------------------------------------------

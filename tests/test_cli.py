@@ -230,14 +230,14 @@ def test_happy_path(empty_dsn):
     assert "replicator schema at version" in ok("install")
     assert "applied migrations" not in ok("install")
     assert "queue main created" in ok("queue", "create", "main", "--rotation-period", "30min", "--tables", "4")
-    assert "1 table(s) added to queue main" in ok("table", "add", "main", "public.orders", "--ignore", "seen")
+    assert "1 table added to queue main" in ok("table", "add", "main", "public.orders", "--ignore", "seen")
     assert json.loads(ok("table", "list", "main", "--json")) == [
         {"queue": "main", "table": "public.orders", "mode": "full", "key": ["id"], "ignore": ["seen"],
          "where": None}]
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         c.execute("SELECT replicator.register_consumer('main', 'reader')")
         c.execute("""INSERT INTO "orders" VALUES (1, 'a', now()), (2, 'b', now())""")
-    assert ok("ticker", "--once").strip() == "1 tick(s)"
+    assert ok("ticker", "--once").strip() == "1 tick"
 
     report = json.loads(ok("status", "--json"))
     (queue,) = report["queues"]
@@ -249,7 +249,7 @@ def test_happy_path(empty_dsn):
     assert "main" in ok("queue", "list")
 
     assert ok("maint", "--once").startswith("main: ")
-    assert "1 table(s) removed from queue main" in ok("table", "remove", "main", "public.orders")
+    assert "1 table removed from queue main" in ok("table", "remove", "main", "public.orders")
     refused = run("queue", "drop", "main", dsn=empty_dsn)          # a consumer is registered
     assert_user_error(refused, "queue main has consumers (reader)", "--force")
     assert "consumer reader of queue main unregistered" in ok("queue", "unregister", "main", "reader")

@@ -712,8 +712,8 @@ def test_applied_batches_are_logged_per_interval_and_an_idle_queue_logs_nothing(
     conn.execute("INSERT INTO t SELECT generate_series(4, 8)")
     source.tick("q", force=True)
     assert applied_lines(tmp_path / "each.db", stats_interval=0) == [
-        "queue q: 1 batch, 1 events, 3 rows applied in Ns; lag Ns",
-        "queue q: 1 batch, 1 events, 5 rows applied in Ns; lag Ns"]
+        "queue q: 1 batch, 1 event, 3 rows applied in Ns; lag Ns",
+        "queue q: 1 batch, 1 event, 5 rows applied in Ns; lag Ns"]
     summed = applied_lines(tmp_path / "summed.db")
     assert len(summed) == 1 and re.fullmatch(r"queue q: \d+ batches, 2 events, 8 rows applied in Ns; lag Ns",
                                               summed[0]), summed

@@ -788,7 +788,7 @@ def test_install_without_the_privilege_says_so_and_execute_captures_ddl(owner_ds
         script.write_text("ALTER TABLE t ADD COLUMN n int DEFAULT 5;\nINSERT INTO t (id, v) VALUES (2, 'b');\n")
         result = run_cli(owner_dsn, "execute", "q", str(script))
         assert result.returncode == 0, result.stderr
-        assert result.stdout.strip() == f"{script} applied; 1 schema change(s) queued"
+        assert result.stdout.strip() == f"{script} applied; 1 schema change queued"
         events = read_events(source)
         assert [(e.type, e.items if e.type != "S" else e.data["columns"]) for e in events] == [
             ("I", [[1, "a"]]), ("S", ["id", "v", "n"]), ("I", [[2, "b", 5]])]

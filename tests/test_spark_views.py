@@ -573,10 +573,10 @@ def test_view_commands_create_explain_refresh_and_list_spark_views(spark, tmp_pa
     try:
         created = replicator_here("view", "create", "by_customer", "--target", url, "--policy", "incremental",
                                   "--sql", VIEWS["by_customer"] + "; -- per customer")
-        assert created.stdout == f"view by_customer created: {groups} rows, maintained incrementally\n", created
+        assert created.stdout == f"view by_customer created: {groups:,} rows, maintained incrementally\n", created
         created = replicator_here("view", "create", "escaped", "--target", url, "--policy", "incremental",
                                   "--sql", escaped)
-        assert created.stdout == f"view escaped created: {groups} rows, maintained incrementally\n", created
+        assert created.stdout == f"view escaped created: {groups:,} rows, maintained incrementally\n", created
 
         explained = replicator_here("view", "explain", "by_customer", "--target", url)
         assert explained.stdout.splitlines()[:2] == [
@@ -592,7 +592,7 @@ def test_view_commands_create_explain_refresh_and_list_spark_views(spark, tmp_pa
         refreshed = replicator_here("view", "refresh", "by_customer", "--target", url)
         assert refreshed.stdout.startswith("view by_customer is up to date"), refreshed
         refreshed = replicator_here("view", "refresh", "by_customer", "--target", url, "--full")
-        assert refreshed.stdout == f"view by_customer recomputed: {groups} rows\n", refreshed
+        assert refreshed.stdout == f"view by_customer recomputed: {groups:,} rows\n", refreshed
 
         failed = replicator_here("view", "create", "boom", "--target", url, "--sql",   # fails on every row
                                  "SELECT id, amount + CAST(raise_error('boom') AS BIGINT) AS x FROM orders")
