@@ -15,6 +15,7 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -613,6 +614,20 @@ def test_view_commands_create_explain_refresh_and_list_spark_views(spark, tmp_pa
     for name, sql in (("by_customer", VIEWS["by_customer"]), ("escaped", escaped)):
         assert multiset(read_view(spark, path, name)) == multiset(spark.sql(sql)), name
         assert Warehouse(path).read()["views"][name]["refreshes"][-1]["kind"] == "incremental", name
+
+
+def test_auto_on_spark_weighs_against_the_latest_full_refresh_however_old():
+    entry: dict[str, Any] = {"seq": 0, "refreshes": []}
+    record = SparkViews._record
+    record(entry, "full", "CREATE", 0.5, keys=None, deleted=0, inserted=10, updated=0)
+    for _ in range(spark_views.KEEP_REFRESHES + 20):
+        record(entry, "incremental", "", 10.0, keys=1, deleted=0, inserted=0, updated=1)
+    kept = entry["refreshes"]
+    assert len(kept) == spark_views.KEEP_REFRESHES + 1
+    assert (kept[0]["seq"], kept[0]["reason"]) == (1, "CREATE") and kept[1]["seq"] == 22
+    auto = SimpleNamespace(policy="auto")   # all _cost_says_full reads of a plan
+    assert SparkViews._cost_says_full(entry, auto) == (
+        "COST: incremental refreshes take about 10000 ms, a full one 500 ms")
 
 
 def test_auto_falls_back_to_full_refreshes_on_spark_and_records_why(spark, tmp_path):

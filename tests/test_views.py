@@ -495,15 +495,36 @@ def test_indexes_dropped_by_another_connection_are_made_again_at_the_next_batch(
     assert view_differences(target.db, "paired", paired) is None
 
 
-def test_the_refresh_log_keeps_the_last_records(target, monkeypatch):
+def test_the_refresh_log_keeps_the_last_records_and_those_auto_learns_from(target, monkeypatch):
     monkeypatch.setattr(sqlite_views, "KEEP_REFRESHES", 5)
     target.views.create("v", "SELECT id, amount FROM orders WHERE amount > 10", "incremental")
+    for seq in (2, 3):    # incremental refreshes of enough keys to learn a cost per key from
+        target.db.execute("INSERT INTO _replicator_view_refresh VALUES ('v', ?, '', 'incremental', '', 100,"
+                          " 0, 0, 100, 0.01)", (seq,))
+    target.db.execute("UPDATE _replicator_views SET seq = 3 WHERE name = 'v'")
     for i in range(12):
         target.begin()
         target.upsert(ORDERS, "U", [(1, 2, i, "new")])
         target.commit()
-    seqs = [r["seq"] for r in target.views.refreshes("v", 100)]
-    assert seqs == [13, 12, 11, 10, 9]
+    log = target.views.refreshes("v", 100)
+    assert [r["seq"] for r in log] == [15, 14, 13, 12, 11, 3, 2, 1]
+    assert (log[-1]["kind"], log[-1]["reason"]) == ("full", "CREATE")
+
+
+def test_auto_learns_the_cost_of_keys_however_many_small_refreshes_ago(target):
+    sql = "SELECT o.id, o.amount, c.name FROM orders o JOIN customers c ON c.id = o.cid"
+    target.views.create("lines", sql, "auto")
+    # two incremental refreshes of 100 keys at 10 ms a key, then 40 of one key each
+    records = [(seq, 100, 1.0) for seq in (2, 3)] + [(seq, 1, 0.0001) for seq in range(4, 44)]
+    target.db.executemany("INSERT INTO _replicator_view_refresh VALUES ('lines', ?, '', 'incremental', '', ?,"
+                          " 0, 0, 1, ?)", records)
+    target.db.execute("UPDATE _replicator_views SET seq = 43 WHERE name = 'lines'")
+    target.begin()
+    target.upsert(ORDERS, "U", [(1, 2, 40, "new"), (2, 3, 41, "new")])
+    target.commit()
+    last = target.views.refreshes("lines")[0]
+    assert last["kind"] == "full" and last["reason"].startswith("COST: about 2 keys at 10000 µs"), last
+    assert view_differences(target.db, "lines", sql) is None
 
 
 def test_a_refresh_that_fails_marks_the_view_stale_and_the_batch_commits(target):

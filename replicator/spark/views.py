@@ -684,13 +684,20 @@ class SparkViews:
                       "kind": plan.analysis.kind, "columns": plan.columns, "deps": plan.deps,
                       "key_exprs": plan.key_exprs, "key_columns": plan.key_columns})
 
-    def _record(self, entry: dict[str, Any], kind: str, reason: str, seconds: float, *, keys: int | None,
+    @staticmethod
+    def _record(entry: dict[str, Any], kind: str, reason: str, seconds: float, *, keys: int | None,
                 deleted: int, inserted: int, updated: int) -> None:
+        """Appends a refresh record to the view's manifest entry; keeps the last
+        KEEP_REFRESHES, and the latest full one."""
         entry["seq"] += 1
         entry["refreshes"].append({"seq": entry["seq"], "at": _now(), "kind": kind, "reason": reason, "keys": keys,
                                    "rows_deleted": deleted, "rows_inserted": inserted, "rows_updated": updated,
                                    "seconds": round(seconds, 6)})
-        del entry["refreshes"][:-KEEP_REFRESHES]
+        kept = entry["refreshes"][-KEEP_REFRESHES:]
+        if not any(r["kind"] == "full" for r in kept):
+            # auto weighs incremental refreshes against the latest full one, however old
+            kept[:0] = [r for r in entry["refreshes"] if r["kind"] == "full"][-1:]
+        entry["refreshes"] = kept
 
     def _full(self, manifest: dict[str, Any], name: str, plan: ViewPlan, reason: str) -> None:
         """Recomputes all of the view into a new base."""
@@ -1001,7 +1008,7 @@ class SparkViews:
         cheaper one); an incremental one is tried again now and then."""
         if plan.policy != "auto":
             return None
-        history = entry["refreshes"][-50:]
+        history = entry["refreshes"]
         full = next((r["seconds"] for r in reversed(history) if r["kind"] == "full"), None)
         incremental = [r["seconds"] for r in reversed(history) if r["kind"] == "incremental"][:5]
         if full is None or len(incremental) < 2:

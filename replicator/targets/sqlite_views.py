@@ -70,14 +70,20 @@ INDEX_PREFIX = "_replicator_ix_"
 # in full; before that, one that touches more than AUTO_FULL_SHARE of the rows.
 AUTO_FULL_SHARE = 0.2
 AUTO_MIN_KEYS = 100            # incremental refreshes of fewer keys say little about the cost per key
+AUTO_SAMPLES = 5               # incremental refreshes auto takes its cost per key from (the latest)
 # auto goes full once the keys' predicted cost passes this share of the last full refresh:
 # the prediction (a median cost per key) and single refreshes on a busy machine are both off
 # by tens of percent, and a full refresh is never more than a full refresh.
 AUTO_MARGIN = 0.6
-KEEP_REFRESHES = 1000          # refresh records kept per view
+KEEP_REFRESHES = 1000          # refresh records kept per view, besides those auto learns from
 CACHE_KIB = 131072             # page cache of a connection that maintains views (KiB): see _grow_cache
 COVERING_MAX_COLUMNS = 4       # GROUP BY columns plus the columns the view reads, for a covering index
 _AGGREGATE_OPCODES = {"AggStep", "AggStep1", "AggFinal", "AggValue", "AggInverse"}
+# the refresh records auto learns from (see _costs), kept however old
+_LATEST_FULL = (f"SELECT seq, seconds FROM main.{REFRESHES} WHERE view = :view AND kind = 'full'"
+                " ORDER BY seq DESC LIMIT 1")
+_COST_SAMPLES = (f"SELECT seq, seconds, keys FROM main.{REFRESHES} WHERE view = :view AND kind = 'incremental'"
+                 f" AND keys >= {AUTO_MIN_KEYS} ORDER BY seq DESC LIMIT {AUTO_SAMPLES}")
 GEN_COLUMN = "_replicator_gen"     # the refresh that last wrote a storage row
 GEN_COLUMN_Q = '"_replicator_gen"'
 SIGN_COLUMN = "_replicator_sign"   # delta rows: +1 a new row, -1 an old one
@@ -1300,17 +1306,14 @@ class SqliteViews:
         return None
 
     def _costs(self, plan: Plan) -> tuple[float, float] | None:
-        """(seconds per key of its recent incremental refreshes, seconds of its last full
-        refresh), from the view's refresh log; None while there is too little of it."""
-        history = self.db.execute(f"SELECT kind, seconds, keys FROM main.{REFRESHES} WHERE view = ?"
-                                  f" AND kind IN ('incremental', 'full') ORDER BY seq DESC LIMIT 30",
-                                  (plan.name,)).fetchall()
-        full = next((seconds for kind, seconds, _ in history if kind == "full"), None)
-        per_key = [seconds / keys for kind, seconds, keys in history
-                   if kind == "incremental" and keys and keys >= AUTO_MIN_KEYS][:5]
+        """(median seconds per key of its latest incremental refreshes of AUTO_MIN_KEYS keys
+        or more, seconds of its latest full refresh), from the view's refresh log (however
+        many refreshes ago: _record keeps them); None while there is too little of it."""
+        full = self.db.execute(_LATEST_FULL, {"view": plan.name}).fetchone()
+        per_key = [seconds / keys for _, seconds, keys in self.db.execute(_COST_SAMPLES, {"view": plan.name})]
         if full is None or len(per_key) < 2:
             return None
-        return sorted(per_key)[len(per_key) // 2], full
+        return sorted(per_key)[len(per_key) // 2], full[1]
 
     def _delta_rows(self, table: str) -> int:
         """Rows in a delta table: rows are only added to it in a transaction, so the span of
@@ -1351,8 +1354,10 @@ class SqliteViews:
                         (plan.name, seq, now, kind, reason, counts.keys if kind != "full" or counts.keys else None,
                          counts.deleted, counts.inserted, counts.updated, round(seconds, 6)))
         if seq > KEEP_REFRESHES:
-            self.db.execute(f"DELETE FROM main.{REFRESHES} WHERE view = ? AND seq <= ?",
-                            (plan.name, seq - KEEP_REFRESHES))
+            self.db.execute(f"DELETE FROM main.{REFRESHES} WHERE view = :view AND seq <= :old"
+                            f" AND seq NOT IN (SELECT seq FROM ({_LATEST_FULL}))"
+                            f" AND seq NOT IN (SELECT seq FROM ({_COST_SAMPLES}))",
+                            {"view": plan.name, "old": seq - KEEP_REFRESHES})
 
     def _mark_stale(self, plan: Plan, why: str) -> None:
         plan.status = "stale"
