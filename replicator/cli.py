@@ -357,7 +357,7 @@ def table_list(ctx: Context, queue_name: str | None, as_json: bool) -> None:
     with ctx.source() as source:
         rows = [{"queue": t.queue_name, "table": t.name, "mode": t.mode, "key": t.key,
                  "ignore": t.ignore, "where": t.row_filter} for t in source.tables(queue_name)]
-        schemas = source.followed_schemas(queue_name)
+        schemas = [] if as_json else source.followed_schemas(queue_name)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -447,7 +447,7 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.option("--poll-interval", default=0.2, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to wait when no batch is ready.")
 @click.option("--stats-interval", default=30.0, show_default=True, type=click.FloatRange(min=0),
-              help="Log what was applied (batches, events, rows, lag) every this many seconds; 0: every batch.")
+              help="Seconds between log lines of what was applied (batches, events, rows, lag); 0: a line a batch.")
 @click.option("--spark-master", help="spark: target: Spark master for compaction (default local[*]).")
 @click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="spark: target: a Spark setting (repeatable).")
 @pass_ctx
@@ -463,15 +463,15 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         replicator consume main --target jsonl:- --until-caught-up
         replicator consume main --target spark:/data/warehouse
     """
-    from .consumer import Consumer
+    from .consumer import Consumer, check_captured
     from .targets import open_target
 
     if once and until_caught_up:
         raise UserError("--once and --until-caught-up exclude each other")
     if (spark_master or spark_conf) and not target_url.startswith("spark:"):
         raise UserError("--spark-master and --spark-conf apply to a spark: target only")
-    with ctx.source() as source:   # a mistyped queue makes no target (opening one may create its file)
-        source.queue_id(queue_name)
+    with ctx.source() as source:   # a mistyped queue or table makes no target (opening one may create its file)
+        check_captured(queue_name, _split(tables), source.tables(queue_name))
     target = open_target(target_url, spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
     consumer = Consumer(db.resolve_dsn(ctx.dsn), queue_name, target, name=consumer_name,
                         tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval)
@@ -557,7 +557,7 @@ def grant(ctx: Context, role: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def status(ctx: Context, as_json: bool) -> None:
-    """Show queues, tables, consumers, their lag, and what blocks rotation.
+    """Show queues, tables, followed schemas, consumers, their lag, and what blocks rotation.
 
     \b
     Example:

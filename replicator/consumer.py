@@ -82,6 +82,14 @@ def consumer_name(target: Target, queue: str, name: str | None) -> str:
     return name
 
 
+def check_captured(queue: str, tables: list[str], queue_tables: list[CapturedTable]) -> None:
+    """Refuses a --tables list naming a table the queue does not capture."""
+    names = {t.name for t in queue_tables}
+    unknown = [f for f in tables if f not in names and f"public.{f}" not in names]
+    if unknown:
+        raise UserError(f"queue {queue!r} does not capture {', '.join(unknown)}")
+
+
 @dataclass
 class BatchStats:
     batch_id: int
@@ -112,8 +120,9 @@ class _Summary:
         queue logs nothing), and starts counting again."""
         now = time.monotonic()
         if self.events:
-            log.info("queue %s: %s, %s, %s applied in %.1fs; lag %.1fs", queue, counted(self.batches, "batch", "batches"),
-                     counted(self.events, "event"), counted(self.rows, "row"), now - self.started, self.lag_seconds)
+            log.info("queue %s: %s, %s, %s applied in the last %.1fs; lag %.1fs", queue,
+                     counted(self.batches, "batch", "batches"), counted(self.events, "event"),
+                     counted(self.rows, "row"), now - self.started, self.lag_seconds)
         self.started, self.batches, self.events, self.rows = now, 0, 0, 0
 
 
@@ -225,10 +234,7 @@ class Consumer:
         already replicates: such a table would silently stop following its source."""
         if not self.table_filter:
             return
-        names = {t.name for t in queue_tables}
-        unknown = [f for f in self.table_filter if f not in names and f"public.{f}" not in names]
-        if unknown:
-            raise UserError(f"queue {self.queue!r} does not capture {', '.join(unknown)}")
+        check_captured(self.queue, self.table_filter, queue_tables)
         held = {t.table_id for t in self.target.tables().values()}
         left_out = sorted(t.name for t in queue_tables if t.table_id in held and not self._wanted(t))
         if left_out:
@@ -322,6 +328,7 @@ class Consumer:
                     self.target.save_table(table)
             self.target.set_position(self.queue, self.name, info.tick_id)
             self.target.commit()
+            stats.lag_seconds = info.lag_seconds + time.monotonic() - started
         except BaseException:
             self.target.rollback()
             self._table_ids = None  # reload table state (copy snapshots) from the target
@@ -334,9 +341,8 @@ class Consumer:
             # forgotten at the first batch of small events.
             self.rows_per_event = max(1.0, stats.rows / stats.events, self.rows_per_event / 2)
         stats.seconds = time.monotonic() - started
-        stats.lag_seconds = info.lag_seconds + stats.seconds
-        log.debug("batch %s (tick %s): %d events, %d rows in %.3fs",
-                  batch_id, info.tick_id, stats.events, stats.rows, stats.seconds)
+        log.debug("batch %s (tick %s): %s, %s in %.3fs", batch_id, info.tick_id, counted(stats.events, "event"),
+                  counted(stats.rows, "row"), stats.seconds)
         return stats
 
     def _apply_events(self, batch_id: int, stats: BatchStats) -> None:
@@ -482,8 +488,8 @@ class Consumer:
                 if stats is not None:
                     applied += 1
                     summary.add(stats)
-                    if time.monotonic() - summary.started >= self.stats_interval:
-                        summary.flush(self.queue)
+                if time.monotonic() - summary.started >= self.stats_interval:
+                    summary.flush(self.queue)
                 if once:
                     return applied
                 if until_caught_up:

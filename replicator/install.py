@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql
 
 from .errors import UserError
+from .wording import counted
 
 ROOT = Path(__file__).resolve().parent.parent
 MIGRATIONS_DIR = ROOT / "migrations"
@@ -153,8 +154,9 @@ def _refuse_invalid_capture_trees(conn: psycopg.Connection) -> None:
         "SELECT problem FROM replicator.capture_tree_problems() ORDER BY table_id")]
     if problems:
         raise UserError(f"install stopped, nothing was changed: this version captures a partition or an "
-                        f"inheritance child only with its root, and {len(problems)} captured table(s) are not "
-                        f"captured so: {'; '.join(problems)}; then run `replicator install` again")
+                        f"inheritance child only with its root, and {counted(len(problems), 'captured table')} "
+                        f"{'is' if len(problems) == 1 else 'are'} not captured so: {'; '.join(problems)}; then run "
+                        f"`replicator install` again")
 
 
 def _regenerate_captures(conn: psycopg.Connection) -> None:

@@ -105,6 +105,8 @@ def test_unknown_queue_is_one_line_and_consume_makes_no_replica_for_it(app, tmp_
     for result in run_all([["table", "add", "nope", "orders"], ["queue", "drop", "nope"],
                            ["consume", "nope", "--target", f"sqlite:{replica}", "--until-caught-up"]], app):
         assert_user_error(result, 'queue "nope" does not exist')
+    assert_user_error(run("consume", "q", "--target", f"sqlite:{replica}", "--tables", "orders,nope", dsn=app),
+                      "queue 'q' does not capture orders, nope")
     assert not replica.exists()
 
 

@@ -203,7 +203,7 @@ def test_install_stops_on_a_partition_captured_on_its_own_and_names_the_way_out(
     assert result.returncode == 1
     assert result.stderr.strip() == (
         "error: install stopped, nothing was changed: this version captures a partition or an inheritance child"
-        " only with its root, and 1 captured table(s) are not captured so: table public.p1 is captured"
+        " only with its root, and 1 captured table is not captured so: table public.p1 is captured"
         ' (queue "q") and cannot be a partition of public.p (statements naming public.p change its rows without'
         " firing its triggers): remove it from its queue (replicator table remove q public.p1) and capture"
         " public.p instead, which includes its rows; then run `replicator install` again")

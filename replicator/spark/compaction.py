@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..wording import counted
 from .reader import _entry, merged_physical
 from .warehouse import COMPACT_LOCK, Warehouse, make_durable, new_id
 
@@ -81,6 +82,6 @@ def _compact_table(spark: Any, warehouse: Warehouse, name: str, entry: dict[str,
         import shutil
         shutil.rmtree(target, ignore_errors=True)
     seconds = time.monotonic() - started
-    log.info("compacted %s: %d log files into %d rows in %.1fs%s", name, len(folded), rows, seconds,
-             "" if committed else " (not committed: the table changed meanwhile)")
+    log.info("compacted %s: %s into %s in %.1fs%s", name, counted(len(folded), "log file"), counted(rows, "row"),
+             seconds, "" if committed else " (not committed: the table changed meanwhile)")
     return Compacted(table=name, logs=len(folded), rows=rows, seconds=seconds, committed=committed)
