@@ -64,9 +64,9 @@ GROUP_BY_STATUS = f"SELECT status, {AGGREGATES} FROM orders GROUP BY status"
 JOIN = ("SELECT o.id, o.amount, o.status, c.name, c.region FROM orders o"
         " JOIN customers c ON c.id = o.customer_id")
 STATUSES = ["new", "paid", "shipped", "returned"]
-# view name -> (query, whether its batches change customers too)
 AGING = 40
 APPLY_TIMED = "GROUP BY customer_id"   # the view whose replica also times applying batches with and without it
+# view name -> (query, whether its batches change customers too)
 SHAPES = {APPLY_TIMED: (GROUP_BY_CUSTOMER, True), "GROUP BY status": (GROUP_BY_STATUS, True),
           "join": (JOIN, True), "join, orders only": (JOIN, False)}
 

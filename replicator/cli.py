@@ -368,7 +368,12 @@ def table_list(ctx: Context, queue_name: str | None, as_json: bool) -> None:
 
 def _schema_rows(schemas: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Followed schemas as the text output shows them."""
-    return [{**s, "since": s["since"].strftime("%Y-%m-%d %H:%M:%S")} for s in schemas]
+    return [{**s, "since": _timestamp(s["since"])} for s in schemas]
+
+
+def _timestamp(value: datetime) -> str:
+    """A time as the text output shows it, to the second."""
+    return value.strftime("%Y-%m-%d %H:%M:%S")
 
 
 # jobs ------------------------------------------------------------------------
@@ -572,7 +577,7 @@ def status(ctx: Context, as_json: bool) -> None:
         return
     _print_rows([{"queue": q["queue_name"], "tables": q["tables"], "consumers": q["consumers"],
                   "current table": f"{q['current_table']}/{q['ntables']}",
-                  "last switch": q["last_switch"].strftime("%Y-%m-%d %H:%M:%S"),
+                  "last switch": _timestamp(q["last_switch"]),
                   "last tick": q["last_tick"], "events since tick": q["events_since_tick"]}
                  for q in report["queues"]], "queues")
     _print_rows(report["tables"], "tables")
