@@ -50,22 +50,37 @@ LANGUAGE sql IMMUTABLE AS $$
                     FROM jsonb_array_elements(p_structure->'columns') c));
 $$;
 
-CREATE OR REPLACE FUNCTION replicator.schema_event_data(p_table_id integer, p_tag text, p_sql text, p_kind text)
+CREATE OR REPLACE FUNCTION replicator.schema_event_data(t replicator.captured_table, p_tag text, p_sql text,
+                                                         p_kind text)
 RETURNS jsonb
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql IMMUTABLE AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.schema_event_data(p_table_id, p_tag, p_sql, p_kind)
+-- Function: replicator.schema_event_data(t, p_tag, p_sql, p_kind)
 --
 --      The data of an S event: what ran (command tag, statement text),
 --      what happened to the table (p_kind: 'created', 'altered'), and the
 --      resulting structure with the captured columns in event value order.
+--
+-- Parameters:
+--      t           - the captured table's record, as the event describes it
 -- ----------------------------------------------------------------------
     SELECT jsonb_build_object(
         'kind', p_kind, 'tag', p_tag, 'sql', p_sql,
         'schema', t.table_schema, 'name', t.table_name, 'mode', t.table_mode,
         'key', to_jsonb(t.table_key),
         'columns', to_jsonb(ARRAY(SELECT c FROM unnest(t.table_columns) c WHERE c <> ALL (t.table_ignore))),
-        'structure', t.table_structure)
+        'structure', t.table_structure);
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.schema_event_data(p_table_id integer, p_tag text, p_sql text, p_kind text)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.schema_event_data(p_table_id, p_tag, p_sql, p_kind)
+--
+--      The data of an S event for a captured table as recorded.
+-- ----------------------------------------------------------------------
+    SELECT replicator.schema_event_data(t, p_tag, p_sql, p_kind)
     FROM replicator.captured_table t WHERE t.table_id = p_table_id;
 $$;
 
@@ -114,32 +129,23 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION replicator.sync_table(p_table_id integer, p_tag text, p_sql text,
-                                                 p_rewritten boolean DEFAULT false)
-RETURNS boolean
+CREATE OR REPLACE FUNCTION replicator.table_record_now(p_table_id integer)
+RETURNS replicator.captured_table
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.sync_table(p_table_id, p_tag, p_sql, p_rewritten)
+-- Function: replicator.table_record_now(p_table_id)
 --
---      Brings a captured table's record up to date with the catalog after
---      DDL: names, columns, key (followed through renames by attnum; a new
---      primary key replaces a primary or automatic key), ignored columns.
---      When anything targets depend on changed, or the statement rewrote
---      the table's rows, regenerates the capture function and queues an S
---      event. A change that would leave the table without a usable key
---      aborts the DDL with the way out.
+--      What a captured table's record becomes after DDL, read from the
+--      catalog and written nowhere: names, columns, key (followed through
+--      renames by attnum; a new primary key replaces a primary or automatic
+--      key), ignored columns and structure. A change that would leave the
+--      table without a usable key raises with the way out.
 --
 -- Parameters:
 --      p_table_id  - replicator.captured_table id
---      p_tag       - command tag of the statement
---      p_sql       - its text
---      p_rewritten - the statement rewrote the table's rows without row
---                    triggers (ALTER COLUMN ... TYPE ... USING, even to the
---                    same type; a volatile default): the S event carries
---                    "copy": true and targets copy the table again
 --
 -- Returns:
---      true if an S event was queued
+--      the record as it would be now; NULL when the table is gone
 -- ----------------------------------------------------------------------
 DECLARE
     t replicator.captured_table;
@@ -149,15 +155,13 @@ DECLARE
     v_pk text[];
     v_key text[];
     v_ignore text[];
-    v_structure jsonb;
     v_missing text;
 BEGIN
     SELECT * INTO t FROM replicator.captured_table WHERE table_id = p_table_id;
     SELECT n.nspname, c.relname INTO v_schema, v_name
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = t.table_oid;
     IF NOT FOUND THEN
-        PERFORM replicator.forget_table(p_table_id, p_tag, p_sql);
-        RETURN true;
+        RETURN NULL;
     END IF;
 
     v_columns := ARRAY(SELECT attname FROM pg_attribute
@@ -226,16 +230,58 @@ BEGIN
                                 (SELECT queue_name FROM replicator.queue q WHERE q.queue_id = t.queue_id),
                                 v_schema, v_name);
     END IF;
-    v_structure := replicator.table_structure(t.table_oid, v_key);
+    t.table_schema := v_schema;
+    t.table_name := v_name;
+    t.table_columns := v_columns;
+    t.table_key := v_key;
+    t.table_ignore := v_ignore;
+    t.table_structure := replicator.table_structure(t.table_oid, v_key);
+    RETURN t;
+END;
+$$;
 
-    IF replicator.structure_signature(v_structure) = replicator.structure_signature(t.table_structure)
-       AND t.table_columns = v_columns AND NOT p_rewritten THEN
+CREATE OR REPLACE FUNCTION replicator.sync_table(p_table_id integer, p_tag text, p_sql text,
+                                                 p_rewritten boolean DEFAULT false)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.sync_table(p_table_id, p_tag, p_sql, p_rewritten)
+--
+--      Brings a captured table's record up to date with the catalog after
+--      DDL (replicator.table_record_now). When anything targets depend on
+--      changed, or the statement rewrote the table's rows, regenerates the
+--      capture function and queues an S event. A change that would leave
+--      the table without a usable key aborts the DDL with the way out.
+--
+-- Parameters:
+--      p_table_id  - replicator.captured_table id
+--      p_tag       - command tag of the statement
+--      p_sql       - its text
+--      p_rewritten - the statement rewrote the table's rows without row
+--                    triggers (ALTER COLUMN ... TYPE ... USING, even to the
+--                    same type; a volatile default): the S event carries
+--                    "copy": true and targets copy the table again
+--
+-- Returns:
+--      true if an S event was queued
+-- ----------------------------------------------------------------------
+DECLARE
+    t replicator.captured_table;
+    v_now replicator.captured_table := replicator.table_record_now(p_table_id);
+BEGIN
+    IF v_now IS NULL THEN
+        PERFORM replicator.forget_table(p_table_id, p_tag, p_sql);
+        RETURN true;
+    END IF;
+    SELECT * INTO t FROM replicator.captured_table WHERE table_id = p_table_id;
+    IF replicator.structure_signature(v_now.table_structure) = replicator.structure_signature(t.table_structure)
+       AND t.table_columns = v_now.table_columns AND NOT p_rewritten THEN
         RETURN false;
     END IF;
-    UPDATE replicator.captured_table
-    SET table_schema = v_schema, table_name = v_name, table_columns = v_columns, table_key = v_key,
-        table_ignore = v_ignore, key_is_pk = t.key_is_pk, key_is_auto = t.key_is_auto,
-        table_structure = v_structure
+    UPDATE replicator.captured_table SET
+        table_schema = v_now.table_schema, table_name = v_now.table_name, table_columns = v_now.table_columns,
+        table_key = v_now.table_key, table_ignore = v_now.table_ignore, key_is_pk = v_now.key_is_pk,
+        key_is_auto = v_now.key_is_auto, table_structure = v_now.table_structure
     WHERE table_id = p_table_id;
     PERFORM replicator.generate_capture(p_table_id);
     IF p_rewritten THEN

@@ -150,11 +150,104 @@ LANGUAGE sql STABLE AS $$
     FROM stmt;
 $$;
 
-CREATE OR REPLACE FUNCTION replicator.generate_capture(p_table_id integer)
+CREATE OR REPLACE FUNCTION replicator.capture_event_row(p_queue_id integer, p_table_id integer,
+                                                         OUT cols text, OUT row_values text)
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.capture_event_row(p_queue_id, p_table_id)
+--
+--      Part of replicator.generate_capture(): the event row a capture
+--      writes, with every column of the event table in its order, so that
+--      INSERT ... SELECT needs no projection on top of the aggregate;
+--      columns not set here get their default.
+--
+-- Returns:
+--      cols        - the event table's columns, quoted, in their order
+--      row_values  - their values: placeholders {slot} and {type}, items
+--                    aggregated from s.r
+-- ----------------------------------------------------------------------
+    SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum),
+           string_agg(CASE a.attname
+                          WHEN 'ev_id' THEN format('nextval(%L)', replicator.event_id_seq(p_queue_id))
+                          WHEN 'ev_table' THEN p_table_id::text
+                          WHEN 'ev_slot' THEN '{slot}'
+                          WHEN 'ev_type' THEN '{type}::"char"'
+                          WHEN 'ev_data' THEN 'json_agg(s.r)'
+                          ELSE coalesce(pg_get_expr(d.adbin, d.adrelid), 'NULL')
+                      END, ', ' ORDER BY a.attnum)
+    FROM pg_attribute a
+    LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+    WHERE a.attrelid = replicator.event_table(p_queue_id)::regclass AND a.attnum > 0 AND NOT a.attisdropped;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.capture_chunked_sql(t replicator.captured_table, p_op text, p_slot text)
+RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.capture_chunked_sql(t, p_op, p_slot)
+--
+--      Part of replicator.generate_capture(): the statement capturing any
+--      number of rows of one INSERT, UPDATE or DELETE, one event per 1000
+--      items (so that a statement touching millions of rows never builds a
+--      JSON value past PostgreSQL's 1 GB limit), through the parent event
+--      table. An UPDATE queues its new rows as U and, as D, the old keys
+--      no new row kept. The capture of a table whose structure changed
+--      behind it runs it too (replicator.capture_drift).
+--
+-- Parameters:
+--      t           - the captured table's record: columns, key, ignored
+--                    columns, row filter and mode
+--      p_op        - 'INSERT', 'UPDATE' or 'DELETE'
+--      p_slot      - the expression of the current slot
+--
+-- Returns:
+--      one INSERT statement over the transition tables new_rows, old_rows
+-- ----------------------------------------------------------------------
+DECLARE
+    v_oid regclass := t.table_oid;
+    v_tracked text[] := ARRAY(SELECT c FROM unnest(t.table_columns) c WHERE c <> ALL (t.table_ignore));
+    v_filter text := coalesce('(' || t.table_where || ')', 'true');
+    v_payload_n text;
+    v_payload_o text;
+    v_changed text := '';
+    v_event record := replicator.capture_event_row(t.queue_id, t.table_id);
+    v_insert text;
+BEGIN
+    v_payload_n := replicator.capture_row_json('n',
+        CASE t.table_mode WHEN 'full' THEN v_tracked ELSE t.table_key END, v_oid);
+    v_payload_o := replicator.capture_row_json('o', t.table_key, v_oid);
+    v_insert := 'INSERT INTO ' || replicator.event_table(t.queue_id) || ' (' || v_event.cols || ') SELECT '
+                || replace(replace(v_event.row_values, '{slot}', p_slot), '{type}', 's.t') || ' FROM (';
+    IF p_op = 'INSERT' THEN
+        RETURN v_insert || format($q$SELECT 'I' AS t, %s AS r, row_number() OVER () / 1000 AS g
+            FROM new_rows n WHERE %s$q$, v_payload_n, v_filter) || ') s GROUP BY s.t, s.g';
+    ELSIF p_op = 'DELETE' THEN
+        RETURN v_insert || format($q$SELECT 'D' AS t, %s AS r, row_number() OVER () / 1000 AS g
+            FROM old_rows o WHERE %s$q$, v_payload_o, v_filter) || ') s GROUP BY s.t, s.g';
+    END IF;
+    IF cardinality(t.table_ignore) > 0 THEN
+        v_changed := format(' AND %s::text NOT IN (SELECT %s::text FROM old_rows o WHERE %s)',
+                            replicator.capture_row_json('n', v_tracked, v_oid),
+                            replicator.capture_row_json('o', v_tracked, v_oid), v_filter);
+    END IF;
+    RETURN v_insert || format(
+        $q$SELECT 'U' AS t, %1$s AS r, row_number() OVER () / 1000 AS g
+            FROM new_rows n WHERE %2$s%3$s
+            UNION ALL
+            SELECT 'D', %4$s, row_number() OVER () / 1000
+            FROM (SELECT %5$s FROM old_rows o WHERE %2$s
+                  EXCEPT SELECT %6$s FROM new_rows n WHERE %2$s) o$q$,
+        v_payload_n, v_filter, v_changed, v_payload_o,
+        (SELECT string_agg('o.' || quote_ident(k), ', ') FROM unnest(t.table_key) k),
+        (SELECT string_agg('n.' || quote_ident(k), ', ') FROM unnest(t.table_key) k)) || ') s GROUP BY s.t, s.g';
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.generate_capture(p_table_id integer, p_function_only boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql AS $gen$
 -- ----------------------------------------------------------------------
--- Function: replicator.generate_capture(p_table_id)
+-- Function: replicator.generate_capture(p_table_id, p_function_only)
 --
 --      (Re)creates the capture function and triggers of a captured table.
 --
@@ -208,8 +301,22 @@ LANGUAGE plpgsql AS $gen$
 --        type needs them (replicator.capture_needs_settings) or the table
 --        has a row filter.
 --
+--      Where DDL is not captured by event triggers (no superuser), a DDL
+--      run directly on the table would make the generated SQL fail (a
+--      column dropped or renamed) or miss values (a column added): the
+--      function first checks, in one catalog lookup, that the table's
+--      catalog rows are the ones it was generated for
+--      (replicator.capture_guard), and otherwise lets
+--      replicator.capture_drift follow the change before capturing. A table
+--      whose capture is suspended (replicator.suspend_capture) gets a
+--      function that captures nothing.
+--
 -- Parameters:
---      p_table_id  - replicator.captured_table id
+--      p_table_id        - replicator.captured_table id
+--      p_function_only   - replace the function only, keeping the triggers
+--                          (no lock on the table: the capture of a table
+--                          changed behind it, inside an application's
+--                          statement)
 -- ----------------------------------------------------------------------
 DECLARE
     t replicator.captured_table;
@@ -221,17 +328,15 @@ DECLARE
     v_filter text;
     v_payload_n text;
     v_payload_o text;
-    v_changed text := '';
     v_keys_o text;
     v_keys_n text;
     v_cols text;
     v_row text;
-    v_chunked text;
+    v_guard text;
     v_key_n text;
     v_key_o text;
     v_upd text;
     v_body text;
-    v_part regclass;
     v_truncate text;
 BEGIN
     SELECT * INTO t FROM replicator.captured_table WHERE table_id = p_table_id;
@@ -243,53 +348,30 @@ BEGIN
     IF v_oid IS NULL THEN
         RAISE EXCEPTION 'table % does not exist', v_table;
     END IF;
+    IF NOT p_function_only THEN
+        PERFORM replicator.create_capture_triggers(p_table_id, v_oid);
+    END IF;
+    -- What the guard compares with: read after the triggers were made (CREATE
+    -- TRIGGER writes the table's pg_class row)
+    UPDATE replicator.captured_table
+    SET table_catalog = replicator.catalog_rows(v_oid), table_filenode = pg_relation_filenode(v_oid)
+    WHERE table_id = p_table_id;
+    v_guard := replicator.capture_guard(p_table_id);
     v_evtable := replicator.event_table(t.queue_id);
     v_tracked := ARRAY(SELECT c FROM unnest(t.table_columns) c WHERE c <> ALL (t.table_ignore));
     v_filter := coalesce('(' || t.table_where || ')', 'true');
     v_payload_n := replicator.capture_row_json('n',
         CASE t.table_mode WHEN 'full' THEN v_tracked ELSE t.table_key END, v_oid);
     v_payload_o := replicator.capture_row_json('o', t.table_key, v_oid);
-    IF cardinality(t.table_ignore) > 0 THEN
-        v_changed := format(' AND %s::text NOT IN (SELECT %s::text FROM old_rows o WHERE %s)',
-                            replicator.capture_row_json('n', v_tracked, v_oid),
-                            replicator.capture_row_json('o', v_tracked, v_oid), v_filter);
-    END IF;
     v_keys_o := (SELECT string_agg('o.' || quote_ident(k), ', ') FROM unnest(t.table_key) k);
     v_keys_n := (SELECT string_agg('n.' || quote_ident(k), ', ') FROM unnest(t.table_key) k);
 
-    -- The event row: every column of the event table in its order, so that
-    -- INSERT ... SELECT needs no projection on top of the aggregate; columns
-    -- not set here get their default. Placeholders {slot} and {type}.
-    SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum),
-           string_agg(CASE a.attname
-                          WHEN 'ev_id' THEN format('nextval(%L)', replicator.event_id_seq(t.queue_id))
-                          WHEN 'ev_table' THEN p_table_id::text
-                          WHEN 'ev_slot' THEN '{slot}'
-                          WHEN 'ev_type' THEN '{type}::"char"'
-                          WHEN 'ev_data' THEN 'json_agg(s.r)'
-                          ELSE coalesce(pg_get_expr(d.adbin, d.adrelid), 'NULL')
-                      END, ', ' ORDER BY a.attnum)
-    INTO v_cols, v_row
-    FROM pg_attribute a
-    LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-    WHERE a.attrelid = v_evtable::regclass AND a.attnum > 0 AND NOT a.attisdropped;
-    -- Any number of rows (a query of type "t", item "r" and chunk "g"): one event
-    -- per 1000 items, so that a statement touching millions of rows never builds
-    -- a JSON value past PostgreSQL's 1 GB limit. Through the parent table.
-    v_chunked := 'INSERT INTO ' || v_evtable || ' (' || v_cols || ') SELECT '
-                 || replace(replace(v_row, '{slot}', 'v_slot'), '{type}', 's.t') || ' FROM (';
+    SELECT e.cols, e.row_values INTO v_cols, v_row FROM replicator.capture_event_row(t.queue_id, p_table_id) e;
 
     -- Old keys that no new row kept are looked for only when a key may have
     -- changed (see the header): the fast form of an UPDATE also requires the
     -- list of new keys to be the list of old keys.
-    v_upd := v_chunked || format(
-        $q$SELECT 'U' AS t, %1$s AS r, row_number() OVER () / 1000 AS g
-            FROM new_rows n WHERE %2$s%3$s
-            UNION ALL
-            SELECT 'D', %4$s, row_number() OVER () / 1000
-            FROM (SELECT %5$s FROM old_rows o WHERE %2$s
-                  EXCEPT SELECT %6$s FROM new_rows n WHERE %2$s) o$q$,
-        v_payload_n, v_filter, v_changed, v_payload_o, v_keys_o, v_keys_n) || ') s GROUP BY s.t, s.g;';
+    v_upd := replicator.capture_chunked_sql(t, 'UPDATE', 'v_slot') || ';';
     IF t.table_where IS NULL AND cardinality(t.table_ignore) = 0 THEN
         v_key_n := CASE WHEN cardinality(t.table_key) = 1 THEN v_keys_n ELSE 'ROW(' || v_keys_n || ')' END;
         v_key_o := CASE WHEN cardinality(t.table_key) = 1 THEN v_keys_o ELSE 'ROW(' || v_keys_o || ')' END;
@@ -325,7 +407,8 @@ BEGIN
     v_body := format($f$
 DECLARE
     v_slot smallint := pg_sequence_last_value(%1$L::regclass);
-BEGIN
+    v_sql text;
+BEGIN%9$s
     IF TG_OP = 'INSERT' THEN
         %2$s
         IF NOT FOUND THEN
@@ -350,14 +433,26 @@ END;$f$,
         replicator.capture_fast_insert(t.queue_id, v_cols, replace(v_row, '{type}', quote_literal('I')),
             format('SELECT %s AS r FROM new_rows n WHERE %s', v_payload_n, v_filter), ''),
         v_filter,
-        v_chunked || format($q$SELECT 'I' AS t, %s AS r, row_number() OVER () / 1000 AS g FROM new_rows n WHERE %s$q$,
-                            v_payload_n, v_filter) || ') s GROUP BY s.t, s.g;',
+        replicator.capture_chunked_sql(t, 'INSERT', 'v_slot') || ';',
         v_upd,
         replicator.capture_fast_insert(t.queue_id, v_cols, replace(v_row, '{type}', quote_literal('D')),
             format('SELECT %s AS r FROM old_rows o WHERE %s', v_payload_o, v_filter), ''),
-        v_chunked || format($q$SELECT 'D' AS t, %s AS r, row_number() OVER () / 1000 AS g FROM old_rows o WHERE %s$q$,
-                            v_payload_o, v_filter) || ') s GROUP BY s.t, s.g;',
-        v_truncate);
+        replicator.capture_chunked_sql(t, 'DELETE', 'v_slot') || ';',
+        v_truncate,
+        CASE WHEN v_guard IS NOT NULL THEN format($g$
+    IF %s THEN
+        v_sql := replicator.capture_drift(%s, TG_OP);
+        IF v_sql IS NOT NULL THEN
+            EXECUTE v_sql USING v_slot;
+        END IF;
+        IF TG_OP <> 'TRUNCATE' THEN
+            RETURN NULL;
+        END IF;
+    END IF;$g$, v_guard, p_table_id) ELSE '' END);
+    IF t.table_suspended IS NOT NULL THEN
+        -- replicator.suspend_capture: nothing is captured until the table is added again
+        v_body := E'\nBEGIN\n    RETURN NULL;\nEND;';
+    END IF;
 
     IF position('$capture$' IN v_body) > 0 THEN
         RAISE EXCEPTION 'the row filter of % must not contain $capture$', v_table;
@@ -379,6 +474,32 @@ END;$f$,
         v_body);
     EXECUTE format('REVOKE ALL ON FUNCTION %s() FROM PUBLIC', v_fn);
 
+END;
+$gen$;
+
+CREATE OR REPLACE FUNCTION replicator.create_capture_triggers(p_table_id integer, p_table regclass)
+RETURNS void
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.create_capture_triggers(p_table_id, p_table)
+--
+--      Part of replicator.generate_capture(): (re)creates the capture
+--      triggers of a captured table and of its descendants, on its capture
+--      function (made empty first when it does not exist yet; the caller
+--      replaces it in the same transaction).
+--
+-- Parameters:
+--      p_table_id  - replicator.captured_table id
+--      p_table     - the captured table
+-- ----------------------------------------------------------------------
+DECLARE
+    v_part regclass;
+BEGIN
+    IF to_regprocedure(replicator.capture_function(p_table_id) || '()') IS NULL THEN
+        EXECUTE format('CREATE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $f$BEGIN RETURN NULL; END;$f$',
+                       replicator.capture_function(p_table_id));
+        EXECUTE format('REVOKE ALL ON FUNCTION %s() FROM PUBLIC', replicator.capture_function(p_table_id));
+    END IF;
     PERFORM replicator.drop_capture_triggers(p_table_id);
     -- A statement fires the statement triggers of the table it names only: a
     -- partitioned table or an inheritance parent needs them on each of its
@@ -387,21 +508,21 @@ END;$f$,
     -- have more columns, in another order). A statement naming the table
     -- fires its own triggers only, whose transition tables hold the changed
     -- rows of every descendant, in the table's row type.
-    FOR v_part IN SELECT d FROM replicator.capture_tree(v_oid) d ORDER BY d <> v_oid, d LOOP
+    FOR v_part IN SELECT d FROM replicator.capture_tree(p_table) d ORDER BY d <> p_table, d LOOP
         EXECUTE format('CREATE TRIGGER %I AFTER INSERT ON %s REFERENCING NEW TABLE AS new_rows'
                        ' FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
-                       '_replicator_' || p_table_id || '_ins', v_part, v_fn);
+                       '_replicator_' || p_table_id || '_ins', v_part, replicator.capture_function(p_table_id));
         EXECUTE format('CREATE TRIGGER %I AFTER UPDATE ON %s REFERENCING OLD TABLE AS old_rows'
                        ' NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
-                       '_replicator_' || p_table_id || '_upd', v_part, v_fn);
+                       '_replicator_' || p_table_id || '_upd', v_part, replicator.capture_function(p_table_id));
         EXECUTE format('CREATE TRIGGER %I AFTER DELETE ON %s REFERENCING OLD TABLE AS old_rows'
                        ' FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
-                       '_replicator_' || p_table_id || '_del', v_part, v_fn);
+                       '_replicator_' || p_table_id || '_del', v_part, replicator.capture_function(p_table_id));
         EXECUTE format('CREATE TRIGGER %I AFTER TRUNCATE ON %s FOR EACH STATEMENT EXECUTE PROCEDURE %s()',
-                       '_replicator_' || p_table_id || '_trunc', v_part, v_fn);
+                       '_replicator_' || p_table_id || '_trunc', v_part, replicator.capture_function(p_table_id));
     END LOOP;
 END;
-$gen$;
+$$;
 
 CREATE OR REPLACE FUNCTION replicator.drop_capture_triggers(p_table_id integer)
 RETURNS void

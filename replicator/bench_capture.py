@@ -113,7 +113,7 @@ GOALS = {  # variant: (single-row writes, 100-row update): TPS kept at least
     "pk": (0.80, 0.55),
 }
 
-BUILTIN_VARIANTS = ["none", "full", "pk", "pgq", "jsonb-row"]
+BUILTIN_VARIANTS = ["none", "full", "pk", "full-unseen", "pgq", "jsonb-row"]
 DEFAULT_VARIANTS = ["none", "full", "pk", "pgq"]
 
 JSONB_ROW_SQL = """
@@ -136,6 +136,7 @@ class Variant:
     name: str
     kind: str                 # none | replicator | pgq | jsonb-row
     mode: str | None = None   # replicator mode
+    unseen: bool = False      # no event triggers: the capture checks its table's catalog rows (capture_guard)
     sql_file: Path | None = None
     source_dir: Path | None = None  # install queue_sql/ and migrations/ from here (--baseline)
     dbname: str = ""
@@ -195,6 +196,8 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
             sys.exit(f"unknown variant {name!r}: choose from {', '.join(BUILTIN_VARIANTS)}")
         if name in ("full", "pk"):
             variants.append(Variant(name, "replicator", mode=name))
+        elif name == "full-unseen":
+            variants.append(Variant(name, "replicator", mode="full", unseen=True))
         else:
             variants.append(Variant(name, name))
     for spec in args.extra:
@@ -293,6 +296,8 @@ class Bench:
                     installer.MIGRATIONS_DIR, installer.QUEUE_SQL_DIR = saved
             else:
                 installer.install(conn)
+            if v.unseen:
+                installer.drop_event_triggers(conn)
             source = Source(conn)
             source.create_queue("bench")
             for table in TABLES:
@@ -450,7 +455,11 @@ class Bench:
                     if w != "insert":
                         conn.execute(f"INSERT INTO {table} SELECT * FROM {original}")
                     if v.kind == "replicator":
+                        if v.unseen:
+                            installer.drop_event_triggers(conn)
                         table_id = source.add_table("bench", f"public.{table}", mode=v.mode)
+                        if v.unseen:
+                            conn.execute("SELECT replicator.create_event_triggers()")
                         if v.sql_file:
                             conn.execute(v.sql_file.read_text().replace("@ID@", str(table_id))
                                          .replace("@TABLE@", table))

@@ -398,6 +398,16 @@ class Consumer:
             del self._following[table.table_id]
             log.info("event %s: %s dropped (%s)", ev_id, table.source_name, event.get("tag"))
             return
+        if kind == "suspended":
+            # A DDL run without event triggers took what its capture needs (replicator.suspend_capture)
+            assert self.source is not None
+            if any(t.table_id == table.table_id for t in self.source.tables(self.queue)):
+                raise UserError(f"event {ev_id}: {event.get('reason')}; its capture is suspended and its replica "
+                                f"stops here: {event.get('hint')}")
+            # removed since, as the event said to: the table added again is copied anew
+            del self._following[table.table_id]
+            log.info("event %s: %s left behind (its capture was suspended, then removed)", ev_id, table.source_name)
+            return
         if kind not in ("created", "altered"):
             raise UserError(f"event {ev_id} is a schema change of kind {kind!r} on {table.source_name}, which "
                             f"this version of replicator cannot apply: upgrade the consumer, or remove the table "

@@ -90,8 +90,10 @@ def install(conn: psycopg.Connection, *, up_to: int | None = None) -> InstallRes
             for path in sorted(QUEUE_SQL_DIR.glob("*.sql")):
                 conn.execute(path.read_text())
             _refuse_invalid_capture_trees(conn)
-            _regenerate_captures(conn)
+            # first: a capture function checks its table's catalog rows at every
+            # statement only where no event trigger captures DDL
             event_triggers = _create_event_triggers(conn)
+            _regenerate_captures(conn)
     return InstallResult(applied, event_triggers)
 
 
@@ -123,7 +125,7 @@ def _drop_library_functions(conn: psycopg.Connection) -> None:
     Without CASCADE: an object of the user's built on a function (a monitoring
     view over queue_info(), say) stops the install with PostgreSQL's message
     naming it, instead of vanishing."""
-    _drop_event_triggers(conn)
+    drop_event_triggers(conn)
     conn.execute("""
         DO $$
         DECLARE
@@ -137,7 +139,7 @@ def _drop_library_functions(conn: psycopg.Connection) -> None:
         END $$""")
 
 
-def _drop_event_triggers(conn: psycopg.Connection) -> None:
+def drop_event_triggers(conn: psycopg.Connection) -> None:
     for (name,) in conn.execute(
             "SELECT evtname FROM pg_event_trigger WHERE evtname LIKE 'replicator\\_%'").fetchall():
         conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
@@ -184,5 +186,5 @@ def uninstall(conn: psycopg.Connection) -> None:
     with conn.transaction():
         if installed_versions(conn):
             conn.execute("SELECT replicator.drop_capture(table_id) FROM replicator.captured_table")
-        _drop_event_triggers(conn)
+        drop_event_triggers(conn)
         conn.execute("DROP SCHEMA IF EXISTS replicator CASCADE")

@@ -186,7 +186,10 @@ class Source:
 
     def tick(self, queue: str | None = None, *, force: bool = False) -> int | None:
         """One ticker pass: on one queue (returns the new tick id or None) or on all
-        queues (returns the number of ticks)."""
+        queues (returns the number of ticks). DDL run directly on captured tables where no
+        event trigger saw it is followed first, in a transaction of its own, so that the
+        tick includes what it queued."""
+        self._call("SELECT replicator.follow_unseen_ddl(%s)", (queue,))
         if queue is None:
             return self._call("SELECT replicator.ticker()")
         return self._call("SELECT replicator.ticker(%s, %s)", (queue, force))

@@ -133,9 +133,11 @@ def apply_step(conn: psycopg.Connection, source, capture: str, step: str) -> Non
                 raise
 
 
-@pytest.mark.parametrize("capture", ["event_triggers", "execute"])
+@pytest.mark.parametrize("capture", ["event_triggers", "execute", "unseen"])
 def test_replicas_equal_the_source_after_each_ddl_while_writers_run(dsn, conn, source, tmp_path, capture):
-    if capture == "execute":
+    """"unseen": no event triggers and no `replicator execute`: each DDL is run directly, as
+    an administrator unaware of replicator would; the capture functions and the ticker notice."""
+    if capture != "event_triggers":
         drop_event_triggers(conn)
     base_tables(conn, source)
     replicas = Replicas(dsn, tmp_path)
@@ -160,6 +162,9 @@ def test_replicas_equal_the_source_after_each_ddl_while_writers_run(dsn, conn, s
         replicas.close()
     writers.check()
     assert sum(writers.ops) > 50
+    if capture == "unseen":
+        assert {line["tag"] for line in replay.schema_events if line["kind"] == "altered"} == {"UNSEEN DDL"}
+        return
     # The stream announced each change of t, once, in the order they were made.
     announced = [line["sql"] for line in replay.schema_events if line["table"] in ("public.t", "public.t2")]
     made = ["ADD COLUMN c", "ADD COLUMN d", "ADD COLUMN e", "ADD COLUMN f", "ADD COLUMN g", "RENAME COLUMN b TO bb",
@@ -514,3 +519,32 @@ def test_unknown_schema_change_stops_the_consumer_naming_the_event_and_the_way_o
         finally:
             consumer.close()
             consumer.target.close()
+
+
+def test_a_key_dropped_where_no_event_trigger_sees_it_suspends_the_capture_not_the_application(
+        dsn, conn, source, tmp_path):
+    drop_event_triggers(conn)
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, code text NOT NULL UNIQUE, v text)")
+    conn.execute("INSERT INTO t SELECT g, 'c' || g, 'v' || g FROM generate_series(1, 10) g")
+    source.add_table("q", "t")
+    replicas = Replicas(dsn, tmp_path)
+    try:
+        replicas.catch_up()
+        conn.execute("ALTER TABLE t DROP COLUMN id")              # its key, directly
+        conn.execute("INSERT INTO t VALUES ('c11', 'v11')")       # the application goes on writing
+        conn.execute("UPDATE t SET v = 'w' WHERE code = 'c3'")
+        conn.execute("DELETE FROM t WHERE code = 'c4'")
+        for consumer in replicas.consumers:
+            with pytest.raises(UserError, match=r"captured with key \(id\).*replicator table remove q public\.t"):
+                consumer.run(until_caught_up=True)
+        assert [t.name for t in source.tables("q")] == ["public.t"]
+        assert source.conn.execute("SELECT table_suspended IS NOT NULL FROM replicator.captured_table").fetchone()[0]
+        # the way out the message names: remove it and add it again, with a key it has
+        source.remove_table("q", "t")
+        source.add_table("q", "t", key=["code"])
+        conn.execute("UPDATE t SET v = 'after' WHERE code = 'c5'")
+        replicas.catch_up()
+        assert_sqlite_equals_source(conn, replicas.sqlite_path, "added again")
+    finally:
+        replicas.close()
