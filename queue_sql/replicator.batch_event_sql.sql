@@ -14,7 +14,8 @@ LANGUAGE plpgsql STABLE AS $$
 --      the current snapshot removes transactions still running at the tick.
 --
 -- Parameters:
---      p_batch_id  - an open batch
+--      p_batch_id  - an open batch of a consumer of the calling role's
+--                    (checked by replicator.get_batch_info())
 --      p_tables    - only events of these captured table ids (NULL: all)
 --
 -- Returns:

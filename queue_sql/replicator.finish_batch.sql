@@ -4,17 +4,26 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.finish_batch(p_batch_id)
 --
---      Closes a batch: the consumer's position moves to the batch's tick.
+--      Closes a batch of a consumer of the calling role's (see
+--      replicator.check_consumer_owner()): the consumer's position moves
+--      to the batch's tick.
 --
 -- Returns:
 --      true if the batch was open
 -- ----------------------------------------------------------------------
+DECLARE
+    c replicator.consumer;
 BEGIN
+    SELECT * INTO c FROM replicator.consumer WHERE batch_id = p_batch_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM replicator.check_consumer_owner(c);
     UPDATE replicator.consumer
     SET last_tick = next_tick, next_tick = NULL, batch_id = NULL, batch_start = NULL,
         active_time = now()
-    WHERE batch_id = p_batch_id;
-    RETURN FOUND;
+    WHERE consumer_id = c.consumer_id;
+    RETURN true;
 END;
 $$;
 
@@ -25,10 +34,11 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.set_consumer_position(p_queue_name, p_consumer_name, p_tick_id)
 --
---      Moves a consumer to a tick and drops its open batch. A target that
---      stores its position with its data calls this on start, so a crash
---      between the target's commit and finish_batch neither loses nor
---      repeats a batch.
+--      Moves a consumer of the calling role's (see
+--      replicator.check_consumer_owner()) to a tick and drops its open
+--      batch. A target that stores its position with its data calls this
+--      on start, so a crash between the target's commit and finish_batch
+--      neither loses nor repeats a batch.
 --
 -- Parameters:
 --      p_tick_id   - the tick the target has applied up to

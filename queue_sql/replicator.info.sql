@@ -21,19 +21,20 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 CREATE OR REPLACE FUNCTION replicator.consumer_info()
-RETURNS TABLE (queue_name text, consumer_name text, last_tick bigint, batch_open boolean,
+RETURNS TABLE (queue_name text, consumer_name text, owner name, last_tick bigint, batch_open boolean,
                lag_ticks bigint, lag_events bigint, lag_seconds double precision,
                last_seen timestamptz)
 LANGUAGE sql STABLE AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.consumer_info()
 --
---      One row per consumer with its lag: ticks and events not yet
---      consumed, and the age of the position it is at (seconds since its
---      last tick was taken, minus nothing: an idle queue ticks every
---      idle period, so an up-to-date consumer lags at most that).
+--      One row per consumer with the role it belongs to and its lag:
+--      ticks and events not yet consumed, and the age of the position it
+--      is at (seconds since its last tick was taken, minus nothing: an
+--      idle queue ticks every idle period, so an up-to-date consumer lags
+--      at most that).
 -- ----------------------------------------------------------------------
-    SELECT q.queue_name, c.consumer_name, c.last_tick, c.batch_id IS NOT NULL,
+    SELECT q.queue_name, c.consumer_name, c.consumer_owner, c.last_tick, c.batch_id IS NOT NULL,
            coalesce(lt.tick_id - c.last_tick, 0),
            greatest(replicator.last_event_id(q.queue_id) - ct.tick_event_seq, 0),
            extract(epoch FROM clock_timestamp() - ct.tick_time)::double precision,

@@ -18,7 +18,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 --
 -- Parameters:
 --      p_queue_name    - queue
---      p_consumer_name - registered consumer
+--      p_consumer_name - registered consumer of the calling role's
+--                        (replicator.check_consumer_owner())
 --      p_max_events    - merge ticks up to this many events (NULL: one tick)
 --
 -- Returns:

@@ -135,7 +135,7 @@ def uninstall(ctx: Context, yes: bool) -> None:
 
 @cli.group()
 def queue() -> None:
-    """Create, configure, drop and list queues; unregister their consumers."""
+    """Create, configure, drop and list queues; unregister their consumers, or give them to another role."""
 
 
 _TICKER_OPTIONS = [
@@ -253,6 +253,27 @@ def queue_unregister(ctx: Context, queue_name: str, consumer: str) -> None:
         if not source.unregister_consumer(queue_name, consumer):
             raise UserError(f"queue {queue_name} has no consumer {consumer!r} (see: replicator status)")
     click.echo(f"consumer {consumer} of queue {queue_name} unregistered")
+
+
+@queue.command("owner")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("consumer")
+@click.argument("role")
+@pass_ctx
+def queue_owner(ctx: Context, queue_name: str, consumer: str, role: str) -> None:
+    """Give CONSUMER of QUEUE to ROLE, which alone (with the owner of schema
+    replicator and superusers) may then run, move or unregister it. For a consumer
+    registered before owners were recorded (it belongs to the owner of schema
+    replicator), or a replica another role runs now. Only the owner of schema
+    replicator may.
+
+    \b
+    Example:
+        replicator queue owner main sqlite_replica_1a2b3c4d replica_reader
+    """
+    with ctx.source() as source:
+        source.set_consumer_owner(queue_name, consumer, role)
+    click.echo(f"consumer {consumer} of queue {queue_name} belongs to {role}")
 
 
 @queue.command("list")
@@ -583,8 +604,8 @@ def status(ctx: Context, as_json: bool) -> None:
     _print_rows(report["tables"], "tables")
     if report["schemas"]:
         _print_rows(_schema_rows(report["schemas"]), "followed schemas")
-    _print_rows([{"queue": c["queue_name"], "consumer": c["consumer_name"], "last tick": c["last_tick"],
-                  "lag ticks": c["lag_ticks"], "lag events": c["lag_events"],
+    _print_rows([{"queue": c["queue_name"], "consumer": c["consumer_name"], "owner": c["owner"],
+                  "last tick": c["last_tick"], "lag ticks": c["lag_ticks"], "lag events": c["lag_events"],
                   "lag seconds": f"{c['lag_seconds']:.1f}", "batch open": c["batch_open"]}
                  for c in report["consumers"]], "consumers")
     blockers = [{"queue": q["queue_name"], **b} for q in report["queues"] for b in q["rotation_blockers"]]

@@ -25,7 +25,7 @@ from .errors import UserError
 from .jobs import StopFlag
 from .snapshots import snapshot_xmax, snapshot_xmin, txid_visible
 from .schema import RowsDecoder, TableStructure, parse_json, reconcile
-from .source import CapturedTable, Source
+from .source import BatchInfo, CapturedTable, Source
 from .targets import Target, TargetTable
 from .wording import counted
 
@@ -318,6 +318,7 @@ class Consumer:
             return None
         started = time.monotonic()
         info = self.source.batch_info(batch_id)
+        self._check_batch_start(info)
         stats = BatchStats(batch_id=batch_id, tick_id=info.tick_id)
         self.target.begin()
         try:
@@ -344,6 +345,20 @@ class Consumer:
         log.debug("batch %s (tick %s): %s, %s in %.3fs", batch_id, info.tick_id, counted(stats.events, "event"),
                   counted(stats.rows, "row"), stats.seconds)
         return stats
+
+    def _check_batch_start(self, info: BatchInfo) -> None:
+        """Refuses a batch that does not start at the target's position (the batch is
+        left open, nothing applied): another session moved this consumer on the
+        source, and applying the batch would skip or repeat events. Ownership of
+        consumers keeps other roles out; this catches the rest (an administrator,
+        a second daemon of the same role)."""
+        position = self.target.positions(self.queue).get(self.name)
+        if info.prev_tick_id != position:
+            held = "no position" if position is None else f"tick {position}"
+            raise UserError(f"batch {info.batch_id} of queue {self.queue!r} starts at tick {info.prev_tick_id}, "
+                            f"but {self.target.name} holds {held} for consumer {self.name!r}: another session "
+                            f"moved this consumer on the source; nothing was applied. Stop that session and "
+                            f"start this consumer again: it moves the source back to the target's position")
 
     def _apply_events(self, batch_id: int, stats: BatchStats) -> None:
         assert self.source is not None

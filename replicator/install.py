@@ -94,6 +94,7 @@ def install(conn: psycopg.Connection, *, up_to: int | None = None) -> InstallRes
             # statement only where no event trigger captures DDL
             event_triggers = _create_event_triggers(conn)
             _regenerate_captures(conn)
+            _restrict_functions(conn)
     return InstallResult(applied, event_triggers)
 
 
@@ -143,6 +144,22 @@ def drop_event_triggers(conn: psycopg.Connection) -> None:
     for (name,) in conn.execute(
             "SELECT evtname FROM pg_event_trigger WHERE evtname LIKE 'replicator\\_%'").fetchall():
         conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
+
+
+def _restrict_functions(conn: psycopg.Connection) -> None:
+    """Revokes EXECUTE on every function of schema replicator from PUBLIC, then
+    grants the consumer functions again to the roles `replicator grant` gave USAGE
+    on the schema (PUBLIC has none): the functions were just created anew, without
+    their grants. Functions created later are generated capture functions, which
+    revoke it themselves: `ALTER DEFAULT PRIVILEGES IN SCHEMA` cannot take back
+    PUBLIC's EXECUTE (a per-schema default only adds to the global one), and the
+    global form would change every function the installing role creates in the
+    database."""
+    conn.execute("REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA replicator FROM PUBLIC")
+    conn.execute("""
+        SELECT replicator.grant_consumer_functions(r.rolname)
+        FROM pg_namespace n CROSS JOIN LATERAL aclexplode(n.nspacl) a JOIN pg_roles r ON r.oid = a.grantee
+        WHERE n.nspname = 'replicator' AND a.privilege_type = 'USAGE' AND a.grantee <> n.nspowner""")
 
 
 def _refuse_invalid_capture_trees(conn: psycopg.Connection) -> None:

@@ -231,6 +231,10 @@ class Source:
     def unregister_consumer(self, queue: str, consumer: str) -> bool:
         return self._call("SELECT replicator.unregister_consumer(%s, %s)", (queue, consumer))
 
+    def set_consumer_owner(self, queue: str, consumer: str, role: str) -> None:
+        """Gives a consumer to another role (the owner of schema replicator only)."""
+        self._call("SELECT replicator.set_consumer_owner(%s, %s, %s)", (queue, consumer, role))
+
     def consumers(self) -> list[dict[str, Any]]:
         return self._rows("SELECT * FROM replicator.consumer_info()")
 
