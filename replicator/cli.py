@@ -5,6 +5,7 @@ Every error a user can cause ends as one line on stderr and exit status 1.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
@@ -808,6 +809,11 @@ def _command_named(args: list[str]) -> str:
 
 
 def main() -> None:
+    # A fatal signal (SIGBUS, SIGSEGV) is reported with the stack it hit, not in silence:
+    # SQLite maps a replica's -shm file, and a page of it that is cut off or cannot be
+    # allocated under the process kills it with SIGBUS (the SQLite target checks its files
+    # before each batch; a change in the middle of one is met there).
+    faulthandler.enable(all_threads=True)
     try:
         cli(standalone_mode=False)
     except click.exceptions.Abort:
@@ -829,7 +835,8 @@ def main() -> None:
         click.echo(f"error: database: {message}", err=True)
         sys.exit(1)
     except sqlite3.Error as exc:
-        click.echo(f"error: sqlite: {exc}", err=True)
+        from .targets.sqlite import sqlite_error
+        click.echo(f"error: sqlite: {sqlite_error(exc)}", err=True)
         sys.exit(1)
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename else ""

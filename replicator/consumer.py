@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import shlex
 import socket
 import time
 from collections.abc import Iterable, Sequence
@@ -26,7 +27,7 @@ from .jobs import StopFlag
 from .snapshots import snapshot_xmax, snapshot_xmin, txid_visible
 from .schema import RowsDecoder, TableStructure, parse_json, reconcile
 from .source import BatchInfo, CapturedTable, Source
-from .targets import Target, TargetTable
+from .targets import Target, TargetTable, set_aside
 from .wording import counted
 
 log = logging.getLogger("replicator")
@@ -69,6 +70,11 @@ def consumer_name(target: Target, queue: str, name: str | None) -> str:
     would start at the current tick and the replica would silently miss every
     change queued since its last batch."""
     stored = target.positions(queue)
+    others = sorted(target.queues() - {queue}) if not stored else []
+    if others:
+        # Their tables would share the target (one source table in both queues, copied by each).
+        raise UserError(f"{target.name} holds queue {', '.join(repr(q) for q in others)}, not {queue!r}: "
+                        f"replicate queue {queue!r} into a target of its own")
     if name is None:
         if len(stored) > 1:
             raise UserError(f"{target.name} holds positions of queue {queue!r} for consumers "
@@ -212,7 +218,18 @@ class Consumer:
             self.target.commit()
             log.info("consumer %s registered on queue %s at tick %s", self.name, self.queue, last_tick)
         else:
-            self.source.set_consumer_position(self.queue, self.name, position)
+            try:
+                self.source.set_consumer_position(self.queue, self.name, position)
+            except UserError as exc:
+                if "no longer exists" not in str(exc):   # replicator.set_consumer_position: the tick is gone
+                    raise
+                command = (f"replicator consume {shlex.quote(self.queue)} --target {shlex.quote(self.target.name)} "
+                           f"--consumer {shlex.quote(self.name)}")
+                raise UserError(f"{self.target.name} holds queue {self.queue!r} at tick {position}, which the source "
+                                f"no longer has (the target is older than what the queue keeps: restored from an "
+                                f"old backup, or its consumer was unregistered meanwhile): rebuild it: "
+                                f"{set_aside(self.target)}, then run `{command}` (with your other options): it "
+                                f"copies every table anew") from None
             log.info("consumer %s resumes queue %s at tick %s", self.name, self.queue, position)
         self._connected_once = True
         return self.source

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import shlex
+import shutil
 import sqlite3
+from contextlib import closing
+from pathlib import Path
 
 import pytest
 
@@ -210,3 +216,190 @@ def test_status_shows_each_consumer_lag_in_ticks_events_and_seconds(dsn, conn, s
     assert table.returncode == 0, table.stderr
     for heading in ("lag ticks", "lag events", "lag seconds", "behind", "current"):
         assert heading in table.stdout, table.stdout
+
+
+# a target that names something existing -----------------------------------------------
+
+def files_at(path: Path) -> dict[str, str]:
+    """Every file whose name starts with path's name, in its directory, with its bytes'
+    hash: a check that wrote the file, or left a -wal, -shm or .position beside it, shows."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.parent.iterdir()) if p.name.startswith(path.name)}
+
+
+def tree_at(root: Path) -> dict[str, str]:
+    """Every file and directory under root, files with their bytes' hash."""
+    return {str(p.relative_to(root)): "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*"))}
+
+
+def application_database(path: Path, journal: str) -> None:
+    """An application's own SQLite file, with a table named like the captured one."""
+    with closing(sqlite3.connect(path)) as db:
+        db.execute(f"PRAGMA journal_mode = {journal}")
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, note TEXT)")
+        db.executemany("INSERT INTO t VALUES (?, ?)", [(1, "mine"), (2, "also mine")])
+        db.commit()
+
+
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+def test_an_application_sqlite_database_given_as_target_is_refused_untouched(dsn, conn, queue_q, tmp_path,
+                                                                             journal):
+    app = tmp_path / "app.db"
+    application_database(app, journal)
+    conn.execute("INSERT INTO t VALUES (10, 'from the source')")
+    before = files_at(app)
+    assert list(before) == ["app.db"]
+    result = run_cli(dsn, "consume", "q", "--target", f"sqlite:{app}", "--until-caught-up")
+    assert result.returncode == 1
+    assert_one_line_error(result, str(app), "not a replica", "another path")
+    assert files_at(app) == before          # byte for byte, and no -wal, -shm or -journal left beside it
+    with closing(sqlite3.connect(app)) as db:
+        assert db.execute("SELECT id, note FROM t ORDER BY id").fetchall() == [(1, "mine"), (2, "also mine")]
+    assert registered_consumers(conn) == []
+
+
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+def test_view_commands_on_an_application_database_leave_it_untouched(dsn, tmp_path, journal):
+    app = tmp_path / "app.db"
+    application_database(app, journal)
+    before = files_at(app)
+    for args in (["view", "list"], ["view", "create", "v", "--sql", "SELECT id FROM t"], ["view", "drop", "v"],
+                 ["view", "explain", "--sql", "SELECT id FROM t"]):
+        result = run_cli(dsn, *args, "--target", f"sqlite:{app}")
+        assert result.returncode == 1
+        assert_one_line_error(result, "no replica at", "is not a replica")
+        assert files_at(app) == before, args
+
+
+def test_a_file_that_is_not_sqlite_is_refused_untouched(dsn, conn, queue_q, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes, not a database\n" * 40)
+    before = files_at(notes)
+    result = run_cli(dsn, "consume", "q", "--target", f"sqlite:{notes}", "--until-caught-up")
+    assert result.returncode == 1
+    assert_one_line_error(result, str(notes), "not a SQLite database", "another path")
+    assert files_at(notes) == before
+    assert registered_consumers(conn) == []
+
+
+def test_a_wal_left_without_its_database_is_refused_untouched(dsn, conn, queue_q, tmp_path):
+    """SQLite would replay the WAL of a deleted replica into the new file: pages of a
+    database whose other pages are gone."""
+    replica = tmp_path / "r.db"
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    with closing(sqlite3.connect(replica)) as db:    # a replica with changes in its WAL, as a running one has
+        db.execute("PRAGMA wal_autocheckpoint = 0")
+        db.execute("INSERT INTO t VALUES (1, 'in the WAL')")
+        db.commit()
+        left = {name: Path(f"{replica}{name}").read_bytes() for name in ("-wal", "-shm")}
+    replica.unlink()
+    for name, data in left.items():
+        Path(f"{replica}{name}").write_bytes(data)
+    before = files_at(replica)
+    result = run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up")
+    assert result.returncode == 1
+    assert_one_line_error(result, f"{replica}-wal", "aside")
+    assert files_at(replica) == before
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "tsv"])
+def test_an_existing_stream_file_without_its_position_file_is_refused_untouched(dsn, conn, queue_q, tmp_path, fmt):
+    out = tmp_path / f"events.{fmt}"
+    out.write_text("a line of some other program's log\n" * 10)
+    conn.execute("INSERT INTO t VALUES (1, 'a')")
+    before = files_at(out)
+    result = run_cli(dsn, "consume", "q", "--target", f"{fmt}:{out}", "--until-caught-up")
+    assert result.returncode == 1
+    assert_one_line_error(result, str(out), f"{out.name}.position", "another path")
+    assert files_at(out) == before          # and no events.jsonl.position made
+    assert registered_consumers(conn) == []
+
+
+@pytest.mark.parametrize("scheme", ["sqlite", "jsonl", "tsv"])
+def test_an_empty_file_is_taken_as_a_new_target(dsn, conn, queue_q, tmp_path, scheme):
+    """A 0-byte file holds nothing to lose (`touch replica.db`): it becomes the target."""
+    path = tmp_path / f"new.{scheme}"
+    path.touch()
+    conn.execute("INSERT INTO t VALUES (1, 'a')")
+    result = run_cli(dsn, "consume", "q", "--target", f"{scheme}:{path}", "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    if scheme == "sqlite":
+        with closing(sqlite3.connect(path)) as db:
+            assert db.execute("SELECT id, v FROM t").fetchall() == [(1, "a")]
+    else:
+        assert path.read_text().count("\n") == 1         # the copied row
+
+
+@pytest.mark.parametrize("what", ["shorter", "missing"])
+def test_a_stream_file_that_lost_lines_its_position_file_records_is_refused(dsn, conn, queue_q, tmp_path, what):
+    out = tmp_path / "events.jsonl"
+    conn.execute("INSERT INTO t SELECT g, 'row ' || g FROM generate_series(1, 20) g")
+    assert run_cli(dsn, "consume", "q", "--target", f"jsonl:{out}", "--until-caught-up").returncode == 0
+    if what == "shorter":
+        out.write_bytes(out.read_bytes()[:100])
+    else:
+        out.unlink()
+    before = files_at(out)
+    conn.execute("INSERT INTO t VALUES (100, 'later')")
+    result = run_cli(dsn, "consume", "q", "--target", f"jsonl:{out}", "--until-caught-up")
+    assert result.returncode == 1
+    assert_one_line_error(result, str(out), "events.jsonl.position")
+    assert files_at(out) == before          # not padded with NUL bytes to the recorded length
+
+
+@pytest.mark.parametrize("scheme", ["sqlite", "jsonl"])
+def test_a_target_holding_another_queue_is_refused(dsn, conn, source, queue_q, tmp_path, scheme):
+    conn.execute("CREATE TABLE u (id int PRIMARY KEY)")
+    source.create_queue("other")
+    source.add_table("other", "u")
+    path = tmp_path / f"r.{scheme}"
+    assert run_cli(dsn, "consume", "q", "--target", f"{scheme}:{path}", "--until-caught-up").returncode == 0
+    before = files_at(path)
+    result = run_cli(dsn, "consume", "other", "--target", f"{scheme}:{path}", "--until-caught-up")
+    assert result.returncode == 1
+    assert_one_line_error(result, "queue 'q'", "'other'")
+    assert files_at(path) == before
+    assert [c for c in registered_consumers(conn) if "other" in c] == []
+
+
+def test_a_non_empty_directory_that_is_not_a_warehouse_is_refused_untouched(dsn, conn, queue_q, tmp_path):
+    pytest.importorskip("pyarrow")
+    data = tmp_path / "data"
+    (data / "exports" / "2024").mkdir(parents=True)
+    (data / "exports" / "2024" / "orders.csv").write_text("id,amount\n1,10\n")
+    (data / "README").write_text("our data\n")
+    before = tree_at(data)
+    for args in (["consume", "q", "--target", f"spark:{data}", "--until-caught-up"],
+                 ["spark", "compact", "--target", f"spark:{data}"], ["view", "list", "--target", f"spark:{data}"]):
+        result = run_cli(dsn, *args)
+        assert result.returncode == 1
+        assert_one_line_error(result, str(data), *(["another path"] if args[0] == "consume" else []))
+        assert tree_at(data) == before, args
+    assert registered_consumers(conn) == []
+
+
+def test_a_replica_older_than_the_queue_keeps_is_told_how_to_rebuild_it(dsn, conn, queue_q, tmp_path):
+    replica = tmp_path / "r.db"
+    consume = ["consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up"]
+    conn.execute("INSERT INTO t VALUES (1, 'a')")
+    assert run_cli(dsn, *consume).returncode == 0
+    backup = tmp_path / "backup.db"
+    shutil.copyfile(replica, backup)       # closed by its consumer: the whole replica is in the file
+    conn.execute("INSERT INTO t VALUES (2, 'b')")
+    assert run_cli(dsn, *consume).returncode == 0
+    assert run_cli(dsn, "maint", "--once").returncode == 0     # ticks before the consumer's are gone
+    os.replace(backup, replica)             # the old backup restored
+
+    result = run_cli(dsn, *consume)
+    assert result.returncode == 1
+    assert_one_line_error(result, str(replica), "no longer has", "aside", "replicator consume q")
+    # The way out it gives works as written.
+    command = re.search(r"run `(replicator consume [^`]*)`", result.stderr)
+    assert command, result.stderr
+    replica.rename(tmp_path / "old.db")
+    rebuilt = run_cli(dsn, *shlex.split(command.group(1))[1:], "--until-caught-up")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    with closing(sqlite3.connect(replica)) as db:
+        assert db.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [(1, "a"), (2, "b")]
+    assert len(registered_consumers(conn)) == 1

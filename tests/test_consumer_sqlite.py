@@ -14,6 +14,7 @@ import os
 import random
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -783,5 +784,85 @@ def test_daemon_survives_a_source_outage_longer_than_its_first_backoff(dsn, conn
                    check=lambda: assert_alive(daemon))
         assert set(sqlite_rows(replica, "t", ["id"])) == {(1,)}
         assert daemon.terminate() == 0
+    finally:
+        daemon.stop()
+
+
+# the replica's files changed under a running consumer -----------------------------------
+
+@pytest.mark.parametrize("how", ["deleted", "replaced by another file", "its -wal deleted"])
+def test_a_replica_deleted_under_the_running_consumer_stops_it_at_the_next_batch(dsn, conn, source, tmp_path, how):
+    from replicator.errors import UserError
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    replica = tmp_path / "r.db"
+    target = SqliteTarget(replica)
+    consumer = Consumer(dsn, "q", target)
+    try:
+        consumer.run(until_caught_up=True)
+        position = consumer_state(conn)[0]
+        if how == "deleted":
+            for path in tmp_path.glob("r.db*"):
+                path.unlink()
+        elif how == "replaced by another file":
+            other = tmp_path / "other.db"
+            sqlite3.connect(other).close()
+            other.replace(replica)
+        else:
+            Path(f"{replica}-wal").unlink()
+        conn.execute("INSERT INTO t VALUES (1)")
+        forced_tick(conn)
+        word = "replaced" if how.startswith("replaced") else "deleted"
+        with pytest.raises(UserError, match=rf"{re.escape(str(replica))}(-wal)? was {word}.*consumer stopped"):
+            consumer.run(until_caught_up=True)
+        # Nothing was acknowledged: the batch is the source's to give again.
+        assert consumer_state(conn)[0] == position
+    finally:
+        consumer.close()
+        target.close()
+
+
+def test_a_shm_truncated_under_the_running_consumer_stops_it_with_a_message_not_sigbus(dsn, conn, source, tmp_path):
+    """A -shm file cut short under a process that maps it makes the process's next access
+    to it a SIGBUS, which ends it without a word (another program's cleanup, a copy over
+    the replica's files). Checked before each batch, the consumer stops first, with a line."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    replica = tmp_path / "r.db"
+    daemon = Daemon(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--poll-interval", "0.05",
+                    log=tmp_path / "consumer.log")
+    try:
+        wait_until(lambda: replica_has_table(replica, "t"), 30, "the daemon to copy t",
+                   check=lambda: assert_alive(daemon))
+        os.truncate(f"{replica}-shm", 0)
+        conn.execute("INSERT INTO t VALUES (1)")
+        forced_tick(conn)
+        wait_until(lambda: daemon.proc.poll() is not None, 30, "the daemon to stop")
+        rc = daemon.proc.returncode
+        last = daemon.log().strip().splitlines()[-1]
+        assert rc == 1, daemon.log()
+        assert last.startswith("error: ") and f"{replica}-shm was truncated" in last, daemon.log()
+    finally:
+        daemon.stop()
+
+
+def test_a_sigbus_in_the_consumer_is_reported_with_its_stack_not_silent(dsn, conn, source, tmp_path):
+    """What the file checks cannot prevent (a -shm cut short in the middle of a batch)
+    still ends the process by SIGBUS: it says so, with where it was."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    replica = tmp_path / "r.db"
+    daemon = Daemon(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--poll-interval", "0.05",
+                    log=tmp_path / "consumer.log")
+    try:
+        wait_until(lambda: replica_has_table(replica, "t"), 30, "the daemon to copy t",
+                   check=lambda: assert_alive(daemon))
+        os.kill(daemon.pid, signal.SIGBUS)
+        wait_until(lambda: daemon.proc.poll() is not None, 30, "the daemon to stop")
+        assert daemon.proc.returncode == -signal.SIGBUS
+        assert "Fatal Python error: Bus error" in daemon.log() and "most recent call first" in daemon.log()
     finally:
         daemon.stop()

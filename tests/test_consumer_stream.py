@@ -254,3 +254,46 @@ def test_writes_concurrent_with_the_copy_reach_the_stream_exactly_once(dsn, conn
     assert set(counts) == set(range(1, 50001)) | set(range(100000, 100000 + inserted["n"]))
     ops = Counter(r["op"] for r in records)
     assert ops["R"] > 50000 and ops["I"] >= 100, ops        # inserts landed both in and after the copy
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced by another file"])
+def test_a_stream_file_deleted_under_the_running_consumer_stops_it_at_the_next_batch(dsn, conn, queue_t, source,
+                                                                                      tmp_path, how):
+    from replicator.consumer import Consumer
+    from replicator.errors import UserError
+    from replicator.targets.stream import StreamTarget
+    out = tmp_path / "changes.jsonl"
+    target = StreamTarget(str(out), "jsonl")
+    consumer = Consumer(dsn, "q", target)
+    try:
+        consumer.run(until_caught_up=True)
+        position = target.positions("q")
+        if how == "deleted":
+            out.unlink()
+        else:
+            out.with_name("other").write_text("")
+            out.with_name("other").replace(out)
+        write_changes(conn)
+        source.tick("q", force=True)
+        with pytest.raises(UserError, match=rf"{out} was {how.split()[0]} .*consumer stopped"):
+            consumer.run(until_caught_up=True)
+        assert target.positions("q") == position
+        assert json.loads(out.with_name(out.name + ".position").read_text())["positions"] == {
+            f"q/{name}": tick for name, tick in position.items()}
+    finally:
+        consumer.close()
+        target.close()
+
+
+def test_a_second_consumer_of_one_stream_file_is_refused(tmp_path):
+    """Each would cut the file back to the length it recorded, over the other's lines."""
+    from replicator.errors import UserError
+    from replicator.targets.stream import StreamTarget
+    out = tmp_path / "changes.jsonl"
+    first = StreamTarget(str(out), "jsonl")
+    try:
+        with pytest.raises(UserError, match="another consumer is writing"):
+            StreamTarget(str(out), "tsv")
+    finally:
+        first.close()
+    StreamTarget(str(out), "jsonl").close()

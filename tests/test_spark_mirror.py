@@ -541,3 +541,36 @@ def test_failed_background_compaction_is_retried_after_a_backoff(dsn, conn, sour
         assert_same(conn, spark, path, "t", "t", ["id"])
     finally:
         target.close()
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_warehouse_deleted_under_the_running_consumer_stops_it_at_the_next_batch(dsn, conn, source, tmp_path,
+                                                                                     how):
+    import shutil
+
+    from replicator.errors import UserError
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    target = SparkTarget(path, compact_after_logs=0)   # no compaction: no Spark
+    consumer = Consumer(dsn, "q", target)
+    try:
+        consumer.run(until_caught_up=True)
+        position = consumer.source.conn.execute(
+            "SELECT last_tick FROM replicator.consumer_info() WHERE queue_name = 'q'").fetchone()[0]
+        if how == "deleted":
+            shutil.rmtree(path)
+        else:   # a copy put in its place (an older one, restored)
+            shutil.copytree(path, tmp_path / "copy")
+            shutil.rmtree(path)
+            (tmp_path / "copy").rename(path)
+        conn.execute("INSERT INTO t VALUES (1, 1)")
+        source.tick("q", force=True)
+        with pytest.raises(UserError, match=rf"{path} was {how}.*consumer stopped"):
+            consumer.run(until_caught_up=True)
+        assert conn.execute("SELECT last_tick FROM replicator.consumer_info() WHERE queue_name = 'q'"
+                            ).fetchone()[0] == position
+    finally:
+        consumer.close()
+        target.close()

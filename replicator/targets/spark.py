@@ -31,7 +31,8 @@ import pyarrow.parquet as pq
 
 from ..errors import UserError
 from ..schema import Change, TableStructure, target_table_name
-from ..spark.warehouse import Warehouse, arrow_table, crash_point, make_durable, new_id, physical_schema, retire
+from ..spark.warehouse import (COMPACT_LOCK, LOCK, MANIFEST, MANIFEST_TMP_SUFFIX, Warehouse, arrow_table, crash_point,
+                               make_durable, new_id, physical_schema, retire)
 from ..spark.views import SparkViews
 from . import Row, TargetTable, queue_positions
 
@@ -43,6 +44,27 @@ LOG_SPILL_ROWS = 200_000      # distinct keys buffered per table before a log fi
 COMPACT_AFTER_LOGS = 64
 COMPACT_RETRY_AFTER = 60.0    # seconds before a failed compaction is tried again, doubled per failure
 COMPACT_RETRY_MAX = 3600.0
+OWNER_LOCK = "_consumer.lock"   # held by the consumer writing the warehouse
+
+
+def _check_warehouse_path(warehouse: Warehouse) -> None:
+    """Refuses a directory that is neither a warehouse (a manifest, or only the lock files
+    a consumer makes before its first commit) nor empty: the consumer deletes files of a
+    warehouse's subdirectories that no manifest names. Reads only; a damaged manifest is
+    a ValueError."""
+    path = warehouse.path
+    if not path.is_dir():
+        return
+    if warehouse.exists():
+        warehouse.read()   # a damaged manifest, found before anything is made in the directory
+        return
+    own = {OWNER_LOCK, LOCK, COMPACT_LOCK}
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in own
+                     and not (p.name.startswith(f"{MANIFEST}.") and p.name.endswith(MANIFEST_TMP_SUFFIX)))
+    if foreign:
+        raise UserError(f"{path} is a directory that is not a Spark warehouse (no {MANIFEST}) and not empty (it holds "
+                        f"{', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}): a consumer would delete "
+                        f"files it does not know there, so it is left as it is; give the warehouse another path")
 
 
 @dataclass
@@ -67,9 +89,10 @@ class SparkTarget:
             raise UserError(f"cannot create {self.warehouse.path}: directory {self.warehouse.path.parent} "
                             f"does not exist")
         try:
+            _check_warehouse_path(self.warehouse)
             self.warehouse.path.mkdir(exist_ok=True)
             # One consumer process writes a warehouse: it removes what a crashed one left.
-            self._owner = os.open(self.warehouse.path / "_consumer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            self._owner = os.open(self.warehouse.path / OWNER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 try:
                     fcntl.flock(self._owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -114,6 +137,9 @@ class SparkTarget:
     def positions(self, queue: str) -> dict[str, int]:
         return queue_positions(self.manifest["positions"], queue)
 
+    def queues(self) -> set[str]:
+        return {key.partition("/")[0] for key in self.manifest["positions"]}
+
     def tables(self) -> dict[str, TargetTable]:
         return {name: _target_table(name, entry) for name, entry in self.manifest["tables"].items()}
 
@@ -130,13 +156,30 @@ class SparkTarget:
 
     # transactions --------------------------------------------------------------------
 
+    def _check_directory(self) -> None:
+        """Stops the consumer when the warehouse directory it writes is no longer the one at
+        its path (deleted, replaced, or moved): its lock file, held open, tells."""
+        try:
+            st = os.stat(self.warehouse.path / OWNER_LOCK)
+        except FileNotFoundError:
+            how = "deleted or moved away"
+        else:
+            mine = os.fstat(self._owner)
+            how = "" if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino) else "replaced"
+        if how:
+            raise UserError(f"the Spark warehouse {self.warehouse.path} was {how} while the consumer was writing it; "
+                            f"the consumer stopped before committing another batch: put it back, or run the same "
+                            f"`replicator consume` again to build a new one (every table copied anew)")
+
     def begin(self) -> None:
+        self._check_directory()
         self.work = copy.deepcopy(self.manifest)
         self._ops = []
         self._pending = {}
 
     def commit(self) -> None:
         assert self.work is not None
+        self._check_directory()
         for name in list(self._pending):
             self._flush(name)
             self._close_base(name)

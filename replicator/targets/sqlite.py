@@ -8,7 +8,9 @@ as the rows: a crash at any point leaves the file at a batch boundary.
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 from collections.abc import Callable, Iterable
 from contextlib import closing
 from pathlib import Path
@@ -30,16 +32,131 @@ _STATE = "_replicator_position"
 _TABLES = "_replicator_tables"
 
 
+# What makes a SQLite file a replica: replicator's own tables (both are created in
+# the file's first transaction; a file of an older version may hold only the first).
+# Any other SQLite file is an application's: opened as a target, its tables of the
+# captured names would be dropped and replaced, so it is refused, and the check
+# neither writes it nor leaves a -wal or -shm beside it.
+_MARKERS = (_STATE, _TABLES)
+_HEADER = b"SQLite format 3\x00"
+_SIDE_FILES = ("-wal", "-shm")
+
+
+def _size(path: str | Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def replica_state(path: Path) -> str:
+    """What is at `path`, found without writing anything there: "new" (no file, or an
+    empty one: nothing to lose), "replica", "foreign" (another SQLite database), "not
+    sqlite", "not a file" or "orphan wal" (no file, but a -wal: SQLite would replay it
+    into a new one). Raises UserError when it cannot be read."""
+    path = path.expanduser()
+    try:
+        wal = _size(f"{path}-wal")
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return "orphan wal" if wal else "new"
+        if not stat.S_ISREG(st.st_mode):
+            return "not a file"
+        if st.st_size == 0 and wal == 0:
+            return "new"
+        with open(path, "rb") as f:
+            header = f.read(100)
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    if header and not header.startswith(_HEADER):
+        return "not sqlite"
+    # Read-only. A reader of a WAL-mode file creates its -wal and -shm: while the WAL
+    # holds nothing (none is there, or an empty one) the file is the whole database,
+    # read as immutable, which opens nothing else.
+    params = "immutable=1" if len(header) > 19 and header[18] == 2 and wal == 0 else "mode=ro"
+    try:
+        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?{params}", uri=True)) as db:
+            names = {name for (name,) in db.execute(
+                f"SELECT name FROM sqlite_master WHERE name IN ({', '.join('?' for _ in _MARKERS)})", _MARKERS)}
+    except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_NOTADB":
+            return "not sqlite"
+        raise UserError(f"cannot read {path} as a SQLite database ({exc}): give the replica another path, or "
+                        f"repair it with sqlite3") from None
+    return "replica" if names else "foreign"
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+# What SQLite's terse I/O errors mean for a replica's files (sqlite3.Error.sqlite_errorname).
+_ERROR_HINTS = {
+    "SQLITE_IOERR_SHMSIZE": "its -shm file cannot grow: is the filesystem full?",
+    "SQLITE_IOERR_SHMMAP": "its -shm file cannot be mapped into memory: SQLite's WAL mode needs a local filesystem",
+    "SQLITE_IOERR_SHMOPEN": "its -shm file cannot be opened: is it writable, and the directory?",
+    "SQLITE_IOERR_SHMLOCK": "its -shm file cannot be locked: SQLite's WAL mode needs a local filesystem",
+    "SQLITE_READONLY_CANTINIT": "its -shm file is not writable",
+    "SQLITE_READONLY_DIRECTORY": "its directory is not writable (SQLite creates the -wal and -shm files there)",
+    "SQLITE_FULL": "the filesystem is full",
+}
+
+
+def sqlite_error(exc: sqlite3.Error) -> str:
+    """A SQLite error with what its code says about the replica's files, where that helps."""
+    name = getattr(exc, "sqlite_errorname", None)
+    hint = _ERROR_HINTS.get(name or "")
+    return f"{exc} ({name}: {hint})" if hint else str(exc)
+
+
+def _regrow(shm: str, size: int) -> None:
+    """Gives a -shm cut short its size back, zero-filled: closing the connection (which
+    reads it to checkpoint) then rebuilds its content from the WAL instead of dying of
+    SIGBUS. Allocated, not sparse, where the filesystem allows: a page that cannot be
+    allocated when written is a SIGBUS too."""
+    try:
+        fd = os.open(shm, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError:
+            os.ftruncate(fd, max(size, os.fstat(fd).st_size))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def is_replica(path: Path) -> bool:
     """Whether a SQLite file is one a consumer writes, read without changing it
     (opening it as a target would make any SQLite file one)."""
-    if not path.is_file():
-        return False
-    try:
-        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
-            return db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (_TABLES,)).fetchone() is not None
-    except sqlite3.DatabaseError as exc:
-        raise UserError(f"cannot use {path} as a SQLite target: {exc}") from None
+    return replica_state(path) == "replica"
+
+
+def check_target_path(path: Path) -> None:
+    """Refuses a path holding something other than a replica: an application's SQLite
+    database, a file of another kind, a directory. Nothing there is changed."""
+    state = replica_state(path)
+    if state in ("new", "replica"):
+        return
+    if state == "orphan wal":
+        raise UserError(f"{path}-wal is there without {path} (left by a replica deleted under a consumer that "
+                        f"was then killed?): SQLite would replay it into a new replica; move {path}-wal and "
+                        f"{path}-shm aside, or give the replica another path")
+    if state == "not a file":
+        raise UserError(f"cannot use {path} as a SQLite target: it is not a regular file; give the replica "
+                        f"another path")
+    what = (f"a SQLite database that is not a replica (it has no table {_TABLES}): a consumer would drop and "
+            f"replace its tables of the replicated names" if state == "foreign"
+            else "a file that is not a SQLite database: a consumer would overwrite it")
+    raise UserError(f"{path} is {what}, so it is left as it is; give the replica another path")
 
 
 def quote(name: str) -> str:
@@ -54,29 +171,45 @@ class SqliteTarget:
         self.name = f"sqlite:{self.path}"
         if not self.path.parent.is_dir():
             raise UserError(f"cannot create {self.path}: directory {self.path.parent} does not exist")
+        check_target_path(self.path)
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            for pragma in PRAGMAS:
-                self.db.execute(f"PRAGMA {pragma}")
+            # Both tables in one transaction, before WAL mode (switching to it writes a
+            # first page): a new file is never left a SQLite database without them.
+            self.db.execute("BEGIN")
             self.db.execute(f"CREATE TABLE IF NOT EXISTS {_STATE} (queue TEXT, consumer TEXT, last_tick INTEGER,"
                             " PRIMARY KEY (queue, consumer))")
             self.db.execute(f"CREATE TABLE IF NOT EXISTS {_TABLES} (source_name TEXT PRIMARY KEY,"
                             " table_id INTEGER, mode TEXT, structure TEXT, copy_snapshot TEXT)")
+            self.db.execute("COMMIT")
+            for pragma in PRAGMAS:
+                self.db.execute(f"PRAGMA {pragma}")
             self.views = SqliteViews(self.db)   # incremental views, refreshed in commit()
+            self.db.execute(f"SELECT count(*) FROM {_STATE}").fetchone()   # opens the -wal and -shm
         except sqlite3.Error as exc:
-            raise UserError(f"cannot use {self.path} as a SQLite target: {exc}") from None
+            raise UserError(f"cannot use {self.path} as a SQLite target: {sqlite_error(exc)}") from None
         self._statements: dict[tuple[str, str], str] = {}
+        # The files this connection writes, by identity: one deleted or replaced under it
+        # is noticed before the next batch (see _check_files).
+        self._files = {suffix: _identity(f"{self.path}{suffix}") for suffix in ("", *_SIDE_FILES)}
+        self._shm_size = _size(f"{self.path}-shm")
 
     # state ---------------------------------------------------------------------
 
     def positions(self, queue: str) -> dict[str, int]:
+        self._check_files()
         return dict(self.db.execute(f"SELECT consumer, last_tick FROM {_STATE} WHERE queue = ?", (queue,)))
+
+    def queues(self) -> set[str]:
+        self._check_files()
+        return {queue for (queue,) in self.db.execute(f"SELECT DISTINCT queue FROM {_STATE}")}
 
     def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
         self.db.execute(f"INSERT OR REPLACE INTO {_STATE} (queue, consumer, last_tick) VALUES (?, ?, ?)",
                         (queue, consumer, tick_id))
 
     def tables(self) -> dict[str, TargetTable]:
+        self._check_files()
         return {name: TargetTable(source_name=name, table_id=table_id, mode=mode,
                                   structure=TableStructure.from_json(structure), copy_snapshot=snapshot)
                 for name, table_id, mode, structure, snapshot in self.db.execute(
@@ -90,6 +223,7 @@ class SqliteTarget:
     # transactions ----------------------------------------------------------------
 
     def begin(self) -> None:
+        self._check_files()
         self.db.execute("BEGIN IMMEDIATE")
         try:
             self.views.begun()
@@ -98,8 +232,10 @@ class SqliteTarget:
             raise
 
     def commit(self) -> None:
+        self._check_files()
         self.views.before_commit()
         self.db.execute("COMMIT")
+        self._shm_size = max(self._shm_size, _size(f"{self.path}-shm"))   # SQLite grows it with the WAL
 
     def rollback(self) -> None:
         if self.db.in_transaction:
@@ -108,6 +244,42 @@ class SqliteTarget:
 
     def close(self) -> None:
         self.db.close()
+
+    def _check_files(self) -> None:
+        """Stops the consumer when the replica's file, its -wal or its -shm is no longer the
+        file this connection has open (deleted, replaced: it would go on writing a file
+        nobody sees), or the -shm was cut short (SQLite maps it: a process touching a page
+        past its end is killed by SIGBUS). A few stat() calls, before each batch and commit;
+        a change in the middle of a batch is still SQLite's to meet."""
+        for suffix, known in self._files.items():
+            if known is None:
+                continue
+            name = f"{self.path}{suffix}"
+            try:
+                st = os.stat(name)
+            except FileNotFoundError:
+                how = "deleted"
+            else:
+                how = "" if (st.st_dev, st.st_ino) == known else "replaced by another file"
+                if not how and suffix == "-shm" and st.st_size < self._shm_size:
+                    _regrow(name, self._shm_size)
+                    raise UserError(f"{name} was truncated (from {self._shm_size:,} to {st.st_size:,} bytes) while "
+                                    f"the consumer was writing {self.path}; the consumer stopped before SQLite "
+                                    f"read it (a process reading a -shm cut short under it dies of SIGBUS): stop "
+                                    f"what truncates the replica's files, then run the same `replicator consume` "
+                                    f"again")
+            if not how:
+                continue
+            if not suffix and how == "deleted":
+                way_out = ("run the same `replicator consume` again to build the replica anew (it copies every "
+                           "table), or put the file back and run it again")
+            elif not suffix:
+                way_out = "run `replicator consume` again to go on with the file now there"
+            else:
+                way_out = ("its readers and this writer no longer share one WAL: stop what removes the "
+                           "replica's files, then run the same `replicator consume` again")
+            raise UserError(f"{name} was {how} while the consumer was writing {self.path}; the consumer "
+                            f"stopped before committing another batch: {way_out}")
 
     # tables ------------------------------------------------------------------------
 

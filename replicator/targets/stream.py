@@ -12,6 +12,7 @@ consumer's position, which a crash may leave one batch behind (at least once).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -62,7 +63,13 @@ class StreamTarget:
                                                   copy_snapshot=t["copy_snapshot"])
                                 for name, t in self._state["tables"].items()}
                 length = int(self._state["length"])
+                self._check_existing(length)
                 self.out = open(self.path, "a+", encoding="utf-8")
+                try:
+                    fcntl.flock(self.out.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    self.out.close()
+                    raise UserError(f"another consumer is writing {self.path}") from None
                 self.out.truncate(length)
                 self.out.seek(length)
             except OSError as exc:
@@ -71,10 +78,54 @@ class StreamTarget:
                 raise UserError(f"{self._state_path} is not a position file replicator wrote ({exc!r}): restore "
                                 f"it, or stream into a new file") from None
 
+    def _check_existing(self, length: int) -> None:
+        """Refuses a file this stream did not write (no position file beside it), and one
+        that lost lines its position file records: cut back to the recorded length, the
+        first would lose what it holds, the second would be padded with NUL bytes."""
+        assert self.path is not None
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            size = None
+        if not self._state_path.exists():
+            if size:
+                raise UserError(f"{self.path} exists and is not a stream a consumer wrote (no {self._state_path.name} "
+                                f"beside it): it is left as it is; give the stream another path")
+            return
+        if size is None and length:
+            raise UserError(f"{self.path} is gone, but {self._state_path.name} records {length:,} bytes of it: "
+                            f"put it back, or move {self._state_path} aside and run the same `replicator consume` "
+                            f"again to start a new stream (every table copied anew)")
+        if size is not None and size < length:
+            raise UserError(f"{self.path} holds {size:,} bytes, fewer than the {length:,} its "
+                            f"{self._state_path.name} records: lines are missing; it is left as it is: restore it, "
+                            f"or move it and {self._state_path.name} aside and run the same `replicator consume` "
+                            f"again to start a new stream (every table copied anew)")
+
+    def _check_file(self) -> None:
+        """Stops the consumer when the file it writes is no longer the one at its path
+        (deleted, replaced): it would go on writing lines nobody reads."""
+        assert self.path is not None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            how = "deleted"
+        else:
+            mine = os.fstat(self.out.fileno())
+            how = "" if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino) else "replaced by another file"
+        if how:
+            raise UserError(f"{self.path} was {how} while the consumer was writing it; the consumer stopped before "
+                            f"committing another batch: put the file back, or move it and {self._state_path.name} "
+                            f"aside and run the same `replicator consume` again to start a new stream (every table "
+                            f"copied anew)")
+
     # state -----------------------------------------------------------------------
 
     def positions(self, queue: str) -> dict[str, int]:
         return queue_positions(self._state["positions"], queue)
+
+    def queues(self) -> set[str]:
+        return {key.partition("/")[0] for key in self._state["positions"]}
 
     def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
         self._state["positions"][f"{queue}/{consumer}"] = tick_id
@@ -88,12 +139,14 @@ class StreamTarget:
     # transactions ------------------------------------------------------------------
 
     def begin(self) -> None:
-        pass
+        if self.path is not None:
+            self._check_file()
 
     def commit(self) -> None:
         self.out.flush()
         if self.path is None:
             return
+        self._check_file()
         os.fsync(self.out.fileno())
         self._state["length"] = self.out.tell()
         self._state["tables"] = {name: {"table_id": t.table_id, "mode": t.mode,
