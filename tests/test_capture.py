@@ -520,6 +520,23 @@ def test_a_row_filter_that_is_not_one_expression_is_refused_in_one_line(conn, q,
     assert _triggers_on(conn, '"t"') == []
 
 
+def test_key_and_ignored_columns_must_be_the_tables_and_run_nothing(conn, q, ddl_ran):
+    """--key and --ignore are matched against the table's columns and written as quoted
+    identifiers: a name that is SQL is an unknown column."""
+    hostile = 'id") FROM "public"."t"; DROP TABLE "public"."other"; SELECT ("id'
+    for options in ({"key": [hostile]}, {"ignore": [hostile]}, {"key": ["id", hostile]}):
+        with pytest.raises(UserError, match="^table public.t has no column "):
+            q.add_table("q", "t", **options)
+    with pytest.raises(UserError, match="^invalid table name"):
+        q.add_table("q", 't; DROP TABLE "public"."other"')
+    assert not ddl_ran()
+    assert _triggers_on(conn, '"t"') == []
+    conn.execute('ALTER TABLE "t" ADD COLUMN "odd "")"" name" int')   # a real column named like SQL
+    q.add_table("q", "t", ignore=['odd ")" name'])
+    conn.execute('INSERT INTO "t" VALUES (1, 2)')
+    assert changes(read_events(q)) == [("I", [[1]])]
+
+
 # Fragments an adversary strings together after a valid filter: quotes, comments,
 # parentheses, statement separators and the statements they would smuggle in.
 _FRAGMENTS = [")", "(", ";", " -- ", "\n", "/*", "*/", "'", "''", "$$", "$q$", "E'\\''", "\\", '"', " ", ",", "1",

@@ -190,18 +190,20 @@ def test_user_text_that_would_run_sql_of_its_own_is_refused_in_one_line_and_runs
     assert marker.exists()
     marker.unlink()
     try:
-        issue, dropping, comment, wrapper, table_name = run_all([
+        issue, dropping, comment, wrapper, table_name, schema = run_all([
             ["table", "add", "q", "nokey", "--key", "id", "--where",
              f"true) LIMIT 0; COPY (SELECT 1) TO PROGRAM 'touch {marker}'; SELECT 1 WHERE (true"],
             ["table", "add", "q", "nokey", "--key", "id", "--where",
              'true) LIMIT 0; DROP TABLE "public"."orders"; SELECT 1 WHERE (true'],
             ["table", "add", "q", "orders", "--where", '"id" > 0) --'],        # swallows the wrapper's )
             ["table", "add", "q", "orders", "--where", "true) OR (true"],      # closes the wrapper's (
-            ["table", "add", "q", 'orders; DROP TABLE "public"."nokey"']], app)
+            ["table", "add", "q", 'orders; DROP TABLE "public"."nokey"'],
+            ["table", "add", "q", "--schema", 'public; DROP TABLE "public"."nokey"']], app)
         assert not marker.exists()
         for result in (issue, dropping, comment, wrapper):
             assert_user_error(result, "invalid row filter")
         assert_user_error(table_name, "invalid table name")
+        assert_user_error(schema, 'schema public; DROP TABLE "public"."nokey" does not exist')
     finally:
         marker.unlink(missing_ok=True)
     with psycopg.connect(app, autocommit=True) as c:
