@@ -179,7 +179,8 @@ CREATE OR REPLACE FUNCTION replicator.row_filter_error(p_table regclass, p_where
 RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
-SET bytea_output = 'hex' SET extra_float_digits = 1 SET IntervalStyle = 'postgres' AS $$
+SET bytea_output = 'hex' SET extra_float_digits = 1 SET IntervalStyle = 'postgres'
+SET standard_conforming_strings = on AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.row_filter_error(p_table, p_where)
 --
@@ -191,6 +192,17 @@ SET bytea_output = 'hex' SET extra_float_digits = 1 SET IntervalStyle = 'postgre
 --      after every DDL that changes the table: a filter that no longer
 --      parses or resolves would make application writes fail.
 --
+--      Nothing of the filter is executed: the query is opened as a cursor
+--      and closed unread, which parses, analyses and plans it (and starts
+--      its executor, reading no row: LIMIT 0). A cursor takes one statement:
+--      a filter that stacks statements after the query ("true) LIMIT 0;
+--      DROP TABLE t; SELECT (1") is refused before any of them runs, where
+--      EXECUTE would run them all. That the filter is one expression, and
+--      no `)` of it closes the query's, is checked before it reaches the
+--      server (replicator.source.check_row_filter); this function is the
+--      server's own guard for callers of the SQL functions. Strings are
+--      read with standard_conforming_strings on, as that check reads them.
+--
 -- Parameters:
 --      p_table     - the captured table
 --      p_where     - the filter; NULL is no filter
@@ -198,13 +210,20 @@ SET bytea_output = 'hex' SET extra_float_digits = 1 SET IntervalStyle = 'postgre
 -- Returns:
 --      NULL when the filter is valid (or NULL), else the error message
 -- ----------------------------------------------------------------------
+DECLARE
+    v_cursor refcursor;
 BEGIN
     IF p_where IS NOT NULL THEN
-        EXECUTE format('SELECT 1 FROM %1$s n WHERE (%2$s) UNION ALL SELECT 1 FROM %1$s o WHERE (%2$s) LIMIT 0',
-                       p_table, p_where);
+        OPEN v_cursor NO SCROLL FOR EXECUTE
+            format('SELECT 1 FROM %1$s n WHERE (%2$s) UNION ALL SELECT 1 FROM %1$s o WHERE (%2$s) LIMIT 0',
+                   p_table, p_where);
+        CLOSE v_cursor;
     END IF;
     RETURN NULL;
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLERRM;
+EXCEPTION
+    WHEN invalid_cursor_definition THEN   -- "cannot open multi-query plan as cursor"
+        RETURN 'it is not one expression (' || SQLERRM || ')';
+    WHEN OTHERS THEN
+        RETURN SQLERRM;
 END;
 $$;

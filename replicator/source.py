@@ -82,6 +82,101 @@ def parse_duration(text: str) -> timedelta:
         raise UserError(f"invalid duration {text!r}: use e.g. 500ms, 30s, 15min, 2h or 1d") from None
 
 
+# Statements that write: PostgreSQL refuses them inside an expression, and so does
+# check_row_filter, before the server sees them.
+_WRITING_NODES = ("InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt")
+
+
+def _one_expression(sql: str) -> Any:
+    """The expression X of `sql`, which must be `SELECT X` and nothing else:
+    one statement, one unnamed target, no other clause. Raises ValueError with
+    why not."""
+    from pglast import ast, enums, parse_sql
+    from pglast.parser import ParseError
+
+    try:
+        statements = parse_sql(sql)
+    except ParseError as exc:
+        raise ValueError(exc.args[0] if exc.args else str(exc)) from None
+    if len(statements) != 1:
+        raise ValueError("it makes several statements")
+    select = statements[0].stmt
+    if not isinstance(select, ast.SelectStmt) or select.op != enums.SetOperation.SETOP_NONE:
+        raise ValueError("it is not one expression")
+    extra = [name for name in ("distinctClause", "intoClause", "fromClause", "whereClause", "groupClause",
+                               "havingClause", "windowClause", "valuesLists", "sortClause", "limitOffset",
+                               "limitCount", "lockingClause", "withClause")
+             if getattr(select, name)]
+    if extra or not select.targetList or len(select.targetList) != 1:
+        raise ValueError("it is not one expression")
+    target = select.targetList[0]
+    if target.name or target.indirection or isinstance(target.val, ast.ColumnRef) and any(
+            isinstance(f, ast.A_Star) for f in target.val.fields):
+        raise ValueError("it is not one expression")
+    return target.val
+
+
+def check_row_filter(where: str | None) -> str | None:
+    """Checks a row filter (--where) with PostgreSQL's own grammar (pglast:
+    libpg_query) before anything of it reaches the server, and returns it as
+    given. It must be exactly one expression: alone (so no `)` of it closes a
+    parenthesis it did not open) and inside the parentheses the capture puts
+    around it (so a trailing `--` comment cannot swallow them). Sub-selects
+    reading other tables are allowed (they run with the capture, as the
+    capture function's owner); writing statements, row locks (FOR UPDATE...)
+    and parameters are not. A backslash in a '...' string is refused: its
+    meaning depends on standard_conforming_strings (write E'...'), and so are
+    U&'...' strings, which a session with it off cannot read.
+    Raises UserError with why, in one line."""
+    if where is None:
+        return None
+    if not where.strip():
+        raise UserError("invalid row filter: it is empty")
+
+    from pglast import ast, parser
+    from pglast.visitors import Visitor
+
+    def refuse(why: str) -> UserError:   # one line, whatever the filter's text shown in it holds
+        return UserError(f"invalid row filter: {' '.join(why.split())}; --where takes one SQL expression"
+                         f" over the row's columns")
+
+    if "\x00" in where:   # the parser would stop there; PostgreSQL refuses it in text anyway
+        raise refuse("it contains a NUL character")
+    try:
+        tokens = parser.scan(where)
+    except parser.ParseError as exc:
+        raise refuse(exc.args[0] if exc.args else str(exc)) from None
+    for token in tokens:
+        text = where[token.start:token.end + 1]
+        if token.name == "USCONST":
+            raise refuse(f"U&'...' strings cannot be read in every session ({text[:40]}): write E'\\uXXXX'")
+        if token.name == "SCONST" and text[0] not in "eE$" and "\\" in text:
+            raise refuse(f"a backslash in a '...' string means what standard_conforming_strings says "
+                         f"({text[:40]}): write it as E'...' with \\\\ for a backslash")
+        if token.name == "PARAM":
+            raise refuse(f"it has a parameter ({text})")
+    if tokens and tokens[-1].name == "SQL_COMMENT" and not set("\n\r") & set(where[tokens[-1].end + 1:]):
+        raise refuse("it ends in a -- comment, which would swallow what the capture writes after it")
+    try:
+        expression = _one_expression(f"SELECT {where}")
+        _one_expression(f"SELECT ({where})")
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
+
+    class Refuse(Visitor):
+        def visit(self, ancestors: Any, node: Any) -> None:
+            name = type(node).__name__
+            if name in _WRITING_NODES:
+                raise refuse(f"it writes ({name.removesuffix('Stmt').upper()})")
+            if isinstance(node, ast.SelectStmt) and node.lockingClause:
+                raise refuse("it locks rows (FOR UPDATE/SHARE)")
+            if isinstance(node, ast.SelectStmt) and node.intoClause:
+                raise refuse("it creates a table (SELECT INTO)")
+
+    Refuse()(expression)
+    return where
+
+
 class Source:
     """A source database with schema replicator installed."""
 
@@ -143,6 +238,12 @@ class Source:
 
     def add_table(self, queue: str, table: str, *, mode: str = "full", key: list[str] | None = None,
                   ignore: list[str] | None = None, where: str | None = None) -> int:
+        """Captures a table (replicator.add_table). The row filter is checked
+        first (check_row_filter): nothing of it reaches the server unless it is
+        one expression. The table, key and ignored columns travel as parameters
+        (the server parses the name with to_regclass and matches the columns
+        against the table's)."""
+        check_row_filter(where)
         return self._call("SELECT replicator.add_table(%s, %s, %s, %s, %s, %s)",
                           (queue, table, mode, key or None, ignore or [], where))
 

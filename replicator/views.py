@@ -196,6 +196,54 @@ def matching(tokens: Sequence[Token], i: int) -> int:
     raise UserError("the view's SQL has an unbalanced parenthesis")
 
 
+def _check_parentheses(sql: str, tokens: Sequence[Token]) -> None:
+    """Refuses a query whose parentheses do not balance: targets put the query
+    inside their own (`SELECT * FROM (query)`), which a `)` of it must not close."""
+    depth = 0
+    for t in tokens:
+        if t.kind == "op" and t.text == "(":
+            depth += 1
+        elif t.kind == "op" and t.text == ")":
+            depth -= 1
+            if depth < 0:
+                raise UserError(f"the view's SQL has a ) that closes no parenthesis of its own "
+                                f"(at: {' '.join(sql[t.start:t.start + 40].split())})")
+    if depth:
+        raise UserError("the view's SQL has an unbalanced parenthesis")
+
+
+def _after_ctes(tokens: Sequence[Token]) -> Token:
+    """The first token after the common table expressions of a query starting with
+    WITH: `WITH [RECURSIVE] name [(columns)] [AS] [[NOT] MATERIALIZED] (query), ...`
+    (AS is optional in Spark SQL)."""
+    def at(i: int) -> Token:
+        if i >= len(tokens):
+            raise UserError("the view's SQL ends inside its WITH clause")
+        return tokens[i]
+
+    i = 2 if at(1).lower == "recursive" else 1
+    while True:
+        if at(i).ident is None:
+            raise UserError(f"cannot read the view's WITH clause at {at(i).text!r}")
+        i += 1
+        if at(i).text == "(":
+            after = at(matching(tokens, i) + 1)
+            if after.lower in ("as", "not", "materialized") or after.text == "(":
+                i = matching(tokens, i) + 1    # the column list
+        if at(i).lower == "as":
+            i += 1
+        if at(i).lower == "not":
+            i += 1
+        if at(i).lower == "materialized":
+            i += 1
+        if at(i).text != "(":
+            raise UserError(f"cannot read the view's WITH clause at {at(i).text!r}")
+        i = matching(tokens, i) + 1
+        if at(i).text != ",":
+            return tokens[i]
+        i += 1
+
+
 def _call_end(tokens: Sequence[Token], i: int) -> int:
     """Index of the last token of the call whose name is tokens[i]: its closing
     parenthesis, or that of the FILTER (WHERE ...) clause that is part of an aggregate."""
@@ -324,11 +372,17 @@ class _Parser:
         tokens = tokenize(self.sql, self.dialect)
         if any(t.text == ";" for t in tokens):
             raise UserError("a view is defined by one SELECT statement, not several")
+        _check_parentheses(self.sql, tokens)
         param = next((t for t in tokens if t.kind == "param"), None)
         if param is not None:
             raise UserError(f"a view's SQL cannot have parameters ({param.text})")
         first = tokens[0].lower
         if first == "with":
+            # WITH ... INSERT/UPDATE/DELETE is a statement of both dialects (Spark runs it as soon as
+            # it is given): only a query may follow the common table expressions.
+            main = _after_ctes(tokens)
+            if main.lower not in ("select", "values"):
+                raise UserError(f"a view is defined by a SELECT, not WITH ... {main.text.upper()}")
             self.a.refuse("CTE", self.text(tokens[:3]))
         elif first not in ("select", "values"):
             raise UserError(f"a view is defined by a SELECT, not {tokens[0].text.upper()}")

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
+import uuid
 from decimal import Decimal
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -16,6 +19,7 @@ from ddl_helpers import source_rows, sqlite_rows
 from queue_util import changes, read_events
 from replicator.consumer import Consumer
 from replicator.errors import UserError
+from replicator.source import check_row_filter
 from replicator.targets import open_target
 
 
@@ -421,6 +425,207 @@ def test_row_filter_is_checked_at_add_time_as_the_capture_runs_it(conn, q):
     assert changes(read_events(q)) == [("I", [[2, 2]])]
     conn.execute('UPDATE "t" SET "v" = -"v"')
     assert sorted(changes(read_events(q))) == [("D", [[1], [2]]), ("U", [[3, 3]])]
+
+
+# user text: a row filter is one expression, and nothing of it runs before it is accepted ----------
+
+@pytest.fixture
+def marker_file():
+    """A path the server can write (shown by each test first), removed after the test."""
+    path = Path(tempfile.gettempdir()) / f"replicator-test-{uuid.uuid4().hex}"
+    yield path
+    path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def ddl_ran(conn):
+    """Whether any DDL ran since: an event trigger advances a sequence, which a rollback
+    does not take back (a stacked DROP TABLE that ran, then failed, still shows)."""
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY)')
+    conn.execute('CREATE TABLE "other" ("id" int)')
+    conn.execute('CREATE SEQUENCE "public"."ddl_ran"')
+    conn.execute('CREATE FUNCTION "public"."note_ddl"() RETURNS event_trigger LANGUAGE plpgsql'
+                 " AS $$ BEGIN PERFORM pg_catalog.nextval('public.ddl_ran'); END $$")
+    conn.execute('CREATE EVENT TRIGGER "note_ddl" ON ddl_command_end EXECUTE FUNCTION "public"."note_ddl"()')
+    yield lambda: conn.execute('SELECT is_called FROM "public"."ddl_ran"').fetchone()[0]
+    conn.execute('DROP EVENT TRIGGER "note_ddl"')
+
+
+def _server_can_write(conn, path: Path) -> None:
+    """Proves a test's `path does not exist` means something: COPY TO PROGRAM reaches it."""
+    conn.execute(f"COPY (SELECT 1) TO PROGRAM 'touch {path}'")
+    assert path.exists()
+    path.unlink()
+
+
+STACKED_FILTERS = [
+    # issue 15: the filter pasted into the check's EXECUTE ran a COPY TO PROGRAM as the superuser
+    "true) LIMIT 0; COPY (SELECT 1) TO PROGRAM 'touch {file}'; SELECT 1 WHERE (true",
+    'true) LIMIT 0; DROP TABLE "public"."other"; SELECT 1 WHERE (true',
+    '"id" > 0) UNION ALL SELECT 1 FROM "public"."t" o WHERE (true) LIMIT 0; CREATE TABLE "public"."made" (); SELECT (1',
+]
+
+
+@pytest.mark.parametrize("stacked", STACKED_FILTERS)
+def test_a_row_filter_stacking_statements_runs_none_of_them_and_is_refused(conn, q, marker_file, ddl_ran, stacked):
+    _server_can_write(conn, marker_file)
+    with pytest.raises(UserError, match="^invalid row filter") as refused:
+        q.add_table("q", "t", where=stacked.format(file=marker_file))
+    assert "\n" not in str(refused.value)
+    assert not marker_file.exists()
+    assert not ddl_ran()
+    assert conn.execute("SELECT to_regclass('other'), to_regclass('made')").fetchone() == ("other", None)
+    assert _triggers_on(conn, '"t"') == []
+
+
+@pytest.mark.parametrize("stacked", STACKED_FILTERS)
+def test_the_sql_functions_refuse_a_stacked_row_filter_without_running_it(conn, q, marker_file, ddl_ran, stacked):
+    """Callers of replicator.add_table in SQL skip the Python check: the server's own check
+    (row_filter_error, also run after DDL) only ever plans one statement."""
+    _server_can_write(conn, marker_file)
+    where = stacked.format(file=marker_file)
+    with pytest.raises(psycopg.errors.RaiseException, match="invalid row filter for public.t: it is not one expression"):
+        conn.execute("SELECT replicator.add_table('q', 't', 'full', NULL, '{}', %s)", (where,))
+    assert conn.execute("SELECT replicator.row_filter_error('t', %s)", (where,)).fetchone()[0].startswith(
+        "it is not one expression")
+    assert not marker_file.exists()
+    assert not ddl_ran()
+    assert conn.execute("SELECT to_regclass('other'), to_regclass('made')").fetchone() == ("other", None)
+    assert _triggers_on(conn, '"t"') == []
+
+
+@pytest.mark.parametrize("escape", [
+    'true) OR (true',                                        # closes the wrapper's parenthesis, opens another
+    'true) UNION ALL SELECT 1 FROM "pg_class" WHERE (true',
+    'true) LIMIT 0 --',                                      # a trailing comment swallows the wrapper's )
+    '"id" > 0) --',
+    '"id" > 0 -- the small ones',
+    '"id" > 0 /* unterminated',
+    '"id" > 0)',
+    '("id" > 0',
+    '"id" AS "x"',
+    '"id" > 0 FOR UPDATE',
+    '"id" IN (SELECT "id" FROM "public"."t" FOR UPDATE)',     # a row lock taken by every write
+    '"id" IN (WITH d AS (DELETE FROM "public"."t" RETURNING "id") SELECT "id" FROM d)',
+    """"id" > 0 AND 'C:\\' <> ''""",                         # a backslash in '...': E'...' says what it means
+    '"id" = $1',
+    '"id" > 0\x00) OR (true',                               # the parser would stop at the NUL
+    '',
+])
+def test_a_row_filter_that_is_not_one_expression_is_refused_in_one_line(conn, q, escape):
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY)')
+    with pytest.raises(UserError, match="^invalid row filter") as refused:
+        q.add_table("q", "t", where=escape)
+    assert "\n" not in str(refused.value)
+    assert _triggers_on(conn, '"t"') == []
+
+
+def test_key_and_ignored_columns_must_be_the_tables_and_run_nothing(conn, q, ddl_ran):
+    """--key and --ignore are matched against the table's columns and written as quoted
+    identifiers: a name that is SQL is an unknown column."""
+    hostile = 'id") FROM "public"."t"; DROP TABLE "public"."other"; SELECT ("id'
+    for options in ({"key": [hostile]}, {"ignore": [hostile]}, {"key": ["id", hostile]}):
+        with pytest.raises(UserError, match="^table public.t has no column "):
+            q.add_table("q", "t", **options)
+    with pytest.raises(UserError, match="^invalid table name"):
+        q.add_table("q", 't; DROP TABLE "public"."other"')
+    assert not ddl_ran()
+    assert _triggers_on(conn, '"t"') == []
+    conn.execute('ALTER TABLE "t" ADD COLUMN "odd "")"" name" int')   # a real column named like SQL
+    q.add_table("q", "t", ignore=['odd ")" name'])
+    conn.execute('INSERT INTO "t" VALUES (1, 2)')
+    assert changes(read_events(q)) == [("I", [[1]])]
+
+
+# Fragments an adversary strings together after a valid filter: quotes, comments,
+# parentheses, statement separators and the statements they would smuggle in.
+_FRAGMENTS = [")", "(", ";", " -- ", "\n", "/*", "*/", "'", "''", "$$", "$q$", "E'\\''", "\\", '"', " ", ",", "1",
+              " OR true", " DROP TABLE \"other\"", " UNION ALL SELECT 1 FROM pg_class", " LIMIT 0", " FROM \"t\"",
+              " WHERE (", " CREATE TABLE \"made\" ()", " AND \"id\" IN (", " SELECT ", " FOR UPDATE", " AS x"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(suffix=st.lists(st.sampled_from(_FRAGMENTS), max_size=12).map("".join))
+def test_an_accepted_row_filter_is_exactly_one_expression_wherever_it_is_wrapped(suffix):
+    """Whatever is appended to a filter: either it is refused, or the statements the server
+    check and the capture build around it parse as one statement whose conditions are
+    exactly the filter's expression."""
+    from pglast import parse_sql
+
+    where = '"id" > 0' + suffix
+    try:
+        check_row_filter(where)
+    except UserError:
+        return
+    alone = parse_sql(f"SELECT ({where})")[0].stmt.targetList[0].val
+    wrapped = parse_sql(f"SELECT 1 FROM t n WHERE ({where}) UNION ALL SELECT 1 FROM t o WHERE ({where}) LIMIT 0")
+    assert len(wrapped) == 1
+    union = wrapped[0].stmt
+    assert union.larg.whereClause == alone and union.rarg.whereClause == alone
+    assert union.limitCount is not None and not union.larg.fromClause[1:] and not union.rarg.fromClause[1:]
+
+
+# a filter's end, a statement after it, and what would reopen the wrapper, with noise between
+_STACKING = st.tuples(
+    st.sampled_from([")", "))", ") LIMIT 0", ") OR (true)", ") UNION ALL SELECT 1 FROM pg_class WHERE (true)", ""]),
+    st.sampled_from([";", " ;\n", "; /* */ "]),
+    st.sampled_from(['CREATE TABLE "public"."made" ()', 'DROP TABLE "public"."other"']),
+    st.sampled_from([";", "; SELECT (1", "; SELECT 1 WHERE (true", " --", "; -- ", "/*"]),
+    st.lists(st.sampled_from(_FRAGMENTS), max_size=3).map("".join)).map("".join)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(suffix=_STACKING)
+def test_no_row_filter_runs_a_statement_of_its_own_when_added(conn, q, ddl_ran, suffix):
+    for add in (lambda where: q.add_table("q", "t", where=where),
+                lambda where: conn.execute("SELECT replicator.add_table('q', 't', 'full', NULL, '{}', %s)", (where,))):
+        try:
+            add('"id" > 0' + suffix)
+        except (UserError, psycopg.errors.RaiseException, psycopg.errors.SyntaxError):
+            pass
+        else:
+            q.remove_table("q", "t")
+        assert not ddl_ran()
+        assert conn.execute("SELECT to_regclass('other'), to_regclass('made')").fetchone() == ("other", None)
+        assert _triggers_on(conn, '"t"') == []
+
+
+LEGITIMATE_FILTERS = [
+    # (filter, the rows it keeps among ROWS, by id)
+    (""""kind" <> 'a;b'""", {2, 3, 4, 5}),
+    (""""kind" = $$x); DROP TABLE "other"; --$$ OR "kind" = $q$it's$q$""", {2, 3}),
+    ("""(("v" + 1) * 2) > ((4 + (2)))""", {3, 4, 5}),
+    (""""v" IN (1, 3, 5)""", {1, 3, 5}),
+    (""""id" NOT IN (SELECT "id" FROM "public"."other")""", {2, 3, 4, 5}),
+    ("""pg_catalog.length("kind") > 3 AND pg_catalog.upper("kind") <> 'TAB' || pg_catalog.chr(9) || 'HERE'""",
+     {2, 3, 5}),
+    (""""kind" = E'tab\\there' OR "kind" = E'back\\\\slash'""", {4, 5}),
+    ("""/* leading */ "v" >= 2 -- a comment ending its line
+        AND "v" <= 4""", {2, 3, 4}),
+    (""""kind" LIKE 'x)%' OR "kind" = 'it''s'""", {2, 3}),
+]
+ROWS = [(1, "a;b", 1), (2, "x); DROP TABLE \"other\"; --", 2), (3, "it's", 3), (4, "tab\there", 4),
+        (5, "back\\slash", 5)]
+
+
+def test_legitimate_row_filters_are_accepted_and_capture_the_rows_they_name(conn, q):
+    """Semicolons in string literals, dollar quotes, nested parentheses, IN lists,
+    sub-selects and function calls, E'' strings, comments: one expression each."""
+    conn.execute('CREATE TABLE "other" ("id" int)')
+    conn.execute('INSERT INTO "other" VALUES (1)')
+    ids = {}
+    for n, (where, _kept) in enumerate(LEGITIMATE_FILTERS):
+        conn.execute(f'CREATE TABLE "t{n}" ("id" int PRIMARY KEY, "kind" text, "v" int)')
+        ids[q.add_table("q", f"t{n}", where=where)] = n
+        conn.execute(f'INSERT INTO "t{n}" VALUES ' + ", ".join(["(%s, %s, %s)"] * len(ROWS)),
+                     [value for row in ROWS for value in row])
+    captured = {n: set() for n in range(len(LEGITIMATE_FILTERS))}
+    for event in read_events(q):
+        assert event.type == "I"
+        captured[ids[event.table]] |= {item[0] for item in event.items}
+    assert captured == {n: kept for n, (_where, kept) in enumerate(LEGITIMATE_FILTERS)}
+    assert [t.row_filter for t in sorted(q.tables("q"), key=lambda t: t.table_id)] == [
+        where for where, _kept in LEGITIMATE_FILTERS]                     # kept as written
 
 
 def test_pk_mode_queues_keys_only(conn, q):

@@ -8,6 +8,8 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -177,6 +179,48 @@ def test_bad_options_are_refused(app):
     assert_user_error(many, "out of range")
     assert_usage_error(interval, "--interval", "-1")
     assert_usage_error(poll, "--poll-interval")
+
+
+def test_user_text_that_would_run_sql_of_its_own_is_refused_in_one_line_and_runs_nothing(app):
+    """Issue 15: a --where filter ran stacked statements while it was checked (a file written by
+    the server, as the installing superuser). A filter, a table name: one expression, one name."""
+    marker = Path(tempfile.gettempdir()) / f"replicator-cli-{uuid.uuid4().hex}"
+    with psycopg.connect(app, autocommit=True) as c:   # the server can write there
+        c.execute(f"COPY (SELECT 1) TO PROGRAM 'touch {marker}'")
+    assert marker.exists()
+    marker.unlink()
+    try:
+        issue, dropping, comment, wrapper, table_name, schema = run_all([
+            ["table", "add", "q", "nokey", "--key", "id", "--where",
+             f"true) LIMIT 0; COPY (SELECT 1) TO PROGRAM 'touch {marker}'; SELECT 1 WHERE (true"],
+            ["table", "add", "q", "nokey", "--key", "id", "--where",
+             'true) LIMIT 0; DROP TABLE "public"."orders"; SELECT 1 WHERE (true'],
+            ["table", "add", "q", "orders", "--where", '"id" > 0) --'],        # swallows the wrapper's )
+            ["table", "add", "q", "orders", "--where", "true) OR (true"],      # closes the wrapper's (
+            ["table", "add", "q", 'orders; DROP TABLE "public"."nokey"'],
+            ["table", "add", "q", "--schema", 'public; DROP TABLE "public"."nokey"']], app)
+        assert not marker.exists()
+        for result in (issue, dropping, comment, wrapper):
+            assert_user_error(result, "invalid row filter")
+        assert_user_error(table_name, "invalid table name")
+        assert_user_error(schema, 'schema public; DROP TABLE "public"."nokey" does not exist')
+    finally:
+        marker.unlink(missing_ok=True)
+    with psycopg.connect(app, autocommit=True) as c:
+        assert c.execute("SELECT to_regclass('public.orders'), to_regclass('public.nokey')").fetchone() == (
+            "orders", "nokey")
+        assert c.execute("SELECT count(*) FROM replicator.captured_table").fetchone() == (0,)
+        assert c.execute("SELECT count(*) FROM pg_trigger WHERE NOT tgisinternal").fetchone() == (0,)
+
+
+def test_a_where_with_semicolons_dollar_quotes_and_parentheses_inside_is_accepted(app):
+    added = run("table", "add", "q", "orders", "--where",
+                "(v <> 'a;b' AND id IN (1, (2), 3)) OR v = $$x); DROP TABLE orders; --$$ OR pg_catalog.length(v) > 9",
+                dsn=app)
+    assert added.returncode == 0, added.stderr
+    listed = json.loads(run("table", "list", "q", "--json", dsn=app).stdout)
+    assert listed[0]["where"] == ("(v <> 'a;b' AND id IN (1, (2), 3)) OR v = $$x); DROP TABLE orders; --$$"
+                                  " OR pg_catalog.length(v) > 9")
 
 
 def test_queue_ticker_settings_at_create_and_with_config(app):

@@ -616,6 +616,26 @@ def test_view_commands_create_explain_refresh_and_list_spark_views(spark, tmp_pa
         assert Warehouse(path).read()["views"][name]["refreshes"][-1]["kind"] == "incremental", name
 
 
+def test_view_sql_that_writes_after_its_ctes_is_refused_before_spark_runs_it(spark, tmp_path, replicator_here):
+    """spark.sql() runs a command as soon as it is given, INSERT after WITH included: the
+    analysis refuses it first, and nothing is written."""
+    path = tmp_path / "wh"
+    start_warehouse(spark, path, Model(random.Random(3))).close()
+    before = Warehouse(path).read()
+    out = tmp_path / "written"
+    for sql in (f"WITH x AS (SELECT id FROM orders) INSERT OVERWRITE DIRECTORY '{out}' USING parquet SELECT * FROM x",
+                f"WITH x AS (SELECT id FROM orders) INSERT OVERWRITE DIRECTORY '{out}' USING parquet SELECT * FROM x;",
+                "SELECT id FROM orders) AS o UNION ALL (SELECT id FROM customers"):
+        for command in ("create", "explain"):
+            result = replicator_here("view", command, *(["v"] if command == "create" else []), "--target",
+                                     f"spark:{path}", "--sql", sql)
+            assert not out.exists()
+            assert (result.exit_code, type(result.exception)) == (1, UserError), result
+            assert "a view is defined by a SELECT" in str(result.exception) or "closes no parenthesis" in str(
+                result.exception)
+    assert Warehouse(path).read() == before
+
+
 def test_auto_on_spark_weighs_against_the_latest_full_refresh_however_old():
     entry: dict[str, Any] = {"seq": 0, "refreshes": []}
     record = SparkViews._record

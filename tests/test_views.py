@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sqlite3
 import subprocess
 import sys
@@ -212,6 +213,60 @@ def test_explain_refuses_what_is_not_a_view(target):
                          ("SELECT id FROM orders WHERE id = ?", "parameters")]:
         with pytest.raises(UserError, match=message):
             target.views.explain(sql)
+
+
+NOT_ONE_SELECT = [
+    ("SELECT id FROM orders; DELETE FROM orders", "one SELECT statement, not several"),
+    ("SELECT id FROM orders;\nATTACH DATABASE 'elsewhere.db' AS elsewhere", "one SELECT statement, not several"),
+    ("SELECT id FROM orders -- the ids\n; PRAGMA writable_schema = 1", "one SELECT statement, not several"),
+    # a ) closing the parenthesis a target wraps the query in: SELECT * FROM (query)
+    ("SELECT id FROM orders) UNION SELECT id FROM (SELECT id FROM customers",
+     "a ) that closes no parenthesis of its own (at: ) UNION SELECT id FROM (SELECT id FROM"),
+    ("SELECT id FROM orders) AS x, (SELECT 1", "a ) that closes no parenthesis of its own"),
+    ("SELECT id FROM orders WHERE (id > 1", "unbalanced parenthesis"),
+    # a statement after common table expressions writes (Spark runs it when it is given)
+    ("WITH x AS (SELECT id FROM orders) DELETE FROM orders WHERE id IN (SELECT id FROM x)",
+     "a view is defined by a SELECT, not WITH ... DELETE"),
+    ("WITH x AS (SELECT id FROM orders) INSERT INTO notes SELECT id, 'x' FROM x",
+     "a view is defined by a SELECT, not WITH ... INSERT"),
+    ("WITH x(a) AS (SELECT id FROM orders) UPDATE orders SET amount = 0", "not WITH ... UPDATE"),
+    ("PRAGMA writable_schema = 1", "a view is defined by a SELECT, not PRAGMA"),
+    ("ATTACH DATABASE 'elsewhere.db' AS elsewhere", "a view is defined by a SELECT, not ATTACH"),
+    ("CREATE TABLE t AS SELECT id FROM orders", "a view is defined by a SELECT, not CREATE"),
+]
+
+
+@pytest.mark.parametrize("sql,message", NOT_ONE_SELECT)
+def test_view_sql_that_is_not_one_select_is_refused_before_the_target_sees_it(target, sql, message):
+    before = list(target.db.iterdump())
+    statements: list[str] = []
+    target.db.set_trace_callback(statements.append)
+    for attempt in (lambda: target.views.create("v", sql), lambda: target.views.explain(sql)):
+        with pytest.raises(UserError, match=re.escape(message)) as refused:
+            attempt()
+        assert "\n" not in str(refused.value)
+    target.db.set_trace_callback(None)
+    assert not [s for s in statements if sql[:20] in s], statements   # no statement of the target has it
+    assert list(target.db.iterdump()) == before
+    assert target.views.list() == []
+
+
+@pytest.mark.parametrize("sql,message", [(sql, message) for sql, message in NOT_ONE_SELECT if "PRAGMA" not in sql]
+                         + [("WITH x AS (SELECT 1 AS a) INSERT OVERWRITE DIRECTORY '/tmp/x' USING parquet"
+                             " SELECT * FROM x", "not WITH ... INSERT")])
+def test_spark_view_sql_that_is_not_one_select_is_refused_by_the_analysis(sql, message):
+    """On a Spark warehouse the analysis is all that stands before spark.sql(), which
+    runs a command (INSERT, even after WITH) as soon as it is given."""
+    with pytest.raises(UserError, match=re.escape(message)):
+        analyse(sql, lambda name: None, dialect="spark")
+
+
+def test_view_sql_with_parentheses_semicolons_and_quotes_inside_strings_still_makes_views(target):
+    sql = ("SELECT id, (amount + (1)) AS a, 'x); DROP TABLE orders; --' AS s, \"a)\" FROM"
+           " (SELECT id, amount, status AS \"a)\" FROM orders) AS o WHERE (\"a)\" <> ')' OR \"a)\" IS NULL)")
+    target.views.create("v", sql)
+    assert view_differences(target.db, "v", sql) is None
+    assert target.db.execute("SELECT count(*) FROM v").fetchone() == (300,)
 
 
 # the commands --------------------------------------------------------------------------
