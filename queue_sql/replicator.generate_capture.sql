@@ -460,10 +460,12 @@ END;$f$,
     -- SECURITY DEFINER: application roles write to the queue only through this function.
     -- Values must not depend on the writer's session (bytea_output = escape,
     -- extra_float_digits <= 0 losing digits, other IntervalStyles): the output settings
-    -- are pinned when a captured type's encoding depends on them, or a row filter may.
+    -- are pinned when a captured type's encoding depends on them, or a row filter may. A
+    -- row filter's string literals are read as row_filter_error() checked them: with
+    -- standard_conforming_strings on, whatever the writer's session says.
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %s() RETURNS trigger
-        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp%s
+        LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp%s%s
         AS $capture$%s$capture$$f$, v_fn,
         CASE WHEN t.table_where IS NOT NULL
                   OR replicator.capture_needs_settings(
@@ -471,6 +473,7 @@ END;$f$,
                          || t.table_key, v_oid)
              THEN E'\n        SET bytea_output = ''hex'' SET extra_float_digits = 1 SET IntervalStyle = ''postgres'''
              ELSE '' END,
+        CASE WHEN t.table_where IS NOT NULL THEN ' SET standard_conforming_strings = on' ELSE '' END,
         v_body);
     EXECUTE format('REVOKE ALL ON FUNCTION %s() FROM PUBLIC', v_fn);
 
