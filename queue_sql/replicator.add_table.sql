@@ -202,6 +202,9 @@ SET standard_conforming_strings = on AS $$
 --      server (replicator.source.check_row_filter); this function is the
 --      server's own guard for callers of the SQL functions. Strings are
 --      read with standard_conforming_strings on, as that check reads them.
+--      ONLY: a partitioned table's partitions are not locked (the check
+--      runs inside application statements too, replicator.capture_drift);
+--      a lock or cancel error says nothing of the filter and is raised.
 --
 -- Parameters:
 --      p_table     - the captured table
@@ -215,7 +218,7 @@ DECLARE
 BEGIN
     IF p_where IS NOT NULL THEN
         OPEN v_cursor NO SCROLL FOR EXECUTE
-            format('SELECT 1 FROM %1$s n WHERE (%2$s) UNION ALL SELECT 1 FROM %1$s o WHERE (%2$s) LIMIT 0',
+            format('SELECT 1 FROM ONLY %1$s n WHERE (%2$s) UNION ALL SELECT 1 FROM ONLY %1$s o WHERE (%2$s) LIMIT 0',
                    p_table, p_where);
         CLOSE v_cursor;
     END IF;
@@ -223,6 +226,8 @@ BEGIN
 EXCEPTION
     WHEN invalid_cursor_definition THEN   -- "cannot open multi-query plan as cursor"
         RETURN 'it is not one expression (' || SQLERRM || ')';
+    WHEN lock_not_available OR deadlock_detected OR serialization_failure OR query_canceled THEN
+        RAISE;   -- says nothing of the filter: the caller tries again
     WHEN OTHERS THEN
         RETURN SQLERRM;
 END;

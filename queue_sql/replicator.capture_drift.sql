@@ -7,7 +7,7 @@ LANGUAGE sql STABLE AS $$
 --      Whether DDL is captured as it runs: replicator's three event
 --      triggers exist and are enabled (a superuser installed it). Else a
 --      DDL run directly on a captured table is noticed afterwards, by its
---      capture function (replicator.capture_guard) or the ticker
+--      capture function (replicator.capture_guard) or before a tick
 --      (replicator.sync_drifted).
 -- ----------------------------------------------------------------------
     SELECT count(*) = 3 FROM pg_event_trigger
@@ -15,19 +15,41 @@ LANGUAGE sql STABLE AS $$
       AND evtenabled <> 'D';
 $$;
 
-CREATE OR REPLACE FUNCTION replicator.catalog_rows(p_table regclass)
-RETURNS xid[]
+CREATE OR REPLACE FUNCTION replicator.catalog_rows(p_table regclass, OUT xmins xid[], OUT tids tid[])
 LANGUAGE sql STABLE AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.catalog_rows(p_table)
 --
---      The xmins of a table's pg_class row and of its columns' pg_attribute
---      rows. Every ALTER TABLE that changes a column (add, drop, rename,
---      type, nullability) or the table (rename, TRUNCATE, a rewrite) writes
---      a new version of one of them, with a new xmin.
+--      The versions of the catalog rows a capture depends on: its table's
+--      columns (pg_attribute) and its primary key (pg_index). Every ALTER
+--      that adds, drops, renames or retypes a column, changes its
+--      nullability or replaces the primary key writes a new version of one
+--      of them: a new xmin, or (in the transaction that wrote the last
+--      one) a new ctid.
+--
+-- Returns:
+--      xmins       - their xmins, columns in attnum order, then the key's
+--      tids        - their ctids, in the same order
 -- ----------------------------------------------------------------------
-    SELECT ARRAY(SELECT xmin FROM pg_class WHERE oid = p_table)
-           || ARRAY(SELECT xmin FROM pg_attribute WHERE attrelid = p_table AND attnum > 0 ORDER BY attnum);
+    WITH r AS (
+        SELECT xmin, ctid, attnum AS ord FROM pg_attribute WHERE attrelid = p_table AND attnum > 0
+        UNION ALL
+        SELECT xmin, ctid, 32767 FROM pg_index WHERE indrelid = p_table AND indisprimary)
+    SELECT ARRAY(SELECT xmin FROM r ORDER BY ord), ARRAY(SELECT ctid FROM r ORDER BY ord);
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.tree_storage(p_table regclass)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.tree_storage(p_table)
+--
+--      The storage (relfilenode) of a captured table and of each of its
+--      descendants (replicator.capture_tree), by oid: a rewrite gives a
+--      member new storage (a partitioned table has none of its own).
+-- ----------------------------------------------------------------------
+    SELECT coalesce(jsonb_object_agg(d::oid, c.relfilenode), '{}')
+    FROM replicator.capture_tree(p_table) d JOIN pg_class c ON c.oid = d;
 $$;
 
 CREATE OR REPLACE FUNCTION replicator.capture_guard(p_table_id integer)
@@ -37,22 +59,30 @@ LANGUAGE sql STABLE AS $$
 -- Function: replicator.capture_guard(p_table_id)
 --
 --      Part of replicator.generate_capture(): the condition, checked at
---      every statement, under which the table's catalog rows are no longer
---      those the capture function was generated for. One index scan of
---      pg_attribute and one of pg_class (about 3 us a statement,
---      docs/benchmarks.md); without it, a column dropped or renamed
---      directly would make every application write fail, and one added
---      would go uncaptured. Empty where event triggers capture DDL as it
---      runs.
+--      every statement, under which the catalog rows of the table's
+--      columns and primary key are no longer those the capture function was
+--      generated for (replicator.catalog_rows). One statement of index
+--      scans (about 3 us, docs/benchmarks.md); without it, a column
+--      dropped or renamed directly would make every application write
+--      fail, and one added would go uncaptured. The table's own pg_class
+--      row is left to the ticker (replicator.sync_drifted): TRUNCATE,
+--      GRANT, VACUUM FULL write it, and a rename changes no captured value.
 --
 -- Returns:
---      a boolean expression, or NULL when no check is needed
+--      a boolean expression
 -- ----------------------------------------------------------------------
-    SELECT format('EXISTS (SELECT FROM pg_catalog.pg_class WHERE oid = %1$s AND xmin <> ALL (%2$L::xid[])'
-                  ' UNION ALL SELECT FROM pg_catalog.pg_attribute WHERE attrelid = %1$s AND attnum > 0'
-                  ' AND xmin <> ALL (%2$L::xid[]))', t.table_oid, t.table_catalog)
+    SELECT format('EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid = %1$s AND attnum > 0'
+                  ' AND (xmin <> ALL (%2$L::xid[]) OR ctid <> ALL (%3$L::tid[]))'
+                  ' UNION ALL SELECT FROM pg_catalog.pg_index WHERE indrelid = %1$s AND indisprimary'
+                  ' AND (xmin <> ALL (%2$L::xid[]) OR ctid <> ALL (%3$L::tid[])))%4$s',
+                  t.table_oid, t.table_catalog_xmins, t.table_catalog_tids,
+                  -- a primary key dropped leaves no row to see
+                  CASE WHEN EXISTS (SELECT FROM pg_index WHERE indrelid = t.table_oid AND indisprimary)
+                       THEN format(' OR NOT EXISTS (SELECT FROM pg_catalog.pg_index WHERE indrelid = %s'
+                                   ' AND indisprimary)', t.table_oid)
+                       ELSE '' END)
     FROM replicator.captured_table t
-    WHERE t.table_id = p_table_id AND NOT replicator.ddl_captured();
+    WHERE t.table_id = p_table_id;
 $$;
 
 CREATE OR REPLACE FUNCTION replicator.capture_drift(p_table_id integer, p_op text)
@@ -62,39 +92,50 @@ LANGUAGE plpgsql AS $$
 -- Function: replicator.capture_drift(p_table_id, p_op)
 --
 --      Follows a DDL that no event trigger saw, from inside the first
---      statement on the table after it (its capture function's guard) or
---      from the ticker. It never fails the statement it runs in:
+--      statements on the table after it (its capture function's guard) or
+--      before a tick (replicator.sync_drifted):
 --      - the table's record as it is now (replicator.table_record_now)
 --        differs in what targets depend on: an S event of kind 'altered'
---        with the new structure is queued, ordered before this statement's
---        rows; with "copy": true where the rows were rewritten (the storage
---        changed in the transaction that last changed a column: ALTER
---        COLUMN ... TYPE ... USING, to the same type too), so targets copy
---        the table again;
---      - the record and the capture function are brought up to date when
---        no other transaction is doing it (a try-lock, never a wait: the
---        application's transaction must not block on another); else the
---        next statement does it again;
---      - the key is gone, or the row filter no longer runs: the capture is
---        suspended (replicator.suspend_capture) rather than failing every
---        write, and consumers stop at its event with the way out.
---      A partitioned table has no storage of its own: a rewrite to the
---      same types of its partitions is not seen without event triggers.
+--        (tag 'UNSEEN DDL') with the new structure is queued, ordered before
+--        this statement's rows, once per transaction; with "copy": true
+--        when the rows were rewritten (a member of the capture tree has new
+--        storage and a column changed: ALTER COLUMN ... TYPE ... USING, to
+--        the same type too) or a member of the tree is gone with its rows,
+--        so targets copy the table again. Only the transaction that records
+--        the change asks for the copy: one that rolls back leaves the
+--        record as it was, and the change is seen again;
+--      - the record and the capture function are brought up to date by the
+--        transaction that gets a try-lock (never a wait) and may update the
+--        record (not SERIALIZABLE: the ticker does it then); the others
+--        capture in the new layout by dynamic SQL until it commits;
+--      - the key is gone or has no equality any more, or the row filter no
+--        longer runs: the capture is suspended (replicator.suspend_capture)
+--        rather than failing every write, and consumers stop at its event
+--        with the way out.
+--      Inside an application's statement nothing here waits for a lock but
+--      on the table itself (a DDL in progress on it); a lock timeout or a
+--      cancel the application set is raised as it would be without
+--      replicator.
 --
 -- Parameters:
 --      p_table_id  - replicator.captured_table id
---      p_op        - TG_OP of the statement; NULL from the ticker
+--      p_op        - TG_OP of the statement; NULL before a tick
 --
 -- Returns:
 --      the statement capturing this statement's rows in the table's new
 --      structure (replicator.capture_chunked_sql, the slot as $1), or NULL
---      when there is none to run (TRUNCATE, ticker, capture suspended)
+--      when there is none to run (TRUNCATE, before a tick, capture
+--      suspended)
 -- ----------------------------------------------------------------------
 DECLARE
     t replicator.captured_table;
     v_now replicator.captured_table;
     v_error text;
-    v_rewritten boolean;
+    v_changed boolean;
+    v_copy boolean;
+    v_recording boolean;
+    v_data jsonb;
+    v_announced text := 'replicator.announced_' || p_table_id;
 BEGIN
     SELECT * INTO t FROM replicator.captured_table WHERE table_id = p_table_id;
     IF NOT FOUND OR t.table_suspended IS NOT NULL THEN
@@ -103,7 +144,7 @@ BEGIN
     BEGIN
         v_now := replicator.table_record_now(p_table_id);
         IF v_now IS NULL THEN
-            -- dropped (the ticker's call: a statement on the table sees it)
+            -- dropped (before a tick: a statement on the table sees it)
             PERFORM replicator.forget_table(p_table_id, 'DROP TABLE', NULL);
             RETURN NULL;
         END IF;
@@ -112,33 +153,41 @@ BEGIN
             RAISE EXCEPTION 'its row filter (--where %) fails: %', v_now.table_where, v_error;
         END IF;
     EXCEPTION
-        WHEN lock_not_available THEN
-            RETURN NULL;   -- the ticker's lock_timeout: tried again at its next pass
+        WHEN lock_not_available OR deadlock_detected OR serialization_failure OR query_canceled THEN
+            IF p_op IS NULL THEN
+                RETURN NULL;   -- before a tick: tried again at the next one
+            END IF;
+            RAISE;
         WHEN OTHERS THEN
             PERFORM replicator.suspend_capture(p_table_id, SQLERRM);
             RETURN NULL;
     END;
-    v_rewritten := pg_relation_filenode(t.table_oid) IS DISTINCT FROM t.table_filenode
-        AND EXISTS (SELECT FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-                    WHERE a.attrelid = t.table_oid AND a.attnum > 0 AND a.xmin = c.xmin);
-    IF v_rewritten OR t.table_columns IS DISTINCT FROM v_now.table_columns
-       OR replicator.structure_signature(v_now.table_structure)
-          IS DISTINCT FROM replicator.structure_signature(t.table_structure) THEN
-        PERFORM replicator.insert_schema_event(p_table_id,
-            replicator.schema_event_data(v_now, 'UNSEEN DDL', NULL, 'altered')
-            || jsonb_build_object('copy', v_rewritten, 'unseen', true));
+
+    v_recording := current_setting('transaction_isolation') <> 'serializable'
+                   AND pg_try_advisory_xact_lock(2026112501, p_table_id);
+    v_copy := v_recording AND (
+        EXISTS (SELECT FROM jsonb_object_keys(t.table_storage) m
+                WHERE NOT EXISTS (SELECT FROM pg_class WHERE oid = m::oid))
+        OR (replicator.tree_storage(t.table_oid) IS DISTINCT FROM t.table_storage
+            AND EXISTS (SELECT FROM pg_attribute WHERE attrelid = t.table_oid AND attnum > 0
+                        AND (xmin <> ALL (t.table_catalog_xmins) OR ctid <> ALL (t.table_catalog_tids)))));
+    v_changed := t.table_columns IS DISTINCT FROM v_now.table_columns
+        OR replicator.structure_signature(v_now.table_structure)
+           IS DISTINCT FROM replicator.structure_signature(t.table_structure);
+    IF v_copy OR v_changed THEN
+        v_data := replicator.schema_event_data(v_now, 'UNSEEN DDL', NULL, 'altered') || jsonb_build_object('copy', v_copy);
+        -- one S event a transaction; later statements' rows follow it in the queue
+        IF v_copy OR current_setting(v_announced, true) IS DISTINCT FROM md5(v_data::text) THEN
+            PERFORM replicator.insert_schema_event(p_table_id, v_data);
+            PERFORM set_config(v_announced, md5(v_data::text), true);
+        END IF;
     END IF;
-    IF pg_try_advisory_xact_lock(2026112501, p_table_id) THEN
+    IF v_recording THEN
         BEGIN
-            UPDATE replicator.captured_table SET
-                table_schema = v_now.table_schema, table_name = v_now.table_name,
-                table_columns = v_now.table_columns, table_key = v_now.table_key,
-                table_ignore = v_now.table_ignore, key_is_pk = v_now.key_is_pk, key_is_auto = v_now.key_is_auto,
-                table_structure = v_now.table_structure
-            WHERE table_id = p_table_id;
+            PERFORM replicator.store_table_record(v_now);
             PERFORM replicator.generate_capture(p_table_id, true);
-        EXCEPTION WHEN OTHERS THEN
-            -- a REPEATABLE READ transaction that cannot update the record: left to the next statement
+        EXCEPTION WHEN serialization_failure THEN
+            -- REPEATABLE READ, the record changed since the snapshot: left to the next statement
             NULL;
         END;
     END IF;
@@ -160,7 +209,9 @@ LANGUAGE plpgsql AS $$
 --      fail every application write, its capture stops: an S event of kind
 --      'suspended' tells consumers why and the way out (remove the table
 --      from the queue and add it again: it is copied again), and the
---      capture function is made one that captures nothing.
+--      capture function is made one that captures nothing, by the
+--      transaction that gets the try-lock (the others queue the event too,
+--      once a transaction).
 --
 -- Parameters:
 --      p_table_id  - replicator.captured_table id
@@ -169,23 +220,29 @@ LANGUAGE plpgsql AS $$
 DECLARE
     t replicator.captured_table;
     v_queue text;
+    v_name text;
+    v_announced text := 'replicator.announced_' || p_table_id;
 BEGIN
+    IF current_setting(v_announced, true) = 'suspended' THEN
+        RETURN;
+    END IF;
     SELECT * INTO t FROM replicator.captured_table WHERE table_id = p_table_id;
     SELECT queue_name INTO v_queue FROM replicator.queue WHERE queue_id = t.queue_id;
+    v_name := format('%I.%I', t.table_schema, t.table_name);
     PERFORM replicator.insert_schema_event(p_table_id, jsonb_build_object(
         'kind', 'suspended', 'schema', t.table_schema, 'name', t.table_name,
-        'reason', format('a DDL run without replicator (no event triggers) changed %I.%I: %s',
-                         t.table_schema, t.table_name, p_reason),
+        'reason', format('a DDL run without replicator (no event triggers) changed %s: %s', v_name, p_reason),
         'hint', format('remove the table from the queue and add it again (it is copied again): '
                        'replicator table remove %s %s, then replicator table add %s %s with its options',
-                       v_queue, format('%I.%I', t.table_schema, t.table_name),
-                       v_queue, format('%I.%I', t.table_schema, t.table_name))));
-    IF pg_try_advisory_xact_lock(2026112501, p_table_id) THEN
+                       v_queue, v_name, v_queue, v_name)));
+    PERFORM set_config(v_announced, 'suspended', true);
+    IF current_setting('transaction_isolation') <> 'serializable'
+       AND pg_try_advisory_xact_lock(2026112501, p_table_id) THEN
         BEGIN
             UPDATE replicator.captured_table SET table_suspended = p_reason WHERE table_id = p_table_id;
             PERFORM replicator.generate_capture(p_table_id, true);
-        EXCEPTION WHEN OTHERS THEN
-            NULL;
+        EXCEPTION WHEN serialization_failure THEN
+            NULL;   -- REPEATABLE READ: the next statement suspends it
         END;
     END IF;
 END;
@@ -197,41 +254,70 @@ LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.sync_drifted(p_queue_id)
 --
---      Called by the ticker where no event trigger captures DDL: follows
---      the DDL run directly on a queue's captured tables that no statement
---      has written since (replicator.capture_drift), so targets learn of a
---      column added, renamed or dropped, or a table renamed or dropped,
---      without waiting for the next write; and captures the tables created
---      in followed schemas since (replicator.follow_new_tables: their rows
---      reach targets by the initial copy).
+--      Before a tick (replicator.follow_unseen_ddl): brings the capture of
+--      a queue's tables up to date with DDL that no event trigger saw and
+--      no statement followed (replicator.capture_drift), so targets learn
+--      of a column added, renamed or dropped, a primary key replaced, a
+--      table renamed or dropped, without waiting for the next write; makes
+--      the triggers of partitions and inheritance children created,
+--      attached or detached since (replicator.sync_partitions, which asks
+--      for a copy when one brought or took rows); and captures the tables
+--      created in the queue's followed schemas (replicator.follow_new_tables:
+--      their rows reach targets by the initial copy). Also generates again
+--      a capture function whose guard (replicator.capture_guard) no longer
+--      matches whether event triggers capture DDL (they were disabled,
+--      dropped, or created since). A table locked by a DDL in progress, or
+--      one that cannot be followed now, is left to a later tick: ticks
+--      never wait for it (lock_timeout 50ms).
 --
 -- Returns:
---      the number of tables followed or newly captured
+--      the number of tables followed, generated again or newly captured
 -- ----------------------------------------------------------------------
 DECLARE
-    v_id integer;
+    t replicator.captured_table;
     v_count integer := 0;
     v_lock_timeout text := current_setting('lock_timeout');
+    v_unseen boolean := NOT replicator.ddl_captured();
 BEGIN
-    IF replicator.ddl_captured() THEN
-        RETURN 0;
-    END IF;
-    -- a table locked by a DDL in progress is left to a later pass: ticks never wait for it
     PERFORM set_config('lock_timeout', '50ms', true);
-    FOR v_id IN
-        SELECT t.table_id FROM replicator.captured_table t
-        WHERE t.queue_id = p_queue_id AND t.table_suspended IS NULL AND t.table_catalog IS NOT NULL
-          AND replicator.catalog_rows(t.table_oid) IS DISTINCT FROM t.table_catalog
-        ORDER BY t.table_id
-    LOOP
+    FOR t IN SELECT * FROM replicator.captured_table
+             WHERE queue_id = p_queue_id AND table_suspended IS NULL ORDER BY table_id LOOP
         -- not while an application's statement is following the same change
-        IF pg_try_advisory_xact_lock(2026112501, v_id) THEN
-            PERFORM replicator.capture_drift(v_id, NULL);
-            v_count := v_count + 1;
-        END IF;
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(2026112501, t.table_id);
+        BEGIN
+            IF v_unseen AND (
+                   -- dropped, or renamed
+                   NOT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                               WHERE c.oid = t.table_oid AND n.nspname::text = t.table_schema
+                                 AND c.relname::text = t.table_name)
+                   OR (SELECT (c.xmins, c.tids) FROM replicator.catalog_rows(t.table_oid) c)
+                      IS DISTINCT FROM (t.table_catalog_xmins, t.table_catalog_tids)
+                   OR EXISTS (SELECT FROM jsonb_object_keys(t.table_storage) m
+                              WHERE NOT EXISTS (SELECT FROM pg_class WHERE oid = m::oid))) THEN
+                PERFORM replicator.capture_drift(t.table_id, NULL);
+                v_count := v_count + 1;
+            ELSIF t.table_guarded <> v_unseen THEN
+                PERFORM replicator.generate_capture(t.table_id, true);
+                v_count := v_count + 1;
+            END IF;
+            IF v_unseen AND EXISTS (SELECT FROM replicator.captured_table
+                                    WHERE table_id = t.table_id AND table_suspended IS NULL)
+               AND EXISTS (SELECT FROM pg_class WHERE oid = t.table_oid)
+               AND replicator.sync_partitions(t.table_id, 'UNSEEN DDL', NULL, false) THEN
+                v_count := v_count + 1;
+            END IF;
+        EXCEPTION
+            WHEN lock_not_available OR deadlock_detected OR serialization_failure THEN
+                NULL;   -- tried again before the next tick
+            WHEN raise_exception THEN
+                -- the tree now holds what capture cannot follow (replicator.check_capture_tree)
+                PERFORM replicator.suspend_capture(t.table_id, SQLERRM);
+        END;
     END LOOP;
-    -- tables created in a followed schema since
-    v_count := v_count + replicator.follow_new_tables('UNSEEN DDL', NULL);
+    IF v_unseen THEN
+        -- tables created in the queue's followed schemas since
+        v_count := v_count + replicator.follow_new_tables('UNSEEN DDL', NULL, '{}', p_queue_id);
+    END IF;
     PERFORM set_config('lock_timeout', v_lock_timeout, true);
     RETURN v_count;
 END;
@@ -239,20 +325,21 @@ $$;
 
 CREATE OR REPLACE FUNCTION replicator.follow_unseen_ddl(p_queue_name text DEFAULT NULL)
 RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.follow_unseen_ddl(p_queue_name)
 --
---      replicator.sync_drifted for one queue or all, in a transaction of
---      its own before a tick (the ticker calls it too, but its own events
---      are not in the tick it makes): a consumer catching up to a tick
---      sees the DDL run directly before it. Harmless to call at any time.
+--      replicator.sync_drifted for one queue or all, run by the ticker
+--      (replicator.source.Source.tick) in a transaction of its own before
+--      it ticks, so that the tick includes what it queued. Runs as its
+--      caller (the installing owner): consumers are not granted it, since
+--      it captures tables and makes triggers.
 --
 -- Parameters:
 --      p_queue_name - a queue; NULL for every queue
 --
 -- Returns:
---      the number of tables followed or newly captured
+--      the number of tables followed, generated again or newly captured
 -- ----------------------------------------------------------------------
 DECLARE
     v_count integer := 0;

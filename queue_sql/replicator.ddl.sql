@@ -230,6 +230,14 @@ BEGIN
                                 (SELECT queue_name FROM replicator.queue q WHERE q.queue_id = t.queue_id),
                                 v_schema, v_name);
     END IF;
+    IF EXISTS (SELECT 1 FROM unnest(v_key) k WHERE k <> ALL (replicator.comparable_columns(t.table_oid))) THEN
+        -- the capture compares keys (EXCEPT): a key column's new type must have equality
+        RAISE EXCEPTION 'table %.% is captured with key (%), a column of which now has a type without equality',
+            v_schema, v_name, array_to_string(v_key, ', ')
+            USING HINT = format('remove the table from its queue first: replicator table remove %s %s.%s',
+                                (SELECT queue_name FROM replicator.queue q WHERE q.queue_id = t.queue_id),
+                                v_schema, v_name);
+    END IF;
     t.table_schema := v_schema;
     t.table_name := v_name;
     t.table_columns := v_columns;
@@ -238,6 +246,23 @@ BEGIN
     t.table_structure := replicator.table_structure(t.table_oid, v_key);
     RETURN t;
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.store_table_record(t replicator.captured_table)
+RETURNS void
+LANGUAGE sql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.store_table_record(t)
+--
+--      Records what replicator.table_record_now() found: names, columns,
+--      key, ignored columns, structure. The capture function is generated
+--      again by the caller.
+-- ----------------------------------------------------------------------
+    UPDATE replicator.captured_table SET
+        table_schema = t.table_schema, table_name = t.table_name, table_columns = t.table_columns,
+        table_key = t.table_key, table_ignore = t.table_ignore, key_is_pk = t.key_is_pk,
+        key_is_auto = t.key_is_auto, table_structure = t.table_structure
+    WHERE table_id = t.table_id;
 $$;
 
 CREATE OR REPLACE FUNCTION replicator.sync_table(p_table_id integer, p_tag text, p_sql text,
@@ -278,11 +303,7 @@ BEGIN
        AND t.table_columns = v_now.table_columns AND NOT p_rewritten THEN
         RETURN false;
     END IF;
-    UPDATE replicator.captured_table SET
-        table_schema = v_now.table_schema, table_name = v_now.table_name, table_columns = v_now.table_columns,
-        table_key = v_now.table_key, table_ignore = v_now.table_ignore, key_is_pk = v_now.key_is_pk,
-        key_is_auto = v_now.key_is_auto, table_structure = v_now.table_structure
-    WHERE table_id = p_table_id;
+    PERFORM replicator.store_table_record(v_now);
     PERFORM replicator.generate_capture(p_table_id);
     IF p_rewritten THEN
         PERFORM replicator.queue_copy_event(p_table_id, p_tag, p_sql);
@@ -433,11 +454,12 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION replicator.follow_new_tables(p_tag text, p_sql text, p_new oid[] DEFAULT '{}')
+CREATE OR REPLACE FUNCTION replicator.follow_new_tables(p_tag text, p_sql text, p_new oid[] DEFAULT '{}',
+                                                        p_queue_id integer DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.follow_new_tables(p_tag, p_sql, p_new)
+-- Function: replicator.follow_new_tables(p_tag, p_sql, p_new, p_queue_id)
 --
 --      Captures the tables of followed schemas that are not captured yet
 --      (created since), queueing an S event of kind 'created' for each.
@@ -457,6 +479,7 @@ LANGUAGE plpgsql AS $$
 --                    replicator.follow_schema, the schema's tables): a
 --                    table among them that the queue cannot capture is
 --                    warned about; others are retried silently
+--      p_queue_id  - only this queue's followed schemas (NULL: every queue's)
 --
 -- Returns:
 --      the number of tables now captured
@@ -476,6 +499,7 @@ BEGIN
         WHERE NOT EXISTS (SELECT 1 FROM replicator.captured_table t
                           WHERE t.queue_id = s.queue_id AND t.table_oid = c.oid)
           AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = c.oid)
+          AND (p_queue_id IS NULL OR s.queue_id = p_queue_id)
         ORDER BY c.oid
     LOOP
         -- Tables refused are tried again at every DDL (one may have gained a column),
@@ -488,13 +512,15 @@ BEGIN
             CONTINUE;
         END IF;
         -- A keyless table is captured whole (full mode): rows without a reliable key
-        -- cannot be read back. A table that cannot be captured must not fail the DDL.
+        -- cannot be read back. A table that cannot be captured (refused; another role's,
+        -- whose triggers the owner may not make; locked past the ticker's lock_timeout)
+        -- must not fail the DDL, nor the tick.
         BEGIN
             v_id := replicator.add_table(
                 r.queue_name, format('%I.%I', r.schema_name, r.relname),
                 CASE WHEN r.has_primary_key THEN r.schema_mode ELSE 'full' END,
                 NULL, '{}', NULL, true);
-        EXCEPTION WHEN raise_exception THEN
+        EXCEPTION WHEN OTHERS THEN
             IF r.oid = ANY (p_new) THEN
                 PERFORM replicator.warn_once(r.oid, format('replicator: %s.%s is not captured: %s',
                                                            r.schema_name, r.relname, SQLERRM));

@@ -307,7 +307,9 @@ LANGUAGE plpgsql AS $gen$
 --      function first checks, in one catalog lookup, that the table's
 --      catalog rows are the ones it was generated for
 --      (replicator.capture_guard), and otherwise lets
---      replicator.capture_drift follow the change before capturing. A table
+--      replicator.capture_drift follow the change before capturing; such a
+--      function pins the output settings whatever its types, since it may
+--      capture columns it was not generated for. A table
 --      whose capture is suspended (replicator.suspend_capture) gets a
 --      function that captures nothing.
 --
@@ -333,6 +335,7 @@ DECLARE
     v_cols text;
     v_row text;
     v_guard text;
+    v_tag text := '$capture$';
     v_key_n text;
     v_key_o text;
     v_upd text;
@@ -351,12 +354,16 @@ BEGIN
     IF NOT p_function_only THEN
         PERFORM replicator.create_capture_triggers(p_table_id, v_oid);
     END IF;
-    -- What the guard compares with: read after the triggers were made (CREATE
-    -- TRIGGER writes the table's pg_class row)
+    -- What the guard and the ticker compare with (replicator.sync_drifted), read
+    -- after the triggers were made; the guard only where no event trigger sees DDL.
     UPDATE replicator.captured_table
-    SET table_catalog = replicator.catalog_rows(v_oid), table_filenode = pg_relation_filenode(v_oid)
+    SET (table_catalog_xmins, table_catalog_tids) = (SELECT c.xmins, c.tids FROM replicator.catalog_rows(v_oid) c),
+        table_storage = replicator.tree_storage(v_oid),
+        table_guarded = NOT replicator.ddl_captured()
     WHERE table_id = p_table_id;
-    v_guard := replicator.capture_guard(p_table_id);
+    IF NOT replicator.ddl_captured() THEN
+        v_guard := replicator.capture_guard(p_table_id);
+    END IF;
     v_evtable := replicator.event_table(t.queue_id);
     v_tracked := ARRAY(SELECT c FROM unnest(t.table_columns) c WHERE c <> ALL (t.table_ignore));
     v_filter := coalesce('(' || t.table_where || ')', 'true');
@@ -454,27 +461,29 @@ END;$f$,
         v_body := E'\nBEGIN\n    RETURN NULL;\nEND;';
     END IF;
 
-    IF position('$capture$' IN v_body) > 0 THEN
-        RAISE EXCEPTION 'the row filter of % must not contain $capture$', v_table;
-    END IF;
+    -- a dollar-quote tag that no name or row filter in the body holds
+    WHILE position(v_tag IN v_body) > 0 LOOP
+        v_tag := '$capture' || length(v_tag) || '$';
+    END LOOP;
     -- SECURITY DEFINER: application roles write to the queue only through this function.
     -- Values must not depend on the writer's session (bytea_output = escape,
     -- extra_float_digits <= 0 losing digits, other IntervalStyles): the output settings
-    -- are pinned when a captured type's encoding depends on them, or a row filter may. A
-    -- row filter's string literals are read as row_filter_error() checked them: with
+    -- are pinned when a captured type's encoding depends on them, or a row filter may, or
+    -- the guard may have the function capture a structure it was not made for. A row
+    -- filter's string literals are read as row_filter_error() checked them: with
     -- standard_conforming_strings on, whatever the writer's session says.
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %s() RETURNS trigger
         LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp%s%s
-        AS $capture$%s$capture$$f$, v_fn,
-        CASE WHEN t.table_where IS NOT NULL
+        AS %s%s%s$f$, v_fn,
+        CASE WHEN t.table_where IS NOT NULL OR v_guard IS NOT NULL
                   OR replicator.capture_needs_settings(
                          CASE WHEN t.table_mode = 'full' OR cardinality(t.table_ignore) > 0 THEN v_tracked END
                          || t.table_key, v_oid)
              THEN E'\n        SET bytea_output = ''hex'' SET extra_float_digits = 1 SET IntervalStyle = ''postgres'''
              ELSE '' END,
         CASE WHEN t.table_where IS NOT NULL THEN ' SET standard_conforming_strings = on' ELSE '' END,
-        v_body);
+        v_tag, v_body, v_tag);
     EXECUTE format('REVOKE ALL ON FUNCTION %s() FROM PUBLIC', v_fn);
 
 END;

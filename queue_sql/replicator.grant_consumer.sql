@@ -32,7 +32,6 @@ LANGUAGE sql STABLE AS $$
         'replicator.finish_batch(bigint)',
         -- forced ticks: the initial copy's durable tick, consume --until-caught-up
         'replicator.ticker(text, boolean)',
-        'replicator.follow_unseen_ddl(text)',
         -- status, table list; the Spark streaming source reads event ids
         'replicator.queue_info()',
         'replicator.current_slot(integer)',

@@ -12,9 +12,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 --      statement after it takes a fresh snapshot (READ COMMITTED), so a
 --      second ticker sees the first one's tick and its snapshot is newer.
 --      Must not run in a REPEATABLE READ or SERIALIZABLE transaction. A
---      transaction that makes a tick commits synchronously. Where no event
---      trigger captures DDL, it first follows the DDL run directly on the
---      queue's tables (replicator.sync_drifted).
+--      transaction that makes a tick commits synchronously.
 --
 -- Parameters:
 --      p_queue_name - queue
@@ -36,8 +34,6 @@ BEGIN
     IF NOT pg_try_advisory_xact_lock(2026112201, q.queue_id) THEN
         RETURN NULL;
     END IF;
-    -- without event triggers: DDL run directly since, on tables no statement wrote after it
-    PERFORM replicator.sync_drifted(q.queue_id);
     SELECT * INTO v_last FROM replicator.tick
     WHERE tick_queue = q.queue_id ORDER BY tick_id DESC LIMIT 1;
     v_event_seq := replicator.last_event_id(q.queue_id);
