@@ -378,7 +378,8 @@ def table_list(ctx: Context, queue_name: str | None, as_json: bool) -> None:
     """
     with ctx.source() as source:
         rows = [{"queue": t.queue_name, "table": t.name, "mode": t.mode, "key": t.key,
-                 "ignore": t.ignore, "where": t.row_filter} for t in source.tables(queue_name)]
+                 "ignore": t.ignore, "where": t.row_filter, "suspended": t.suspended}
+                for t in source.tables(queue_name)]
         schemas = [] if as_json else source.followed_schemas(queue_name)
     if as_json:
         click.echo(json.dumps(rows, indent=2))

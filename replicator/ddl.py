@@ -18,7 +18,6 @@ from pathlib import Path
 
 import psycopg
 import sqlparse
-from psycopg import sql
 from sqlparse import tokens
 from sqlparse.lexer import tokenize
 
@@ -143,6 +142,13 @@ def execute_script(source: Source, queue: str, script: str) -> int:
         raise UserError("the script holds no SQL statement")
     _refuse_transaction_control(statements)
     automatic = has_event_triggers(source.conn)
+    if not automatic:
+        # DDL run directly since is followed first, and every capture function gets its
+        # guard (replicator.capture_guard): a statement that changes a captured table and
+        # then writes it (a DO block, a function) has its rows captured in the new layout,
+        # after the change's S event
+        with db.user_errors():
+            source.conn.execute("SELECT replicator.follow_unseen_ddl(%s)", (queue,))
     queued = 0
     with db.user_errors(), source.conn.transaction():
         # Each statement's storage "after" is the next one's "before" (read once). It is
@@ -152,7 +158,6 @@ def execute_script(source: Source, queue: str, script: str) -> int:
         storage = None if automatic else _captured_storage(source.conn)
         for number, statement in enumerate(statements, 1):
             tag = command_tag(statement)
-            before = None if automatic else _last_event_ids(source.conn)
             try:
                 source.conn.execute(statement)
             except psycopg.errors.RaiseException:
@@ -164,16 +169,9 @@ def execute_script(source: Source, queue: str, script: str) -> int:
                 after = _captured_storage(source.conn)
                 rewritten = _rewritten(storage or {}, after, source.conn, storage_only(statement, tag))
                 storage = after
-                count = source.conn.execute("SELECT replicator.sync_all(%s, %s, %s::oid[])",
-                                            (tag, statement, rewritten)).fetchone()[0]
-                if count:
-                    _refuse_altered_and_written(source.conn, number, before or {})
-                queued += count
+                queued += source.conn.execute("SELECT replicator.sync_all(%s, %s, %s::oid[])",
+                                              (tag, statement, rewritten)).fetchone()[0]
     return queued
-
-
-def _last_event_ids(conn: psycopg.Connection) -> dict[int, int]:
-    return dict(conn.execute("SELECT queue_id, replicator.last_event_id(queue_id) FROM replicator.queue").fetchall())
 
 
 def _captured_storage(conn: psycopg.Connection) -> dict[int, tuple[int, int]]:
@@ -197,27 +195,6 @@ def _rewritten(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, i
         existing = {oid for (oid,) in conn.execute("SELECT oid FROM pg_class WHERE oid = ANY (%s::oid[])", (gone,))}
         rewritten |= {before[oid][1] for oid in gone if oid not in existing}
     return sorted(rewritten)
-
-
-def _refuse_altered_and_written(conn: psycopg.Connection, number: int, before: dict[int, int]) -> None:
-    """A statement that both changed a captured table's structure and wrote its rows
-    (a DO block, a function): its rows were captured by the capture function of the
-    old structure, yet the schema event can only follow them. Without event triggers
-    their order is unknown, so the script is refused rather than replicated wrong."""
-    for queue_id, last in before.items():
-        rows = conn.execute(sql.SQL(
-            "SELECT DISTINCT s.ev_data->>'schema', s.ev_data->>'name' FROM {events} s"
-            " WHERE s.ev_txid = txid_current() AND s.ev_type = 'S' AND s.ev_id > %(last)s"
-            " AND s.ev_data->>'kind' = 'altered'"
-            " AND EXISTS (SELECT 1 FROM {events} r WHERE r.ev_txid = s.ev_txid AND r.ev_table = s.ev_table"
-            "             AND r.ev_type <> 'S' AND r.ev_id > %(last)s AND r.ev_id < s.ev_id)").format(
-                events=sql.SQL(conn.execute("SELECT replicator.event_table(%s)", (queue_id,)).fetchone()[0])),
-            {"last": last}).fetchall()
-        if rows:
-            names = ", ".join(f"{schema}.{name}" for schema, name in sorted(rows))
-            raise UserError(f"statement {number} both changes the structure of {names} and writes its rows; "
-                            f"without event triggers their order cannot be captured, nothing was applied: "
-                            f"run the schema change and the writes as separate statements")
 
 
 def execute_file(source: Source, queue: str, path: Path) -> int:

@@ -52,6 +52,7 @@ class CapturedTable:
     columns: list[str]  # captured columns, in event value order
     oid: int
     structure: dict[str, Any] | None  # replicator.table_structure(); None if the table is gone
+    suspended: str | None = None       # why capture stopped (replicator.suspend_capture)
 
     @property
     def schema(self) -> str:
@@ -281,7 +282,8 @@ class Source:
         rows = self._rows("SELECT * FROM replicator.table_info(%s)", (queue,))
         return [CapturedTable(queue_name=r["queue_name"], table_id=r["table_id"], name=r["table_name"],
                               mode=r["mode"], key=r["key"], ignore=r["ignore"], row_filter=r["row_filter"],
-                              columns=r["columns"], oid=r["table_oid"], structure=r["structure"]) for r in rows]
+                              columns=r["columns"], oid=r["table_oid"], structure=r["structure"],
+                              suspended=r["suspended"]) for r in rows]
 
     # ticks and maintenance ----------------------------------------------------
 

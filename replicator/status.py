@@ -13,7 +13,8 @@ def status(source: Source) -> dict[str, Any]:
     return {
         "queues": [{**q, "rotation_blockers": source.rotation_blockers(q["queue_name"])} for q in queues],
         "tables": [{"queue": t.queue_name, "table": t.name, "mode": t.mode, "key": t.key,
-                    "ignore": t.ignore, "where": t.row_filter, "exists": t.structure is not None}
+                    "ignore": t.ignore, "where": t.row_filter, "exists": t.structure is not None,
+                    "suspended": t.suspended}
                    for t in source.tables()],
         "schemas": source.followed_schemas(),
         "consumers": source.consumers(),

@@ -196,3 +196,19 @@ def test_query_behind_a_rotated_queue_fails_saying_it_is_too_far_behind(dsn, con
     error = str(failed.value)
     assert "RuntimeError: ticks" in error and "the query is too far behind (the queue rotated past it)" in error, error
     assert "Restart it with a new checkpoint location" in error, error
+
+
+def test_a_capture_suspended_by_ddl_nobody_announced_stops_the_stream_with_the_way_out(dsn, conn, source):
+    from replicator.install import drop_event_triggers
+
+    drop_event_triggers(conn)
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    reader = ReplicatorStreamReader({"dsn": dsn, "queue": "q"})
+    start = reader.initialOffset()
+    conn.execute("ALTER TABLE t DROP COLUMN id")                # its key, directly
+    conn.execute("INSERT INTO t VALUES ('a')")
+    source.tick("q", force=True)
+    with pytest.raises(RuntimeError, match=r"capture is suspended.*replicator table remove q public\.t"):
+        reader.latestOffset(start, None)

@@ -222,14 +222,21 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def _timeline(self, conn: psycopg.Connection, event_table: str, start: int, end: int,
                   queue_id: int) -> list[tuple[int, str, Any]]:
-        """The S events of (start, end]: (ev_id, table id, layout after it, None when dropped)."""
+        """The S events of (start, end]: (ev_id, table id, layout after it, None when dropped, or
+        suspended and removed since)."""
         ticks = self._snapshots(conn, queue_id, start, end)
         sql, params = _window_sql(event_table, ticks[0][1], ticks[-1][1])
         out = []
         for ev_id, table_id, data in conn.execute(f"SELECT ev_id, ev_table, ev_data::text {sql}"
                                                   " AND ev_type = 'S' ORDER BY ev_id", params):
             event = json.loads(data)
-            out.append((ev_id, str(table_id), None if event.get("kind") == "dropped" else _layout(event)))
+            if event.get("kind") == "suspended" and conn.execute(
+                    "SELECT 1 FROM replicator.captured_table WHERE table_id = %s", (table_id,)).fetchone():
+                # a DDL no event trigger saw took what its capture needs (replicator.suspend_capture)
+                raise RuntimeError(f"event {ev_id}: {event.get('reason')}; its capture is suspended and the "
+                                   f"stream stops here: {event.get('hint')}")
+            out.append((ev_id, str(table_id),
+                        None if event.get("kind") in ("dropped", "suspended") else _layout(event)))
         return out
 
     # micro-batches --------------------------------------------------------------------
