@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 
 from . import db
 from .errors import UserError
-from .install import require_installed
+from .install import has_event_triggers, require_installed
 
 
 BATCH_WORK_MEM = "64MB"
@@ -117,7 +117,7 @@ def _one_expression(sql: str) -> Any:
     return target.val
 
 
-def check_row_filter(where: str | None) -> str | None:
+def check_row_filter(where: str | None, *, self_contained: bool = False) -> str | None:
     """Checks a row filter (--where) with PostgreSQL's own grammar (pglast:
     libpg_query) before anything of it reaches the server, and returns it as
     given. It must be exactly one expression: alone (so no `)` of it closes a
@@ -128,6 +128,10 @@ def check_row_filter(where: str | None) -> str | None:
     and parameters are not. A backslash in a '...' string is refused: its
     meaning depends on standard_conforming_strings (write E'...'), and so are
     U&'...' strings, which a session with it off cannot read.
+    ``self_contained`` (where no event trigger sees DDL): it may name only the
+    row's columns and what pg_catalog holds, since a DDL on anything else it
+    names (a table it reads, a function, type or operator of a schema) would
+    go unseen and make the capture fail at every write.
     Raises UserError with why, in one line."""
     if where is None:
         return None
@@ -173,9 +177,44 @@ def check_row_filter(where: str | None) -> str | None:
                 raise refuse("it locks rows (FOR UPDATE/SHARE)")
             if isinstance(node, ast.SelectStmt) and node.intoClause:
                 raise refuse("it creates a table (SELECT INTO)")
+            if self_contained:
+                named = _named_object(node)
+                if named:
+                    raise refuse(f"it names {named}, which replicator cannot watch for changes without event "
+                                 f"triggers (installed by a superuser): name only the row's columns and "
+                                 f"built-in functions")
 
     Refuse()(expression)
     return where
+
+
+# types whose values name catalog objects: resolved at every plan
+_REG_TYPES = {"regclass", "regproc", "regprocedure", "regoper", "regoperator", "regtype", "regnamespace",
+              "regrole", "regconfig", "regdictionary", "regcollation"}
+
+
+def _named_object(node: Any) -> str | None:
+    """What a row filter's parse node names outside its row and pg_catalog, if anything."""
+    from pglast import ast
+
+    def qualified(names: Any) -> str | None:
+        parts = [getattr(n, "sval", None) for n in names or ()]
+        if len(parts) > 1 and parts[0] != "pg_catalog":
+            return ".".join(p or "?" for p in parts)
+        return None
+
+    if isinstance(node, ast.RangeVar):
+        return f"table {node.relname}"
+    if isinstance(node, ast.FuncCall) and qualified(node.funcname):
+        return f"function {qualified(node.funcname)}"
+    if isinstance(node, ast.A_Expr) and qualified(node.name):
+        return f"operator {qualified(node.name)}"
+    if isinstance(node, ast.TypeName):
+        if qualified(node.names):
+            return f"type {qualified(node.names)}"
+        if node.names and getattr(node.names[-1], "sval", None) in _REG_TYPES:
+            return f"a catalog object by a {node.names[-1].sval} value"
+    return None
 
 
 class Source:
@@ -244,7 +283,7 @@ class Source:
         one expression. The table, key and ignored columns travel as parameters
         (the server parses the name with to_regclass and matches the columns
         against the table's)."""
-        check_row_filter(where)
+        check_row_filter(where, self_contained=where is not None and not has_event_triggers(self.conn))
         return self._call("SELECT replicator.add_table(%s, %s, %s, %s, %s, %s)",
                           (queue, table, mode, key or None, ignore or [], where))
 

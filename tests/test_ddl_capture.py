@@ -362,16 +362,18 @@ def test_a_new_partition_walks_the_tree_as_often_with_forty_partitions_as_with_t
 ])
 def test_ddl_that_breaks_a_row_filter_is_refused_with_the_way_out_and_writes_keep_working(conn, q, capture,
                                                                                           where, ddl):
-    if capture == "execute":
-        for name in EVENT_TRIGGERS:
-            conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
     conn.execute("CREATE FUNCTION public.text_gt_int(text, int) RETURNS boolean LANGUAGE sql IMMUTABLE"
                  " AS $$ SELECT length($1) > $2 $$")
     conn.execute("CREATE OPERATOR public.> (LEFTARG = text, RIGHTARG = int, FUNCTION = public.text_gt_int)")
     conn.execute("CREATE FUNCTION public.positive(int) RETURNS boolean LANGUAGE sql IMMUTABLE"
                  " AS $$ SELECT $1 > 0 $$")
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    # added while event triggers were there (without them, a filter naming a function of a
+    # schema is refused: test_ddl_unseen), then the DDL goes through `replicator execute`
     q.add_table("q", "t", where=where)
+    if capture == "execute":
+        for name in EVENT_TRIGGERS:
+            conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
     refused = _run_ddl(conn, q, capture, ddl)
     assert refused is not None and re.match(
         r"^this statement breaks the row filter of public\.t \(.+\): remove the table from its queue"
@@ -384,12 +386,12 @@ def test_ddl_that_breaks_a_row_filter_is_refused_with_the_way_out_and_writes_kee
 @pytest.mark.parametrize("capture", ["event_triggers", "execute"])
 @pytest.mark.parametrize("ddl", ["ALTER TABLE other RENAME COLUMN ref TO r", "DROP TABLE other"])
 def test_ddl_on_a_table_a_row_filter_reads_is_refused_with_the_way_out(conn, q, capture, ddl):
+    conn.execute("CREATE TABLE other (ref int)")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    q.add_table("q", "t", where='"id" IN (SELECT "ref" FROM "public"."other")')   # with event triggers
     if capture == "execute":
         for name in EVENT_TRIGGERS:
             conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
-    conn.execute("CREATE TABLE other (ref int)")
-    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
-    q.add_table("q", "t", where='"id" IN (SELECT "ref" FROM "public"."other")')
     refused = _run_ddl(conn, q, capture, ddl)
     assert refused is not None and re.match(
         r"^this statement breaks the row filter of public\.t \(.+\): remove the table from its queue"

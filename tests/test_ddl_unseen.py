@@ -229,3 +229,21 @@ def test_a_name_holding_the_capture_functions_quote_is_captured(conn, unseen, re
     replica.catch_up()
     assert_sqlite_equals_source(conn, replica.path, "quote in a column name")
     assert unseen.conn.execute("SELECT count(*) FROM replicator.event_1 WHERE ev_type = 'S'").fetchone()[0] <= 1
+
+
+@pytest.mark.parametrize("where, named", [
+    ("id IN (SELECT id FROM allowed)", "table allowed"),
+    ("app.weight(v) > 1", "function app.weight"),
+    ("v::app.label IS NOT NULL", "type app.label"),
+    ("'allowed'::regclass IS NOT NULL", "a catalog object by a regclass value"),
+])
+def test_without_event_triggers_a_row_filter_names_only_the_row_and_built_ins(conn, unseen, where, named):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    conn.execute("CREATE TABLE allowed (id int PRIMARY KEY)")
+    conn.execute("CREATE SCHEMA app; CREATE DOMAIN app.label AS text;"
+                 " CREATE FUNCTION app.weight(text) RETURNS int LANGUAGE sql IMMUTABLE AS 'SELECT length($1)'")
+    # dropping or changing what it names would go unseen, and every write would fail
+    with pytest.raises(UserError, match=f"invalid row filter: it names {named}, which replicator cannot watch"):
+        unseen.add_table("q", "t", where=where)
+    assert unseen.tables("q") == []
+    assert unseen.add_table("q", "t", where="lower(v) <> 'x' AND id::text <> '' AND v ~ '^a'")
