@@ -247,3 +247,14 @@ def test_without_event_triggers_a_row_filter_names_only_the_row_and_built_ins(co
         unseen.add_table("q", "t", where=where)
     assert unseen.tables("q") == []
     assert unseen.add_table("q", "t", where="lower(v) <> 'x' AND id::text <> '' AND v ~ '^a'")
+
+
+def test_a_rewrite_to_the_same_type_of_a_partitioned_table_is_copied_again(conn, unseen, replica):
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY, a int) PARTITION BY RANGE (id)")
+    conn.execute("CREATE TABLE p1 PARTITION OF p FOR VALUES FROM (0) TO (100)")
+    conn.execute("INSERT INTO p SELECT g, g FROM generate_series(1, 5) g")
+    unseen.add_table("q", "p")
+    replica.catch_up()
+    conn.execute("ALTER TABLE p ALTER COLUMN a TYPE int USING a * 100")   # its partitions get new storage
+    replica.catch_up()
+    assert replica.rows("SELECT id, a FROM p ORDER BY id") == conn.execute("SELECT id, a FROM p ORDER BY id").fetchall()
