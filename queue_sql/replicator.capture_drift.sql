@@ -61,27 +61,40 @@ LANGUAGE sql STABLE AS $$
 --      Part of replicator.generate_capture(): the condition, checked at
 --      every statement, under which the catalog rows of the table's
 --      columns and primary key are no longer those the capture function was
---      generated for (replicator.catalog_rows). One statement of index
---      scans (about 3 us, docs/benchmarks.md); without it, a column
---      dropped or renamed directly would make every application write
---      fail, and one added would go uncaptured. The table's own pg_class
---      row is left to the ticker (replicator.sync_drifted): TRUNCATE,
---      GRANT, VACUUM FULL write it, and a rename changes no captured value.
+--      generated for (replicator.catalog_rows): one index scan of
+--      pg_attribute (about 3 us a statement, docs/benchmarks.md), and the
+--      primary key from the relation cache (pg_get_replica_identity_index,
+--      the primary key while the replica identity is the default; else one
+--      more index scan, of pg_index). Without it, a column dropped or
+--      renamed directly would make every application write fail, and one
+--      added would go uncaptured. The table's own pg_class row is left to
+--      the ticker (replicator.sync_drifted): TRUNCATE, GRANT, VACUUM FULL
+--      write it, and a rename changes no captured value.
 --
 -- Returns:
 --      a boolean expression
 -- ----------------------------------------------------------------------
-    SELECT format('EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid = %1$s AND attnum > 0'
-                  ' AND (xmin <> ALL (%2$L::xid[]) OR ctid <> ALL (%3$L::tid[]))'
-                  ' UNION ALL SELECT FROM pg_catalog.pg_index WHERE indrelid = %1$s AND indisprimary'
-                  ' AND (xmin <> ALL (%2$L::xid[]) OR ctid <> ALL (%3$L::tid[])))%4$s',
-                  t.table_oid, t.table_catalog_xmins, t.table_catalog_tids,
-                  -- a primary key dropped leaves no row to see
-                  CASE WHEN EXISTS (SELECT FROM pg_index WHERE indrelid = t.table_oid AND indisprimary)
-                       THEN format(' OR NOT EXISTS (SELECT FROM pg_catalog.pg_index WHERE indrelid = %s'
-                                   ' AND indisprimary)', t.table_oid)
-                       ELSE '' END)
+    SELECT CASE WHEN c.relreplident = 'd' THEN
+               format('coalesce(pg_catalog.pg_get_replica_identity_index(%s)::oid, 0) <> %s OR ',
+                      t.table_oid, coalesce(pg_get_replica_identity_index(t.table_oid)::oid, 0))
+           ELSE '' END
+           || format('EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid = %1$s AND attnum > 0'
+                     ' AND (xmin <> ALL (%2$L::xid[]) OR ctid <> ALL (%3$L::tid[]))%4$s)',
+                     t.table_oid, t.table_catalog_xmins, t.table_catalog_tids,
+                     CASE WHEN c.relreplident = 'd' THEN ''
+                          WHEN cardinality(pk.xmins) = 0 THEN format(   -- one added
+                              ' UNION ALL SELECT FROM pg_catalog.pg_index WHERE indrelid = %s AND indisprimary',
+                              t.table_oid)
+                          ELSE format(                                  -- it dropped, or another
+                              ' UNION ALL SELECT WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_index'
+                              ' WHERE indrelid = %s AND indisprimary AND xmin = %L AND ctid = %L)',
+                              t.table_oid, pk.xmins[1], pk.tids[1]) END)
     FROM replicator.captured_table t
+    JOIN pg_class c ON c.oid = t.table_oid
+    -- the primary key's row is the last of catalog_rows(), where there is one
+    LEFT JOIN LATERAL (SELECT ARRAY(SELECT xmin FROM pg_index WHERE indrelid = t.table_oid AND indisprimary) AS xmins,
+                              ARRAY(SELECT ctid FROM pg_index WHERE indrelid = t.table_oid AND indisprimary) AS tids
+                      ) pk ON true
     WHERE t.table_id = p_table_id;
 $$;
 

@@ -156,6 +156,7 @@ DECLARE
     v_key text[];
     v_ignore text[];
     v_missing text;
+    v_way_out text;
 BEGIN
     SELECT * INTO t FROM replicator.captured_table WHERE table_id = p_table_id;
     SELECT n.nspname, c.relname INTO v_schema, v_name
@@ -163,6 +164,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    v_way_out := format('remove the table from its queue first: replicator table remove %s %I.%I',
+                        (SELECT queue_name FROM replicator.queue q WHERE q.queue_id = t.queue_id), v_schema, v_name);
 
     v_columns := ARRAY(SELECT attname FROM pg_attribute
                        WHERE attrelid = t.table_oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum);
@@ -218,25 +221,19 @@ BEGIN
                                   AND cardinality(v_key) < cardinality(t.table_key)) THEN
         SELECT string_agg(k, ', ') INTO v_missing FROM unnest(t.table_key) k;
         RAISE EXCEPTION 'table %.% is captured with key (%), which this statement removes', v_schema, v_name, v_missing
-            USING HINT = format('remove the table from its queue first: replicator table remove %s %s.%s',
-                                (SELECT queue_name FROM replicator.queue q WHERE q.queue_id = t.queue_id),
-                                v_schema, v_name);
+            USING HINT = v_way_out;
     END IF;
     IF t.table_mode = 'pk' AND cardinality(replicator.nullable_key_columns(t.table_oid, v_key)) > 0 THEN
         -- rows are read back by their key, and a NULL never equals: they would vanish from targets
         RAISE EXCEPTION 'table %.% is captured in pk mode with key (%), whose columns must stay NOT NULL',
             v_schema, v_name, array_to_string(v_key, ', ')
-            USING HINT = format('remove the table from its queue first: replicator table remove %s %s.%s',
-                                (SELECT queue_name FROM replicator.queue q WHERE q.queue_id = t.queue_id),
-                                v_schema, v_name);
+            USING HINT = v_way_out;
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(v_key) k WHERE k <> ALL (replicator.comparable_columns(t.table_oid))) THEN
         -- the capture compares keys (EXCEPT): a key column's new type must have equality
         RAISE EXCEPTION 'table %.% is captured with key (%), a column of which now has a type without equality',
             v_schema, v_name, array_to_string(v_key, ', ')
-            USING HINT = format('remove the table from its queue first: replicator table remove %s %s.%s',
-                                (SELECT queue_name FROM replicator.queue q WHERE q.queue_id = t.queue_id),
-                                v_schema, v_name);
+            USING HINT = v_way_out;
     END IF;
     t.table_schema := v_schema;
     t.table_name := v_name;

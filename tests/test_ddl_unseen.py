@@ -80,13 +80,18 @@ def test_several_changes_in_one_transaction_with_writes_between_them_are_all_fol
     assert_sqlite_equals_source(conn, replica.path, "one transaction")
 
 
-def test_a_primary_key_replaced_directly_keys_the_replica_anew(conn, unseen, replica):
-    conn.execute("CREATE TABLE t (a int, b int, v text, PRIMARY KEY (a))")
+@pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])     # the guard reads the key two ways
+def test_a_primary_key_replaced_directly_keys_the_replica_anew(conn, unseen, replica, identity):
+    conn.execute("CREATE TABLE t (a int, b int NOT NULL, v text, PRIMARY KEY (a))")   # no column row changes
+    conn.execute(f"ALTER TABLE t REPLICA IDENTITY {identity}")
     conn.execute("INSERT INTO t VALUES (1, 1, 'x')")
     unseen.add_table("q", "t")
     replica.catch_up()
     conn.execute("ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (a, b)")
     conn.execute("INSERT INTO t VALUES (1, 2, 'y')")       # the same a: a row of its own now
+    # noticed by that statement, before its row
+    assert [r[0] for r in conn.execute("SELECT ev_type FROM replicator.event_1 ORDER BY ev_id DESC LIMIT 2")] == [
+        "I", "S"]
     replica.catch_up()
     assert_sqlite_equals_source(conn, replica.path, "primary key replaced")
 
