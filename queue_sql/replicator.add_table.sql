@@ -180,7 +180,7 @@ RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 SET bytea_output = 'hex' SET extra_float_digits = 1 SET IntervalStyle = 'postgres'
-SET standard_conforming_strings = on AS $$
+SET standard_conforming_strings = on SET TimeZone = 'UTC' SET DateStyle = 'ISO, MDY' AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.row_filter_error(p_table, p_where)
 --
@@ -192,16 +192,19 @@ SET standard_conforming_strings = on AS $$
 --      after every DDL that changes the table: a filter that no longer
 --      parses or resolves would make application writes fail.
 --
---      Nothing of the filter is executed: the query is opened as a cursor
+--      No statement of the filter runs: the query is opened as a cursor
 --      and closed unread, which parses, analyses and plans it (and starts
---      its executor, reading no row: LIMIT 0). A cursor takes one statement:
+--      its executor, reading no row: LIMIT 0); planning may evaluate the
+--      filter's immutable and stable functions, as the capture would. A cursor takes one statement:
 --      a filter that stacks statements after the query ("true) LIMIT 0;
 --      DROP TABLE t; SELECT (1") is refused before any of them runs, where
 --      EXECUTE would run them all. That the filter is one expression, and
 --      no `)` of it closes the query's, is checked before it reaches the
 --      server (replicator.source.check_row_filter); this function is the
---      server's own guard for callers of the SQL functions. Strings are
---      read with standard_conforming_strings on, as that check reads them.
+--      server's own guard for callers of the SQL functions. Literals are
+--      read as the capture function reads them: strings with
+--      standard_conforming_strings on (as that check reads them), times in
+--      UTC, dates in ISO/MDY order.
 --      ONLY: a partitioned table's partitions are not locked (the check
 --      runs inside application statements too, replicator.capture_drift);
 --      a lock or cancel error says nothing of the filter and is raised.

@@ -98,6 +98,36 @@ LANGUAGE sql STABLE AS $$
     WHERE t.table_id = p_table_id;
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.lock_table_record(p_table_id integer)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.lock_table_record(p_table_id)
+--
+--      Takes the right to record a change of a captured table that no
+--      event trigger saw (replicator.capture_drift, suspend_capture,
+--      sync_drifted): a lock on its captured_table row, never waited for
+--      (SKIP LOCKED), so that no application statement waits for another.
+--      A row lock, which only the owner may take (UPDATE privilege), where
+--      any role could hold an advisory key for ever. Not in a SERIALIZABLE
+--      transaction (the ticker records it then: an update of the record
+--      would make the application's transactions conflict), nor in a
+--      REPEATABLE READ one whose snapshot predates the record's last change.
+--
+-- Returns:
+--      true if this transaction may record the change
+-- ----------------------------------------------------------------------
+BEGIN
+    IF current_setting('transaction_isolation') = 'serializable' THEN
+        RETURN false;
+    END IF;
+    PERFORM FROM replicator.captured_table WHERE table_id = p_table_id FOR NO KEY UPDATE SKIP LOCKED;
+    RETURN FOUND;
+EXCEPTION WHEN serialization_failure THEN
+    RETURN false;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.capture_drift(p_table_id integer, p_op text)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -118,7 +148,8 @@ LANGUAGE plpgsql AS $$
 --        the change asks for the copy: one that rolls back leaves the
 --        record as it was, and the change is seen again;
 --      - the record and the capture function are brought up to date by the
---        transaction that gets a try-lock (never a wait) and may update the
+--        transaction that gets the lock on the record (replicator.lock_table_record,
+--        never a wait) and may update the
 --        record (not SERIALIZABLE: the ticker does it then); the others
 --        capture in the new layout by dynamic SQL until it commits;
 --      - the key is gone or has no equality any more, or the row filter no
@@ -176,8 +207,7 @@ BEGIN
             RETURN NULL;
     END;
 
-    v_recording := current_setting('transaction_isolation') <> 'serializable'
-                   AND pg_try_advisory_xact_lock(2026112501, p_table_id);
+    v_recording := replicator.lock_table_record(p_table_id);
     v_copy := v_recording AND (
         EXISTS (SELECT FROM jsonb_object_keys(t.table_storage) m
                 WHERE NOT EXISTS (SELECT FROM pg_class WHERE oid = m::oid))
@@ -227,7 +257,7 @@ LANGUAGE plpgsql AS $$
 --      'suspended' tells consumers why and the way out (remove the table
 --      from the queue and add it again: it is copied again), and the
 --      capture function is made one that captures nothing, by the
---      transaction that gets the try-lock (the others queue the event too,
+--      transaction that gets the lock on the record (the others queue the event too,
 --      once a transaction).
 --
 -- Parameters:
@@ -253,8 +283,7 @@ BEGIN
                        'replicator table remove %s %s, then replicator table add %s %s with its options',
                        v_queue, v_name, v_queue, v_name)));
     PERFORM set_config(v_announced, 'suspended', true);
-    IF current_setting('transaction_isolation') <> 'serializable'
-       AND pg_try_advisory_xact_lock(2026112501, p_table_id) THEN
+    IF replicator.lock_table_record(p_table_id) THEN
         BEGIN
             UPDATE replicator.captured_table SET table_suspended = p_reason WHERE table_id = p_table_id;
             PERFORM replicator.generate_capture(p_table_id, true);
@@ -304,7 +333,7 @@ BEGIN
     FOR t IN SELECT * FROM replicator.captured_table
              WHERE queue_id = p_queue_id AND table_suspended IS NULL ORDER BY table_id LOOP
         -- not while an application's statement is following the same change
-        CONTINUE WHEN NOT pg_try_advisory_xact_lock(2026112501, t.table_id);
+        CONTINUE WHEN NOT replicator.lock_table_record(t.table_id);
         BEGIN
             IF v_unseen AND (
                    -- dropped, or renamed

@@ -138,7 +138,7 @@ LANGUAGE sql STABLE AS $$
         SELECT i, 'INSERT INTO ' || CASE WHEN i < 0 THEN replicator.event_table(p_queue_id)
                                          ELSE replicator.event_partition(p_queue_id, i) END
                   || ' (' || p_cols || ') SELECT '
-                  || replace(p_row, '{slot}', CASE WHEN i < 0 THEN 'v_slot' ELSE i || '::smallint' END)
+                  || replace(p_row, '{slot}', CASE WHEN i < 0 THEN 'capture.v_slot' ELSE i || '::smallint' END)
                   || ' FROM (' || p_rows || ' LIMIT 1001) s HAVING count(*) BETWEEN 1 AND 1000' || p_check || ';' AS sql
         FROM q, generate_series(-1, CASE WHEN q.n <= 8 THEN q.n - 1 ELSE -1 END) i)
     SELECT CASE WHEN count(*) = 1 THEN min(sql)
@@ -378,7 +378,7 @@ BEGIN
     -- Old keys that no new row kept are looked for only when a key may have
     -- changed (see the header): the fast form of an UPDATE also requires the
     -- list of new keys to be the list of old keys.
-    v_upd := replicator.capture_chunked_sql(t, 'UPDATE', 'v_slot') || ';';
+    v_upd := replicator.capture_chunked_sql(t, 'UPDATE', 'capture.v_slot') || ';';
     IF t.table_where IS NULL AND cardinality(t.table_ignore) = 0 THEN
         v_key_n := CASE WHEN cardinality(t.table_key) = 1 THEN v_keys_n ELSE 'ROW(' || v_keys_n || ')' END;
         v_key_o := CASE WHEN cardinality(t.table_key) = 1 THEN v_keys_o ELSE 'ROW(' || v_keys_o || ')' END;
@@ -395,7 +395,7 @@ BEGIN
     END IF;
 
     v_truncate := format('INSERT INTO %s (%s) VALUES (%s);', v_evtable, v_cols,
-        replace(replace(replace(v_row, '{slot}', 'v_slot'), '{type}', quote_literal('T')), 'json_agg(s.r)', 'NULL'));
+        replace(replace(replace(v_row, '{slot}', 'capture.v_slot'), '{type}', quote_literal('T')), 'json_agg(s.r)', 'NULL'));
     IF (SELECT relkind FROM pg_class WHERE oid = v_oid) = 'p' THEN
         -- the TRUNCATE trigger is on every partition too: one naming a partition
         -- empties part of the table only
@@ -411,7 +411,11 @@ BEGIN
         v_truncate := E'ELSE\n        ' || v_truncate;
     END IF;
 
+    -- A column named like a variable of the function (found, tg_op, v_slot...) is the
+    -- column in the row filter and the rows read: the variables SQL reads are qualified.
     v_body := format($f$
+#variable_conflict use_column
+<<capture>>
 DECLARE
     v_slot smallint := pg_sequence_last_value(%1$L::regclass);
     v_sql text;
@@ -435,16 +439,16 @@ BEGIN%9$s
     %8$s
     END IF;
     RETURN NULL;
-END;$f$,
+END capture;$f$,
         replicator.event_slot_seq(t.queue_id),
         replicator.capture_fast_insert(t.queue_id, v_cols, replace(v_row, '{type}', quote_literal('I')),
             format('SELECT %s AS r FROM new_rows n WHERE %s', v_payload_n, v_filter), ''),
         v_filter,
-        replicator.capture_chunked_sql(t, 'INSERT', 'v_slot') || ';',
+        replicator.capture_chunked_sql(t, 'INSERT', 'capture.v_slot') || ';',
         v_upd,
         replicator.capture_fast_insert(t.queue_id, v_cols, replace(v_row, '{type}', quote_literal('D')),
             format('SELECT %s AS r FROM old_rows o WHERE %s', v_payload_o, v_filter), ''),
-        replicator.capture_chunked_sql(t, 'DELETE', 'v_slot') || ';',
+        replicator.capture_chunked_sql(t, 'DELETE', 'capture.v_slot') || ';',
         v_truncate,
         CASE WHEN v_guard IS NOT NULL THEN format($g$
     IF %s THEN
@@ -470,8 +474,8 @@ END;$f$,
     -- extra_float_digits <= 0 losing digits, other IntervalStyles): the output settings
     -- are pinned when a captured type's encoding depends on them, or a row filter may, or
     -- the guard may have the function capture a structure it was not made for. A row
-    -- filter's string literals are read as row_filter_error() checked them: with
-    -- standard_conforming_strings on, whatever the writer's session says.
+    -- filter's literals are read as row_filter_error() checked them, whatever the writer's
+    -- session says: strings with standard_conforming_strings on, times in UTC, dates ISO/MDY.
     EXECUTE format($f$
         CREATE OR REPLACE FUNCTION %s() RETURNS trigger
         LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp%s%s
@@ -482,7 +486,9 @@ END;$f$,
                          || t.table_key, v_oid)
              THEN E'\n        SET bytea_output = ''hex'' SET extra_float_digits = 1 SET IntervalStyle = ''postgres'''
              ELSE '' END,
-        CASE WHEN t.table_where IS NOT NULL THEN ' SET standard_conforming_strings = on' ELSE '' END,
+        CASE WHEN t.table_where IS NOT NULL
+             THEN E'\n        SET standard_conforming_strings = on SET TimeZone = ''UTC'' SET DateStyle = ''ISO, MDY'''
+             ELSE '' END,
         v_tag, v_body, v_tag);
     EXECUTE format('REVOKE ALL ON FUNCTION %s() FROM PUBLIC', v_fn);
 

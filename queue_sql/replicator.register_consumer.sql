@@ -92,7 +92,7 @@ BEGIN
     END IF;
     IF v_tick IS NULL THEN
         -- Another ticker holds the queue and is making its first tick: wait for it.
-        PERFORM pg_advisory_xact_lock(2026112201, q.queue_id);
+        PERFORM FROM replicator.queue WHERE queue_id = q.queue_id FOR NO KEY UPDATE;
         SELECT max(tick_id) INTO v_tick FROM replicator.tick WHERE tick_queue = q.queue_id;
         IF v_tick IS NULL THEN
             v_tick := replicator.ticker(p_queue_name, true);

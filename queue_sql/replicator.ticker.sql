@@ -8,7 +8,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 --      queue_ticker_max_count events since the last tick, or some events and
 --      queue_ticker_max_lag, or queue_ticker_idle_period with none.
 --
---      Safe to run concurrently: the advisory lock comes first and every
+--      Safe to run concurrently: the lock on the queue's row comes first
+--      (a ticker that finds it taken returns at once) and every
 --      statement after it takes a fresh snapshot (READ COMMITTED), so a
 --      second ticker sees the first one's tick and its snapshot is newer.
 --      Must not run in a REPEATABLE READ or SERIALIZABLE transaction. A
@@ -31,7 +32,11 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RAISE EXCEPTION 'replicator.ticker() must run in a READ COMMITTED transaction';
     END IF;
-    IF NOT pg_try_advisory_xact_lock(2026112201, q.queue_id) THEN
+    -- The queue's row, locked first; a row lock, not an advisory one: it takes UPDATE on
+    -- replicator.queue, which only the owner has, where any role that may connect could
+    -- hold an advisory key and stop every ticker.
+    PERFORM FROM replicator.queue WHERE queue_id = q.queue_id FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
         RETURN NULL;
     END IF;
     SELECT * INTO v_last FROM replicator.tick

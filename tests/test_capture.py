@@ -290,7 +290,7 @@ def test_output_settings_are_pinned_only_where_the_encoding_depends_on_them(dsn,
     conn.execute('CREATE TABLE "filtered" ("id" int PRIMARY KEY)')
     assert _pinned_settings(conn, q.add_table("q", "filtered", where='"id" > 0')) == [
         "search_path=pg_catalog, pg_temp", "bytea_output=hex", "extra_float_digits=1",
-        "IntervalStyle=postgres", "standard_conforming_strings=on"]
+        "IntervalStyle=postgres", "standard_conforming_strings=on", "TimeZone=UTC", "DateStyle=ISO, MDY"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -918,3 +918,25 @@ def test_a_stored_row_filter_reads_its_strings_the_same_whatever_the_writers_ses
     conn.execute("RESET standard_conforming_strings")
     # the filter keeps its meaning as checked: only the row holding a backslash is left out
     assert changes(read_events(q)) == [("I", [[2, "ab"]])]
+
+
+def test_columns_named_like_the_capture_functions_variables_are_captured_and_filtered(conn, q):
+    conn.execute('CREATE TABLE t (id int PRIMARY KEY, found bool, tg_op text, v_slot int, "capture" text)')
+    q.add_table("q", "t", where="found AND tg_op <> 'skip' AND v_slot > 0")
+    conn.execute("INSERT INTO t VALUES (1, true, 'a', 1, 'c'), (2, false, 'b', 1, 'c'), (3, true, 'skip', 1, 'c')")
+    conn.execute("UPDATE t SET v_slot = 2 WHERE id = 1")
+    conn.execute("DELETE FROM t WHERE id = 1")
+    assert changes(read_events(q)) == [("I", [[1, True, "a", 1, "c"]]), ("U", [[1, True, "a", 2, "c"]]),
+                                       ("D", [[1]])]
+
+
+def test_a_row_filter_keeps_the_same_rows_whatever_the_writers_time_zone_and_date_style(dsn, conn, q):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, ts timestamptz, d date)")
+    q.add_table("q", "t", where="ts < '2024-01-01 00:00' AND d > '01/02/2024'")    # UTC; January 2nd
+    for number, (zone, style) in enumerate([("UTC", "ISO, MDY"), ("Asia/Tokyo", "SQL, DMY")], 1):
+        with psycopg.connect(dsn, autocommit=True) as writer:
+            writer.execute(f"SET TimeZone = '{zone}'")
+            writer.execute(f"SET DateStyle = '{style}'")
+            # the same instant (2023-12-31 20:00 UTC) and the same day (2024-01-15) from each session
+            writer.execute("INSERT INTO t VALUES (%s, '2023-12-31 20:00+00', '2024-01-15')", (number,))
+    assert [e.items[0][0] for e in read_events(q)] == [1, 2]

@@ -175,7 +175,8 @@ def test_registering_a_consumer_while_a_ticker_holds_the_queue_waits_for_its_tic
         thread = threading.Thread(target=register)
         thread.start()
         _wait_for(lambda: result or conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone()[0] == 1,
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE '%%register_consumer%%'").fetchone()[0] == 1,
             "register_consumer to wait for the ticker's lock")
         ticker.execute("COMMIT")
         thread.join(30)
@@ -238,3 +239,11 @@ def test_a_tick_and_what_it_shows_survive_a_crash_under_asynchronous_commit():
         server.stop("immediate")
         import shutil
         shutil.rmtree(server.basedir, ignore_errors=True)
+
+
+def test_a_role_holding_any_advisory_lock_cannot_stop_the_ticker(dsn, conn, q):
+    # ticker() used an advisory key, which any role that may connect can take and hold
+    with psycopg.connect(dsn, autocommit=True) as squatter:
+        for (queue_id,) in conn.execute("SELECT queue_id FROM replicator.queue").fetchall():
+            squatter.execute("SELECT pg_advisory_lock(2026112201, %s)", (queue_id,))
+        assert q.tick("q", force=True) is not None
