@@ -147,7 +147,8 @@ def drop_event_triggers(conn: psycopg.Connection) -> None:
 
 
 def _restrict_functions(conn: psycopg.Connection) -> None:
-    """Revokes EXECUTE on every function of schema replicator from PUBLIC, then
+    """Revokes EXECUTE on every function of schema replicator from PUBLIC, and from
+    every role but the owner any write on its tables and sequences; then
     grants the consumer functions again to the roles `replicator grant` gave USAGE
     on the schema (PUBLIC has none): the functions were just created anew, without
     their grants. Functions created later are generated capture functions, which
@@ -160,6 +161,26 @@ def _restrict_functions(conn: psycopg.Connection) -> None:
         SELECT replicator.grant_consumer_functions(r.rolname)
         FROM pg_namespace n CROSS JOIN LATERAL aclexplode(n.nspacl) a JOIN pg_roles r ON r.oid = a.grantee
         WHERE n.nspname = 'replicator' AND a.privilege_type = 'USAGE' AND a.grantee <> n.nspowner""")
+    # Write privileges earlier versions granted consumers (INSERT, UPDATE, DELETE on consumer
+    # and tick; sequences), or anyone gave by hand: with them a role could move another's
+    # consumer or forge a tick past the functions' checks. Reads stay (`replicator grant`).
+    conn.execute("""
+        DO $$
+        DECLARE
+            r record;
+        BEGIN
+            FOR r IN SELECT DISTINCT c.oid::regclass AS rel, c.relkind, g.rolname
+                     FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a
+                     JOIN pg_roles g ON g.oid = a.grantee
+                     WHERE c.relnamespace = 'replicator'::regnamespace AND a.grantee <> c.relowner
+                       AND a.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES',
+                                                'TRIGGER', 'USAGE')
+            LOOP
+                EXECUTE format(CASE WHEN r.relkind = 'S' THEN 'REVOKE USAGE, UPDATE ON SEQUENCE %s FROM %I'
+                                    ELSE 'REVOKE INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'
+                                         ' ON %s FROM %I' END, r.rel, r.rolname);
+            END LOOP;
+        END $$""")
 
 
 def _refuse_invalid_capture_trees(conn: psycopg.Connection) -> None:

@@ -265,6 +265,24 @@ def test_consumers_from_before_owners_belong_to_the_schema_owner_who_can_give_th
     assert _consumer_row(conn, "legacy")[0] == a
 
 
+def test_install_takes_back_the_write_privileges_older_versions_granted(dsn, conn, source, granted):
+    a, b = granted
+    with psycopg.connect(_as(dsn, b), autocommit=True) as reader:
+        reader.execute("SELECT replicator.register_consumer('q', 'b_replica')")
+    # what `replicator grant` gave before consumers' positions went through the functions
+    conn.execute(sql.SQL("GRANT INSERT, UPDATE, DELETE ON replicator.consumer, replicator.tick TO {}; "
+                         "GRANT USAGE ON SEQUENCE replicator.batch_id_seq TO {}").format(
+                             sql.Identifier(a), sql.Identifier(a)))
+    install(conn)
+    with psycopg.connect(_as(dsn, a), autocommit=True) as reader:
+        for statement in ("UPDATE replicator.consumer SET consumer_owner = current_user",
+                          "DELETE FROM replicator.tick", "SELECT nextval('replicator.batch_id_seq')"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                reader.execute(statement)
+        assert reader.execute("SELECT count(*) FROM replicator.consumer").fetchone()[0] == 1   # reads stay
+    assert _consumer_row(conn, "b_replica")[0] == b
+
+
 # defence in depth: the consumer checks where a batch starts ----------------------------------
 
 def test_consumer_refuses_a_batch_that_does_not_start_at_its_targets_position(dsn, conn, source, tmp_path):
