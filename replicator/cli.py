@@ -328,6 +328,9 @@ def table_add(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: t
     """
     if not tables and not schemas:
         raise UserError("name the tables to add, or follow a schema with --schema NAME")
+    if schemas and (key or ignore or where):
+        raise UserError("--key, --ignore and --where apply to the tables named, not to a schema's: follow the "
+                        "schema and add those tables in two commands")
     added = 0
     with ctx.source() as source, source.conn.transaction():
         for name in tables:

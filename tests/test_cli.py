@@ -121,6 +121,16 @@ def test_unknown_table_is_one_line(app):
     assert_user_error(removed, 'table orders is not in queue "q"')
 
 
+def test_key_ignore_and_where_are_refused_with_a_schema_rather_than_ignored(app):
+    with psycopg.connect(app, autocommit=True) as c:
+        c.execute("CREATE SCHEMA sales")
+    results = run_all([["table", "add", "q", "--schema", "sales", option, value]
+                       for option, value in (("--key", "id"), ("--ignore", "v"), ("--where", "id > 0"))], app)
+    for result in results:
+        assert_user_error(result, "apply to the tables named, not to a schema's")
+    assert run("table", "list", "q", dsn=app).stdout == "(no tables)\n"       # nor a schema followed
+
+
 def test_a_table_is_removed_by_the_name_table_list_shows(app):
     with psycopg.connect(app, autocommit=True) as c:
         c.execute('CREATE TABLE "Mixed Case" (id int PRIMARY KEY); CREATE TABLE "Camel" (id int PRIMARY KEY)')
