@@ -41,6 +41,8 @@ def bad_targets(tmp_path):
     not_a_database = tmp_path / "garbage.db"
     not_a_database.write_bytes(b"this is not a SQLite file" * 100)
     (tmp_path / "torn.jsonl.position").write_text('{"positions": {"q/c": 4}, "tab')
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "w.db-wal").mkdir()
     return {
         "corrupt position file (jsonl)": (f"jsonl:{tmp_path}/torn.jsonl", ["torn.jsonl.position"]),
         "unknown scheme": (f"mysql:{tmp_path}/r.db", ["mysql"]),
@@ -49,13 +51,21 @@ def bad_targets(tmp_path):
         "a directory (sqlite)": (f"sqlite:{tmp_path}", [str(tmp_path)]),
         "not a database (sqlite)": (f"sqlite:{not_a_database}", ["garbage.db"]),
         "missing directory (jsonl)": (f"jsonl:{tmp_path}/no/such/dir/out.jsonl", ["out.jsonl"]),
-        "a directory (tsv)": (f"tsv:{tmp_path}", [str(tmp_path)]),
+        "a directory (tsv)": (f"tsv:{tmp_path}", [str(tmp_path), "a directory", "tsv:-"]),
+        "a named pipe (jsonl)": (f"jsonl:{tmp_path}/pipe", [f"{tmp_path}/pipe", "named pipe", "not a regular file",
+                                                             "jsonl:-"]),
+        "a device (jsonl)": ("jsonl:/dev/null", ["/dev/null", "character device", "not a regular file", "jsonl:-"]),
+        "a named pipe (sqlite)": (f"sqlite:{tmp_path}/pipe", [f"{tmp_path}/pipe", "named pipe", "not a regular file"]),
+        "a device (sqlite)": ("sqlite:/dev/null", ["/dev/null", "character device", "not a regular file"]),
+        "a -wal that is a directory (sqlite)": (f"sqlite:{tmp_path}/w.db", [f"{tmp_path}/w.db-wal", "a directory",
+                                                                            "not a regular file"]),
     }
 
 
 @pytest.mark.parametrize("case", ["corrupt position file (jsonl)", "unknown scheme", "no scheme", "missing directory (sqlite)",
                                   "a directory (sqlite)", "not a database (sqlite)", "missing directory (jsonl)",
-                                  "a directory (tsv)"])
+                                  "a directory (tsv)", "a named pipe (jsonl)", "a device (jsonl)",
+                                  "a named pipe (sqlite)", "a device (sqlite)", "a -wal that is a directory (sqlite)"])
 def test_unusable_target_is_one_error_line_and_nonzero_exit(dsn, queue_q, tmp_path, case):
     target, fragments = bad_targets(tmp_path)[case]
     result = run_cli(dsn, "consume", "q", "--target", target, "--until-caught-up")
@@ -270,6 +280,39 @@ def test_view_commands_on_an_application_database_leave_it_untouched(dsn, tmp_pa
         assert result.returncode == 1
         assert_one_line_error(result, "no replica at", "is not a replica")
         assert files_at(app) == before, args
+
+
+def files_and_times_at(path: Path) -> dict[str, tuple[str, int]]:
+    """files_at, with each file's mtime: a write of the same bytes shows too."""
+    return {name: (digest, (path.parent / name).stat().st_mtime_ns) for name, digest in files_at(path).items()}
+
+
+@pytest.mark.parametrize("shm", ["with its -shm", "without its -shm"])
+def test_an_application_wal_database_with_a_live_wal_is_refused_with_its_files_untouched(dsn, conn, queue_q,
+                                                                                         tmp_path, shm):
+    """The files of an application's WAL-mode database as it left them, changes still in
+    its -wal (killed, or open elsewhere): reading the -wal means mapping the -shm, which
+    writes it, or creates it when missing. Neither the check nor the refusal touches them."""
+    app = tmp_path / "app.db"
+    with closing(sqlite3.connect(tmp_path / "live.db")) as db:
+        db.execute("PRAGMA journal_mode = wal")
+        db.execute("PRAGMA wal_autocheckpoint = 0")
+        db.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, note TEXT)")
+        db.execute("INSERT INTO t VALUES (1, 'mine')")
+        db.commit()
+        for suffix in ("", "-wal") + (("-shm",) if shm == "with its -shm" else ()):
+            shutil.copyfile(f"{tmp_path}/live.db{suffix}", f"{app}{suffix}")
+    assert Path(f"{app}-wal").stat().st_size > 0
+    before = files_and_times_at(app)
+    result = run_cli(dsn, "consume", "q", "--target", f"sqlite:{app}", "--until-caught-up")
+    assert result.returncode == 1
+    assert_one_line_error(result, str(app), "another path")
+    assert files_and_times_at(app) == before
+    for args in (["view", "list"], ["view", "create", "v", "--sql", "SELECT id FROM t"]):
+        result = run_cli(dsn, *args, "--target", f"sqlite:{app}")
+        assert_one_line_error(result, "no replica at", "is not a replica")
+        assert files_and_times_at(app) == before, args
+    assert registered_consumers(conn) == []
 
 
 def test_a_file_that_is_not_sqlite_is_refused_untouched(dsn, conn, queue_q, tmp_path):

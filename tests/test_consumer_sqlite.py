@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +21,7 @@ import sys
 import textwrap
 import threading
 import time
+from contextlib import closing
 from decimal import Decimal
 from pathlib import Path
 
@@ -866,3 +868,109 @@ def test_a_sigbus_in_the_consumer_is_reported_with_its_stack_not_silent(dsn, con
         assert "Fatal Python error: Bus error" in daemon.log() and "most recent call first" in daemon.log()
     finally:
         daemon.stop()
+
+
+def test_a_replica_deleted_under_a_running_consumer_is_rebuilt_by_following_its_stop_message(dsn, conn, source,
+                                                                                              tmp_path):
+    """`rm replica.db` under a running consumer: it stops and says to run the same command
+    again, which then builds the replica anew. The consumer's -wal and -shm, left by the
+    SQLite connection it closes, would be refused as a WAL without its database: it
+    removes them, found by the identity of those it had open."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    replica = tmp_path / "r.db"
+    consume_args = ["consume", "q", "--target", f"sqlite:{replica}", "--poll-interval", "0.05"]
+    daemon = Daemon(dsn, *consume_args, log=tmp_path / "consumer.log")
+    try:
+        wait_until(lambda: replica_has_table(replica, "t"), 30, "the daemon to copy t",
+                   check=lambda: assert_alive(daemon))
+        replica.unlink()
+        conn.execute("INSERT INTO t VALUES (2)")
+        forced_tick(conn)
+        wait_until(lambda: daemon.proc.poll() is not None, 30, "the daemon to stop")
+        assert daemon.proc.returncode == 1, daemon.log()
+        last = daemon.log().strip().splitlines()[-1]
+    finally:
+        daemon.stop()
+    assert last.startswith(f"error: {replica} was deleted"), last
+    assert "run the same `replicator consume` again to build the replica anew" in last, last
+    assert "aside" not in last, last                     # nothing else to do first
+    rebuilt = run_cli(dsn, *consume_args, "--until-caught-up")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert set(sqlite_rows(replica, "t", ["id"])) == {(1,), (2,)}
+
+
+def test_a_replica_overwritten_in_place_under_the_running_consumer_stops_it_and_leaves_the_file_as_copied(
+        dsn, conn, source, tmp_path):
+    """shutil.copyfile(other.db, replica.db) keeps the replica's inode: only the header
+    tells (no replicator application id). The consumer stops before its next batch and
+    neither commits into the file now there nor checkpoints its WAL into it on close; its
+    -wal and -shm, which SQLite would replay into that file, are removed."""
+    from replicator.errors import UserError
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    replica, other = tmp_path / "r.db", tmp_path / "other.db"
+    with closing(sqlite3.connect(other)) as db:
+        db.execute("CREATE TABLE notes (note TEXT)")
+        db.execute("INSERT INTO notes VALUES ('mine')")
+        db.commit()
+    target = SqliteTarget(replica)
+    consumer = Consumer(dsn, "q", target)
+    try:
+        conn.execute("INSERT INTO t VALUES (1)")
+        consumer.run(until_caught_up=True)
+        position = consumer_state(conn)[0]
+        assert Path(f"{replica}-wal").stat().st_size > 0       # batches not yet checkpointed into the file
+        shutil.copyfile(other, replica)
+        conn.execute("INSERT INTO t VALUES (2)")
+        forced_tick(conn)
+        with pytest.raises(UserError, match=rf"{re.escape(str(replica))} was overwritten in place.*consumer "
+                                            rf"stopped.*left it as it now is"):
+            consumer.run(until_caught_up=True)
+        assert consumer_state(conn)[0] == position
+    finally:
+        consumer.close()
+        target.close()
+    assert replica.read_bytes() == other.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db", "r.db"]
+
+
+def test_a_replica_without_the_application_id_is_adopted_and_followed_while_only_its_wal_has_it(dsn, conn, source,
+                                                                                                tmp_path):
+    """A replica made before the application id has 0 there: opened, it gets replicator's.
+    While a reader holds the checkpoint back, the id is only in the WAL: the header check
+    before each batch does not take the main file's 0 for another file."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    replica = tmp_path / "r.db"
+    conn.execute("INSERT INTO t VALUES (1)")
+    consume(dsn, replica)
+    with closing(sqlite3.connect(replica)) as db:
+        db.execute("PRAGMA application_id = 0")
+        db.commit()
+
+    def application_id() -> int:
+        return int.from_bytes(replica.read_bytes()[68:72], "big")
+
+    assert application_id() == 0
+    reader = sqlite_reader(replica)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM t").fetchone()
+    target = SqliteTarget(replica)
+    consumer = Consumer(dsn, "q", target)
+    try:
+        assert application_id() == 0                        # set, but in the WAL only
+        conn.execute("INSERT INTO t VALUES (2)")
+        assert consumer.run(until_caught_up=True) >= 1
+        reader.close()
+        conn.execute("INSERT INTO t VALUES (3)")
+        consumer.run(until_caught_up=True)
+    finally:
+        consumer.close()
+        target.close()
+    assert application_id() == 0x52504C43            # "RPLC"
+    assert set(sqlite_rows(replica, "t", ["id"])) == {(1,), (2,), (3,)}

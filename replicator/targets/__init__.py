@@ -6,6 +6,8 @@ position, written in the same transaction as the rows it covers.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,38 @@ def queue_positions(positions: dict[str, int], queue: str) -> dict[str, int]:
     """The positions of `queue` among a target's positions stored as {"QUEUE/CONSUMER": tick}."""
     prefix = f"{queue}/"
     return {key[len(prefix):]: tick for key, tick in positions.items() if key.startswith(prefix)}
+
+
+def file_changed(path: str | Path, mine: int | tuple[int, int]) -> str:
+    """How the file at `path` differs from the one a target writes, given as the descriptor
+    it holds open or as the (st_dev, st_ino) it had: "" when it is that file, "deleted"
+    when nothing is there, "replaced" when another file is. One stat(), before each batch:
+    a target whose file was deleted or replaced would go on writing what nobody reads."""
+    if isinstance(mine, int):
+        st = os.fstat(mine)
+        mine = (st.st_dev, st.st_ino)
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "deleted"
+    return "" if (st.st_dev, st.st_ino) == mine else "replaced"
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_file(path: str | Path) -> str | None:
+    """What is at `path` when it is neither a regular file nor nothing ("a directory", "a
+    named pipe (FIFO)", ...; symbolic links followed), else None. A target's files are
+    read back, cut back and written at offsets: only a regular file can be one."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
 
 
 def set_aside(target: Target) -> str:

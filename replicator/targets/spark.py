@@ -34,7 +34,7 @@ from ..schema import Change, TableStructure, target_table_name
 from ..spark.warehouse import (COMPACT_LOCK, LOCK, MANIFEST, MANIFEST_TMP_SUFFIX, Warehouse, arrow_table, crash_point,
                                make_durable, new_id, physical_schema, retire)
 from ..spark.views import SparkViews
-from . import Row, TargetTable, queue_positions
+from . import Row, TargetTable, file_changed, queue_positions
 
 log = logging.getLogger("replicator")
 
@@ -159,14 +159,9 @@ class SparkTarget:
     def _check_directory(self) -> None:
         """Stops the consumer when the warehouse directory it writes is no longer the one at
         its path (deleted, replaced, or moved): its lock file, held open, tells."""
-        try:
-            st = os.stat(self.warehouse.path / OWNER_LOCK)
-        except FileNotFoundError:
-            how = "deleted or moved away"
-        else:
-            mine = os.fstat(self._owner)
-            how = "" if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino) else "replaced"
+        how = file_changed(self.warehouse.path / OWNER_LOCK, self._owner)
         if how:
+            how = "deleted or moved away" if how == "deleted" else how
             raise UserError(f"the Spark warehouse {self.warehouse.path} was {how} while the consumer was writing it; "
                             f"the consumer stopped before committing another batch: put it back, or run the same "
                             f"`replicator consume` again to build a new one (every table copied anew)")

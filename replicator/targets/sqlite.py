@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import stat
 from collections.abc import Callable, Iterable
-from contextlib import closing
+from contextlib import closing, suppress
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
 from ..schema import Change, Column, TableStructure, sqlite_type, target_table_name
-from . import Row, TargetTable
+from . import Row, TargetTable, file_changed, special_file
 from .sqlite_views import SqliteViews
 
 # WAL: readers are never blocked and see whole batches. FULL: a commit is on
@@ -40,6 +39,9 @@ _TABLES = "_replicator_tables"
 _MARKERS = (_STATE, _TABLES)
 _HEADER = b"SQLite format 3\x00"
 _SIDE_FILES = ("-wal", "-shm")
+# PRAGMA application_id of a replica ("RPLC"), at offset 68 of the file's header: read
+# before each batch, it tells the replica from another file copied over it in place.
+APPLICATION_ID = 0x52504C43
 
 
 def _size(path: str | Path) -> int:
@@ -49,42 +51,65 @@ def _size(path: str | Path) -> int:
         return 0
 
 
+def _application_id(header: bytes) -> int:
+    return int.from_bytes(header[68:72], "big")
+
+
+def _main_file_tables(path: Path) -> set[str]:
+    """replicator's tables found in the main file alone. Opened read-only and immutable,
+    SQLite reads that one file and opens nothing beside it: any other way of reading a
+    WAL-mode database maps its -shm, which writes it (or creates it, and a -wal). A
+    replica's tables are created before it turns to WAL mode, so they are in the main file.
+    Read again after an error: a page being checkpointed into the file by a running
+    consumer may be read half written."""
+    uri = f"{path.resolve().as_uri()}?mode=ro&immutable=1"
+    attempts = 3
+    while True:
+        try:
+            with closing(sqlite3.connect(uri, uri=True)) as db:
+                return {name for (name,) in db.execute(
+                    f"SELECT name FROM sqlite_master WHERE name IN ({', '.join('?' for _ in _MARKERS)})", _MARKERS)}
+        except sqlite3.DatabaseError as exc:
+            attempts -= 1
+            if not attempts or getattr(exc, "sqlite_errorname", "") == "SQLITE_NOTADB":
+                raise
+
+
 def replica_state(path: Path) -> str:
     """What is at `path`, found without writing anything there: "new" (no file, or an
-    empty one: nothing to lose), "replica", "foreign" (another SQLite database), "not
-    sqlite", "not a file" or "orphan wal" (no file, but a -wal: SQLite would replay it
-    into a new one). Raises UserError when it cannot be read."""
+    empty one: nothing to lose), "replica", "foreign" (another SQLite database), "foreign
+    id" (replicator's tables under another application's id), "foreign wal" (no
+    replicator table in the main file, and a -wal, which cannot be read without writing
+    the -shm), "not sqlite", "not a file" (the path, its -wal or its -shm) or "orphan wal"
+    (no file, or an empty one, but a -wal: SQLite would replay it into a new one). Raises
+    UserError when it cannot be read."""
     path = path.expanduser()
+    if any(special_file(f"{path}{suffix}") for suffix in ("", *_SIDE_FILES)):
+        return "not a file"
     try:
         wal = _size(f"{path}-wal")
         try:
             st = path.stat()
         except FileNotFoundError:
             return "orphan wal" if wal else "new"
-        if not stat.S_ISREG(st.st_mode):
-            return "not a file"
-        if st.st_size == 0 and wal == 0:
-            return "new"
+        if st.st_size == 0:
+            return "orphan wal" if wal else "new"
         with open(path, "rb") as f:
             header = f.read(100)
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
-    if header and not header.startswith(_HEADER):
+    if not header.startswith(_HEADER):
         return "not sqlite"
-    # Read-only. A reader of a WAL-mode file creates its -wal and -shm: while the WAL
-    # holds nothing (none is there, or an empty one) the file is the whole database,
-    # read as immutable, which opens nothing else.
-    params = "immutable=1" if len(header) > 19 and header[18] == 2 and wal == 0 else "mode=ro"
     try:
-        with closing(sqlite3.connect(f"{path.resolve().as_uri()}?{params}", uri=True)) as db:
-            names = {name for (name,) in db.execute(
-                f"SELECT name FROM sqlite_master WHERE name IN ({', '.join('?' for _ in _MARKERS)})", _MARKERS)}
+        names = _main_file_tables(path)
     except sqlite3.DatabaseError as exc:
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_NOTADB":
             return "not sqlite"
         raise UserError(f"cannot read {path} as a SQLite database ({exc}): give the replica another path, or "
                         f"repair it with sqlite3") from None
-    return "replica" if names else "foreign"
+    if not names:
+        return "foreign wal" if wal else "foreign"
+    return "replica" if _application_id(header) in (0, APPLICATION_ID) else "foreign id"
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -134,6 +159,27 @@ def _regrow(shm: str, size: int) -> None:
         os.close(fd)
 
 
+def _no_checkpoint_on_close(db: sqlite3.Connection) -> bool:
+    """Keeps SQLite from copying the WAL into the database file when `db` closes
+    (SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE), for a file that is no longer the replica. Python
+    3.12 has Connection.setconfig; before it, the call goes through ctypes with the
+    connection's handle (CPython's sqlite3 Connection holds it first after the object
+    header). False where neither can be done."""
+    if hasattr(db, "setconfig"):
+        db.setconfig(sqlite3.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, True)   # type: ignore[attr-defined]
+        return True
+    try:
+        import _sqlite3
+        import ctypes
+        config = ctypes.CDLL(_sqlite3.__file__).sqlite3_db_config
+    except (ImportError, OSError, AttributeError):
+        return False
+    handle = ctypes.c_void_p.from_address(id(db) + object.__basicsize__)
+    done = ctypes.c_int(0)
+    no_ckpt_on_close = 1006   # SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE
+    return config(handle, ctypes.c_int(no_ckpt_on_close), ctypes.c_int(1), ctypes.byref(done)) == 0 and done.value == 1
+
+
 def is_replica(path: Path) -> bool:
     """Whether a SQLite file is one a consumer writes, read without changing it
     (opening it as a target would make any SQLite file one)."""
@@ -147,15 +193,27 @@ def check_target_path(path: Path) -> None:
     if state in ("new", "replica"):
         return
     if state == "orphan wal":
-        raise UserError(f"{path}-wal is there without {path} (left by a replica deleted under a consumer that "
-                        f"was then killed?): SQLite would replay it into a new replica; move {path}-wal and "
-                        f"{path}-shm aside, or give the replica another path")
+        raise UserError(f"{path}-wal is there without a database in {path} (left by a replica deleted under a "
+                        f"consumer that was then killed?): SQLite would replay it into a new replica; move "
+                        f"{path}-wal and {path}-shm aside, or give the replica another path")
     if state == "not a file":
-        raise UserError(f"cannot use {path} as a SQLite target: it is not a regular file; give the replica "
-                        f"another path")
-    what = (f"a SQLite database that is not a replica (it has no table {_TABLES}): a consumer would drop and "
-            f"replace its tables of the replicated names" if state == "foreign"
-            else "a file that is not a SQLite database: a consumer would overwrite it")
+        name, kind = next((f"{path}{suffix}", kind) for suffix in ("", *_SIDE_FILES)
+                          if (kind := special_file(f"{path}{suffix}")))
+        raise UserError(f"cannot use {path} as a SQLite target: {'it' if name == str(path) else name} is {kind}, "
+                        f"not a regular file (a replica is a SQLite file, its -wal and -shm beside it); give the "
+                        f"replica the path of a regular file, or of none (it is created)")
+    if state == "foreign wal":
+        raise UserError(f"{path} is a SQLite database without table {_TABLES} in its main file, and its -wal holds "
+                        f"changes not yet in it, which cannot be read without writing its -shm: it is left as it is; "
+                        f"give the replica another path (if it is a replica made by an older replicator, checkpoint "
+                        f"it first: `sqlite3 {path} 'PRAGMA wal_checkpoint'`)")
+    what = {
+        "foreign": f"a SQLite database that is not a replica (it has no table {_TABLES}): a consumer would drop "
+                   f"and replace its tables of the replicated names",
+        "foreign id": f"a SQLite database that is not a replica (it has replicator's tables, but the application "
+                      f"id in its header is not replicator's, {APPLICATION_ID:#010x})",
+        "not sqlite": "a file that is not a SQLite database: a consumer would overwrite it",
+    }[state]
     raise UserError(f"{path} is {what}, so it is left as it is; give the replica another path")
 
 
@@ -174,25 +232,43 @@ class SqliteTarget:
         check_target_path(self.path)
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            # Both tables in one transaction, before WAL mode (switching to it writes a
-            # first page): a new file is never left a SQLite database without them.
+            # Both tables and the application id in one transaction, before WAL mode
+            # (switching to it writes a first page): a new file is never left a SQLite
+            # database without them, and they are in the main file (see replica_state).
             self.db.execute("BEGIN")
             self.db.execute(f"CREATE TABLE IF NOT EXISTS {_STATE} (queue TEXT, consumer TEXT, last_tick INTEGER,"
                             " PRIMARY KEY (queue, consumer))")
             self.db.execute(f"CREATE TABLE IF NOT EXISTS {_TABLES} (source_name TEXT PRIMARY KEY,"
                             " table_id INTEGER, mode TEXT, structure TEXT, copy_snapshot TEXT)")
+            # 0: a new file, or a replica made before replicator marked them (adopted).
+            unmarked = self.db.execute("PRAGMA application_id").fetchone()[0] == 0
+            if unmarked:
+                self.db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             self.db.execute("COMMIT")
             for pragma in PRAGMAS:
                 self.db.execute(f"PRAGMA {pragma}")
+            if unmarked:
+                self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")   # the id into the main file, if no reader holds it
             self.views = SqliteViews(self.db)   # incremental views, refreshed in commit()
             self.db.execute(f"SELECT count(*) FROM {_STATE}").fetchone()   # opens the -wal and -shm
+            # The files this connection writes: one deleted, replaced or overwritten under it
+            # is noticed before the next batch (see _check_files). The main file is held open
+            # to read its header; closed only after SQLite's connection (closing a descriptor
+            # of a file drops every POSIX lock this process holds on it, SQLite's too).
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except sqlite3.Error as exc:
             raise UserError(f"cannot use {self.path} as a SQLite target: {sqlite_error(exc)}") from None
+        except OSError as exc:
+            raise UserError(f"cannot use {self.path} as a SQLite target: {exc.strerror}") from None
         self._statements: dict[tuple[str, str], str] = {}
-        # The files this connection writes, by identity: one deleted or replaced under it
-        # is noticed before the next batch (see _check_files).
-        self._files = {suffix: _identity(f"{self.path}{suffix}") for suffix in ("", *_SIDE_FILES)}
+        self._files = {suffix: _identity(f"{self.path}{suffix}") for suffix in _SIDE_FILES}
         self._shm_size = _size(f"{self.path}-shm")
+        # Application ids the main file's header may show: 0 too while an adopted
+        # replica's id is still only in the WAL.
+        self._ids = {APPLICATION_ID}
+        if _application_id(os.pread(self._fd, 100, 0)) != APPLICATION_ID:
+            self._ids.add(0)
+        self._stopped: str | None = None   # why, once the file is no longer the replica
 
     # state ---------------------------------------------------------------------
 
@@ -238,48 +314,95 @@ class SqliteTarget:
         self._shm_size = max(self._shm_size, _size(f"{self.path}-shm"))   # SQLite grows it with the WAL
 
     def rollback(self) -> None:
-        if self.db.in_transaction:
+        if not self._stopped and self.db.in_transaction:
             self.db.execute("ROLLBACK")
         self.views.rolled_back()
 
     def close(self) -> None:
-        self.db.close()
+        if not self._stopped:
+            self.db.close()
+            os.close(self._fd)
 
     def _check_files(self) -> None:
         """Stops the consumer when the replica's file, its -wal or its -shm is no longer the
         file this connection has open (deleted, replaced: it would go on writing a file
-        nobody sees), or the -shm was cut short (SQLite maps it: a process touching a page
-        past its end is killed by SIGBUS). A few stat() calls, before each batch and commit;
-        a change in the middle of a batch is still SQLite's to meet."""
+        nobody sees), the file was overwritten in place (its header no longer a replica's:
+        SQLite would write the replica's pages into another database), or the -shm was cut
+        short (SQLite maps it: a process touching a page past its end is killed by SIGBUS).
+        A few stat() calls and a read of 100 bytes, before each batch and commit; a change in
+        the middle of a batch is still SQLite's to meet."""
+        if self._stopped:
+            raise UserError(self._stopped)
+        how = file_changed(self.path, self._fd)
+        if not how:
+            header = os.pread(self._fd, 100, 0)
+            if not header.startswith(_HEADER) or _application_id(header) not in self._ids:
+                how = "overwritten"
+            elif _application_id(header) == APPLICATION_ID:
+                self._ids = {APPLICATION_ID}
+        if how:
+            self._stopped = self._let_go(how)
+            raise UserError(self._stopped)
         for suffix, known in self._files.items():
             if known is None:
                 continue
             name = f"{self.path}{suffix}"
-            try:
-                st = os.stat(name)
-            except FileNotFoundError:
-                how = "deleted"
-            else:
-                how = "" if (st.st_dev, st.st_ino) == known else "replaced by another file"
-                if not how and suffix == "-shm" and st.st_size < self._shm_size:
-                    _regrow(name, self._shm_size)
-                    raise UserError(f"{name} was truncated (from {self._shm_size:,} to {st.st_size:,} bytes) while "
-                                    f"the consumer was writing {self.path}; the consumer stopped before SQLite "
-                                    f"read it (a process reading a -shm cut short under it dies of SIGBUS): stop "
-                                    f"what truncates the replica's files, then run the same `replicator consume` "
-                                    f"again")
-            if not how:
-                continue
-            if not suffix and how == "deleted":
-                way_out = ("run the same `replicator consume` again to build the replica anew (it copies every "
-                           "table), or put the file back and run it again")
-            elif not suffix:
-                way_out = "run `replicator consume` again to go on with the file now there"
-            else:
-                way_out = ("its readers and this writer no longer share one WAL: stop what removes the "
-                           "replica's files, then run the same `replicator consume` again")
-            raise UserError(f"{name} was {how} while the consumer was writing {self.path}; the consumer "
-                            f"stopped before committing another batch: {way_out}")
+            how = file_changed(name, known)
+            if not how and suffix == "-shm" and (size := _size(name)) < self._shm_size:
+                _regrow(name, self._shm_size)
+                raise UserError(f"{name} was truncated (from {self._shm_size:,} to {size:,} bytes) while the "
+                                f"consumer was writing {self.path}; the consumer stopped before SQLite read it (a "
+                                f"process reading a -shm cut short under it dies of SIGBUS): stop what truncates "
+                                f"the replica's files, then run the same `replicator consume` again")
+            if how:
+                how = "replaced by another file" if how == "replaced" else how
+                raise UserError(f"{name} was {how} while the consumer was writing {self.path}; the consumer "
+                                f"stopped before committing another batch: its readers and this writer no longer "
+                                f"share one WAL: stop what removes the replica's files, then run the same "
+                                f"`replicator consume` again")
+
+    def _let_go(self, how: str) -> str:
+        """Closes the connection to a file that is no longer the replica at its path
+        ("deleted", "replaced", "overwritten"), without SQLite writing the WAL into what is
+        now there, and removes the -wal and -shm it used, found by their identity: left
+        there, SQLite would replay them into the next replica made at the path. Returns why
+        the consumer stopped, with the way out."""
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
+        if how != "overwritten" and os.fstat(self._fd).st_nlink:
+            # Moved elsewhere, not deleted: what the WAL holds goes into it (as far as no
+            # reader holds it back), so that it is whole without the -wal left here.
+            how = "moved away" if how == "deleted" else how
+            with suppress(sqlite3.Error):
+                self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        kept_out = _no_checkpoint_on_close(self.db)
+        self.db.close()
+        os.close(self._fd)
+        removed, left = [], []
+        for suffix, known in self._files.items():
+            name = f"{self.path}{suffix}"
+            if known is not None and not file_changed(name, known):
+                with suppress(FileNotFoundError):
+                    os.unlink(name)
+                removed.append(name)
+            elif os.path.lexists(name):
+                left.append(name)
+        done = f"; it removed its {' and '.join(removed)}" if removed else ""
+        first = f"move {' and '.join(left)} (not the files it had open) aside, then " if left else ""
+        if how in ("deleted", "moved away"):
+            back = ", or put the file back and run it again" if how == "moved away" else ""
+            return (f"{self.path} was {how} while the consumer was writing it; the consumer stopped before "
+                    f"committing another batch{done}: {first}run the same `replicator consume` again to build the "
+                    f"replica anew (it copies every table){back}")
+        if how == "replaced":
+            return (f"{self.path} was replaced by another file while the consumer was writing it; the consumer "
+                    f"stopped before committing another batch{done}: {first}run `replicator consume` again to go "
+                    f"on with the file now there")
+        untouched = "left it as it now is" if kept_out else "could not keep SQLite from checkpointing into it"
+        return (f"{self.path} was overwritten in place while the consumer was writing it (its header is no longer a "
+                f"replica's); the consumer stopped before committing another batch and {untouched}{done}: {first}run "
+                f"`replicator consume` again to go on with the file now there (refused if it is not a replica), or "
+                f"give the replica another path")
 
     # tables ------------------------------------------------------------------------
 

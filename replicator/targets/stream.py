@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from ..errors import UserError
 from ..schema import Change, TableStructure
-from . import Row, TargetTable, queue_positions
+from . import Row, TargetTable, file_changed, queue_positions, special_file
 
 
 def _json_value(value: Any) -> Any:
@@ -55,6 +55,12 @@ class StreamTarget:
             self.path = Path(where).expanduser().resolve()
             self.name = f"{fmt}:{self.path}"
             self._state_path = self.path.with_name(self.path.name + ".position")
+            for name in (self.path, self._state_path):
+                if kind := special_file(name):
+                    raise UserError(f"cannot write a {fmt} stream to {self.path}: "
+                                    f"{'it' if name == self.path else name} is {kind}, not a regular file (a file "
+                                    f"stream is cut back to its last committed length on start); give the path of a "
+                                    f"regular file, or stream to stdout with `--target {fmt}:-` and redirect it")
             try:
                 if self._state_path.exists():
                     self._state = json.loads(self._state_path.read_text())
@@ -106,14 +112,9 @@ class StreamTarget:
         """Stops the consumer when the file it writes is no longer the one at its path
         (deleted, replaced): it would go on writing lines nobody reads."""
         assert self.path is not None
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            how = "deleted"
-        else:
-            mine = os.fstat(self.out.fileno())
-            how = "" if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino) else "replaced by another file"
+        how = file_changed(self.path, self.out.fileno())
         if how:
+            how = "replaced by another file" if how == "replaced" else how
             raise UserError(f"{self.path} was {how} while the consumer was writing it; the consumer stopped before "
                             f"committing another batch: put the file back, or move it and {self._state_path.name} "
                             f"aside and run the same `replicator consume` again to start a new stream (every table "
