@@ -112,19 +112,42 @@ _TOKENS = {
   |(?P<op>\|\||->>|->|<<|>>|<=|>=|==|!=|<>|[-+*/%<>=~&|(),.;])
 """, re.S | re.X),
     # Spark SQL: strings in '...' or "..." with backslash escapes or doubled quotes (and raw r'...'),
-    # names only in backquotes, [ ] subscripts, typed number literals (10L, 1.5BD).
+    # names only in backquotes, [ ] subscripts, typed number literals (10L, 1.5BD). Comments as
+    # Spark's lexer (SqlBaseLexer) reads them: `--` ends at \r or \n but goes on past a
+    # backslash-newline; `/* */` nests (read by tokenize, not by this pattern), and a hint
+    # `/*+ ... */` is taken for a comment too (a view's text goes to Spark without them).
+    # Words are letters, digits and _ only: Spark ends a name at any other character (its
+    # spaces include no-break and other Unicode spaces, which \s matches).
     "spark": re.compile(r"""
    (?P<ws>\s+)
-  |(?P<comment>--[^\n]*|/\*.*?(?:\*/|\Z))
+  |(?P<comment>--(?:\\\n|[^\r\n])*)
   |(?P<blob>[xX]'[0-9a-fA-F]*')
   |(?P<string>[rR]'[^']*'|[rR]"[^"]*"|'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.|"")*")
   |(?P<qident>`(?:[^`]|``)*`)
   |(?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?(?:(?:[bB][dD]|[lLsSyYdDfF])(?![A-Za-z0-9_]))?)
   |(?P<param>\?|:[A-Za-z_][A-Za-z0-9_]*)
-  |(?P<word>[A-Za-z_\u0080-\U0010ffff][A-Za-z0-9_\u0080-\U0010ffff]*)
-  |(?P<op>\|\||->|<=>|<<|>>>|>>|<=|>=|==|!=|<>|::|[-+*/%<>=~&|^!(),.;\[\]])
+  |(?P<word>[^\W\d]\w*)
+  |(?P<op>\|\||->|=>|<=>|<<|>>>|>>|<=|>=|==|!=|<>|!<|!>|::|[-+*/%<>=~&|^!(),.;\[\]])
 """, re.S | re.X),
 }
+
+
+def _bracketed_comment_end(sql: str, pos: int) -> int:
+    """The end of the Spark comment starting with /* at pos: comments nest, as in Spark's
+    lexer (a /*+ inside one opens nothing); -1 when it is not closed."""
+    depth, i, n = 1, pos + 2, len(sql)
+    while i < n:
+        if sql.startswith("*/", i):
+            depth -= 1
+            i += 2
+            if not depth:
+                return i
+        elif sql.startswith("/*", i) and not sql.startswith("/*+", i):
+            depth += 1
+            i += 2
+        else:
+            i += 1
+    return -1
 
 
 @dataclass(frozen=True)
@@ -155,6 +178,12 @@ def tokenize(sql: str, dialect: str = "sqlite") -> list[Token]:
     tokens: list[Token] = []
     pos = 0
     while pos < len(sql):
+        if dialect == "spark" and sql.startswith("/*", pos):
+            end = _bracketed_comment_end(sql, pos)
+            if end < 0:
+                raise UserError("the view's SQL has an unterminated comment")
+            pos = end
+            continue
         m = pattern.match(sql, pos)
         if m is None:
             if sql[pos] in "'\"`[":
@@ -210,6 +239,42 @@ def _check_parentheses(sql: str, tokens: Sequence[Token]) -> None:
                                 f"(at: {' '.join(sql[t.start:t.start + 40].split())})")
     if depth:
         raise UserError("the view's SQL has an unbalanced parenthesis")
+
+
+# Spark SQL functions that call any Java method (the consumer would run them at every refresh).
+SPARK_REFLECTION = {"reflect", "java_method", "try_reflect"}
+
+
+def _refuse_spark_escapes(sql: str, tokens: Sequence[Token]) -> None:
+    """Refuses, in Spark SQL, what would let a view do more than read the warehouse's
+    tables: a script (SELECT TRANSFORM/MAP/REDUCE ... USING 'command'), a Java method
+    (reflect, java_method), a name given at run time (IDENTIFIER(...)), and a qualified
+    name in a FROM clause (`csv.`/path``, `parquet.dir`: Spark reads files by path, or
+    another catalog's table). replicator.spark.views checks Spark's own parse of the
+    query for the same (this is the first look, on the tokens)."""
+    def at(t: Token) -> str:
+        return " ".join(sql[t.start:t.start + 40].split())
+
+    query_level = [True]     # per open parenthesis: whether a query (SELECT ...) starts in it
+    for i, t in enumerate(tokens):
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        if t.text == "(":
+            query_level.append(nxt is not None and nxt.lower in ("select", "with", "values", "from"))
+        elif t.text == ")":
+            if len(query_level) > 1:
+                query_level.pop()
+        elif t.lower == "using" and nxt is not None and nxt.kind == "string":
+            raise UserError(f"a view cannot run a program (SELECT TRANSFORM/MAP/REDUCE ... USING "
+                            f"'command'): refused at {at(t)}")
+        elif t.ident is not None and t.ident.lower() in SPARK_REFLECTION and nxt is not None and nxt.text == "(":
+            raise UserError(f"a view cannot call Java methods ({t.ident.lower()}): refused at {at(t)}")
+        elif t.lower == "identifier" and nxt is not None and nxt.text == "(":
+            raise UserError(f"a view names its tables and functions as written, not with IDENTIFIER(...): "
+                            f"refused at {at(t)}")
+        elif t.lower in ("from", "join") and query_level[-1] and (i == 0 or tokens[i - 1].lower != "distinct") \
+                and nxt is not None and nxt.ident is not None and i + 2 < len(tokens) and tokens[i + 2].text == ".":
+            raise UserError(f"a view reads the warehouse's tables by their names (orders, s__t), not a path or "
+                            f"another catalog's table: refused at {at(nxt)}")
 
 
 def _after_ctes(tokens: Sequence[Token]) -> Token:
@@ -376,6 +441,8 @@ class _Parser:
         param = next((t for t in tokens if t.kind == "param"), None)
         if param is not None:
             raise UserError(f"a view's SQL cannot have parameters ({param.text})")
+        if self.dialect == "spark":
+            _refuse_spark_escapes(self.sql, tokens)
         first = tokens[0].lower
         if first == "with":
             # WITH ... INSERT/UPDATE/DELETE is a statement of both dialects (Spark runs it as soon as
@@ -542,6 +609,9 @@ class _Parser:
                 while i + 1 < n and tokens[i].text == "." and tokens[i + 1].ident is not None:
                     name_tokens.append(tokens[i + 1])
                     i += 2
+                if len(name_tokens) > 1 and self.dialect == "spark":
+                    raise UserError(f"a view reads the warehouse's tables by their names (orders, s__t), not a "
+                                    f"path or another catalog's table: refused at {self.text(name_tokens)}")
                 if i < n and tokens[i].text == "(":
                     close = matching(tokens, i)
                     self.a.refuse("TABLE_FUNCTION", self.text(tokens[name_start:close + 1]))
@@ -851,13 +921,27 @@ class _Parser:
 def definition(sql: str, dialect: str = "sqlite") -> str:
     """A view's query as it is stored and run: up to its last token. Trailing semicolons
     and comments go: a target wraps the query in other SQL (`SELECT * FROM (query)`),
-    which a `;` breaks and a trailing `-- comment` swallows."""
+    which a `;` breaks and a trailing `-- comment` swallows.
+
+    Spark's is rebuilt from the tokens, without its comments (and hints): Spark is given
+    only what the analysis read, so that no reading of a comment other than this
+    tokenizer's can turn text it skipped into a statement. The spacing between tokens
+    stays (a comment becomes a space, other spaces ASCII ones)."""
     tokens = tokenize(sql, dialect)
     while tokens and tokens[-1].text == ";":
         tokens.pop()
     if not tokens:
         raise UserError("the view's SQL is empty")
-    return sql[:tokens[-1].end]
+    if dialect != "spark":
+        return sql[:tokens[-1].end]
+    out = [tokens[0].text]
+    for before, token in zip(tokens, tokens[1:]):
+        gap = sql[before.end:token.start]
+        if gap:
+            spaces = "".join(ch if ch in " \t\n" else " " for ch in gap)
+            out.append(spaces if gap.isspace() else ("\n" if "\n" in spaces else " "))
+        out.append(token.text)
+    return "".join(out)
 
 
 def analyse(sql: str, catalog: Callable[[str], TableInfo | None],

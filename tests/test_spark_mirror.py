@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import subprocess
 import threading
 import time
@@ -574,3 +575,129 @@ def test_a_warehouse_deleted_under_the_running_consumer_stops_it_at_the_next_bat
     finally:
         consumer.close()
         target.close()
+
+
+# what is in a warehouse besides replicator's own files -------------------------------------
+
+def _warehouse_with_a_table(path: Path) -> Path:
+    """A warehouse holding one table (a base and a change log), written without Spark;
+    returns the directory of the table's generation."""
+    from replicator.schema import Column, TableStructure
+    from replicator.targets import TargetTable
+
+    columns = (Column(name="id", type="bigint", base_type="bigint", category="N", not_null=True, attnum=1),)
+    table = TargetTable(source_name="public.orders", table_id=1, mode="full", copy_snapshot=None,
+                        structure=TableStructure(schema="public", name="orders", columns=columns, key=("id",)))
+    target = SparkTarget(path, compact_after_logs=0)
+    try:
+        for tick, (mode, rows) in enumerate([("R", [(1,), (2,)]), ("U", [(3,)])]):
+            target.begin()
+            if mode == "R":
+                target.create_table(table)
+            target.upsert(table, mode, rows)
+            target.set_position("q", "c", tick + 1)
+            target.commit()
+    finally:
+        target.close()
+    return path / Warehouse(path).read()["tables"]["public.orders"]["generation"]
+
+
+def _tree(path: Path) -> dict[str, str]:
+    return {str(p.relative_to(path)): p.read_bytes().hex() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["a-table-name", "named-like-a-table-directory", "in-a-generation",
+                                   "to-a-file"])
+def test_a_symlink_in_the_warehouse_stops_the_consumer_and_what_it_points_to_is_kept(tmp_path, where):
+    from replicator.errors import UserError
+
+    path = tmp_path / "wh"
+    generation = _warehouse_with_a_table(path)
+    victim = tmp_path / "victim"
+    (victim / "g-0123456789ab").mkdir(parents=True)
+    (victim / "keep.txt").write_text("kept")
+    (victim / "g-0123456789ab" / "log-000000000009-0123456789ab.parquet").write_text("kept too")
+    link, target = {"a-table-name": (path / "orders", victim),
+                    "named-like-a-table-directory": (path / "orders-0123456789ab", victim),
+                    "in-a-generation": (generation / "compact-0123456789ab", victim),
+                    "to-a-file": (generation / "log-000000000009-0123456789ab.parquet", victim / "keep.txt")}[where]
+    link.symlink_to(target)
+    victim_before, warehouse_before = _tree(victim), _tree(path)
+    with pytest.raises(UserError, match=re.escape(f"holds {link.relative_to(path)} (a symbolic link), which "
+                                                  f"replicator did not make")) as refused:
+        SparkTarget(path)
+    assert "\n" not in str(refused.value) and "move it out of the warehouse" in str(refused.value)
+    assert _tree(victim) == victim_before and _tree(path) == warehouse_before
+    link.unlink()
+    SparkTarget(path).close()   # the way out
+
+
+def test_a_file_the_user_put_in_the_warehouse_stops_the_consumer_and_is_kept(tmp_path):
+    """Only files named as replicator names its own, that no manifest names, are a crashed
+    run's leftovers; nothing is deleted while something else is there."""
+    from replicator.errors import UserError
+
+    path = tmp_path / "wh"
+    generation = _warehouse_with_a_table(path)
+    leftover = generation / "log-000000000099-0123456789ab.parquet"   # as a crash before the commit leaves it
+    leftover.write_text("not committed")
+    mine = [generation / "notes.txt", generation.parent / "README", path / "exports" / "orders.csv"]
+    for p in mine:
+        p.parent.mkdir(exist_ok=True)
+        p.write_text("the user's")
+    with pytest.raises(UserError, match=r"holds exports \(a directory\), orders-\w+/README \(a file\), "
+                                        r"orders-\w+/g-\w+/notes.txt \(a file\), which replicator did not make.*"
+                                        r"move them out of the warehouse") as refused:
+        SparkTarget(path)
+    assert "\n" not in str(refused.value)
+    assert all(p.read_text() == "the user's" for p in mine) and leftover.exists()
+    for p in mine:
+        p.rename(tmp_path / p.name)
+    (path / "exports").rmdir()
+    SparkTarget(path).close()
+    assert not leftover.exists(), "replicator's own leftover is removed"
+    assert sorted(p.name for p in generation.iterdir()) == sorted(
+        Path(f).name for f in Warehouse(path).referenced(Warehouse(path).read()))
+
+
+def test_garbage_collection_follows_no_link_out_of_the_warehouse(tmp_path):
+    """A replaced generation is deleted by a later commit; a table directory moved elsewhere
+    and linked meanwhile is not deleted through the link."""
+    path = tmp_path / "wh"
+    generation = _warehouse_with_a_table(path)
+    warehouse = Warehouse(path)
+    manifest = warehouse.read()
+    manifest["garbage"] = [{"files": [warehouse.relative(generation)], "since": 0.0}]
+    table_dir = generation.parent
+    moved = tmp_path / "elsewhere"
+    table_dir.rename(moved)
+    table_dir.symlink_to(moved)
+    before = _tree(moved)
+    assert warehouse.collect_garbage(manifest, retention=0)
+    assert _tree(moved) == before and before
+    table_dir.unlink()
+    moved.rename(table_dir)
+    manifest["garbage"] = [{"files": [warehouse.relative(generation)], "since": 0.0}]
+    assert warehouse.collect_garbage(manifest, retention=0)
+    assert not table_dir.exists(), "the generation, and the table directory it emptied, are deleted"
+
+
+def test_a_compaction_removes_only_its_own_leftovers_and_follows_no_link(tmp_path):
+    path = tmp_path / "wh"
+    generation = _warehouse_with_a_table(path)
+    unfinished = generation / "compact-0123456789ab"   # a crashed compaction's output
+    (unfinished / "_temporary" / "0").mkdir(parents=True)
+    (unfinished / "_temporary" / "0" / "part-00000-x.snappy.parquet").write_text("partial")
+    (unfinished / "part-00001-x.snappy.parquet").write_text("partial")
+    (unfinished / ".part-00001-x.snappy.parquet.crc").write_text("partial")
+    victim = tmp_path / "victim"
+    (victim / "g-0123456789ab" / "compact-0123456789ab").mkdir(parents=True)
+    (victim / "g-0123456789ab" / "compact-0123456789ab" / "part-00000.parquet").write_text("kept")
+    (path / "linked-0123456789ab").symlink_to(victim)
+    (generation / "hidden-log.parquet").write_text("the consumer's to judge")
+    warehouse = Warehouse(path)
+    with warehouse.lock():
+        assert warehouse.remove_orphans(warehouse.read(), compaction=True) == 3
+    assert not unfinished.exists()
+    assert (victim / "g-0123456789ab" / "compact-0123456789ab" / "part-00000.parquet").read_text() == "kept"
+    assert (generation / "hidden-log.parquet").exists()

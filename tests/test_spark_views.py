@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -634,6 +635,120 @@ def test_view_sql_that_writes_after_its_ctes_is_refused_before_spark_runs_it(spa
             assert "a view is defined by a SELECT" in str(result.exception) or "closes no parenthesis" in str(
                 result.exception)
     assert Warehouse(path).read() == before
+
+
+def test_view_sql_hiding_a_write_in_a_comment_writes_nothing_even_through_explain(spark, tmp_path, replicator_here):
+    """Spark's lexer ends a -- comment at \r, goes on past a backslash-newline and nests
+    /* */: text read as a comment or a string by a tokenizer with other rules reached
+    spark.sql() as an INSERT, which Spark runs when it is given it (`view explain` too)."""
+    path = tmp_path / "wh"
+    start_warehouse(spark, path, Model(random.Random(3))).close()
+    before = Warehouse(path).read()
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / "keep.txt").write_text("kept")
+    insert = f"INSERT OVERWRITE DIRECTORY '{out}' USING csv"
+    for sql in (f"-- x\r{insert}\nSELECT 1 AS a",
+                f"-- x\\\nSELECT \"\n{insert} SELECT 1 AS a --\"",
+                f"/* /* */ SELECT \"*/ {insert} SELECT 1 AS a --\""):
+        for command in ("explain", "create"):
+            result = replicator_here("view", command, *(["v"] if command == "create" else []), "--target",
+                                     f"spark:{path}", "--sql", sql)
+            assert (result.exit_code, type(result.exception)) == (1, UserError), (sql, result.output)
+            assert str(result.exception) == "a view is defined by a SELECT, not INSERT", result.exception
+            assert sorted(p.name for p in out.iterdir()) == ["keep.txt"], (sql, command)
+    assert Warehouse(path).read() == before
+
+
+def test_sparks_parser_refuses_what_is_not_a_query_over_the_tables_before_anything_runs(spark, tmp_path):
+    """The last guard before spark.sql(): Spark's own parse of the text, which runs nothing."""
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / "keep.txt").write_text("kept")
+    pwned = tmp_path / "pwned"
+    tables = {"orders", "customers"}
+    for sql, message in [
+            (f"INSERT OVERWRITE DIRECTORY '{out}' USING csv SELECT 1 AS a", "Spark reads this SQL as InsertIntoDir"),
+            (f"WITH x AS (SELECT id FROM orders) INSERT OVERWRITE DIRECTORY '{out}' USING csv SELECT * FROM x",
+             "as InsertIntoDir"),
+            ("INSERT INTO orders SELECT * FROM orders", "as InsertIntoStatement"),
+            ("SET replicator.test.guard = 1", "as SetCommand"),
+            ("CREATE TEMPORARY VIEW replicator_test_guard AS SELECT 1", "as CreateViewCommand"),
+            ("CACHE TABLE replicator_test_guard AS SELECT 1", "as CacheTableAsSelect"),
+            ("EXECUTE IMMEDIATE 'SET replicator.test.guard = 1'", "as UnresolvedExecuteImmediate"),
+            ("CALL a.b()", "as Call"),
+            (f"ADD JAR '{tmp_path}/x.jar'", "as AddJarsCommand"),
+            (f"SELECT TRANSFORM(id) USING 'touch {pwned}' AS (b) FROM orders", "as a script (TRANSFORM ... USING)"),
+            ("SELECT id, reflect('java.lang.System', 'getProperty', 'user.home') FROM orders",
+             "cannot call Java methods (reflect)"),
+            ("SELECT transform(array(id), x -> java_method('java.lang.System', 'exit', 1)) FROM orders",
+             "cannot call Java methods (java_method)"),
+            ("SELECT * FROM csv.`/etc/passwd`", "refused at csv.`/etc/passwd`"),
+            ("SELECT id FROM orders WHERE id IN (SELECT 1 FROM parquet.`/data` WHERE EXISTS (SELECT 1))",
+             "refused at parquet.`/data`"),
+            ("SELECT * FROM IDENTIFIER('csv.' || '`/etc/passwd`')", "as PlanWithUnresolvedIdentifier"),
+            ("SELECT IDENTIFIER('ref' || 'lect')('java.lang.System', 'getProperty', 'user.home')",
+             "as ExpressionWithUnresolvedIdentifier"),
+            ("WITH x AS (SELECT 1) SELECT * FROM x, elsewhere", "reads elsewhere, which is not a table"),
+            ("SELECT 1 AS a; SELECT 2 AS b", "does not run on the warehouse: [PARSE_SYNTAX_ERROR]")]:
+        with pytest.raises(UserError, match=re.escape(message)) as refused:
+            spark_views.check_query(spark, sql, tables)
+        assert "\n" not in str(refused.value), sql
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"] and not pwned.exists()
+    assert spark.conf.get("replicator.test.guard", None) is None
+    assert not spark.catalog.tableExists("replicator_test_guard")
+    for sql in ("SELECT customer_id, count(*) AS n FROM orders GROUP BY customer_id",
+                "WITH x AS (SELECT * FROM orders) SELECT x.id, c.name FROM x JOIN customers c ON c.id = x.customer_id"
+                " WHERE x.id IN (SELECT id FROM orders WHERE EXISTS (SELECT 1 FROM customers))",
+                "SELECT id, transform(array(amount), x -> x + 1) AS more FROM orders"):
+        spark_views.check_query(spark, sql, tables)
+
+
+def test_views_that_run_programs_call_java_or_read_files_are_refused_and_nothing_runs(spark, tmp_path,
+                                                                                    replicator_here):
+    path = tmp_path / "wh"
+    start_warehouse(spark, path, Model(random.Random(3))).close()
+    before = Warehouse(path).read()
+    pwned = tmp_path / "pwned"
+    secret = tmp_path / "secret.csv"
+    secret.write_text("a,b\n1,2\n")
+    for sql, message in [
+            (f"SELECT TRANSFORM(id) USING 'touch {pwned}' AS (b) FROM orders", "cannot run a program"),
+            (f"SELECT id, reflect('java.nio.file.Files', 'createFile', '{pwned}') AS x FROM orders",
+             "cannot call Java methods (reflect)"),
+            ("SELECT id, java_method('java.lang.System', 'getProperty', 'user.home') AS h FROM orders",
+             "cannot call Java methods (java_method)"),
+            (f"SELECT * FROM csv.`{secret}`", "not a path or another catalog's table"),
+            (f"SELECT o.id FROM orders o WHERE o.id IN (SELECT 1 FROM csv.`{secret}`)",
+             "not a path or another catalog's table")]:
+        for command in ("create", "explain"):
+            result = replicator_here("view", command, *(["pw"] if command == "create" else []), "--target",
+                                     f"spark:{path}", "--sql", sql)
+            assert (result.exit_code, type(result.exception)) == (1, UserError), (sql, result.output)
+            assert message in str(result.exception) and "\n" not in str(result.exception), result.exception
+    assert not pwned.exists()
+    assert Warehouse(path).read() == before
+
+
+def test_a_stored_view_that_runs_a_program_goes_stale_at_the_next_batch_and_never_runs_it(spark, tmp_path):
+    """A view an older replicator accepted is read again before each refresh runs it."""
+    path = tmp_path / "wh"
+    model = Model(random.Random(8))
+    target = start_warehouse(spark, path, model)
+    pwned = tmp_path / "pwned"
+    try:
+        SparkViews(Warehouse(path), lambda: spark).create("pw", "SELECT id FROM orders", "full")
+        warehouse = Warehouse(path)
+        with warehouse.lock():
+            manifest = warehouse.read()
+            manifest["views"]["pw"]["sql"] = f"SELECT TRANSFORM(id) USING 'touch {pwned}' AS (id) FROM orders"
+            warehouse.write(manifest)
+        commit_batch(target, [(1, 1, 1, "open")], model)
+    finally:
+        target.close()
+    entry = Warehouse(path).read()["views"]["pw"]
+    assert entry["status"] == "stale" and "cannot run a program" in entry["status_reason"], entry["status_reason"]
+    assert not pwned.exists()
 
 
 def test_auto_on_spark_weighs_against_the_latest_full_refresh_however_old():

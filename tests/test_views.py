@@ -261,6 +261,72 @@ def test_spark_view_sql_that_is_not_one_select_is_refused_by_the_analysis(sql, m
         analyse(sql, lambda name: None, dialect="spark")
 
 
+# Spark's lexer ends a -- comment at \r as well as \n, goes on past a backslash-newline, and
+# nests /* */: each of these is an INSERT to Spark, text the analysis once took for a comment
+# or a string (a SELECT).
+SPARK_HIDDEN_STATEMENTS = [
+    "-- x\rINSERT OVERWRITE DIRECTORY '/tmp/v' USING csv\nSELECT 1 AS a",
+    "-- x\\\nSELECT \"\nINSERT OVERWRITE DIRECTORY '/tmp/v' USING csv SELECT 1 AS a --\"",
+    "/* /* */ SELECT \"*/ INSERT OVERWRITE DIRECTORY '/tmp/v' USING csv SELECT 1 AS a --\"",
+]
+
+
+@pytest.mark.parametrize("sql", SPARK_HIDDEN_STATEMENTS, ids=["cr", "backslash-newline", "nested"])
+def test_spark_view_sql_is_read_with_sparks_comment_rules(sql):
+    with pytest.raises(UserError, match=re.escape("a view is defined by a SELECT, not INSERT")):
+        analyse(sql, lambda name: None, dialect="spark")
+
+
+def test_spark_view_sql_is_stored_and_run_without_its_comments(target):
+    """Spark is given the tokens the analysis read and nothing else: comments (and hints)
+    become spaces, the rest of the layout stays."""
+    sql = ("SELECT id, /* the /* nested */ amount */ amount -- per order\r\n  FROM orders\t"
+           "/*+ BROADCAST(orders) */ WHERE status <> '-- /* not a comment'\u00a0;  -- end")
+    analysis = analyse(sql, target.views.table_info, dialect="spark")
+    assert analysis.sql == "SELECT id, amount\nFROM orders WHERE status <> '-- /* not a comment'"
+    assert (analysis.incremental, analysis.kind, analysis.where) == (True, "rows", "status <> '-- /* not a comment'")
+    with pytest.raises(UserError, match="unterminated comment"):
+        analyse("SELECT id FROM orders /* /* */", target.views.table_info, dialect="spark")
+
+
+# What would let a Spark view do more than read the warehouse's tables.
+SPARK_ESCAPES = [
+    ("SELECT TRANSFORM(id) USING 'touch /tmp/pwned' AS (b) FROM orders", "cannot run a program"),
+    ("SELECT TRANSFORM(id) ROW FORMAT DELIMITED USING \"sh -c 'id'\" FROM orders", "cannot run a program"),
+    ("SELECT id, reflect('java.lang.System', 'getProperty', 'user.home') AS h FROM orders",
+     "cannot call Java methods (reflect)"),
+    ("SELECT id, `JAVA_METHOD`('java.lang.System', 'getProperty', 'user.home') AS h FROM orders",
+     "cannot call Java methods (java_method)"),
+    ("SELECT cid, max(try_reflect('java.lang.System', 'exit', 1)) FROM orders GROUP BY cid", "try_reflect"),
+    ("SELECT * FROM csv.`/etc/passwd`", "not a path or another catalog's table: refused at csv.`/etc/passwd`"),
+    ("SELECT o.id FROM orders o JOIN text.`/etc/passwd` p ON true", "refused at text.`/etc/passwd`"),
+    ("SELECT id FROM orders, parquet.`/data/elsewhere`", "refused at parquet.`/data/elsewhere`"),
+    ("SELECT id FROM orders WHERE status IN (SELECT value FROM text.`/etc/passwd`)",
+     "refused at text.`/etc/passwd`"),
+    ("SELECT * FROM parquet.orders", "refused at parquet.orders"),
+    ("SELECT * FROM spark_catalog.default.orders", "refused at spark_catalog.default.orders"),
+    ("SELECT * FROM IDENTIFIER('orders')", "not with IDENTIFIER(...)"),
+]
+
+
+@pytest.mark.parametrize("sql,message", SPARK_ESCAPES)
+def test_spark_view_sql_that_runs_programs_calls_java_or_reads_files_is_refused(target, sql, message):
+    with pytest.raises(UserError, match=re.escape(message)) as refused:
+        analyse(sql, target.views.table_info, dialect="spark")
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT id, transform(array(amount), x -> x + 1) AS more FROM orders",   # the function, not the script
+    "SELECT id FROM orders WHERE cid IS DISTINCT FROM amount",
+    "SELECT o.id, extract(YEAR FROM DATE '2020-01-02') AS y, trim(BOTH 'x' FROM o.status) AS s FROM orders o",
+    "SELECT o.id, c.region FROM orders o JOIN customers c USING (id)",
+    "SELECT id, map(1, 2) AS m, reflection FROM (SELECT id, 1 AS reflection FROM orders) AS s",
+])
+def test_spark_view_sql_with_words_like_those_still_reads(target, sql):
+    analyse(sql, target.views.table_info, dialect="spark")
+
+
 def test_view_sql_with_parentheses_semicolons_and_quotes_inside_strings_still_makes_views(target):
     sql = ("SELECT id, (amount + (1)) AS a, 'x); DROP TABLE orders; --' AS s, \"a)\" FROM"
            " (SELECT id, amount, status AS \"a)\" FROM orders) AS o WHERE (\"a)\" <> ')' OR \"a)\" IS NULL)")

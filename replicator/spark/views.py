@@ -65,17 +65,16 @@ import pyarrow.parquet as pq
 
 from ..errors import UserError
 from ..schema import TableStructure, target_table_name
-from ..views import Analysis, Reason, TableInfo, analyse, check_name, check_policy
+from ..views import SPARK_REFLECTION, Analysis, Reason, TableInfo, analyse, check_name, check_policy
 from . import lookup
 from .lookup import KeySet
 from .reader import (_physical_struct, current_names, entry_frame, logged_rows, merge_frames, merge_on_read,
                      read_parquet)
-from .warehouse import (DELETED, SEQ, Warehouse, make_durable, new_id, physical_name, physical_schema, retire,
-                        table_files)
+from .warehouse import (DELETED, SEQ, VIEWS_DIR, Warehouse, make_durable, new_id, physical_name, physical_schema,
+                        retire, table_files)
 
 log = logging.getLogger("replicator")
 
-VIEWS_DIR = "_views"
 AUTO_FULL_SHARE = 0.2          # auto: a change touching more of the view is refreshed in full
 AUTO_RETRY_AFTER = 50          # auto: full refreshes chosen on cost before an incremental one is tried again
 REWRITE_AFTER_LOGS = 16        # a view's log files folded into a new base past this many
@@ -95,6 +94,86 @@ def _now() -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "desc", None) or exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# Nodes of Spark's parsed plans that are not a query's: statements and commands (INSERT, INSERT
+# OVERWRITE DIRECTORY, SET, CACHE, EXECUTE IMMEDIATE, CALL, scripts...), which spark.sql()
+# runs as soon as it is given them, and scripts a query would run (SELECT TRANSFORM). Besides
+# these names, any node that is a Command or a ParsedStatement.
+_NOT_A_QUERY = re.compile(r"Insert|Command|Statement|Script|Execute|Compound|Procedure|UnresolvedIdentifier|^Call$")
+_LOGICAL = "org.apache.spark.sql.catalyst.plans.logical."
+
+
+def check_query(spark: Any, sql: str, tables: set[str]) -> None:
+    """Reads a view's SQL with Spark's own parser, which runs nothing, and refuses (a
+    one-line UserError) what is not a query reading only the warehouse's tables
+    (tables: their names, lower case), before spark.sql() is given it: a statement or
+    command; a script (TRANSFORM/MAP/REDUCE); reflect/java_method; a relation that is
+    not one of the tables or the query's own WITH names (`csv.`/path``, a catalog's
+    table); a name given at run time (IDENTIFIER(...)). The analysis (replicator.views)
+    refuses the same on the tokens; this is the parse Spark will run."""
+    from py4j.java_gateway import is_instance_of
+
+    if not hasattr(spark, "_jsparkSession"):
+        raise UserError("views need a classic Spark session (not Spark Connect): its parser checks their SQL")
+    try:
+        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(sql)
+    except Exception as exc:   # ParseException
+        raise UserError(f"the view's SQL does not run on the warehouse: {_first_line(exc)}") from None
+    gateway = spark.sparkContext._gateway
+
+    def seq(scala: Any) -> list[Any]:
+        return [scala.apply(i) for i in range(scala.size())]
+
+    relations: list[str] = []
+    names: set[str] = set()       # the query's WITH names
+    plans, seen = [plan], 0
+    while seen < len(plans):
+        node = plans[seen]
+        seen += 1
+        kind = node.getClass().getSimpleName()
+        if _NOT_A_QUERY.search(kind) or is_instance_of(gateway, node, _LOGICAL + "Command") \
+                or is_instance_of(gateway, node, _LOGICAL + "ParsedStatement"):
+            what = "a script (TRANSFORM ... USING)" if kind == "ScriptTransformation" else kind
+            raise UserError(f"a view is defined by a query that only reads the warehouse's tables: Spark reads "
+                            f"this SQL as {what}")
+        if kind == "UnresolvedRelation":
+            parts = seq(node.multipartIdentifier())
+            if len(parts) != 1:
+                written = ".".join(p if re.fullmatch(r"[A-Za-z_]\w*", p) else quote_spark(p) for p in parts)
+                raise UserError(f"a view reads the warehouse's tables by their names (orders, s__t), not a path "
+                                f"or another catalog's table: refused at {written}")
+            relations.append(parts[0])
+        elif kind == "UnresolvedWith":
+            names.update(str(pair._1()).lower() for pair in seq(node.cteRelations()))
+        expressions = seq(node.expressions())
+        while expressions:
+            expression = expressions.pop()
+            kind = expression.getClass().getSimpleName()
+            if "UnresolvedIdentifier" in kind:
+                raise UserError(f"a view names its tables and functions as written: Spark reads this SQL as {kind}")
+            if kind == "UnresolvedFunction":
+                name = str(seq(expression.nameParts())[-1]).lower()
+                if name in SPARK_REFLECTION:
+                    raise UserError(f"a view cannot call Java methods ({name})")
+            expressions.extend(seq(expression.children()))
+        # the plans of subqueries (in expressions: innerChildren holds them, unless the node has
+        # other inner plans, those of WITH's definitions) and the children
+        inner = seq(node.innerChildren())
+        plans.extend(seq(node.children()) + inner + [q for q in seq(node.subqueries())
+                                                      if not any(q.equals(p) for p in inner)])
+    unknown = sorted({r for r in relations if r.lower() not in tables | names})
+    if unknown:
+        raise UserError(f"the view reads {unknown[0]}, which is not a table of the warehouse: a view reads only "
+                        f"the warehouse's replicated tables")
+
+
+def _keys(analysis: Analysis) -> tuple[list[str], list[str]]:
+    """An incremental view's key expressions and the storage columns that hold them."""
+    if analysis.kind == "rows":
+        return ([f"{quote_spark(o.alias)}.{quote_spark(k)}" for o in analysis.occurrences for k in o.table.key],
+                [f"_replicator_k{i}_{j}" for i, o in enumerate(analysis.occurrences) for j in range(len(o.table.key))])
+    return list(analysis.keys), [f"_replicator_k{j}" for j in range(len(analysis.keys))]
 
 
 def view_frame(spark: Any, warehouse: Warehouse, entry: dict[str, Any]) -> Any:
@@ -361,6 +440,7 @@ class SparkViews:
         self._tables_of: dict[str, Any] | None = None   # the manifest whose tables are registered
         self._tables_done: set[str] = set()
         self._registering = 0.0                          # seconds spent registering tables, in all
+        self._checked: set[tuple[str, frozenset[str]]] = set()   # queries check_query accepted
 
     @property
     def spark(self) -> Any:
@@ -447,6 +527,7 @@ class SparkViews:
         run on it."""
         analysis = analyse(sql, self._catalog(manifest), quote_spark, "spark")
         sql = analysis.sql
+        self._check(manifest, sql)
         self._register_tables(manifest)
         try:
             frame = self.spark.sql(sql)
@@ -467,17 +548,7 @@ class SparkViews:
         mode = "incremental" if reason is None else "full"
         if policy == "full":
             mode, reason = "full", Reason("POLICY_FULL", "--policy full")
-        if mode == "incremental":
-            if analysis.kind == "rows":
-                key_exprs = [f"{quote_spark(o.alias)}.{quote_spark(k)}" for o in analysis.occurrences
-                             for k in o.table.key]
-                key_columns = [f"_replicator_k{i}_{j}" for i, o in enumerate(analysis.occurrences)
-                               for j in range(len(o.table.key))]
-            else:
-                key_exprs = list(analysis.keys)
-                key_columns = [f"_replicator_k{j}" for j in range(len(key_exprs))]
-        else:
-            key_exprs, key_columns = [], []
+        key_exprs, key_columns = _keys(analysis) if mode == "incremental" else ([], [])
         plan = ViewPlan(name=name, sql=sql, policy=policy, mode=mode, reason=reason, analysis=analysis,
                         columns=columns, deps=deps, key_exprs=key_exprs, key_columns=key_columns)
         if mode == "incremental":
@@ -490,6 +561,14 @@ class SparkViews:
                 plan.mode, plan.reason = "full", Reason("REWRITE", "", _first_line(exc))
                 plan.key_exprs, plan.key_columns = [], []
         return plan
+
+    def _check(self, manifest: dict[str, Any], sql: str) -> None:
+        """check_query, once per query and set of tables (the consumer checks a stored view's
+        query before each refresh runs it: one written before these checks is refused there)."""
+        tables = frozenset(self._table_names(manifest))
+        if (sql, tables) not in self._checked:
+            check_query(self.spark, sql, set(tables))
+            self._checked.add((sql, tables))
 
     def _plan_of(self, manifest: dict[str, Any], name: str) -> ViewPlan:
         entry = manifest["views"][name]
@@ -656,10 +735,16 @@ class SparkViews:
         """The plan of a view whose tables kept their structure (no Spark job)."""
         entry = manifest["views"][name]
         analysis = analyse(entry["sql"], self._catalog(manifest), quote_spark, "spark")
+        self._check(manifest, analysis.sql)
         reason = Reason(entry["reason"]["code"], entry["reason"]["fragment"]) if entry["reason"] else None
-        return ViewPlan(name=name, sql=entry["sql"], policy=entry["policy"], mode=entry["maintenance"],
+        # the key expressions as the query (read now, without comments) has them
+        key_exprs = _keys(analysis)[0] if entry["maintenance"] == "incremental" else []
+        if len(key_exprs) != len(entry["key_columns"]):
+            raise UserError(f"view {name}'s query no longer gives its {len(entry['key_columns'])} keys: "
+                            f"refresh it in full (`replicator view refresh {name} --full`)")
+        return ViewPlan(name=name, sql=analysis.sql, policy=entry["policy"], mode=entry["maintenance"],
                         reason=reason, analysis=analysis, columns=list(entry["columns"]), deps=list(entry["deps"]),
-                        key_exprs=list(entry["key_exprs"]), key_columns=list(entry["key_columns"]))
+                        key_exprs=key_exprs, key_columns=list(entry["key_columns"]))
 
     def _revalidate(self, manifest: dict[str, Any], name: str) -> ViewPlan | None:
         """After a schema change of its tables: the view's plan now, or None when it

@@ -7,9 +7,14 @@ Layout of a warehouse directory::
 
     PATH/_manifest.json                 the commit point (replaced atomically)
     PATH/_lock                          writers' lock (flock), held only while committing
-    PATH/<table>-<id>/<generation>/base-*.parquet     base snapshot of a generation
-    PATH/<table>-<id>/<generation>/compact-*/part-*   a base written by compaction
-    PATH/<table>-<id>/<generation>/log-<seq>.parquet  one change log file per batch
+    PATH/_compact.lock, _consumer.lock  a compaction's, the consumer's
+    PATH/<table>-<id>/g-<id>/base-*.parquet           base snapshot of a generation
+    PATH/<table>-<id>/g-<id>/compact-<id>/part-*      a base written by compaction (Spark)
+    PATH/<table>-<id>/g-<id>/log-<seq>-<id>.parquet   one change log file per batch
+    PATH/_views/<view>-<id>/g-<id>/base/, log-<seq>-<id>/   a view's files (see .views)
+
+Nothing else is replicator's: remove_orphans deletes only unnamed files of this
+layout, and refuses to work beside anything else (a link, a file of another name).
 
 A table's current state is its base plus its change log files, the latest
 row of each key winning (merge-on-read). Log files hold one row per key,
@@ -33,7 +38,10 @@ import errno
 import fcntl
 import json
 import os
+import re
+import shutil
 import signal
+import stat
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -43,12 +51,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..errors import UserError
 from ..schema import Column, TableStructure
 
 MANIFEST = "_manifest.json"
 MANIFEST_TMP_SUFFIX = ".tmp"       # _manifest.json.<pid>.tmp while a writer replaces the manifest
 LOCK = "_lock"
 COMPACT_LOCK = "_compact.lock"
+OWNER_LOCK = "_consumer.lock"     # held by the consumer writing the warehouse
+VIEWS_DIR = "_views"
 FORMAT = 1
 SEQ = "_seq"
 DELETED = "_deleted"
@@ -295,25 +306,52 @@ class Warehouse:
 
     def collect_garbage(self, manifest: dict[str, Any], *, retention: float = GARBAGE_RETENTION) -> bool:
         """Deletes files replaced more than `retention` seconds ago; returns
-        whether the manifest's garbage list changed (commit it then)."""
+        whether the manifest's garbage list changed (commit it then). A path is
+        reached without following a symbolic link: one put on the way (a table's
+        directory moved elsewhere and linked) is left, and what it points to."""
         now = time.time()
         keep, changed = [], False
         for entry in manifest.get("garbage", []):
             if now - entry["since"] >= retention:
                 for relative in entry["files"]:
-                    target = self.file(relative)
-                    with contextlib.suppress(FileNotFoundError):
-                        if target.is_dir():
-                            import shutil
-                            shutil.rmtree(target, ignore_errors=True)
-                        else:
-                            target.unlink()
-                    _remove_empty_parents(target.parent, self.path)
+                    self._delete(relative)
                 changed = True
             else:
                 keep.append(entry)
         manifest["garbage"] = keep
         return changed
+
+    def _delete(self, relative: str) -> None:
+        """Deletes a file or directory tree of the warehouse, and the directories left empty
+        above it, through directory descriptors opened with O_NOFOLLOW: nothing outside
+        the warehouse directory is reached, whatever links are in it."""
+        parts = Path(relative).parts
+        if not parts or Path(relative).is_absolute() or any(p in ("", ".", "..") for p in parts):
+            return
+        try:
+            parent = _open_below(self.path, parts[:-1])
+        except OSError:
+            return   # gone already, or a link on the way
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(parts[-1], ignore_errors=True, dir_fd=parent)   # follows no link inside
+                elif stat.S_ISREG(st.st_mode):
+                    os.unlink(parts[-1], dir_fd=parent)
+        finally:
+            os.close(parent)
+        for depth in range(len(parts) - 1, 0, -1):   # the parents it emptied, up to the warehouse
+            try:
+                above = _open_below(self.path, parts[:depth - 1])
+            except OSError:
+                return
+            try:
+                os.rmdir(parts[depth - 1], dir_fd=above)
+            except OSError:
+                return
+            finally:
+                os.close(above)
 
     def referenced(self, manifest: dict[str, Any]) -> set[str]:
         """Every file the manifest names (tables and garbage)."""
@@ -326,48 +364,167 @@ class Warehouse:
         return files
 
     def remove_orphans(self, manifest: dict[str, Any], *, compaction: bool) -> int:
-        """Deletes files a crashed writer left behind: those no manifest names.
-        The consumer removes its own kind (logs and copied bases), a compaction
-        the bases compactions write (directories compact-*). Both remove the
-        manifest's temporary files: call with the lock held, which every manifest
-        writer holds while its temporary file exists, so those left are a crashed one's."""
-        removed = 0
-        for tmp in self.path.glob(f"{MANIFEST}.*{MANIFEST_TMP_SUFFIX}"):
-            tmp.unlink(missing_ok=True)
-            removed += 1
+        """Deletes the files a crashed writer of replicator left behind: those no manifest
+        names, named as replicator names its own (see the layout above). The consumer
+        removes its own kind (logs and copied bases, views' files), a compaction the bases
+        compactions write (directories compact-*). Both remove the manifest's temporary
+        files: call with the lock held, which every manifest writer holds while its
+        temporary file exists, so those left are a crashed one's.
+
+        Nothing else is deleted, and no symbolic link is followed: an entry replicator
+        did not make in the warehouse (a link, a file or directory of another name) is
+        left as it is and refused with a UserError naming it, before anything is deleted
+        (the consumer does not start beside it). Returns how many files it deleted."""
         referenced = self.referenced(manifest)
-        referenced_dirs = {str(Path(f).parent) for f in referenced} | referenced
-        for table_dir in self.path.iterdir():
-            if not table_dir.is_dir():
+        referenced_dirs = {str(parent) for f in referenced for parent in Path(f).parents} | referenced
+        files: list[tuple[str, ...]] = []       # leftovers, as path parts
+        dirs: list[tuple[str, ...]] = []        # directories looked into, deepest last
+        foreign: list[tuple[str, str]] = []     # (relative path, what it is)
+        root = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            self._survey(root, (), "root", compaction, referenced, files, dirs, foreign)
+        finally:
+            os.close(root)
+        if foreign:
+            named = ", ".join(f"{relative} ({what})" for relative, what in foreign[:3])
+            raise UserError(f"{self.path} holds {named}{', ...' if len(foreign) > 3 else ''}, which replicator "
+                            f"did not make: it removes what its own crashed runs leave in a warehouse and follows "
+                            f"no link, so it does not work beside {'them' if len(foreign) > 1 else 'it'}; move "
+                            f"{'them' if len(foreign) > 1 else 'it'} out of the warehouse")
+        removed = 0
+        for parts in files:
+            try:
+                parent = _open_below(self.path, parts[:-1])
+            except OSError:
                 continue
-            for path in sorted(table_dir.rglob("*"), reverse=True):
-                relative = self.relative(path)
-                is_compact = any(part.startswith("compact-") for part in Path(relative).parts)
-                if is_compact != compaction:
-                    continue
-                if path.is_file() and relative not in referenced and not _under(relative, referenced):
-                    path.unlink()
-                    removed += 1
-                elif path.is_dir() and relative not in referenced_dirs and not any(path.iterdir()):
-                    path.rmdir()
-            if not any(table_dir.iterdir()):
-                table_dir.rmdir()
+            try:
+                os.unlink(parts[-1], dir_fd=parent)
+                removed += 1
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(parent)
+        for parts in reversed(dirs):
+            if "/".join(parts) in referenced_dirs:
+                continue
+            try:
+                parent = _open_below(self.path, parts[:-1])
+            except OSError:
+                continue
+            try:
+                os.rmdir(parts[-1], dir_fd=parent)   # only if it is empty now
+            except OSError:
+                pass
+            finally:
+                os.close(parent)
         return removed
+
+    def _survey(self, fd: int, parts: tuple[str, ...], kind: str, compaction: bool, referenced: set[str],
+                files: list[tuple[str, ...]], dirs: list[tuple[str, ...]], foreign: list[tuple[str, str]]) -> None:
+        """Lists the directory fd (at parts, of the layout's kind): replicator's leftovers
+        into files (those of the caller's kind), the directories it looked into into
+        dirs, what replicator did not make into foreign. A path the manifest names, or
+        lying in a directory it names, is not looked at."""
+        with os.scandir(fd) as entries:
+            listed = sorted((e.name, e.stat(follow_symlinks=False).st_mode) for e in entries)
+        inside_compaction = kind in _COMPACTION_KINDS
+        for name, mode in listed:
+            child = (*parts, name)
+            relative = "/".join(child)
+            if relative in referenced or _under(relative, referenced):
+                continue
+            is_dir, is_file = stat.S_ISDIR(mode), stat.S_ISREG(mode)
+            layout = _layout(kind, name, is_dir) if is_dir or is_file else None
+            if compaction and not inside_compaction:
+                # a compaction looks only at what compactions write (and the manifest's
+                # temporary files), reached through replicator's directories, which it
+                # does not judge: the consumer's are the consumer's
+                if layout == "manifest-temporary":
+                    files.append(child)
+                elif layout in ("table", "generation", "compact") and not stat.S_ISLNK(mode):
+                    self._survey_into(fd, child, layout, compaction, referenced, files, dirs, foreign)
+                continue
+            if stat.S_ISLNK(mode):
+                foreign.append((relative, "a symbolic link"))
+            elif not (is_dir or is_file):
+                foreign.append((relative, "not a file or directory"))
+            elif layout is None:
+                foreign.append((relative, "a directory" if is_dir else "a file"))
+            elif layout == "keep" or (layout == "compact" and not compaction):
+                continue   # never deleted; a compaction's work, which only a compaction removes
+            elif layout in ("leftover", "manifest-temporary"):
+                files.append(child)
+            else:
+                self._survey_into(fd, child, layout, compaction, referenced, files, dirs, foreign)
+
+    def _survey_into(self, fd: int, child: tuple[str, ...], layout: str, compaction: bool, referenced: set[str],
+                     files: list[tuple[str, ...]], dirs: list[tuple[str, ...]],
+                     foreign: list[tuple[str, str]]) -> None:
+        try:
+            sub = os.open(child[-1], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        except FileNotFoundError:
+            return
+        try:
+            if not compaction or layout in _COMPACTION_KINDS:   # a compaction removes only its own directories
+                dirs.append(child)
+            self._survey(sub, child, layout, compaction, referenced, files, dirs, foreign)
+        finally:
+            os.close(sub)
+
+
+# What replicator makes in a warehouse, by the kind of directory it is in: name patterns
+# (entries of another name are not replicator's, and are never deleted).
+_ID = r"[0-9a-f]{12}"
+_LAYOUT: dict[str, list[tuple[str, bool, str]]] = {
+    # kind of directory: [(name pattern, is a directory, what the entry is)]
+    "root": [(re.escape(MANIFEST), False, "keep"), (re.escape(LOCK), False, "keep"),
+             (re.escape(COMPACT_LOCK), False, "keep"), (re.escape(OWNER_LOCK), False, "keep"),
+             (re.escape(MANIFEST) + r"\.\d+" + re.escape(MANIFEST_TMP_SUFFIX), False, "manifest-temporary"),
+             (re.escape(VIEWS_DIR), True, "views"), (rf"[\w-]+-{_ID}", True, "table")],
+    "table": [(rf"g-{_ID}", True, "generation")],
+    "generation": [(rf"base-\d{{5}}\.parquet|base-{_ID}-\d{{3,}}\.parquet|log-\d{{12}}-{_ID}\.parquet", False,
+                    "leftover"),
+                   (rf"compact-{_ID}", True, "compact")],
+    "views": [(rf"\w+-{_ID}", True, "view")],
+    "view": [(rf"g-{_ID}", True, "view-generation")],
+    "view-generation": [(rf"base|log-\d{{12}}-{_ID}", True, "spark")],
+    # a directory Spark wrote (or pyarrow, a view's log): its part files, their checksums, its marker
+    "spark": [(r"part-.+|\.part-.+\.crc|_SUCCESS|\._SUCCESS\.crc", False, "leftover"),
+              ("_temporary", True, "temporary")],
+    "compact": [(r"part-.+|\.part-.+\.crc|_SUCCESS|\._SUCCESS\.crc", False, "leftover"),
+                ("_temporary", True, "compact-temporary")],
+    "temporary": [(r".+", True, "temporary"), (r".+", False, "leftover")],           # Spark's work in progress
+    "compact-temporary": [(r".+", True, "compact-temporary"), (r".+", False, "leftover")],
+}
+
+
+_COMPACTION_KINDS = {"compact", "compact-temporary"}
+
+
+def _layout(kind: str, name: str, is_dir: bool) -> str | None:
+    """What an entry of a directory of this kind is in replicator's layout (None: not replicator's)."""
+    return next((what for pattern, directory, what in _LAYOUT[kind]
+                 if directory == is_dir and re.fullmatch(pattern, name)), None)
+
+
+def _open_below(root: Path, parts: Sequence[str]) -> int:
+    """A directory below root, opened one name at a time without following a link."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in parts:
+            sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _under(relative: str, referenced: set[str]) -> bool:
-    """Whether a file lies in a directory the manifest names as garbage."""
+    """Whether a file lies in a directory the manifest names (a view's files, garbage)."""
     parts = Path(relative).parents
     return any(str(p) in referenced for p in parts)
-
-
-def _remove_empty_parents(directory: Path, root: Path) -> None:
-    while directory != root and directory.is_dir():
-        try:
-            directory.rmdir()
-        except OSError:
-            return
-        directory = directory.parent
 
 
 def table_files(entry: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 
 from ..errors import UserError
 from ..schema import Change, TableStructure, target_table_name
-from ..spark.warehouse import (COMPACT_LOCK, LOCK, MANIFEST, MANIFEST_TMP_SUFFIX, Warehouse, arrow_table, crash_point,
-                               make_durable, new_id, physical_schema, retire)
+from ..spark.warehouse import (COMPACT_LOCK, LOCK, MANIFEST, MANIFEST_TMP_SUFFIX, OWNER_LOCK, Warehouse, arrow_table,
+                               crash_point, make_durable, new_id, physical_schema, retire)
 from ..spark.views import SparkViews
 from . import Row, TargetTable, file_changed, queue_positions
 
@@ -44,14 +44,13 @@ LOG_SPILL_ROWS = 200_000      # distinct keys buffered per table before a log fi
 COMPACT_AFTER_LOGS = 64
 COMPACT_RETRY_AFTER = 60.0    # seconds before a failed compaction is tried again, doubled per failure
 COMPACT_RETRY_MAX = 3600.0
-OWNER_LOCK = "_consumer.lock"   # held by the consumer writing the warehouse
 
 
 def _check_warehouse_path(warehouse: Warehouse) -> None:
     """Refuses a directory that is neither a warehouse (a manifest, or only the lock files
-    a consumer makes before its first commit) nor empty: the consumer deletes files of a
-    warehouse's subdirectories that no manifest names. Reads only; a damaged manifest is
-    a ValueError."""
+    a consumer makes before its first commit) nor empty: the consumer deletes the files of
+    its own layout that no manifest names (Warehouse.remove_orphans). Reads only; a damaged
+    manifest is a ValueError."""
     path = warehouse.path
     if not path.is_dir():
         return
