@@ -111,8 +111,9 @@ def install(ctx: Context) -> None:
         click.echo(f"applied migrations {', '.join(f'{m.version:04d}_{m.name}' for m in result.applied)}")
     click.echo(f"replicator schema at version {version}")
     if not result.event_triggers:
-        click.echo("event triggers not allowed for this role: DDL on captured tables must go through "
-                   "`replicator execute QUEUE FILE.sql`")
+        click.echo("event triggers not allowed for this role: DDL run directly on a captured table is noticed "
+                   "at its next statement and before each tick; `replicator execute QUEUE FILE.sql` names "
+                   "each change by its statement")
 
 
 @cli.command()

@@ -56,7 +56,7 @@ def require_installed(conn: psycopg.Connection) -> None:
 @dataclass(frozen=True)
 class InstallResult:
     applied: list[Migration]
-    event_triggers: bool   # DDL is captured automatically; else it must go through `replicator execute`
+    event_triggers: bool   # DDL is captured as it runs; else it is noticed afterwards (capture_drift.sql)
 
 
 def install(conn: psycopg.Connection, *, up_to: int | None = None) -> InstallResult:

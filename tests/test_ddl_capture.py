@@ -776,8 +776,9 @@ def owner_dsn(pg_server):
 def test_install_without_the_privilege_says_so_and_execute_captures_ddl(owner_dsn, tmp_path):
     result = run_cli(owner_dsn, "install")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == ("event triggers not allowed for this role: DDL on captured tables "
-                                              "must go through `replicator execute QUEUE FILE.sql`")
+    assert result.stdout.splitlines()[-1] == (
+        "event triggers not allowed for this role: DDL run directly on a captured table is noticed at its next "
+        "statement and before each tick; `replicator execute QUEUE FILE.sql` names each change by its statement")
     with psycopg.connect(owner_dsn, autocommit=True) as conn:
         assert install(conn).event_triggers is False            # again: idempotent, same answer
         assert not has_event_triggers(conn)
