@@ -70,9 +70,10 @@ from rich.console import Console
 from rich.table import Table
 
 from . import install as installer
-from .install import ROOT
 from .pgserver import PgServer
 from .source import Source
+
+ROOT = Path(__file__).resolve().parent.parent   # the repository: --baseline reads its git history
 
 console = Console(stderr=True)
 out = Console(width=None if sys.stdout.isatty() else 200)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 
 import psycopg
 from psycopg import sql
@@ -17,9 +18,9 @@ from psycopg import sql
 from .errors import UserError
 from .wording import counted
 
-ROOT = Path(__file__).resolve().parent.parent
-MIGRATIONS_DIR = ROOT / "migrations"
-QUEUE_SQL_DIR = ROOT / "queue_sql"
+# In the repository, the top-level folders migrations/ and queue_sql/; in a wheel, inside the package.
+MIGRATIONS_DIR: Traversable = files("replicator.migrations")
+QUEUE_SQL_DIR: Traversable = files("replicator.queue_sql")
 _INSTALL_LOCK = 2026112200
 
 
@@ -27,12 +28,16 @@ _INSTALL_LOCK = 2026112200
 class Migration:
     version: int
     name: str
-    path: Path
+    path: Traversable
+
+
+def _sql_files(folder: Traversable) -> list[Traversable]:
+    return sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
 
 
 def migrations() -> list[Migration]:
     found = []
-    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+    for path in _sql_files(MIGRATIONS_DIR):
         match = re.fullmatch(r"(\d{4})_(\w+)\.sql", path.name)
         if not match:
             raise RuntimeError(f"migration file name must look like 0001_name.sql: {path.name}")
@@ -87,7 +92,7 @@ def install(conn: psycopg.Connection, *, up_to: int | None = None) -> InstallRes
             applied.append(migration)
         if up_to is None:
             _drop_library_functions(conn)
-            for path in sorted(QUEUE_SQL_DIR.glob("*.sql")):
+            for path in _sql_files(QUEUE_SQL_DIR):
                 conn.execute(path.read_text())
             _refuse_invalid_capture_trees(conn)
             # first: a capture function checks its table's catalog rows at every
