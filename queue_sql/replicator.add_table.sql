@@ -140,7 +140,7 @@ LANGUAGE sql STABLE AS $$
 --      class, i.e. can be compared for equality; the automatic key of a
 --      keyless table.
 -- ----------------------------------------------------------------------
-    SELECT coalesce(array_agg(a.attname ORDER BY a.attnum), '{}')
+    SELECT coalesce(array_agg(a.attname::text ORDER BY a.attnum), '{}')
     FROM pg_attribute a
     JOIN pg_type t ON t.oid = a.atttypid
     WHERE a.attrelid = p_table AND a.attnum > 0 AND NOT a.attisdropped

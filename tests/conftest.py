@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from pg_helpers import drop_database
 from replicator.install import install
 from replicator.pgserver import PgServer
 from replicator.source import Source
@@ -39,7 +40,7 @@ def empty_dsn(pg_server: PgServer) -> Iterator[str]:
         conn.execute(f'CREATE DATABASE "{name}"')
     yield _dsn_for(pg_server, name)
     with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_database(conn, name)
 
 
 @pytest.fixture

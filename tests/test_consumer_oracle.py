@@ -38,6 +38,7 @@ import psycopg
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from psycopg.types.json import Jsonb
 
+from pg_helpers import drop_database
 from replicator.install import install
 
 from consumer_helpers import (Daemon, assert_replica_equals_source, run_cli, set_fast_ticks, sqlite_position,
@@ -277,7 +278,7 @@ def fresh_database(pg_server) -> Iterator[str]:
         yield dsn
     finally:
         with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            drop_database(admin, name)
 
 
 def position(path: Path) -> int:

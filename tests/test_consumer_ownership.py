@@ -16,6 +16,7 @@ import pytest
 from psycopg import sql
 
 from consumer_helpers import run_cli
+from pg_helpers import drop_database
 from replicator.consumer import Consumer
 from replicator.errors import UserError
 from replicator.install import install
@@ -190,7 +191,7 @@ def owner(pg_server) -> Iterator[str]:
         admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(role), sql.Identifier(role)))
     yield role
     with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(role)))
+        drop_database(admin, role)
         admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
@@ -232,7 +233,7 @@ def test_non_superuser_install_lets_a_granted_role_consume_and_its_owner_manage_
     finally:
         with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
             # the reader's privileges go with the database
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(owner)))
+            drop_database(admin, owner)
             admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(reader)))
 
 

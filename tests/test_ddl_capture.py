@@ -19,6 +19,7 @@ from psycopg import sql
 
 from consumer_helpers import run_cli
 from queue_util import changes, read_events
+from pg_helpers import drop_database
 from replicator.ddl import command_tag, execute_script
 from replicator.errors import UserError
 from replicator.install import EVENT_TRIGGERS, has_event_triggers, install
@@ -769,7 +770,7 @@ def owner_dsn(pg_server):
         admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(role), sql.Identifier(role)))
     yield f"host=127.0.0.1 port={pg_server.port} user={role} dbname={role}"
     with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(role)))
+        drop_database(admin, role)
         admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
