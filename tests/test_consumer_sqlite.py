@@ -33,7 +33,7 @@ from consumer_helpers import (Daemon, assert_replica_equals_source, forced_tick,
                               set_fast_ticks, sqlite_position, sqlite_primary_key, sqlite_reader, sqlite_rows,
                               sqlite_types, wait_until, cli_env)
 from replicator.consumer import Consumer
-from replicator.targets.sqlite import SqliteTarget
+from replicator.targets.sqlite import SqliteTarget, replica_state
 
 
 def consume(dsn: str, path: Path, *, tables: list[str] | None = None, once: bool = False) -> int:
@@ -974,3 +974,22 @@ def test_a_replica_without_the_application_id_is_adopted_and_followed_while_only
         target.close()
     assert application_id() == 0x52504C43            # "RPLC"
     assert set(sqlite_rows(replica, "t", ["id"])) == {(1,), (2,), (3,)}
+
+
+def test_a_live_replica_whose_main_file_is_behind_its_wal_is_still_taken_for_the_replica(dsn, conn, source,
+                                                                                         tmp_path):
+    """Between checkpoints a replica's main file may hold pages of several commits, readable only
+    with its WAL (a checkpoint readers held back halfway): the replica is known by the id in its
+    header, not by reading its tables without the WAL (which read as malformed there)."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    replica = tmp_path / "r.db"
+    conn.execute("INSERT INTO t VALUES (1)")
+    consume(dsn, replica)
+    image = bytearray(replica.read_bytes())
+    page = int.from_bytes(image[16:18], "big")
+    image[100:page] = b"\xff" * (page - 100)             # the schema's page as no one commit wrote it
+    replica.write_bytes(bytes(image))
+    Path(f"{replica}-wal").write_bytes(b"\x00" * 32)      # and a WAL beside it
+    assert replica_state(replica) == "replica"

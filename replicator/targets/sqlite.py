@@ -100,11 +100,18 @@ def replica_state(path: Path) -> str:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
     if not header.startswith(_HEADER):
         return "not sqlite"
+    if _application_id(header) == APPLICATION_ID:
+        # A replica's id is in its header from its first commit. Its tables are not read
+        # then: without its WAL, the main file of a live replica may hold pages of several
+        # commits (a checkpoint that readers held back) and read as malformed.
+        return "replica"
     try:
         names = _main_file_tables(path)
     except sqlite3.DatabaseError as exc:
         if getattr(exc, "sqlite_errorname", "") == "SQLITE_NOTADB":
             return "not sqlite"
+        if wal:
+            return "foreign wal"     # unreadable without its -wal, which cannot be read without writing
         raise UserError(f"cannot read {path} as a SQLite database ({exc}): give the replica another path, or "
                         f"repair it with sqlite3") from None
     if not names:
