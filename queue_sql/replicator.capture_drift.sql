@@ -52,6 +52,18 @@ LANGUAGE sql STABLE AS $$
     FROM replicator.capture_tree(p_table) d JOIN pg_class c ON c.oid = d;
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.tree_member_gone(p_storage jsonb)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.tree_member_gone(p_storage)
+--
+--      Whether a member of a capture tree, as replicator.tree_storage()
+--      recorded it, is gone from the catalog (dropped, with its rows).
+-- ----------------------------------------------------------------------
+    SELECT EXISTS (SELECT FROM jsonb_object_keys(p_storage) m WHERE NOT EXISTS (SELECT FROM pg_class WHERE oid = m::oid));
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.capture_guard(p_table_id integer)
 RETURNS text
 LANGUAGE sql STABLE AS $$
@@ -209,8 +221,7 @@ BEGIN
 
     v_recording := replicator.lock_table_record(p_table_id);
     v_copy := v_recording AND (
-        EXISTS (SELECT FROM jsonb_object_keys(t.table_storage) m
-                WHERE NOT EXISTS (SELECT FROM pg_class WHERE oid = m::oid))
+        replicator.tree_member_gone(t.table_storage)
         OR (replicator.tree_storage(t.table_oid) IS DISTINCT FROM t.table_storage
             AND EXISTS (SELECT FROM pg_attribute WHERE attrelid = t.table_oid AND attnum > 0
                         AND (xmin <> ALL (t.table_catalog_xmins) OR ctid <> ALL (t.table_catalog_tids)))));
@@ -342,8 +353,7 @@ BEGIN
                                  AND c.relname::text = t.table_name)
                    OR (SELECT (c.xmins, c.tids) FROM replicator.catalog_rows(t.table_oid) c)
                       IS DISTINCT FROM (t.table_catalog_xmins, t.table_catalog_tids)
-                   OR EXISTS (SELECT FROM jsonb_object_keys(t.table_storage) m
-                              WHERE NOT EXISTS (SELECT FROM pg_class WHERE oid = m::oid))) THEN
+                   OR replicator.tree_member_gone(t.table_storage)) THEN
                 PERFORM replicator.capture_drift(t.table_id, NULL);
                 v_count := v_count + 1;
             ELSIF t.table_guarded <> v_unseen THEN
