@@ -15,7 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -24,8 +24,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from pgserver import PgServer
 from replicator.errors import UserError
-from replicator.pgserver import PgServer
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLICATOR = str(Path(sys.executable).with_name("replicator"))
@@ -216,7 +216,7 @@ def comparable(value: object) -> object:
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, datetime):
-        return value.astimezone(timezone.utc).isoformat() if value.tzinfo else value.isoformat()
+        return value.astimezone(UTC).isoformat() if value.tzinfo else value.isoformat()
     return value
 
 

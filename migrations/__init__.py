@@ -1,3 +1,3 @@
 """The numbered, append-only scripts that create and change the tables of schema
-replicator, applied by `replicator install` (replicator.install). A package only so
+replicator, applied by `replicator install` (replicator.source.install). A package only so
 that it ships inside the wheel, as ``replicator.migrations``."""

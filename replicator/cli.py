@@ -21,10 +21,11 @@ import psycopg
 from rich.console import Console
 from rich.table import Table
 
-from . import db, install as installer, jobs
-from .errors import UserError
-from .source import Source, parse_duration
-from .wording import counted
+from replicator.errors import UserError
+from replicator.shutdown import StopFlag
+from replicator.source import Source, db, jobs, parse_duration
+from replicator.source import install as installer
+from replicator.wording import counted
 
 console = Console()
 
@@ -423,7 +424,7 @@ def ticker(ctx: Context, once: bool, interval: float) -> None:
         click.echo(counted(sum(t is not None for t in ticks), "tick"))
         return
     ctx.source().close()
-    jobs.run_ticker(ctx.source, interval, jobs.StopFlag().install())
+    jobs.run_ticker(ctx.source, interval, StopFlag().install())
 
 
 @cli.command()
@@ -445,7 +446,7 @@ def maint(ctx: Context, once: bool, interval: float) -> None:
             click.echo(f"{queue_name}: {', '.join(done) or 'nothing to do'}")
         return
     ctx.source().close()
-    jobs.run_maint(ctx.source, interval, jobs.StopFlag().install())
+    jobs.run_maint(ctx.source, interval, StopFlag().install())
 
 
 @cli.command()
@@ -461,7 +462,7 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
     Example:
         replicator execute main migrations/2024_add_column.sql
     """
-    from .ddl import execute_file
+    from replicator.source.execute import execute_file
 
     with ctx.source() as source:
         queued = execute_file(source, queue_name, script)
@@ -495,8 +496,8 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         replicator consume main --target jsonl:- --until-caught-up
         replicator consume main --target spark:/data/warehouse
     """
-    from .consumer import Consumer, check_captured
-    from .targets import open_target
+    from replicator.consumer import Consumer, check_captured
+    from replicator.targets import open_target
 
     if once and until_caught_up:
         raise UserError("--once and --until-caught-up exclude each other")
@@ -507,7 +508,7 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
     target = open_target(target_url, spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
     consumer = Consumer(db.resolve_dsn(ctx.dsn), queue_name, target, name=consumer_name,
                         tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval)
-    stop = jobs.StopFlag() if once or until_caught_up else jobs.StopFlag().install()
+    stop = StopFlag() if once or until_caught_up else StopFlag().install()
     try:
         consumer.run(once=once, until_caught_up=until_caught_up, stop=stop)
     finally:
@@ -516,7 +517,7 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
 
 
 def _spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
-    from .spark.session import parse_conf
+    from replicator.targets.spark.session import parse_conf
     return parse_conf(pairs)
 
 
@@ -545,10 +546,10 @@ def spark_compact(target_url: str, tables: tuple[str, ...], min_logs: int, spark
     scheme, _, path = target_url.partition(":")
     if scheme != "spark" or not path:
         raise UserError(f"invalid target {target_url!r}: use spark:PATH")
-    from .spark.compaction import compact
-    from .spark.errors import error_line, spark_errors
-    from .spark.session import get_session
-    from .spark.warehouse import Warehouse
+    from replicator.targets.spark.compaction import compact
+    from replicator.targets.spark.errors import error_line, spark_errors
+    from replicator.targets.spark.session import get_session
+    from replicator.targets.spark.warehouse import Warehouse
 
     warehouse = Warehouse(path)
     try:
@@ -595,7 +596,7 @@ def status(ctx: Context, as_json: bool) -> None:
     Example:
         replicator status --json
     """
-    from .status import status as collect
+    from replicator.source.status import status as collect
 
     with ctx.source() as source:
         report = collect(source)
@@ -666,7 +667,7 @@ def view_create(name: str, target_url: str, sql: str, policy: str) -> None:
         replicator view create sales_by_customer --target sqlite:replica.db \\
             --sql "SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM orders GROUP BY customer_id"
     """
-    from .views import open_views
+    from replicator.targets import open_views
 
     with open_views(target_url) as views:
         info = views.create(name, _view_sql(sql), policy)
@@ -693,7 +694,7 @@ def view_explain(name: str | None, target_url: str, sql: str | None, policy: str
         replicator view explain --target sqlite:replica.db --sql "SELECT * FROM orders o LEFT JOIN customers c ON c.id = o.customer_id"
         replicator view explain sales_by_customer --target sqlite:replica.db
     """
-    from .views import open_views
+    from replicator.targets import open_views
 
     if name is not None and sql is not None:
         raise UserError("name a view or give the query with --sql, not both")
@@ -732,7 +733,7 @@ def view_list(target_url: str, as_json: bool) -> None:
     Example:
         replicator view list --target sqlite:replica.db
     """
-    from .views import open_views
+    from replicator.targets import open_views
 
     with open_views(target_url) as views:
         rows = views.list()
@@ -771,7 +772,7 @@ def view_refresh(name: str, target_url: str, full: bool) -> None:
     Example:
         replicator view refresh sales_by_customer --target sqlite:replica.db --full
     """
-    from .views import open_views
+    from replicator.targets import open_views
 
     with open_views(target_url) as views:
         info, recomputed = views.refresh_now(name, full=full)
@@ -792,7 +793,7 @@ def view_drop(name: str, target_url: str) -> None:
     Example:
         replicator view drop sales_by_customer --target sqlite:replica.db
     """
-    from .views import open_views
+    from replicator.targets import open_views
 
     with open_views(target_url) as views:
         views.drop(name)
@@ -840,7 +841,7 @@ def main() -> None:
         click.echo(f"error: database: {message}", err=True)
         sys.exit(1)
     except sqlite3.Error as exc:
-        from .targets.sqlite import sqlite_error
+        from replicator.targets.sqlite.target import sqlite_error
         click.echo(f"error: sqlite: {sqlite_error(exc)}", err=True)
         sys.exit(1)
     except OSError as exc:

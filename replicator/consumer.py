@@ -21,14 +21,14 @@ from typing import Any
 
 import psycopg
 
-from . import copy as source_copy
-from .errors import UserError
-from .jobs import StopFlag
-from .snapshots import snapshot_xmax, snapshot_xmin, txid_visible
-from .schema import RowsDecoder, TableStructure, parse_json, reconcile
-from .source import BatchInfo, CapturedTable, Source
-from .targets import Target, TargetTable, set_aside
-from .wording import counted
+from replicator.errors import UserError
+from replicator.shutdown import StopFlag
+from replicator.source import BatchInfo, CapturedTable, Source
+from replicator.source import snapshot_copy as source_copy
+from replicator.source.snapshots import snapshot_xmax, snapshot_xmin, txid_visible
+from replicator.structure import RowsDecoder, TableStructure, parse_json, reconcile
+from replicator.targets.protocol import Target, TargetTable, set_aside
+from replicator.wording import counted
 
 log = logging.getLogger("replicator")
 
@@ -148,7 +148,7 @@ class _Run:
     the target in one call: fewer calls, same changes in the same order (a
     target applies the rows of a call in order)."""
 
-    __slots__ = ("target", "table", "ev_type", "rows")
+    __slots__ = ("ev_type", "rows", "table", "target")
 
     def __init__(self, target: Target) -> None:
         self.target = target
@@ -196,7 +196,7 @@ class Consumer:
     # connection and start-up -------------------------------------------------------
 
     def connect(self) -> Source:
-        from . import db
+        from replicator.source import db
         application_name = f"replicator consumer {self.name}"
         if self._connected_once:
             # Reconnecting after an outage: OperationalError goes to run(), which retries

@@ -11,9 +11,9 @@ import psycopg
 import pytest
 
 from pg_helpers import drop_database
-from replicator.install import install
-from replicator.pgserver import PgServer
+from pgserver import PgServer
 from replicator.source import Source
+from replicator.source.install import install
 
 _db_counter = itertools.count()
 
@@ -69,7 +69,7 @@ def spark() -> Iterator[object]:
     """One local Spark session for the whole test run (starting one takes ~10 s);
     the streaming source is registered in it."""
     pytest.importorskip("pyspark")
-    from replicator.spark.session import get_session
+    from replicator.spark import get_session
 
     session = get_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
                                        "spark.driver.memory": "2g", "spark.ui.enabled": "false"},

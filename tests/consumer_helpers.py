@@ -3,7 +3,7 @@ waiting on observable conditions, reading a SQLite replica with a separate
 connection, and an oracle mapping PostgreSQL values (as psycopg returns them)
 to what the SQLite replica must hold.
 
-The oracle is written independently of replicator.schema on purpose: it maps
+The oracle is written independently of replicator.structure on purpose: it maps
 psycopg's Python values, not the capture encoding.
 """
 
@@ -19,7 +19,8 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import date, datetime, time as dtime
+from datetime import date, datetime
+from datetime import time as dtime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any

@@ -3,7 +3,7 @@ a replay of the JSON-lines stream, and writer threads that keep changing rows
 while DDL runs.
 
 The oracle maps the values psycopg reads from the source (README, "SQLite type
-mapping") without using replicator.schema, so it checks the consumer's
+mapping") without using replicator.structure, so it checks the consumer's
 decoding instead of repeating it.
 """
 
@@ -14,7 +14,7 @@ import random
 import sqlite3
 import threading
 from collections import Counter
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -22,12 +22,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-
 # the oracle ----------------------------------------------------------------------------
 
 def replica_value(value: Any) -> Any:
     """What the SQLite replica (and a JSON-lines row) holds for a source value."""
-    if value is None or isinstance(value, (int, str)) and not isinstance(value, bool):
+    if value is None or (isinstance(value, (int, str)) and not isinstance(value, bool)):
         return value
     if isinstance(value, bool):
         return int(value)
@@ -38,7 +37,7 @@ def replica_value(value: Any) -> Any:
     if isinstance(value, datetime):
         if value.tzinfo is None:
             return value.isoformat()
-        return value.astimezone(timezone.utc).isoformat()
+        return value.astimezone(UTC).isoformat()
     if isinstance(value, date):
         return value.isoformat()
     raise TypeError(f"the DDL tests use no {type(value).__name__} values")
@@ -120,7 +119,7 @@ class StreamReplay:
         self.columns: dict[str, set[str]] = {}
         self.schema_events: list[dict[str, Any]] = []
 
-    def replay(self, lines: list[dict[str, Any]]) -> "StreamReplay":
+    def replay(self, lines: list[dict[str, Any]]) -> StreamReplay:
         for number, line in enumerate(lines, 1):
             name, op = line["table"], line["op"]
             rows = self.tables.setdefault(name, {})
@@ -194,7 +193,7 @@ class Writers:
         self._stopped = False
         self._threads = [threading.Thread(target=self._run, args=(n,), daemon=True) for n in range(count)]
 
-    def start(self) -> "Writers":
+    def start(self) -> Writers:
         for thread in self._threads:
             thread.start()
         return self

@@ -5,7 +5,7 @@ consecutive events applied in one target call."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from functools import partial
 
 import pytest
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicator.consumer import Consumer
-from replicator.schema import Column, _timestamptz_to_utc, decoder_for, parse_json, rows_decoder
+from replicator.structure import Column, _timestamptz_to_utc, decoder_for, parse_json, rows_decoder
 from replicator.targets import open_target
 
 plain_parse = partial(json.loads, parse_float=str)
@@ -23,7 +23,7 @@ def plain_timestamptz(value):
     if value is None:
         return None
     try:
-        return datetime.fromisoformat(value).astimezone(timezone.utc).isoformat()
+        return datetime.fromisoformat(value).astimezone(UTC).isoformat()
     except ValueError:
         return value
 
@@ -64,7 +64,7 @@ def _pg_rendering(moment: datetime, offset_minutes: int, digits: int) -> str:
 
 
 @settings(max_examples=500)
-@given(st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(timezone.utc)),
+@given(st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.just(UTC)),
        st.sampled_from([0, 0, 0, 60, -210, 330]), st.integers(0, 6))
 def test_timestamptz_shortcut_gives_what_the_conversion_gives(moment, offset, digits):
     text = _pg_rendering(moment, offset, digits)

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from psycopg import sql
 
 from ddl_helpers import source_rows, sqlite_rows
 from queue_util import changes, read_events
 from replicator.consumer import Consumer
 from replicator.errors import UserError
-from replicator.source import check_row_filter
+from replicator.source.row_filter import check_row_filter
 from replicator.targets import open_target
 
 

@@ -175,7 +175,7 @@ def test_tables_leaving_out_a_table_the_replica_holds_is_refused(dsn, conn, sour
 
 def test_default_consumer_names_differ_between_hosts_and_targets(monkeypatch, tmp_path):
     from replicator.consumer import default_consumer_name
-    from replicator.targets.sqlite import SqliteTarget
+    from replicator.targets.sqlite.target import SqliteTarget
     from replicator.targets.stream import StreamTarget
 
     names = {}

@@ -35,14 +35,13 @@ from decimal import Decimal
 from pathlib import Path
 
 import psycopg
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
+from consumer_helpers import Daemon, assert_replica_equals_source, run_cli, set_fast_ticks, sqlite_position, wait_until
 from pg_helpers import drop_database
-from replicator.install import install
-
-from consumer_helpers import (Daemon, assert_replica_equals_source, run_cli, set_fast_ticks, sqlite_position,
-                              wait_until)
+from replicator.source.install import install
 
 TABLES = [("public.acct", "acct", ["id"]), ("s.items", "s__items", ["a", "b"]),
           ("public.pk_t", "pk_t", ["id"]), ("public.late", "late", ["id"])]

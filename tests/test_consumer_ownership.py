@@ -19,8 +19,8 @@ from consumer_helpers import run_cli
 from pg_helpers import drop_database
 from replicator.consumer import Consumer
 from replicator.errors import UserError
-from replicator.install import install
-from replicator.targets.sqlite import SqliteTarget
+from replicator.source.install import install
+from replicator.targets.sqlite.target import SqliteTarget
 
 _roles = itertools.count()
 
@@ -96,10 +96,9 @@ def test_second_granted_role_cannot_take_over_a_consumer_by_registering_its_name
     with psycopg.connect(_as(dsn, b), autocommit=True) as owner:
         tick = owner.execute("SELECT replicator.register_consumer('q', 'b_replica')").fetchone()[0]
         assert owner.execute("SELECT replicator.register_consumer('q', 'b_replica')").fetchone()[0] == tick
-    with psycopg.connect(_as(dsn, a), autocommit=True) as other:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege,
-                           match=f'belongs to role "{b}", not "{a}": connect as "{b}", or use another consumer name'):
-            other.execute("SELECT replicator.register_consumer('q', 'b_replica')")
+    with psycopg.connect(_as(dsn, a), autocommit=True) as other, pytest.raises(psycopg.errors.InsufficientPrivilege,
+                       match=f'belongs to role "{b}", not "{a}": connect as "{b}", or use another consumer name'):
+        other.execute("SELECT replicator.register_consumer('q', 'b_replica')")
     # a daemon started under that name stops with that one line
     result = run_cli(_as(dsn, a), "consume", "q", "--target", f"sqlite:{tmp_path / 'r.db'}", "--consumer",
                      "b_replica", "--once")

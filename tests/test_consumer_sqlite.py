@@ -27,13 +27,26 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from consumer_helpers import (Daemon, assert_replica_equals_source, forced_tick, latest_tick, run_cli,
-                              set_fast_ticks, sqlite_position, sqlite_primary_key, sqlite_reader, sqlite_rows,
-                              sqlite_types, wait_until, cli_env)
+from consumer_helpers import (
+    Daemon,
+    assert_replica_equals_source,
+    cli_env,
+    forced_tick,
+    latest_tick,
+    run_cli,
+    set_fast_ticks,
+    sqlite_position,
+    sqlite_primary_key,
+    sqlite_reader,
+    sqlite_rows,
+    sqlite_types,
+    wait_until,
+)
 from replicator.consumer import Consumer
-from replicator.targets.sqlite import SqliteTarget, replica_state
+from replicator.targets.sqlite.target import SqliteTarget, replica_state
 
 
 def consume(dsn: str, path: Path, *, tables: list[str] | None = None, once: bool = False) -> int:
@@ -249,7 +262,7 @@ KILLER = textwrap.dedent("""
     import os, signal, sys
     from replicator import cli
     from replicator.source import Source
-    from replicator.targets.sqlite import SqliteTarget
+    from replicator.targets.sqlite.target import SqliteTarget
     point, n = sys.argv[1], int(sys.argv[2])
     calls = {"n": 0}
 

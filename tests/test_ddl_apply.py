@@ -14,13 +14,23 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from ddl_helpers import (StreamReplay, Writers, assert_sqlite_equals_source, assert_stream_equals_source, attnums,
-                         source_rows, source_tables, sqlite_rows, sqlite_tables, stream_lines)
 from consumer_helpers import run_cli
+from ddl_helpers import (
+    StreamReplay,
+    Writers,
+    assert_sqlite_equals_source,
+    assert_stream_equals_source,
+    attnums,
+    source_rows,
+    source_tables,
+    sqlite_rows,
+    sqlite_tables,
+    stream_lines,
+)
 from replicator.consumer import Consumer
-from replicator.ddl import execute_script
 from replicator.errors import UserError
-from replicator.install import EVENT_TRIGGERS
+from replicator.source.execute import execute_script
+from replicator.source.install import EVENT_TRIGGERS
 from replicator.targets import open_target
 
 

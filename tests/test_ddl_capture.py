@@ -18,12 +18,12 @@ import pytest
 from psycopg import sql
 
 from consumer_helpers import run_cli
-from queue_util import changes, read_events
 from pg_helpers import drop_database
-from replicator.ddl import command_tag, execute_script
+from queue_util import changes, read_events
 from replicator.errors import UserError
-from replicator.install import EVENT_TRIGGERS, has_event_triggers, install
 from replicator.source import Source
+from replicator.source.execute import command_tag, execute_script
+from replicator.source.install import EVENT_TRIGGERS, has_event_triggers, install
 
 _roles = itertools.count()
 
@@ -86,10 +86,9 @@ def test_ddl_inside_a_do_block_is_announced_between_the_blocks_writes(conn, q):
 def test_rolled_back_ddl_queues_nothing_and_leaves_capture_as_it_was(conn, q):
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     q.add_table("q", "t")
-    with pytest.raises(psycopg.errors.DivisionByZero):
-        with conn.transaction():
-            conn.execute("ALTER TABLE t ADD COLUMN n int")
-            conn.execute("SELECT 1 / 0")
+    with pytest.raises(psycopg.errors.DivisionByZero), conn.transaction():
+        conn.execute("ALTER TABLE t ADD COLUMN n int")
+        conn.execute("SELECT 1 / 0")
     conn.execute("INSERT INTO t VALUES (1, 'a')")
     assert [(e.type, e.items) for e in read_events(q)] == [("I", [[1, "a"]])]
 

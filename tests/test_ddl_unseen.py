@@ -6,17 +6,17 @@ ticker notices the rest before its next tick (replicator.follow_unseen_ddl)."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import psycopg
 import pytest
-import sqlite3
 
 from ddl_helpers import assert_sqlite_equals_source
 from replicator.consumer import Consumer
 from replicator.errors import UserError
-from replicator.install import drop_event_triggers
 from replicator.source import Source
+from replicator.source.install import drop_event_triggers
 from replicator.targets import open_target
 
 

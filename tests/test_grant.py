@@ -1,7 +1,7 @@
 """A least-privilege consumer role, granted with one command."""
 
-import subprocess
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import psycopg

@@ -7,10 +7,10 @@ import threading
 import psycopg
 import pytest
 
-from replicator.errors import UserError
-from replicator.install import EVENT_TRIGGERS, install, installed_versions, migrations, uninstall
-from replicator.source import Source
 from queue_util import read_events
+from replicator.errors import UserError
+from replicator.source import Source
+from replicator.source.install import EVENT_TRIGGERS, install, installed_versions, migrations, uninstall
 
 
 def _catalog(conn) -> dict[str, int]:

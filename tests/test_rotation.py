@@ -10,9 +10,9 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from replicator.status import status
 from consumer_helpers import run_cli
 from queue_util import apply_events, read_events
+from replicator.source.status import status
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 Real PostgreSQL, real consumer, real local Spark (one session for the run).
 The oracle reads the source with SQL renderings chosen to match the Spark
 types (numeric as text, timestamptz as UTC text), independently of
-replicator.schema.
+replicator.structure.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ pytest.importorskip("pyspark")
 
 from consumer_helpers import REPLICATOR, cli_env, run_cli
 from replicator.consumer import Consumer
-from replicator.jobs import StopFlag
+from replicator.shutdown import StopFlag
 from replicator.spark import compact, read_table, register_views
-from replicator.spark.warehouse import Warehouse
-from replicator.targets.spark import SparkTarget
+from replicator.targets.spark.target import SparkTarget
+from replicator.targets.spark.warehouse import Warehouse
 
 T_DDL = """
     CREATE TABLE t (id int PRIMARY KEY, v text, n numeric(12,2), f double precision, b boolean,
@@ -48,9 +48,7 @@ def source_rows(conn: psycopg.Connection, table: str) -> dict[tuple, dict[str, A
         q = f'"{name}"'
         if typ == "timestamp with time zone":
             exprs.append(f"to_char({q} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')")
-        elif typ in ("numeric", "jsonb", "json") or typ.endswith("[]"):
-            exprs.append(f"{q}::text")
-        elif typ == "date":
+        elif typ in ("numeric", "jsonb", "json") or typ.endswith("[]") or typ == "date":
             exprs.append(f"{q}::text")
         else:
             exprs.append(q)
@@ -313,7 +311,7 @@ def test_kill_9_during_commit_keeps_one_state_and_next_run_applies_the_batch_onc
     conn.execute("UPDATE t SET v = v || '!' WHERE id <= 100")
     conn.execute("DELETE FROM t WHERE id > 450")
     conn.execute("INSERT INTO t VALUES (1000, 'new')")
-    # The consumer SIGKILLs itself at the named point of its commit (replicator.spark.warehouse.crash_point).
+    # The consumer SIGKILLs itself at the named point of its commit (replicator.targets.spark.warehouse.crash_point).
     crashed = subprocess.run([str(REPLICATOR), "consume", "q", "--target", url, "--until-caught-up"],
                              env={**cli_env(dsn), "REPLICATOR_CRASH_AT": point}, capture_output=True, text=True,
                              timeout=120)
@@ -349,7 +347,7 @@ def test_kill_9_during_commit_keeps_one_state_and_next_run_applies_the_batch_onc
 
 def test_truncate_makes_a_new_empty_generation_and_spills_large_batches(dsn, conn, source, tmp_path, spark,
                                                                       monkeypatch):
-    import replicator.targets.spark as spark_target
+    import replicator.targets.spark.target as spark_target
     monkeypatch.setattr(spark_target, "LOG_SPILL_ROWS", 50)
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
     conn.execute("INSERT INTO t SELECT g, g FROM generate_series(1, 100) g")
@@ -375,6 +373,7 @@ def test_truncate_makes_a_new_empty_generation_and_spills_large_batches(dsn, con
 
 def test_compact_command_and_errors(dsn, conn, source, tmp_path, spark):
     from click.testing import CliRunner
+
     from replicator.cli import cli
 
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
@@ -404,7 +403,7 @@ def test_compact_command_and_errors(dsn, conn, source, tmp_path, spark):
 
 def test_parallel_initial_copy_reads_one_snapshot_while_the_table_changes(dsn, conn, source, tmp_path, spark,
                                                                          monkeypatch):
-    import replicator.spark.parallel_copy as parallel_copy
+    import replicator.targets.spark.parallel_copy as parallel_copy
     monkeypatch.setattr(parallel_copy, "PARALLEL_MIN_ROWS", 1)
     monkeypatch.setattr(parallel_copy, "workers_for", lambda rows: 3)
     conn.execute(T_DDL)
@@ -479,6 +478,7 @@ def _hide_first_log(path: Path) -> tuple[Path, Path]:
 def test_compact_command_reports_a_damaged_manifest_and_a_spark_failure_in_one_line(dsn, conn, source, tmp_path,
                                                                                     spark):
     from click.testing import CliRunner
+
     from replicator.cli import cli
     from replicator.errors import UserError
 
@@ -582,8 +582,8 @@ def test_a_warehouse_deleted_under_the_running_consumer_stops_it_at_the_next_bat
 def _warehouse_with_a_table(path: Path) -> Path:
     """A warehouse holding one table (a base and a change log), written without Spark;
     returns the directory of the table's generation."""
-    from replicator.schema import Column, TableStructure
-    from replicator.targets import TargetTable
+    from replicator.structure import Column, TableStructure
+    from replicator.targets.protocol import TargetTable
 
     columns = (Column(name="id", type="bigint", base_type="bigint", category="N", not_null=True, attnum=1),)
     table = TargetTable(source_name="public.orders", table_id=1, mode="full", copy_snapshot=None,

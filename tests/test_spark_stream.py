@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from replicator.source import Source
-from replicator.spark.source import ReplicatorStreamReader, read_partition
+from replicator.streaming.source import ReplicatorStreamReader, read_partition
 
 
 def layouts_now(source: Source) -> dict[int, tuple[Any, ...]]:
@@ -199,7 +199,7 @@ def test_query_behind_a_rotated_queue_fails_saying_it_is_too_far_behind(dsn, con
 
 
 def test_a_capture_suspended_by_ddl_nobody_announced_stops_the_stream_with_the_way_out(dsn, conn, source):
-    from replicator.install import drop_event_triggers
+    from replicator.source.install import drop_event_triggers
 
     drop_event_triggers(conn)
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")

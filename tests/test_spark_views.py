@@ -32,14 +32,14 @@ from consumer_helpers import REPLICATOR, cli_env, run_cli
 from replicator.cli import cli
 from replicator.consumer import Consumer
 from replicator.errors import UserError
-from replicator.schema import Column, TableStructure
 from replicator.spark import register_views
-from replicator.spark import views as spark_views
-from replicator.spark.reader import read_view
-from replicator.spark.views import SparkViews
-from replicator.spark.warehouse import Warehouse
-from replicator.targets import TargetTable
-from replicator.targets.spark import SparkTarget
+from replicator.structure import Column, TableStructure
+from replicator.targets.protocol import TargetTable
+from replicator.targets.spark import views as spark_views
+from replicator.targets.spark.reader import read_view
+from replicator.targets.spark.target import SparkTarget
+from replicator.targets.spark.views import SparkViews
+from replicator.targets.spark.warehouse import Warehouse
 
 VIEWS = {
     "by_customer": "SELECT customer_id, count(*) AS n, sum(amount) AS total, avg(amount) AS mean,"
@@ -274,7 +274,7 @@ def test_views_with_typed_keys_agree_between_driver_and_spark_lookups(spark, tmp
     """Timestamp, float, boolean and two-column keys, bases rewritten by Spark
     (compaction: INT96 timestamps) and view logs folded into a new base: the lookups
     on the driver give the views and the refresh records that Spark's do."""
-    from replicator.spark.compaction import compact
+    from replicator.targets.spark.compaction import compact
 
     monkeypatch.setattr(spark_views, "REWRITE_AFTER_LOGS", 3)
     batches = reading_batches(3, 6)
@@ -314,14 +314,14 @@ def test_views_with_typed_keys_agree_between_driver_and_spark_lookups(spark, tmp
 
 
 def test_driver_lookups_merge_many_log_files_as_the_reader_does(tmp_path):
-    """The lookups on the driver (replicator.spark.lookup) see a table as the reader
+    """The lookups on the driver (replicator.targets.spark.lookup) see a table as the reader
     merges it over many change log files: a key's row is the newest file's, none when
     that is a tombstone, else the base's; a view's keys compare as Spark's <=> does
     (NULL, -0.0 and 0.0, NaN)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from replicator.spark import lookup
+    from replicator.targets.spark import lookup
 
     rng = random.Random(7)
     warehouse = Warehouse(tmp_path)

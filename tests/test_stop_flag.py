@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from replicator.jobs import StopFlag
+from replicator.shutdown import StopFlag
 
 
 @pytest.fixture

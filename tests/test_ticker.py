@@ -185,8 +185,9 @@ def test_registering_a_consumer_while_a_ticker_holds_the_queue_waits_for_its_tic
 
 
 def test_ticker_daemon_keeps_retrying_while_the_source_is_unreachable(dsn, q):
-    from replicator.jobs import StopFlag, run_ticker
+    from replicator.shutdown import StopFlag
     from replicator.source import Source
+    from replicator.source.jobs import run_ticker
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -210,9 +211,9 @@ def test_ticker_daemon_keeps_retrying_while_the_source_is_unreachable(dsn, q):
 def test_a_tick_and_what_it_shows_survive_a_crash_under_asynchronous_commit():
     # A cluster whose WAL writer waits 10 s: without the ticker's synchronous commit, a
     # crash right after a tick loses it (and the next tick would reuse its id).
-    from replicator.install import install
-    from replicator.pgserver import PgServer
+    from pgserver import PgServer
     from replicator.source import Source
+    from replicator.source.install import install
 
     server = PgServer(settings={"wal_writer_delay": "10000ms", "synchronous_commit": "off"})
     server.init().start()

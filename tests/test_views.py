@@ -21,8 +21,8 @@ import pytest
 
 from consumer_helpers import run_cli
 from replicator.errors import UserError
-from replicator.targets import sqlite_views
-from replicator.views import analyse
+from replicator.targets.sqlite import views as sqlite_views
+from replicator.views.analysis import analyse
 from views_helpers import open_target, table, view_differences
 
 ORDERS = table("orders", [("id", "int", True), ("cid", "int", False), ("amount", "int", False),
@@ -742,7 +742,7 @@ def test_schema_changes_through_the_target_api(target):
     """The hooks the consumer's schema changes go through: add, rename and drop of
     columns (DROP COLUMN must not be blocked by the capture triggers or the helper
     indexes), a table copied again, truncated, dropped."""
-    from replicator.schema import Change, Column
+    from replicator.structure import Change, Column
     views = {"per_customer": "SELECT cid, count(*) AS n, sum(amount) AS s FROM orders GROUP BY cid",
              "lines": "SELECT o.id, o.status, c.name FROM orders o JOIN customers c ON c.id = o.cid"}
     for name, sql in views.items():

@@ -15,8 +15,16 @@ from pathlib import Path
 
 import psycopg
 
-from consumer_helpers import (Daemon, assert_replica_equals_source, cli_env, forced_tick, run_cli,
-                              set_fast_ticks, sqlite_position, wait_until)
+from consumer_helpers import (
+    Daemon,
+    assert_replica_equals_source,
+    cli_env,
+    forced_tick,
+    run_cli,
+    set_fast_ticks,
+    sqlite_position,
+    wait_until,
+)
 from views_helpers import view_differences
 
 SCHEMA = """
@@ -160,7 +168,7 @@ def test_a_view_created_while_the_daemon_runs_is_maintained_by_it(dsn, conn, sou
 KILLER = textwrap.dedent("""
     import os, signal, sys
     from replicator import cli
-    from replicator.targets.sqlite_views import SqliteViews
+    from replicator.targets.sqlite.views import SqliteViews
     n = int(sys.argv[1])
     calls = {"n": 0}
     original = SqliteViews.refresh

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from replicator.schema import Column, TableStructure
-from replicator.targets import TargetTable
-from replicator.targets.sqlite import SqliteTarget
+from replicator.structure import Column, TableStructure
+from replicator.targets.protocol import TargetTable
+from replicator.targets.sqlite.target import SqliteTarget
 
 _TYPES = {"int": ("integer", "N"), "text": ("text", "S"), "float": ("double precision", "N")}
 

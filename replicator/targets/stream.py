@@ -20,9 +20,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import UserError
-from ..schema import Change, TableStructure
-from . import Row, TargetTable, file_changed, queue_positions, special_file
+from replicator.errors import UserError
+from replicator.structure import Change, TableStructure
+from replicator.targets.files import file_changed, special_file
+from replicator.targets.protocol import Row, TargetTable, queue_positions
 
 
 def _json_value(value: Any) -> Any:

@@ -1,0 +1,299 @@
+"""The Python face of queue_sql: queues, tables, ticks, consumers and batches.
+
+Every method is one call of a ``replicator.*`` SQL function, whose errors
+become :class:`~replicator.errors.UserError` with the function's message.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from replicator.errors import UserError
+from replicator.source import db
+from replicator.source.install import has_event_triggers, require_installed
+from replicator.source.row_filter import check_row_filter
+
+BATCH_WORK_MEM = "64MB"
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    batch_id: int
+    queue_id: int
+    queue_name: str
+    consumer_name: str
+    prev_tick_id: int
+    tick_id: int
+    prev_tick_time: datetime
+    tick_time: datetime
+    prev_snapshot: str
+    cur_snapshot: str
+    prev_event_seq: int
+    cur_event_seq: int
+    lag_seconds: float  # how long ago, by the source's clock, the batch's last tick was taken
+
+
+@dataclass(frozen=True)
+class CapturedTable:
+    queue_name: str
+    table_id: int
+    name: str          # schema.table
+    mode: str          # 'full' or 'pk'
+    key: list[str]
+    ignore: list[str]
+    row_filter: str | None
+    columns: list[str]  # captured columns, in event value order
+    oid: int
+    structure: dict[str, Any] | None  # replicator.table_structure(); None if the table is gone
+    suspended: str | None = None       # why capture stopped (replicator.suspend_capture)
+
+    @property
+    def schema(self) -> str:
+        return self.structure["schema"] if self.structure else self.name.split(".", 1)[0]
+
+    @property
+    def table(self) -> str:
+        return self.structure["name"] if self.structure else self.name.split(".", 1)[1]
+
+
+_INTERVAL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|msec|s|sec|m|min|h|hour|d|day)s?\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"ms": 0.001, "msec": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600,
+                 "d": 86400, "day": 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """'500ms', '90s', '15min', '2h', '1d' or a bare number of seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        match = _INTERVAL.match(text)
+        if not match:
+            raise UserError(f"invalid duration {text!r}: use e.g. 500ms, 30s, 15min, 2h or 1d") from None
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+    try:
+        return timedelta(seconds=seconds)
+    except (OverflowError, ValueError):   # inf, nan, past 999999999 days
+        raise UserError(f"invalid duration {text!r}: use e.g. 500ms, 30s, 15min, 2h or 1d") from None
+
+
+class Source:
+    """A source database with schema replicator installed."""
+
+    def __init__(self, conn: psycopg.Connection, *, check_installed: bool = True) -> None:
+        self.conn = conn
+        if check_installed:
+            require_installed(conn)
+
+    @classmethod
+    def connect(cls, dsn: str | None, **kwargs: Any) -> Source:
+        return cls(db.connect(dsn, **kwargs))
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Source:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, query: str, params: tuple[Any, ...] = ()) -> Any:
+        with db.user_errors():
+            row = self.conn.execute(query, params).fetchone()
+        return row[0] if row else None
+
+    def _rows(self, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        with db.user_errors(), self.conn.cursor(row_factory=dict_row) as cur:
+            return cur.execute(query, params).fetchall()
+
+    # queues -----------------------------------------------------------------
+
+    def create_queue(self, name: str, *, ntables: int = 3, rotation_period: timedelta = timedelta(hours=2)) -> int:
+        return self._call("SELECT replicator.create_queue(%s, %s::integer, %s)", (name, ntables, rotation_period))
+
+    def drop_queue(self, name: str) -> None:
+        self._call("SELECT replicator.drop_queue(%s)", (name,))
+
+    def set_queue_config(self, name: str, **settings: int | timedelta) -> None:
+        """Changes queue settings (see replicator.set_queue_config): ticker_max_count,
+        ticker_max_lag, ticker_idle_period, rotation_period; all or none."""
+        with self.conn.transaction():
+            for param, value in settings.items():
+                text = f"{value.total_seconds()} seconds" if isinstance(value, timedelta) else str(value)
+                self._call("SELECT replicator.set_queue_config(%s, %s, %s)", (name, param, text))
+
+    def queue_config(self, name: str) -> dict[str, Any]:
+        return self._rows("SELECT queue_ticker_max_count AS ticker_max_count, queue_ticker_max_lag AS ticker_max_lag,"
+                          " queue_ticker_idle_period AS ticker_idle_period, queue_rotation_period AS rotation_period,"
+                          " queue_ntables AS ntables FROM replicator.find_queue(%s)", (name,))[0]
+
+    def queues(self) -> list[dict[str, Any]]:
+        return self._rows("SELECT * FROM replicator.queue_info()")
+
+    def queue_id(self, name: str) -> int:
+        return self._call("SELECT (replicator.find_queue(%s)).queue_id", (name,))
+
+    # tables -----------------------------------------------------------------
+
+    def add_table(self, queue: str, table: str, *, mode: str = "full", key: list[str] | None = None,
+                  ignore: list[str] | None = None, where: str | None = None) -> int:
+        """Captures a table (replicator.add_table). The row filter is checked
+        first (check_row_filter): nothing of it reaches the server unless it is
+        one expression. The table, key and ignored columns travel as parameters
+        (the server parses the name with to_regclass and matches the columns
+        against the table's)."""
+        check_row_filter(where, self_contained=where is not None and not has_event_triggers(self.conn))
+        return self._call("SELECT replicator.add_table(%s, %s, %s, %s, %s, %s)",
+                          (queue, table, mode, key or None, ignore or [], where))
+
+    def follow_schema(self, queue: str, schema: str, *, mode: str = "full") -> int:
+        """Captures every table of a schema, now and as they are created; returns how many were added."""
+        return self._call("SELECT replicator.follow_schema(%s, %s, %s)", (queue, schema, mode))
+
+    def grant_consumer(self, role: str) -> int:
+        """Lets a role run consumers; returns the number of captured tables it may read."""
+        return self._call("SELECT replicator.grant_consumer(%s)", (role,))
+
+    def table_ids(self, queue: str) -> list[int]:
+        """Ids of the queue's captured tables: cheap to poll for changes."""
+        return self._call("SELECT coalesce(array_agg(table_id ORDER BY table_id), '{}')"
+                          " FROM replicator.captured_table WHERE queue_id = (replicator.find_queue(%s)).queue_id",
+                          (queue,))
+
+    def unfollow_schema(self, queue: str, schema: str) -> None:
+        """Stops capturing the tables created later in a schema; those captured stay."""
+        self._call("SELECT replicator.unfollow_schema(%s, %s)", (queue, schema))
+
+    def remove_table(self, queue: str, table: str) -> int:
+        return self._call("SELECT replicator.remove_table(%s, %s)", (queue, table))
+
+    def followed_schemas(self, queue: str | None = None) -> list[dict[str, Any]]:
+        """Schemas whose new tables a queue captures (all queues' when None)."""
+        if queue is not None:
+            self.queue_id(queue)
+        return self._rows("SELECT queue_name AS queue, schema_name AS schema, mode, since"
+                          " FROM replicator.schema_info(%s)", (queue,))
+
+    def tables(self, queue: str | None = None) -> list[CapturedTable]:
+        if queue is not None:
+            self.queue_id(queue)
+        rows = self._rows("SELECT * FROM replicator.table_info(%s)", (queue,))
+        return [CapturedTable(queue_name=r["queue_name"], table_id=r["table_id"], name=r["table_name"],
+                              mode=r["mode"], key=r["key"], ignore=r["ignore"], row_filter=r["row_filter"],
+                              columns=r["columns"], oid=r["table_oid"], structure=r["structure"],
+                              suspended=r["suspended"]) for r in rows]
+
+    # ticks and maintenance ----------------------------------------------------
+
+    def tick(self, queue: str | None = None, *, force: bool = False) -> int | None:
+        """One ticker pass: on one queue (returns the new tick id or None) or on all
+        queues (returns the number of ticks). DDL run directly on captured tables where no
+        event trigger saw it is followed first, in a transaction of its own, so that the
+        tick includes what it queued (by the installing owner's ticker: a consumer's role
+        is not granted that, and its forced ticks only tick)."""
+        if self._call("SELECT has_function_privilege('replicator.follow_unseen_ddl(text)', 'EXECUTE')"):
+            self._call("SELECT replicator.follow_unseen_ddl(%s)", (queue,))
+        if queue is None:
+            return self._call("SELECT replicator.ticker()")
+        return self._call("SELECT replicator.ticker(%s, %s)", (queue, force))
+
+    def latest_tick(self, queue: str) -> int | None:
+        return self._call("SELECT max(tick_id) FROM replicator.tick"
+                          " WHERE tick_queue = (replicator.find_queue(%s)).queue_id", (queue,))
+
+    def maint(self) -> dict[str, list[str]]:
+        """Rotation and tick cleanup on every queue. Each step commits on its own:
+        a switch must be committed before its step 2 runs."""
+        done: dict[str, list[str]] = {}
+        for q in self.queues():
+            name = q["queue_name"]
+            actions = done.setdefault(name, [])
+            with db.user_errors():
+                try:
+                    with self.conn.transaction():
+                        self.conn.execute("SET LOCAL lock_timeout = '5s'")
+                        if self.conn.execute("SELECT replicator.maint_rotate_step1(%s)", (name,)).fetchone()[0]:
+                            actions.append("rotated")
+                except psycopg.errors.LockNotAvailable:
+                    actions.append("rotation postponed: event table busy")
+            if self._call("SELECT replicator.maint_rotate_step2()"):
+                actions.append("switch completed")
+            deleted = self._call("SELECT replicator.maint_tick_cleanup(%s)", (name,))
+            if deleted:
+                actions.append(f"{deleted} old ticks deleted")
+        return done
+
+    def rotation_blockers(self, queue: str) -> list[dict[str, Any]]:
+        return self._rows("SELECT * FROM replicator.rotation_blockers(%s)", (queue,))
+
+    # consumers and batches ----------------------------------------------------
+
+    def register_consumer(self, queue: str, consumer: str) -> int:
+        return self._call("SELECT replicator.register_consumer(%s, %s)", (queue, consumer))
+
+    def unregister_consumer(self, queue: str, consumer: str) -> bool:
+        return self._call("SELECT replicator.unregister_consumer(%s, %s)", (queue, consumer))
+
+    def set_consumer_owner(self, queue: str, consumer: str, role: str) -> None:
+        """Gives a consumer to another role (the owner of schema replicator only)."""
+        self._call("SELECT replicator.set_consumer_owner(%s, %s, %s)", (queue, consumer, role))
+
+    def consumers(self) -> list[dict[str, Any]]:
+        return self._rows("SELECT * FROM replicator.consumer_info()")
+
+    def set_consumer_position(self, queue: str, consumer: str, tick_id: int) -> None:
+        self._call("SELECT replicator.set_consumer_position(%s, %s, %s)", (queue, consumer, tick_id))
+
+    def next_batch(self, queue: str, consumer: str, max_events: int | None = None) -> int | None:
+        return self._call("SELECT replicator.next_batch(%s, %s, %s)", (queue, consumer, max_events))
+
+    def batch_info(self, batch_id: int) -> BatchInfo:
+        rows = self._rows("SELECT *, prev_snapshot::text AS prev_snap, cur_snapshot::text AS cur_snap,"
+                          " extract(epoch FROM clock_timestamp() - tick_time)::float8 AS lag_seconds"
+                          " FROM replicator.get_batch_info(%s)", (batch_id,))
+        r = rows[0]
+        return BatchInfo(batch_id=batch_id, queue_id=r["queue_id"], queue_name=r["queue_name"],
+                         consumer_name=r["consumer_name"], prev_tick_id=r["prev_tick_id"], tick_id=r["tick_id"],
+                         prev_tick_time=r["prev_tick_time"], tick_time=r["tick_time"],
+                         prev_snapshot=r["prev_snap"], cur_snapshot=r["cur_snap"],
+                         prev_event_seq=r["prev_event_seq"], cur_event_seq=r["cur_event_seq"],
+                         lag_seconds=r["lag_seconds"])
+
+    def batch_event_sql(self, batch_id: int, tables: list[int] | None = None) -> str:
+        return self._call("SELECT replicator.batch_event_sql(%s, %s)", (batch_id, tables))
+
+    def batch_events(self, batch_id: int, tables: list[int] | None = None, chunk_size: int = 16,
+                     chunk_bytes: int = 8 << 20) -> Iterator[tuple[int, int, datetime, str, int, str | None]]:
+        """The batch's events in ev_id order, streamed through a server-side cursor.
+        ev_data comes as JSON text: decoding it is the consumer's job (events.py).
+
+        An event holds up to 1000 rows, so a fixed number of events per fetch
+        is no memory bound: after the first fetch (chunk_size events), each fetch asks for as many
+        events as fit in about chunk_bytes of ev_data at the sizes seen so far
+        (at least one, at most 1000)."""
+        query = self.batch_event_sql(batch_id, tables)
+        query = query.replace("ev_data FROM", "ev_data::text FROM", 1)
+        with self.conn.transaction(), self.conn.cursor(name=f"batch_{batch_id}") as cur:
+            # The query sorts the batch by ev_id before the first row: in memory
+            # for batches of up to ~100,000 small events, not through temp files.
+            self.conn.execute(f"SET LOCAL work_mem = '{BATCH_WORK_MEM}'")
+            cur.execute(query)
+            count = chunk_size
+            while True:
+                rows = cur.fetchmany(count)
+                if not rows:
+                    return
+                size = sum(len(r[5]) for r in rows if r[5] is not None) + 64 * len(rows)
+                count = max(1, min(1000, chunk_bytes * len(rows) // size))
+                yield from rows
+                del rows
+
+    def finish_batch(self, batch_id: int) -> bool:
+        return self._call("SELECT replicator.finish_batch(%s)", (batch_id,))

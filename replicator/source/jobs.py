@@ -1,0 +1,63 @@
+"""The source's background jobs: the ticker and maintenance (rotation, tick cleanup)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import psycopg
+
+from replicator.errors import UserError
+from replicator.shutdown import StopFlag
+from replicator.source import Source
+
+log = logging.getLogger("replicator")
+
+
+def run_forever(step: Callable[[Source], object], connect: Callable[[], Source], interval: float,
+                stop: StopFlag, name: str) -> None:
+    """Runs step every interval seconds; reconnects with backoff when the source goes away."""
+    source: Source | None = None
+    backoff = 1.0
+    while not stop.is_set:
+        try:
+            if source is None:
+                source = connect()
+                log.info("%s: connected", name)
+                backoff = 1.0
+            step(source)
+        except (psycopg.OperationalError, UserError) as exc:
+            # UserError: connect() could not reach the source (db.connect turns that into one line).
+            log.warning("%s: source unavailable (%s); retrying in %.0fs", name, str(exc).strip().splitlines()[0], backoff)
+            if source is not None:
+                source.conn.close()
+                source = None
+            stop.wait(backoff)
+            backoff = min(backoff * 2, 30.0)
+            continue
+        stop.wait(interval)
+    if source is not None:
+        source.close()
+
+
+def tick_once(source: Source) -> int:
+    """Runs the ticker over every queue; returns the number of ticks made."""
+    return source.tick()
+
+
+def maint_once(source: Source) -> dict[str, list[str]]:
+    """One pass of the maint daemon: rotation and cleanup over every queue, each
+    action logged; returns what was done per queue."""
+    actions = source.maint()
+    for queue, done in actions.items():
+        for action in done:
+            log.info("maint: queue %s: %s", queue, action)
+    return actions
+
+
+def run_ticker(connect: Callable[[], Source], interval: float, stop: StopFlag) -> None:
+    run_forever(tick_once, connect, interval, stop, "ticker")
+
+
+def run_maint(connect: Callable[[], Source], interval: float, stop: StopFlag) -> None:
+    run_forever(maint_once, connect, interval, stop, "maint")

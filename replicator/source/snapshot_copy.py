@@ -1,0 +1,163 @@
+"""Reading current rows from the source: the initial copy of a table and the
+PK-only join-back.
+
+Both read rows in the capture encoding (replicator.capture_row_json), so a
+target decodes copied, joined-back and queued rows with the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from replicator.source import CapturedTable, Source, db
+from replicator.structure import RowsDecoder, TableStructure, parse_json
+
+COPY_CHUNK_ROWS = 5000
+
+
+def _relation(conn: psycopg.Connection, table: CapturedTable) -> sql.Composable:
+    """The table's current qualified name, found by oid: a RENAME the consumer has
+    not reached yet does not break reading it. Read without ONLY on purpose: the
+    rows of a partitioned table or inheritance parent include its descendants',
+    as its capture does (replicator.capture_tree)."""
+    name = conn.execute("SELECT %s::oid::regclass::text", (table.oid,)).fetchone()[0]
+    return sql.SQL(name)
+
+
+def _row_expr(conn: psycopg.Connection, table: CapturedTable, structure: TableStructure) -> sql.Composable:
+    """The capture encoding of the structure's columns, found by attnum in the
+    current table (renamed columns are read under their new name, dropped ones
+    as NULL), so a consumer behind on DDL still reads rows in its own layout."""
+    names = dict(conn.execute(
+        "SELECT attnum, attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+        (table.oid,)).fetchall())
+    columns = [names.get(c.attnum, "") if c.attnum else c.name for c in structure.columns]
+    expr = conn.execute("SELECT replicator.capture_row_json('t', %s, %s::oid::regclass)",
+                        (columns, table.oid)).fetchone()[0]
+    return sql.SQL(expr)
+
+
+def _filter(table: CapturedTable) -> sql.Composable:
+    return sql.SQL("({})").format(sql.SQL(table.row_filter)) if table.row_filter else sql.SQL("true")
+
+
+def decode_rows(texts: Iterable[str], decode: RowsDecoder) -> list[Sequence[Any]]:
+    return decode([parse_json(text) for text in texts])
+
+
+class SnapshotCopy:
+    """A table's rows as of one REPEATABLE READ snapshot of the source.
+
+    ``snapshot`` (txid_snapshot text) is known once the object is entered: events
+    of transactions visible in it are already in the copy and must be skipped.
+    It is made durable before it is returned (durable_tick): a source crash cannot
+    take back a commit it shows, nor give its txids to new transactions, whose
+    events would then be skipped as already copied.
+    """
+
+    def __init__(self, dsn: str, table: CapturedTable, structure: TableStructure) -> None:
+        self.dsn = dsn
+        self.table = table
+        self.structure = structure
+        self.snapshot = ""
+        self.estimated_rows = 0
+
+    def __enter__(self) -> SnapshotCopy:
+        # OperationalError, not UserError: a source lost mid-copy is retried by the daemon.
+        self.conn = db.open_connection(db.resolve_dsn(self.dsn), autocommit=False, application_name="replicator copy")
+        self.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        self.conn.read_only = True
+        try:
+            # The first statement fixes the transaction's snapshot: this is it.
+            self.snapshot = self.conn.execute("SELECT txid_current_snapshot()::text").fetchone()[0]
+            self.estimated_rows = max(0, int(self.conn.execute(
+                "SELECT reltuples FROM pg_class WHERE oid = %s", (self.table.oid,)).fetchone()[0]))
+            durable_tick(self.dsn, self.table.queue_name)
+        except BaseException:
+            self.conn.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.conn.rollback()
+        self.conn.close()
+
+    def chunks(self) -> Iterator[list[Sequence[Any]]]:
+        """Decoded rows, COPY_CHUNK_ROWS at a time, streamed with binary COPY."""
+        query = sql.SQL("COPY (SELECT {expr}::text FROM {table} t WHERE {filter}) TO STDOUT (FORMAT binary)").format(
+            expr=_row_expr(self.conn, self.table, self.structure),
+            table=_relation(self.conn, self.table), filter=_filter(self.table))
+        decode = self.structure.rows_decoder()
+        with self.conn.cursor() as cur, cur.copy(query) as copy:
+            copy.set_types(["text"])
+            texts: list[str] = []
+            for (text,) in copy.rows():
+                texts.append(text)
+                if len(texts) >= COPY_CHUNK_ROWS:
+                    yield decode_rows(texts, decode)
+                    texts = []
+            if texts:
+                yield decode_rows(texts, decode)
+
+
+def durable_tick(dsn: str, queue: str) -> int:
+    """Makes a tick now, after the caller's snapshot, and returns its id.
+
+    A source crash loses the WAL not yet flushed (commits under synchronous_commit =
+    off, rollbacks always), and PostgreSQL then gives the txids it has no WAL of to
+    new transactions: a copy snapshot taken just before the crash could show lost
+    commits, and take new transactions, with txids below its xmax, for ones already
+    copied (their events skipped). A tick commits synchronously: its commit record
+    flushes every commit the snapshot shows, and its txid, at or above the
+    snapshot's xmax, is never given again. Another ticker's tick may predate the
+    snapshot: wait for one of our own."""
+    with db.open_connection(db.resolve_dsn(dsn), application_name="replicator copy") as conn:
+        source = Source(conn, check_installed=False)
+        while (tick := source.tick(queue, force=True)) is None:
+            time.sleep(0.01)
+        return tick
+
+
+def copy_progress() -> Progress:
+    """A progress bar on stderr; silent when stderr is not a terminal."""
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeRemainingColumn(), console=Console(stderr=True), transient=False,
+                    disable=not sys.stderr.isatty())
+
+
+def fetch_current_rows(conn: psycopg.Connection, table: CapturedTable, structure: TableStructure,
+                       keys: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+    """The PK-only join-back: current rows of the given keys (as found in
+    events: JSON values in key order), in one query. Keys whose row is gone,
+    or outside the table's row filter, are simply not returned."""
+    key_columns = structure.key_columns()
+    record = sql.SQL(", ").join(sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(c.type))
+                                for c in key_columns)
+    join = sql.SQL(" AND ").join(sql.SQL("t.{0} = k.{0}").format(sql.Identifier(c.name)) for c in key_columns)
+    # Arrays, composites and jsonb travel as their JSON text in a string (capture_row_json):
+    # parse it back into a JSON value, which jsonb_to_recordset turns into the column's type.
+    structured = [c.name for c in key_columns if c.category in ("A", "C") or c.base_type == "jsonb"]
+    # The keys go in as a literal, not a parameter: with parameters, every % of the query
+    # (in the row filter's SQL, in a column name) would be read as a placeholder.
+    payload = sql.SQL("{}::jsonb").format(sql.Literal(json.dumps([dict(zip(structure.key, key)) for key in keys])))
+    keys_json: sql.Composable = payload
+    if structured:
+        keys_json = sql.SQL("(SELECT jsonb_agg(e || jsonb_build_object({})) FROM jsonb_array_elements({}) e)"
+                            ).format(sql.SQL(", ").join(sql.SQL("{0}, (e->>{0})::jsonb").format(sql.Literal(name))
+                                                        for name in structured), payload)
+    # the filter reads the table alone: a key column it names would be ambiguous beside k's
+    query = sql.SQL("SELECT {expr}::text FROM (SELECT * FROM {table} WHERE {filter}) t"
+                    " JOIN jsonb_to_recordset({keys}) AS k({record}) ON {join}").format(
+        expr=_row_expr(conn, table, structure), table=_relation(conn, table), keys=keys_json,
+        record=record, join=join, filter=_filter(table))
+    texts = [row[0] for row in conn.execute(query)]
+    return decode_rows(texts, structure.rows_decoder())

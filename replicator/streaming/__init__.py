@@ -1,0 +1,1 @@
+"""The queue as a Spark streaming source (`spark.readStream.format("replicator")`)."""

@@ -1,0 +1,263 @@
+"""Table schema model: the structure a source table reports, and how its
+column values are decoded from the capture encoding into target values.
+
+The capture encoding (replicator.capture_row_json) is a JSON array of values.
+Decoding keeps PostgreSQL's exact renderings where a Python type would lose
+them: numerics stay text, json/arrays stay their JSON text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+Decoder = Callable[[Any], Any]
+
+INTEGER_TYPES = {"smallint", "integer", "bigint", "oid", "xid", "cid"}
+FLOAT_TYPES = {"real", "double precision"}
+
+# One JSON parser for events, the copy and the join-back: numbers that are not
+# integers stay text, so numeric values keep their exact digits and scale.
+_JSON = json.JSONDecoder(parse_float=str)
+_scan_json = _JSON.scan_once
+
+
+def parse_json(text: str) -> Any:
+    """json.loads(text, parse_float=str), without building a decoder per call
+    and, for text that is one JSON value with nothing around it (as
+    PostgreSQL renders ev_data), without the whitespace matching around it."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        return _JSON.decode(text)  # leading whitespace, or the error json.loads raises
+    if end != len(text):
+        return _JSON.decode(text)
+    return value
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str          # format_type() with typmod, e.g. 'numeric(12,2)'
+    base_type: str     # domains resolved, no typmod, e.g. 'numeric', 'integer[]'
+    category: str      # pg_type.typcategory of the base type
+    not_null: bool
+    attnum: int = 0    # identifies the column through renames
+    default: str | None = None
+
+    @property
+    def is_array(self) -> bool:
+        return self.category == "A"
+
+
+@dataclass(frozen=True)
+class TableStructure:
+    schema: str
+    name: str
+    columns: tuple[Column, ...]   # captured columns, in event value order
+    key: tuple[str, ...]
+
+    @classmethod
+    def from_source(cls, structure: dict[str, Any], captured: Sequence[str], key: Sequence[str]) -> TableStructure:
+        """From replicator.table_structure(), keeping the captured columns in capture order."""
+        by_name = {c["name"]: c for c in structure["columns"]}
+        columns = tuple(Column(name=n, type=by_name[n]["type"], base_type=by_name[n]["base_type"],
+                               category=by_name[n]["category"], not_null=by_name[n]["not_null"],
+                               attnum=by_name[n]["attnum"], default=by_name[n]["default"])
+                        for n in captured if n in by_name)
+        return cls(schema=structure["schema"], name=structure["name"], columns=columns, key=tuple(key))
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": self.schema, "name": self.name, "key": list(self.key),
+                           "columns": [c.__dict__ for c in self.columns]})
+
+    @classmethod
+    def from_json(cls, text: str) -> TableStructure:
+        data = json.loads(text)
+        return cls(schema=data["schema"], name=data["name"], key=tuple(data["key"]),
+                   columns=tuple(Column(**c) for c in data["columns"]))
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def key_columns(self) -> list[Column]:
+        by_name = {c.name: c for c in self.columns}
+        return [by_name[k] for k in self.key]
+
+    def key_positions(self) -> list[int]:
+        names = self.column_names
+        return [names.index(k) for k in self.key]
+
+    def row_decoders(self) -> list[Decoder]:
+        return [decoder_for(c) for c in self.columns]
+
+    def key_decoders(self) -> list[Decoder]:
+        return [decoder_for(c) for c in self.key_columns()]
+
+    def rows_decoder(self) -> RowsDecoder:
+        """Decodes a list of captured rows (JSON arrays in column order)."""
+        return rows_decoder(self.row_decoders())
+
+    def keys_decoder(self) -> RowsDecoder:
+        """Decodes a list of captured keys (JSON arrays in key order)."""
+        return rows_decoder(self.key_decoders())
+
+
+@dataclass(frozen=True)
+class Change:
+    """One step of reconciling a target table with a new source structure."""
+    action: str                  # 'rename_table', 'rename_column', 'drop_column', 'add_column'
+    name: str = ""               # the column (old name) or, for rename_table, the new table
+    new_name: str = ""
+    column: Column | None = None
+
+
+def reconcile(old: TableStructure, new: TableStructure) -> list[Change] | None:
+    """The in-place changes that turn a table of structure `old` into `new`,
+    matching columns by attnum; None when the source rewrote values that no
+    event carries (a column added with a default or NOT NULL, a type change)
+    or the key or its nullability changed: then the table must be copied again."""
+    old_by_attnum = {c.attnum: c for c in old.columns}
+    new_by_attnum = {c.attnum: c for c in new.columns}
+    renamed = {old_by_attnum[a].name: c.name for a, c in new_by_attnum.items() if a in old_by_attnum}
+    if tuple(renamed.get(k, "") for k in old.key) != new.key:
+        return None
+    if [c.not_null for c in old.key_columns()] != [c.not_null for c in new.key_columns()]:
+        return None     # a key that may hold NULL is stored differently (SQLite: not the rowid)
+    changes: list[Change] = []
+    if (old.schema, old.name) != (new.schema, new.name):
+        changes.append(Change("rename_table", name=old.qualified_name, new_name=new.qualified_name))
+    for attnum, column in old_by_attnum.items():
+        if attnum not in new_by_attnum:
+            changes.append(Change("drop_column", name=column.name))
+    for attnum, column in new_by_attnum.items():
+        before = old_by_attnum.get(attnum)
+        if before is None:
+            if column.default is not None or column.not_null:
+                return None
+            changes.append(Change("add_column", name=column.name, column=column))
+        elif before.type != column.type:
+            return None
+        elif before.name != column.name:
+            changes.append(Change("rename_column", name=before.name, new_name=column.name))
+    return changes
+
+
+def _timestamptz_to_utc(value: str | None) -> str | None:
+    """ISO 8601 in UTC with offset; values Python cannot represent (infinity,
+    BC, years past 9999) stay as PostgreSQL rendered them."""
+    if value is None:
+        return None
+    # Already in UTC with no or all six fractional digits: isoformat() would
+    # give back the same text (PostgreSQL drops trailing zeros of a fraction,
+    # isoformat() does not, so other lengths take the long way).
+    if value.endswith("+00:00") and (len(value) == 32 or len(value) == 25):
+        return value
+    try:
+        return datetime.fromisoformat(value).astimezone(UTC).isoformat()
+    except ValueError:
+        return value
+
+
+_NON_FINITE = frozenset(("NaN", "Infinity", "-Infinity"))
+
+
+def _float(value: Any) -> Any:
+    """Finite values as floats; NaN and the infinities as PostgreSQL spells
+    them (SQLite would store NaN as NULL, JSON has no spelling for them)."""
+    if value is None or value in _NON_FINITE:
+        return value
+    return float(value)
+
+
+def _bytea(value: str | None) -> bytes | None:
+    if value is None:
+        return None
+    if value.startswith("\\x"):
+        return bytes.fromhex(value[2:])
+    raise ValueError("bytea values must be captured with bytea_output = 'hex'")
+
+
+def _bool(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _numeric(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+RowsDecoder = Callable[[list[Any]], list[Sequence[Any]]]
+
+
+def rows_decoder(decoders: Sequence[Decoder]) -> RowsDecoder:
+    """One function decoding a list of captured rows (or keys) into target rows.
+
+    Values whose decoder is the identity are not touched: when every column's
+    is, rows are the parsed arrays themselves; otherwise each row becomes a
+    tuple built by one generated expression that calls only the other
+    columns' decoders, e.g. ``lambda r: (r[0], r[1], d2(r[2]))``. A row with
+    fewer values than decoders (or, for the identity, another number of
+    values) is decoded as zip() would, as before.
+    """
+    decoders = list(decoders)
+    n = len(decoders)
+
+    def by_zip(items: list[Any]) -> list[Sequence[Any]]:
+        return [tuple(d(v) for d, v in zip(decoders, item)) for item in items]
+
+    if all(d is _identity for d in decoders):
+        def same(items: list[Any]) -> list[Sequence[Any]]:
+            for item in items:
+                if len(item) != n:
+                    return by_zip(items)
+            return items
+        return same
+
+    env = {f"d{i}": d for i, d in enumerate(decoders) if d is not _identity}
+    body = ", ".join(f"r[{i}]" if d is _identity else f"d{i}(r[{i}])" for i, d in enumerate(decoders))
+    row = eval(f"lambda r: ({body},)", env)  # only column positions and env names: no outside text
+
+    def decode(items: list[Any]) -> list[Sequence[Any]]:
+        try:
+            return list(map(row, items))
+        except IndexError:
+            return by_zip(items)
+    return decode
+
+
+def decoder_for(column: Column) -> Decoder:
+    """How a value of this column, as found in the capture encoding, becomes a
+    target value (see README.md, "SQLite type mapping", and docs/spark.md, "Type mapping")."""
+    base = column.base_type
+    if column.category == "A":
+        return _identity
+    if base in INTEGER_TYPES:
+        return _identity
+    if base == "boolean":
+        return _bool
+    if base in FLOAT_TYPES:
+        return _float
+    if base == "numeric":
+        return _numeric
+    if base == "bytea":
+        return _bytea
+    if base == "timestamp with time zone":
+        return _timestamptz_to_utc
+    return _identity
+
+
+def target_table_name(schema: str, name: str) -> str:
+    """public.t → t, s.t → s__t."""
+    return name if schema == "public" else f"{schema}__{name}"

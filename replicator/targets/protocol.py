@@ -1,0 +1,78 @@
+"""The protocol every target implements, and what the consumer hands it.
+
+A target holds the replica and, for exactly-once delivery, the consumer's
+position, written in the same transaction as the rows it covers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from replicator.structure import Change, TableStructure
+
+Row = Sequence[Any]
+
+
+@dataclass
+class TargetTable:
+    """What a target knows of a replicated table."""
+    source_name: str             # schema.table in the source
+    table_id: int                # captured table id in the queue
+    mode: str                    # 'full' or 'pk'
+    structure: TableStructure
+    copy_snapshot: str | None    # events visible in it are already in the copy
+
+
+class Target(Protocol):
+    """Every method after begin() runs in the target's open transaction."""
+
+    name: str            # a stable description, the default consumer name derives from it
+    exactly_once: bool   # whether position and rows commit atomically
+
+    def positions(self, queue: str) -> dict[str, int]:
+        """The last tick applied of each consumer of `queue` this target holds."""
+        ...
+    def queues(self) -> set[str]:
+        """The queues this target holds positions of."""
+        ...
+    def tables(self) -> dict[str, TargetTable]: ...
+
+    def begin(self) -> None: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+    def close(self) -> None: ...
+
+    def set_position(self, queue: str, consumer: str, tick_id: int) -> None: ...
+    def create_table(self, table: TargetTable) -> None: ...
+    def save_table(self, table: TargetTable) -> None: ...
+    def drop_table(self, table: TargetTable) -> None: ...
+    def alter_table(self, old: TargetTable, new: TargetTable, changes: list[Change]) -> None: ...
+    def schema_event(self, table: TargetTable, event: dict[str, Any]) -> None: ...
+
+    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None: ...
+    def delete(self, table: TargetTable, keys: Iterable[Row]) -> None: ...
+    def truncate(self, table: TargetTable) -> None: ...
+
+    def copy_from(self, table: TargetTable, snap: Any, progress: Callable[[int], None]) -> int | None:
+        """Copies a new table itself from the source snapshot `snap` (a
+        replicator.source.snapshot_copy.SnapshotCopy), e.g. in parallel, and returns the rows
+        copied; None leaves the copy to the consumer (upsert of op 'R')."""
+        ...
+
+
+def queue_positions(positions: dict[str, int], queue: str) -> dict[str, int]:
+    """The positions of `queue` among a target's positions stored as {"QUEUE/CONSUMER": tick}."""
+    prefix = f"{queue}/"
+    return {key[len(prefix):]: tick for key, tick in positions.items() if key.startswith(prefix)}
+
+
+def set_aside(target: Target) -> str:
+    """How to move a target's files out of the way, so that a consumer builds it anew."""
+    scheme, _, where = target.name.partition(":")
+    if scheme == "sqlite":
+        return f"move {where} aside (with its -wal and -shm files, if there)"
+    if scheme == "spark":
+        return f"move the directory {where} aside"
+    return f"move {where} and {where}.position aside"

@@ -1,0 +1,1 @@
+"""The Spark target: the warehouse directory, its reader, compaction and incremental views."""

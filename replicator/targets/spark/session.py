@@ -1,0 +1,70 @@
+"""A Spark session with defaults that work on a single machine.
+
+Local mode unless a master is given. Executors' Python is the running
+interpreter (so they import the same replicator and pyarrow), the driver
+binds to the loopback address, the UI is off unless asked for. Settings that
+size the JVM (spark.driver.memory) only take effect before the JVM starts,
+i.e. in the first session of a process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from replicator.errors import UserError
+
+DEFAULTS = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.compression.codec": "snappy",
+    "spark.driver.memory": "2g",
+}
+
+
+QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
+
+
+def parse_conf(pairs: list[str] | tuple[str, ...] | None) -> dict[str, str]:
+    """KEY=VALUE strings (from --spark-conf) as a dict."""
+    conf: dict[str, str] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"invalid --spark-conf {pair!r}: use KEY=VALUE")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def get_session(master: str | None = None, conf: Mapping[str, str] | None = None,
+                app_name: str = "replicator") -> Any:
+    """The process's Spark session, created with the defaults above on first use."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise UserError("the Spark target needs PySpark: pip install 'replicator[spark]'") from None
+    builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("SPARK_MASTER", "local[*]"))
+    settings = {**DEFAULTS, **(conf or {})}
+    if not logging.getLogger("replicator").isEnabledFor(logging.DEBUG):
+        # the JVM's start-up lines and log records (a failing query's stack trace, twice) would
+        # surround replicator's one-line errors; -v keeps them
+        settings.setdefault("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={QUIET_LOG4J}")
+        logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)   # PySpark's JSON records of them
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # the JVM did not start: no Java, bad master
+        raise UserError(f"cannot start Spark ({master or 'local'}): {str(exc).strip().splitlines()[0]}") from None
+    return spark

@@ -1,0 +1,1 @@
+"""The SQLite target: the replica file, its column types and its incremental views."""
