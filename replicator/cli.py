@@ -674,7 +674,8 @@ def view_create(name: str, target_url: str, sql: str, policy: str) -> None:
     if info["maintenance"] == "incremental":
         how = "maintained incrementally"
     else:
-        how = f"refreshed in full after each batch ({_reason_line({'code': info['reason'], 'message': info['reason_message'], 'fragment': info['fragment']})})"
+        reason = {'code': info['reason'], 'message': info['reason_message'], 'fragment': info['fragment']}
+        how = f"refreshed in full after each batch ({_reason_line(reason)})"
     click.echo(f"view {info['view']} created: {counted(info['rows'], 'row')}, {how}")
 
 
@@ -691,7 +692,7 @@ def view_explain(name: str | None, target_url: str, sql: str | None, policy: str
 
     \b
     Example:
-        replicator view explain --target sqlite:replica.db --sql "SELECT * FROM orders o LEFT JOIN customers c ON c.id = o.customer_id"
+        replicator view explain --target sqlite:replica.db --sql "SELECT * FROM orders LIMIT 10"
         replicator view explain sales_by_customer --target sqlite:replica.db
     """
     from replicator.targets import open_views
@@ -701,8 +702,9 @@ def view_explain(name: str | None, target_url: str, sql: str | None, policy: str
     if name is None and sql is None:
         raise UserError("name a view, or give the query with --sql")
     with open_views(target_url) as views:
-        if sql is None:
+        if name is not None:
             sql = views.info(name)["sql"]
+        assert sql is not None   # NAME or --sql: checked above
         result = views.explain(_view_sql(sql), policy)
     if as_json:
         click.echo(json.dumps(result, indent=2))
@@ -806,7 +808,8 @@ _SPARK_EXTRA = {"pyspark", "pyarrow", "pandas", "numpy"}   # pyproject.toml's sp
 def _command_named(args: list[str]) -> str:
     """The command path the arguments name, for the errors click raises without a
     context (an option missing its value)."""
-    path, command = ["replicator"], cli
+    path = ["replicator"]
+    command: click.Command = cli
     for arg in args:
         if isinstance(command, click.Group) and arg in command.commands:
             command = command.commands[arg]

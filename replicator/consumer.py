@@ -388,6 +388,13 @@ class Consumer:
             if table is None or (table.copy_snapshot and txid_visible(txid, table.copy_snapshot)):
                 continue
             stats.events += 1
+            if ev_type == "T":
+                run.flush()
+                self._join_back(table, pending, stats)
+                self.target.truncate(table)
+                continue
+            if data is None:
+                raise RuntimeError(f"event {ev_id} ({ev_type}) of table {table.source_name} has no data")
             if ev_type == "I" or ev_type == "U" or ev_type == "D":
                 items = parse_json(data)
                 stats.rows += len(items)
@@ -402,10 +409,7 @@ class Consumer:
                 run.add(table, ev_type, decode[ev_type == "D"](items))
                 continue
             run.flush()
-            if ev_type == "T":
-                self._join_back(table, pending, stats)
-                self.target.truncate(table)
-            elif ev_type == "S":
+            if ev_type == "S":
                 # PK-only keys pending are read back later in the new layout (by attnum).
                 event = parse_json(data)
                 if event.get("kind") == "dropped":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import select
@@ -35,10 +36,8 @@ class StopFlag:
 
     def set(self) -> None:
         self._set = True
-        try:
+        with contextlib.suppress(BlockingIOError):   # the pipe is full of earlier wake-ups: a wait() returns anyway
             os.write(self._wake_w, b"x")
-        except BlockingIOError:
-            pass  # the pipe is full of earlier wake-ups: a wait() returns anyway
 
     @property
     def is_set(self) -> bool:

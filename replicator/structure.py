@@ -22,7 +22,8 @@ FLOAT_TYPES = {"real", "double precision"}
 # One JSON parser for events, the copy and the join-back: numbers that are not
 # integers stay text, so numeric values keep their exact digits and scale.
 _JSON = json.JSONDecoder(parse_float=str)
-_scan_json = _JSON.scan_once
+# set by JSONDecoder.__init__; typeshed does not declare it
+_scan_json: Callable[[str, int], tuple[Any, int]] = _JSON.scan_once  # type: ignore[attr-defined]
 
 
 def parse_json(text: str) -> Any:

@@ -49,8 +49,8 @@ class Daemon:
 
     def __init__(self, dsn: str, *args: str, log: Path, stdout: Path | None = None) -> None:
         self.log_path = log
-        self._log = open(log, "ab")
-        self._stdout = open(stdout, "wb") if stdout else None
+        self._log = open(log, "ab")  # noqa: SIM115 (open while the daemon runs)
+        self._stdout = open(stdout, "wb") if stdout else None  # noqa: SIM115
         self.proc = subprocess.Popen([str(REPLICATOR), *args], env=cli_env(dsn),
                                      stdout=self._stdout or subprocess.DEVNULL, stderr=self._log)
 

@@ -472,7 +472,7 @@ STACKED_FILTERS = [
 @pytest.mark.parametrize("stacked", STACKED_FILTERS)
 def test_a_row_filter_stacking_statements_runs_none_of_them_and_is_refused(conn, q, marker_file, ddl_ran, stacked):
     _server_can_write(conn, marker_file)
-    with pytest.raises(UserError, match="^invalid row filter") as refused:
+    with pytest.raises(UserError, match=r"^invalid row filter") as refused:
         q.add_table("q", "t", where=stacked.format(file=marker_file))
     assert "\n" not in str(refused.value)
     assert not marker_file.exists()
@@ -487,7 +487,7 @@ def test_the_sql_functions_refuse_a_stacked_row_filter_without_running_it(conn, 
     (row_filter_error, also run after DDL) only ever plans one statement."""
     _server_can_write(conn, marker_file)
     where = stacked.format(file=marker_file)
-    with pytest.raises(psycopg.errors.RaiseException, match="invalid row filter for public.t: it is not one expression"):
+    with pytest.raises(psycopg.errors.RaiseException, match=r"invalid row filter for public.t: it is not one expression"):
         conn.execute("SELECT replicator.add_table('q', 't', 'full', NULL, '{}', %s)", (where,))
     assert conn.execute("SELECT replicator.row_filter_error('t', %s)", (where,)).fetchone()[0].startswith(
         "it is not one expression")
@@ -517,7 +517,7 @@ def test_the_sql_functions_refuse_a_stacked_row_filter_without_running_it(conn, 
 ])
 def test_a_row_filter_that_is_not_one_expression_is_refused_in_one_line(conn, q, escape):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY)')
-    with pytest.raises(UserError, match="^invalid row filter") as refused:
+    with pytest.raises(UserError, match=r"^invalid row filter") as refused:
         q.add_table("q", "t", where=escape)
     assert "\n" not in str(refused.value)
     assert _triggers_on(conn, '"t"') == []
@@ -528,9 +528,9 @@ def test_key_and_ignored_columns_must_be_the_tables_and_run_nothing(conn, q, ddl
     identifiers: a name that is SQL is an unknown column."""
     hostile = 'id") FROM "public"."t"; DROP TABLE "public"."other"; SELECT ("id'
     for options in ({"key": [hostile]}, {"ignore": [hostile]}, {"key": ["id", hostile]}):
-        with pytest.raises(UserError, match="^table public.t has no column "):
+        with pytest.raises(UserError, match=r"^table public.t has no column "):
             q.add_table("q", "t", **options)
-    with pytest.raises(UserError, match="^invalid table name"):
+    with pytest.raises(UserError, match=r"^invalid table name"):
         q.add_table("q", 't; DROP TABLE "public"."other"')
     assert not ddl_ran()
     assert _triggers_on(conn, '"t"') == []

@@ -217,7 +217,8 @@ class Writer(threading.Thread):
         rng = random.Random(self.seed)
         values = Values(rng)
         conn = self.connect()
-        for self.done in range(1, self.transactions + 1):
+        for done in range(1, self.transactions + 1):
+            self.done = done
             long = rng.random() < 0.12
             first = [random_op(rng, values, self.bulk_base) for _ in range(rng.randint(1, 4))]
             second = [random_op(rng, values, self.bulk_base) for _ in range(rng.randint(1, 3))] if long else []

@@ -80,10 +80,10 @@ def test_granted_role_cannot_move_read_or_unregister_another_roles_consumer(dsn,
         later_tick = source.tick("q", force=True)
         batch = owner.execute("SELECT replicator.next_batch('q', 'b_replica')").fetchone()[0]
         before = _consumer_row(conn, "b_replica")
-        with psycopg.connect(_as(dsn, a), autocommit=True) as other:
-            with pytest.raises(psycopg.errors.InsufficientPrivilege,
-                               match=f'consumer "b_replica" of queue "q" belongs to role "{b}", not "{a}"'):
-                other.execute(REFUSED_TO_ANOTHER_ROLE[call].format(tick=later_tick, batch=batch))
+        with psycopg.connect(_as(dsn, a), autocommit=True) as other, pytest.raises(
+                psycopg.errors.InsufficientPrivilege,
+                match=f'consumer "b_replica" of queue "q" belongs to role "{b}", not "{a}"'):
+            other.execute(REFUSED_TO_ANOTHER_ROLE[call].format(tick=later_tick, batch=batch))
         assert _consumer_row(conn, "b_replica") == before
         # its owner may: the refusal is about who calls
         assert owner.execute("SELECT tick_id FROM replicator.get_batch_info(%s)", (batch,)).fetchone()[0] == later_tick
@@ -153,9 +153,9 @@ INTERNAL_CALLS = {
 def test_granted_role_cannot_call_internal_functions(dsn, conn, granted, function):
     a, _ = granted
     conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
-    with psycopg.connect(_as(dsn, a), autocommit=True) as other:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match=f"permission denied for function {function}"):
-            other.execute(INTERNAL_CALLS[function])
+    with psycopg.connect(_as(dsn, a), autocommit=True) as other, pytest.raises(
+            psycopg.errors.InsufficientPrivilege, match=f"permission denied for function {function}"):
+        other.execute(INTERNAL_CALLS[function])
 
 
 def test_public_executes_no_function_and_a_granted_role_exactly_the_consumer_functions(dsn, conn, source, granted):

@@ -516,7 +516,7 @@ def test_pk_mode_applies_current_source_rows_for_collapsed_keys(dsn, conn, sourc
     consume(dsn, replica)
     assert len(sqlite_rows(replica, "p", ["id"])) == 100
     with conn.transaction():
-        for i in range(5):
+        for _ in range(5):
             conn.execute("UPDATE p SET n = n + 1, v = 'five' WHERE id = 1")
         conn.execute("INSERT INTO p VALUES (1000, 'born and gone', 0)")
         conn.execute("DELETE FROM p WHERE id = 1000")

@@ -689,7 +689,7 @@ def test_a_table_of_a_followed_schema_is_removed_once_the_schema_is_no_longer_fo
     conn.execute("CREATE SCHEMA app; CREATE TABLE app.a (id int PRIMARY KEY); CREATE TABLE app.b (id int PRIMARY KEY)")
     q.follow_schema("q", "app")
     # removed while followed, the next DDL in the schema would capture it again
-    with pytest.raises(UserError, match='which queue "q" follows.*table remove q --schema app'):
+    with pytest.raises(UserError, match=r'which queue "q" follows.*table remove q --schema app'):
         q.remove_table("q", "app.a")
     q.unfollow_schema("q", "app")
     q.remove_table("q", "app.a")

@@ -187,7 +187,7 @@ def test_a_key_column_given_a_type_without_equality_suspends_the_capture(conn, u
     conn.execute("INSERT INTO t VALUES (1, '\"a\"')")        # the application goes on
     conn.execute("UPDATE t SET id = 2")
     assert "type without equality" in suspended(unseen)[0]
-    with pytest.raises(UserError, match="replicator table remove q public.t"):
+    with pytest.raises(UserError, match=r"replicator table remove q public.t"):
         replica.catch_up()
 
 

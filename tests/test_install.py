@@ -125,9 +125,9 @@ def test_concurrent_installs_apply_each_migration_once(empty_dsn):
 
 
 def test_source_refuses_a_database_without_replicator(empty_dsn):
-    with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        with pytest.raises(UserError, match="replicator is not installed in this database"):
-            Source(conn)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn, pytest.raises(
+            UserError, match="replicator is not installed in this database"):
+        Source(conn)
 
 
 def test_uninstall_leaves_nothing_behind_and_keeps_application_data(conn, source):

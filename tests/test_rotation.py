@@ -186,9 +186,8 @@ def test_long_run_leaves_no_dead_tuples_and_loses_no_event(conn, q):
                 statements += 1
         if conn.execute('DELETE FROM "t" WHERE "id" %% 7 = %s', (cycle % 7,)).rowcount:
             statements += 1
-        if cycle % 10 == 9:
-            if conn.execute('UPDATE "t" SET "id" = "id" + 100000 WHERE "id" < 10').rowcount:
-                statements += 2                                 # a key change: D of old keys, U of new rows
+        if cycle % 10 == 9 and conn.execute('UPDATE "t" SET "id" = "id" + 100000 WHERE "id" < 10').rowcount:
+            statements += 2                                     # a key change: D of old keys, U of new rows
         for name, every in consumers.items():
             if cycle % every == 0:
                 events = read_events(q, consumer=name)

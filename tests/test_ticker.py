@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 import threading
 import time
@@ -95,7 +96,7 @@ def test_concurrent_tickers_produce_strictly_increasing_ticks_with_monotonic_sna
     # The tickers did run into each other (a call finding the queue busy returns NULL).
     assert len(ids) >= 30 and any(tick_id is None for r in returned for tick_id in r)
     assert any(_parse(tick[1])[2] for tick in ticks)           # some snapshots list running transactions
-    for (id1, snap1, time1, seq1), (id2, snap2, time2, seq2) in zip(ticks, ticks[1:]):
+    for (id1, snap1, time1, seq1), (id2, snap2, time2, seq2) in itertools.pairwise(ticks):
         xmin1, xmax1, xip1 = _parse(snap1)
         xmin2, xmax2, xip2 = _parse(snap2)
         assert xmin2 >= xmin1 and xmax2 >= xmax1, (id1, snap1, id2, snap2)

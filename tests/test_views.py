@@ -442,7 +442,7 @@ def test_a_query_that_fails_on_the_rows_is_refused_at_create_and_leaves_nothing(
     sql = "SELECT id, json_extract(status, '$.a') AS a FROM orders"   # 'new' is not JSON
     before = target.db.execute("SELECT count(*) FROM sqlite_master").fetchone()
     for policy in ("full", "incremental"):
-        with pytest.raises(UserError, match="^view v not created: its query fails on the target: malformed JSON$"):
+        with pytest.raises(UserError, match=r"^view v not created: its query fails on the target: malformed JSON$"):
             target.views.create("v", sql, policy)
     assert target.views.list() == []
     assert target.db.execute("SELECT count(*) FROM sqlite_master").fetchone() == before

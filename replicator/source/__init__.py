@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -21,6 +21,8 @@ from replicator.source.install import has_event_triggers, require_installed
 from replicator.source.row_filter import check_row_filter
 
 BATCH_WORK_MEM = "64MB"
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,19 @@ class Source:
             row = self.conn.execute(query, params).fetchone()
         return row[0] if row else None
 
+    def _value(self, kind: type[T], query: str, params: tuple[Any, ...] = ()) -> T:
+        """The one value a function call returns, of the type its SQL declares."""
+        value = self._maybe(kind, query, params)
+        if value is None:
+            raise TypeError(f"{query} returned NULL")
+        return value
+
+    def _maybe(self, kind: type[T], query: str, params: tuple[Any, ...] = ()) -> T | None:
+        value = self._call(query, params)
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(f"{query} returned {type(value).__name__}, not {kind.__name__}")
+        return value
+
     def _rows(self, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         with db.user_errors(), self.conn.cursor(row_factory=dict_row) as cur:
             return cur.execute(query, params).fetchall()
@@ -116,7 +131,7 @@ class Source:
     # queues -----------------------------------------------------------------
 
     def create_queue(self, name: str, *, ntables: int = 3, rotation_period: timedelta = timedelta(hours=2)) -> int:
-        return self._call("SELECT replicator.create_queue(%s, %s::integer, %s)", (name, ntables, rotation_period))
+        return self._value(int, "SELECT replicator.create_queue(%s, %s::integer, %s)", (name, ntables, rotation_period))
 
     def drop_queue(self, name: str) -> None:
         self._call("SELECT replicator.drop_queue(%s)", (name,))
@@ -138,7 +153,7 @@ class Source:
         return self._rows("SELECT * FROM replicator.queue_info()")
 
     def queue_id(self, name: str) -> int:
-        return self._call("SELECT (replicator.find_queue(%s)).queue_id", (name,))
+        return self._value(int, "SELECT (replicator.find_queue(%s)).queue_id", (name,))
 
     # tables -----------------------------------------------------------------
 
@@ -150,20 +165,20 @@ class Source:
         (the server parses the name with to_regclass and matches the columns
         against the table's)."""
         check_row_filter(where, self_contained=where is not None and not has_event_triggers(self.conn))
-        return self._call("SELECT replicator.add_table(%s, %s, %s, %s, %s, %s)",
+        return self._value(int, "SELECT replicator.add_table(%s, %s, %s, %s, %s, %s)",
                           (queue, table, mode, key or None, ignore or [], where))
 
     def follow_schema(self, queue: str, schema: str, *, mode: str = "full") -> int:
         """Captures every table of a schema, now and as they are created; returns how many were added."""
-        return self._call("SELECT replicator.follow_schema(%s, %s, %s)", (queue, schema, mode))
+        return self._value(int, "SELECT replicator.follow_schema(%s, %s, %s)", (queue, schema, mode))
 
     def grant_consumer(self, role: str) -> int:
         """Lets a role run consumers; returns the number of captured tables it may read."""
-        return self._call("SELECT replicator.grant_consumer(%s)", (role,))
+        return self._value(int, "SELECT replicator.grant_consumer(%s)", (role,))
 
     def table_ids(self, queue: str) -> list[int]:
         """Ids of the queue's captured tables: cheap to poll for changes."""
-        return self._call("SELECT coalesce(array_agg(table_id ORDER BY table_id), '{}')"
+        return self._value(list, "SELECT coalesce(array_agg(table_id ORDER BY table_id), '{}')"
                           " FROM replicator.captured_table WHERE queue_id = (replicator.find_queue(%s)).queue_id",
                           (queue,))
 
@@ -172,7 +187,7 @@ class Source:
         self._call("SELECT replicator.unfollow_schema(%s, %s)", (queue, schema))
 
     def remove_table(self, queue: str, table: str) -> int:
-        return self._call("SELECT replicator.remove_table(%s, %s)", (queue, table))
+        return self._value(int, "SELECT replicator.remove_table(%s, %s)", (queue, table))
 
     def followed_schemas(self, queue: str | None = None) -> list[dict[str, Any]]:
         """Schemas whose new tables a queue captures (all queues' when None)."""
@@ -201,11 +216,11 @@ class Source:
         if self._call("SELECT has_function_privilege('replicator.follow_unseen_ddl(text)', 'EXECUTE')"):
             self._call("SELECT replicator.follow_unseen_ddl(%s)", (queue,))
         if queue is None:
-            return self._call("SELECT replicator.ticker()")
-        return self._call("SELECT replicator.ticker(%s, %s)", (queue, force))
+            return self._maybe(int, "SELECT replicator.ticker()")
+        return self._maybe(int, "SELECT replicator.ticker(%s, %s)", (queue, force))
 
     def latest_tick(self, queue: str) -> int | None:
-        return self._call("SELECT max(tick_id) FROM replicator.tick"
+        return self._maybe(int, "SELECT max(tick_id) FROM replicator.tick"
                           " WHERE tick_queue = (replicator.find_queue(%s)).queue_id", (queue,))
 
     def maint(self) -> dict[str, list[str]]:
@@ -219,7 +234,8 @@ class Source:
                 try:
                     with self.conn.transaction():
                         self.conn.execute("SET LOCAL lock_timeout = '5s'")
-                        if self.conn.execute("SELECT replicator.maint_rotate_step1(%s)", (name,)).fetchone()[0]:
+                        rotated = self.conn.execute("SELECT replicator.maint_rotate_step1(%s)", (name,)).fetchone()
+                        if rotated and rotated[0]:
                             actions.append("rotated")
                 except psycopg.errors.LockNotAvailable:
                     actions.append("rotation postponed: event table busy")
@@ -236,10 +252,10 @@ class Source:
     # consumers and batches ----------------------------------------------------
 
     def register_consumer(self, queue: str, consumer: str) -> int:
-        return self._call("SELECT replicator.register_consumer(%s, %s)", (queue, consumer))
+        return self._value(int, "SELECT replicator.register_consumer(%s, %s)", (queue, consumer))
 
     def unregister_consumer(self, queue: str, consumer: str) -> bool:
-        return self._call("SELECT replicator.unregister_consumer(%s, %s)", (queue, consumer))
+        return self._value(bool, "SELECT replicator.unregister_consumer(%s, %s)", (queue, consumer))
 
     def set_consumer_owner(self, queue: str, consumer: str, role: str) -> None:
         """Gives a consumer to another role (the owner of schema replicator only)."""
@@ -252,7 +268,7 @@ class Source:
         self._call("SELECT replicator.set_consumer_position(%s, %s, %s)", (queue, consumer, tick_id))
 
     def next_batch(self, queue: str, consumer: str, max_events: int | None = None) -> int | None:
-        return self._call("SELECT replicator.next_batch(%s, %s, %s)", (queue, consumer, max_events))
+        return self._maybe(int, "SELECT replicator.next_batch(%s, %s, %s)", (queue, consumer, max_events))
 
     def batch_info(self, batch_id: int) -> BatchInfo:
         rows = self._rows("SELECT *, prev_snapshot::text AS prev_snap, cur_snapshot::text AS cur_snap,"
@@ -267,7 +283,7 @@ class Source:
                          lag_seconds=r["lag_seconds"])
 
     def batch_event_sql(self, batch_id: int, tables: list[int] | None = None) -> str:
-        return self._call("SELECT replicator.batch_event_sql(%s, %s)", (batch_id, tables))
+        return self._value(str, "SELECT replicator.batch_event_sql(%s, %s)", (batch_id, tables))
 
     def batch_events(self, batch_id: int, tables: list[int] | None = None, chunk_size: int = 16,
                      chunk_bytes: int = 8 << 20) -> Iterator[tuple[int, int, datetime, str, int, str | None]]:
@@ -296,4 +312,4 @@ class Source:
                 del rows
 
     def finish_batch(self, batch_id: int) -> bool:
-        return self._call("SELECT replicator.finish_batch(%s)", (batch_id,))
+        return self._value(bool, "SELECT replicator.finish_batch(%s)", (batch_id,))

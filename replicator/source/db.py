@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 import psycopg.conninfo
@@ -34,7 +35,8 @@ def open_connection(conninfo: str, *, autocommit: bool = True,
     unreachable, for callers that retry."""
     given = psycopg.conninfo.conninfo_to_dict(conninfo)
     keepalives = {name: value for name, value in KEEPALIVES.items() if name not in given}
-    conn = psycopg.connect(conninfo, autocommit=True, application_name=application_name, **keepalives)
+    conn = psycopg.connect(psycopg.conninfo.make_conninfo(conninfo, **keepalives), autocommit=True,
+                           application_name=application_name)
     for name, value in SESSION_SETTINGS.items():
         conn.execute("SELECT set_config(%s, %s, false)", (name, value))
     conn.autocommit = autocommit
@@ -46,7 +48,7 @@ def without_password(conninfo: str) -> str:
     params = psycopg.conninfo.conninfo_to_dict(conninfo)
     if "password" not in params:
         return conninfo
-    return psycopg.conninfo.make_conninfo(**{**params, "password": "***"})
+    return psycopg.conninfo.make_conninfo("", **{**params, "password": "***"})
 
 
 def connect(dsn: str | None, *, autocommit: bool = True, application_name: str = "replicator") -> psycopg.Connection:
@@ -59,6 +61,14 @@ def connect(dsn: str | None, *, autocommit: bool = True, application_name: str =
         reason = lines[0] if lines else "connection failed"
         where = without_password(conninfo) or "the server named by the PG* environment variables"
         raise UserError(f"cannot connect to {where}: {reason}") from None
+
+
+def scalar(conn: psycopg.Connection[Any], query: str, params: Sequence[Any] | None = None) -> Any:
+    """The first value of the one row a query returns."""
+    row = conn.execute(query, params).fetchone()
+    if row is None:
+        raise RuntimeError(f"no row from {query}")
+    return row[0]
 
 
 @contextmanager

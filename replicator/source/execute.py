@@ -113,7 +113,8 @@ _STORAGE_ACTION = (rf"(?:SET (?:LOGGED|UNLOGGED)|SET TABLESPACE {_NAME}(?: NOWAI
 _STORAGE_ONLY_ALTER = re.compile(
     rf"ALTER TABLE (?:IF EXISTS )?(?:ONLY )?{_NAME}(?: ?\. ?{_NAME})*(?: \*)? {_STORAGE_ACTION}"
     rf"(?: ?, ?{_STORAGE_ACTION})*"
-    rf"|ALTER TABLE ALL IN TABLESPACE {_NAME}(?: OWNED BY {_NAME}(?: ?, ?{_NAME})*)? SET TABLESPACE {_NAME}(?: NOWAIT)?")
+    rf"|ALTER TABLE ALL IN TABLESPACE {_NAME}(?: OWNED BY {_NAME}(?: ?, ?{_NAME})*)?"
+    rf" SET TABLESPACE {_NAME}(?: NOWAIT)?")
 
 
 def storage_only(statement: str, tag: str) -> bool:
@@ -168,8 +169,8 @@ def execute_script(source: Source, queue: str, script: str) -> int:
                 after = _captured_storage(source.conn)
                 rewritten = _rewritten(storage or {}, after, source.conn, storage_only(statement, tag))
                 storage = after
-                queued += source.conn.execute("SELECT replicator.sync_all(%s, %s, %s::oid[])",
-                                              (tag, statement, rewritten)).fetchone()[0]
+                queued += db.scalar(source.conn, "SELECT replicator.sync_all(%s, %s, %s::oid[])",
+                                    (tag, statement, rewritten))
     return queued
 
 

@@ -16,6 +16,7 @@ import psycopg
 from psycopg import sql
 
 from replicator.errors import UserError
+from replicator.source import db
 from replicator.wording import counted
 
 # In the repository, the top-level folders migrations/ and queue_sql/; in a wheel, inside the package.
@@ -47,7 +48,7 @@ def migrations() -> list[Migration]:
 
 def installed_versions(conn: psycopg.Connection) -> list[int]:
     """Versions recorded in replicator.schema_version; [] when not installed."""
-    exists = conn.execute("SELECT to_regclass('replicator.schema_version') IS NOT NULL").fetchone()[0]
+    exists = db.scalar(conn, "SELECT to_regclass('replicator.schema_version') IS NOT NULL")
     if not exists:
         return []
     return [row[0] for row in conn.execute("SELECT version FROM replicator.schema_version ORDER BY version")]
@@ -118,9 +119,8 @@ EVENT_TRIGGERS = ("replicator_ddl_command_end", "replicator_sql_drop", "replicat
 def has_event_triggers(conn: psycopg.Connection) -> bool:
     """Whether DDL is captured automatically: every event trigger is there and
     enabled (without the table_rewrite one, a rewrite would go unnoticed)."""
-    return conn.execute("SELECT count(*) = %s FROM pg_event_trigger"
-                        " WHERE evtname = ANY (%s) AND evtenabled <> 'D'",
-                        (len(EVENT_TRIGGERS), list(EVENT_TRIGGERS))).fetchone()[0]
+    return bool(db.scalar(conn, "SELECT count(*) = %s FROM pg_event_trigger WHERE evtname = ANY (%s)"
+                          " AND evtenabled <> 'D'", (len(EVENT_TRIGGERS), list(EVENT_TRIGGERS))))
 
 
 def _drop_library_functions(conn: psycopg.Connection) -> None:
@@ -210,7 +210,7 @@ def _regenerate_captures(conn: psycopg.Connection) -> None:
     captured by an older version: rows written naming a child were missed) queues
     an S event with "copy": true once the new capture covers them: targets copy
     the table again, as after a descendant was attached."""
-    missing = conn.execute("SELECT replicator.trees_missing_triggers()").fetchone()[0]
+    missing = db.scalar(conn, "SELECT replicator.trees_missing_triggers()")
     conn.execute("""
         SELECT replicator.generate_capture(table_id) FROM replicator.captured_table
         WHERE to_regclass(quote_ident(table_schema) || '.' || quote_ident(table_name)) IS NOT NULL

@@ -28,7 +28,8 @@ def run_forever(step: Callable[[Source], object], connect: Callable[[], Source],
             step(source)
         except (psycopg.OperationalError, UserError) as exc:
             # UserError: connect() could not reach the source (db.connect turns that into one line).
-            log.warning("%s: source unavailable (%s); retrying in %.0fs", name, str(exc).strip().splitlines()[0], backoff)
+            reason = str(exc).strip().splitlines()[0]
+            log.warning("%s: source unavailable (%s); retrying in %.0fs", name, reason, backoff)
             if source is not None:
                 source.conn.close()
                 source = None
@@ -42,7 +43,7 @@ def run_forever(step: Callable[[Source], object], connect: Callable[[], Source],
 
 def tick_once(source: Source) -> int:
     """Runs the ticker over every queue; returns the number of ticks made."""
-    return source.tick()
+    return source.tick() or 0
 
 
 def maint_once(source: Source) -> dict[str, list[str]]:

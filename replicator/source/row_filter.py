@@ -35,7 +35,7 @@ def _one_expression(sql: str) -> Any:
         raise ValueError("it is not one expression")
     target = select.targetList[0]
     if target.name or target.indirection or (isinstance(target.val, ast.ColumnRef) and any(
-            isinstance(f, ast.A_Star) for f in target.val.fields)):
+            isinstance(f, ast.A_Star) for f in target.val.fields or ())):
         raise ValueError("it is not one expression")
     return target.val
 

@@ -29,7 +29,7 @@ def _relation(conn: psycopg.Connection, table: CapturedTable) -> sql.Composable:
     not reached yet does not break reading it. Read without ONLY on purpose: the
     rows of a partitioned table or inheritance parent include its descendants',
     as its capture does (replicator.capture_tree)."""
-    name = conn.execute("SELECT %s::oid::regclass::text", (table.oid,)).fetchone()[0]
+    name = db.scalar(conn, "SELECT %s::oid::regclass::text", (table.oid,))
     return sql.SQL(name)
 
 
@@ -37,12 +37,11 @@ def _row_expr(conn: psycopg.Connection, table: CapturedTable, structure: TableSt
     """The capture encoding of the structure's columns, found by attnum in the
     current table (renamed columns are read under their new name, dropped ones
     as NULL), so a consumer behind on DDL still reads rows in its own layout."""
-    names = dict(conn.execute(
+    names: dict[int, str] = dict(conn.execute(
         "SELECT attnum, attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
         (table.oid,)).fetchall())
     columns = [names.get(c.attnum, "") if c.attnum else c.name for c in structure.columns]
-    expr = conn.execute("SELECT replicator.capture_row_json('t', %s, %s::oid::regclass)",
-                        (columns, table.oid)).fetchone()[0]
+    expr = db.scalar(conn, "SELECT replicator.capture_row_json('t', %s, %s::oid::regclass)", (columns, table.oid))
     return sql.SQL(expr)
 
 
@@ -78,9 +77,9 @@ class SnapshotCopy:
         self.conn.read_only = True
         try:
             # The first statement fixes the transaction's snapshot: this is it.
-            self.snapshot = self.conn.execute("SELECT txid_current_snapshot()::text").fetchone()[0]
-            self.estimated_rows = max(0, int(self.conn.execute(
-                "SELECT reltuples FROM pg_class WHERE oid = %s", (self.table.oid,)).fetchone()[0]))
+            self.snapshot = db.scalar(self.conn, "SELECT txid_current_snapshot()::text")
+            self.estimated_rows = max(0, int(db.scalar(self.conn, "SELECT reltuples FROM pg_class WHERE oid = %s",
+                                                       (self.table.oid,))))
             durable_tick(self.dsn, self.table.queue_name)
         except BaseException:
             self.conn.close()

@@ -71,7 +71,7 @@ class StreamTarget:
                                 for name, t in self._state["tables"].items()}
                 length = int(self._state["length"])
                 self._check_existing(length)
-                self.out = open(self.path, "a+", encoding="utf-8")
+                self.out = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (open while the target is)
                 try:
                     fcntl.flock(self.out.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -197,7 +197,7 @@ class StreamTarget:
         if self.format == "jsonl":
             self.out.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
             return
-        pairs = []
+        pairs: list[tuple[str, Any]] = []
         for field, value in record.items():
             if isinstance(value, dict):
                 pairs.extend((f"{field}.{k}", v) for k, v in value.items())
