@@ -214,6 +214,9 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
         source_dir = Path(tempfile.mkdtemp(prefix="bench-capture-baseline-"))
         subprocess.run(f"git -C {shlex.quote(str(ROOT))} archive {shlex.quote(args.baseline)} queue_sql migrations"
                        f" | tar -x -C {shlex.quote(str(source_dir))}", shell=True, check=True)
+        order = source_dir / "queue_sql" / "install.sql"
+        if not order.exists():   # before install.sql, install ran the files in name order
+            order.write_text("".join(f"\\ir {f.name}\n" for f in sorted((source_dir / "queue_sql").glob("*.sql"))))
         for mode in ("full", "pk"):
             if any(v.name == mode for v in variants):
                 variants.append(Variant(f"{mode}@{rev.stdout.strip()}", "replicator", mode=mode,

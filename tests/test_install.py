@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
+from pathlib import Path
 
 import psycopg
 import pytest
 
+from pg_helpers import drop_database
 from queue_util import read_events
 from replicator.errors import UserError
 from replicator.source import Source
-from replicator.source.install import EVENT_TRIGGERS, install, installed_versions, migrations, uninstall
+from replicator.source.install import (
+    EVENT_TRIGGERS,
+    install,
+    installed_versions,
+    migrations,
+    queue_sql_files,
+    uninstall,
+)
 
 
 def _catalog(conn) -> dict[str, int]:
@@ -100,6 +110,32 @@ def test_install_keeps_a_users_view_over_a_replicator_function_and_says_so(dsn, 
     with pytest.raises(psycopg.errors.DependentObjectsStillExist, match="queue_health"):
         install(conn)
     assert conn.execute("SELECT count(*) FROM queue_health").fetchone()[0] == 0    # still there, still works
+
+
+def _functions(conn) -> set[str]:
+    return {name for (name,) in conn.execute(
+        "SELECT oid::regprocedure::text FROM pg_proc WHERE pronamespace = 'replicator'::regnamespace")}
+
+
+def test_psql_runs_queue_sql_install_sql_to_the_functions_install_creates(conn, pg_server):
+    """queue_sql/install.sql is the install order, and psql can run it too (\\ir lines)."""
+    root = Path(__file__).resolve().parent.parent
+    scripts = ["-c", "CREATE SCHEMA replicator"]
+    for migration in migrations():
+        scripts += ["-f", str(root / "migrations" / migration.path.name)]
+    scripts += ["-f", str(root / "queue_sql" / "install.sql")]
+    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
+        admin.execute("CREATE DATABASE by_psql")
+        try:
+            by_psql_dsn = psycopg.conninfo.make_conninfo(pg_server.dsn, dbname="by_psql")
+            run = subprocess.run([str(pg_server.bindir / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1",
+                                  "-d", by_psql_dsn, *scripts], capture_output=True, text=True, timeout=120)
+            assert run.returncode == 0, run.stderr
+            with psycopg.connect(by_psql_dsn, autocommit=True) as by_psql:
+                assert _functions(by_psql) == _functions(conn)
+        finally:
+            drop_database(admin, "by_psql")
+    assert len(_functions(conn)) >= len(queue_sql_files())   # at least one function per file
 
 
 def test_concurrent_installs_apply_each_migration_once(empty_dsn):

@@ -32,13 +32,20 @@ class Migration:
     path: Traversable
 
 
-def _sql_files(folder: Traversable) -> list[Traversable]:
-    return sorted((f for f in folder.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name)
+def queue_sql_files() -> list[Traversable]:
+    """The files of queue_sql/ in the order its install.sql runs them (`\\ir FILE` lines)."""
+    listed = [line.split(None, 1)[1].strip() for line in (QUEUE_SQL_DIR / "install.sql").read_text().splitlines()
+              if line.startswith("\\ir ")]
+    present = {f.name for f in QUEUE_SQL_DIR.iterdir() if f.name.endswith(".sql")} - {"install.sql"}
+    if sorted(listed) != sorted(present):
+        raise RuntimeError(f"queue_sql/install.sql must list each file of queue_sql/ once: it lists {listed},"
+                           f" the folder holds {sorted(present)}")
+    return [QUEUE_SQL_DIR / name for name in listed]
 
 
 def migrations() -> list[Migration]:
     found = []
-    for path in _sql_files(MIGRATIONS_DIR):
+    for path in sorted((f for f in MIGRATIONS_DIR.iterdir() if f.name.endswith(".sql")), key=lambda f: f.name):
         match = re.fullmatch(r"(\d{4})_(\w+)\.sql", path.name)
         if not match:
             raise RuntimeError(f"migration file name must look like 0001_name.sql: {path.name}")
@@ -93,7 +100,7 @@ def install(conn: psycopg.Connection, *, up_to: int | None = None) -> InstallRes
             applied.append(migration)
         if up_to is None:
             _drop_library_functions(conn)
-            for path in _sql_files(QUEUE_SQL_DIR):
+            for path in queue_sql_files():
                 conn.execute(path.read_text())
             _refuse_invalid_capture_trees(conn)
             # first: a capture function checks its table's catalog rows at every
