@@ -33,6 +33,10 @@ def test_the_built_wheel_installs_into_a_clean_venv_and_captures(dsn, tmp_path):
     assert {p.name for p in (ROOT / "queue_sql").glob("*.sql")} | {p.name for p in (ROOT / "migrations").glob("*.sql")} \
         == shipped
     assert all(n.startswith(("replicator/", "replicator-")) for n in names), names   # no top-level folders
+    modules = {n.removesuffix(".py").replace("/", ".") for n in names if n.endswith(".py")}
+    package = {str(p.relative_to(ROOT).with_suffix("")).replace("/", ".") for p in (ROOT / "replicator").rglob("*.py")}
+    assert modules - {"replicator.migrations.__init__", "replicator.queue_sql.__init__"} == package
+    assert not any("bench" in m or "pgserver" in m for m in modules)   # bin/'s helpers stay out
 
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
