@@ -435,7 +435,7 @@ def throughput(args: argparse.Namespace, figures: dict[str, Any], dsn: str, work
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench-apply", description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="bench-apply", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="row changes to queue (default 1,000,000)")
     parser.add_argument("--rate", type=float, default=2000, help="latency: writes per second (default 2000)")
     parser.add_argument("--seconds", type=float, default=20, help="latency: seconds of steady writes (default 20)")
