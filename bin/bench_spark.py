@@ -257,7 +257,8 @@ def bench_copy(args: argparse.Namespace, workdir: Path, figures: dict[str, Any])
             for i in range(args.repeat):
                 with conn.transaction():
                     conn.execute("UPDATE bench SET k = k + 1, updated_at = now() WHERE id %% 125 = %s", (i,))
-                    conn.execute("INSERT INTO bench SELECT g, 0, 'new', 0, 0, now() FROM generate_series(%s, %s) g",
+                    conn.execute("INSERT INTO bench SELECT g, 0, 'new', 0, 0, now()"
+                                 " FROM generate_series(%s::bigint, %s::bigint) g",
                                  (args.copy_rows + 1 + i * 1000, args.copy_rows + 1000 + i * 1000))
                     conn.execute("DELETE FROM bench WHERE id %% 1000 = %s AND id <= %s", (500 + i, args.copy_rows))
                 assert consumer.source is not None   # connected above
