@@ -39,9 +39,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from rich.console import Console
@@ -127,6 +129,8 @@ CREATE TABLE latency_item (
 );
 """
 
+T = TypeVar("T")
+
 ROUND_IDS = 5000        # new ids per round
 ROUND_ROWS = 10000      # about this many row changes per round
 RAW_ITERSIZE = 2000
@@ -200,10 +204,13 @@ def load(dsn: str, rows: int) -> None:
 def queue_size(dsn: str, queue: str) -> tuple[int, int]:
     """(events, row changes) queued in a queue."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        table = conn.execute("SELECT replicator.event_table((replicator.find_queue(%s)).queue_id)",
-                             (queue,)).fetchone()[0]
-        return conn.execute(f"SELECT count(*), coalesce(sum(json_array_length(ev_data::json)), 0)::bigint"
-                            f" FROM {table} WHERE ev_data IS NOT NULL").fetchone()
+        found = conn.execute("SELECT replicator.event_table((replicator.find_queue(%s)).queue_id)",
+                             (queue,)).fetchone()
+        assert found is not None   # a function call: one row
+        size = conn.execute(f"SELECT count(*), coalesce(sum(json_array_length(ev_data::json)), 0)::bigint"
+                            f" FROM {found[0]} WHERE ev_data IS NOT NULL").fetchone()
+        assert size is not None    # aggregates: one row
+        return size[0], size[1]
 
 
 # (a) the raw bound -------------------------------------------------------------------------
@@ -238,6 +245,7 @@ def raw_apply(dsn: str, queue: str, consumer: str, start_tick: int, path: Path) 
             batch_events = batch_rows = 0
             lite.execute("BEGIN")
             for _id, _txid, _time, ev_type, _table, data in src.batch_events(batch):
+                assert data is not None   # only T events have none: the workload truncates nothing
                 items = loads(data)
                 lite.executemany(delete if ev_type == "D" else upsert, items)
                 batch_events += 1
@@ -259,7 +267,7 @@ def backend_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(fn: Any, profile: Path | None = None) -> tuple[Any, float, float]:
+def measure(fn: Callable[[], T], profile: Path | None = None) -> tuple[T, float, float]:
     prof = cProfile.Profile() if profile else None
     started, cpu = time.perf_counter(), time.process_time()
     if prof:
@@ -273,7 +281,8 @@ def measure(fn: Any, profile: Path | None = None) -> tuple[Any, float, float]:
 
 def sqlite_count(path: Path, table: str) -> int:
     with sqlite3.connect(path) as lite:
-        return lite.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        count: int = lite.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        return count
 
 
 # latency -----------------------------------------------------------------------------------
@@ -304,10 +313,10 @@ def latency(dsn: str, sqlite_path: Path, *, rate: float, seconds: float, tick_in
         conn.execute("UPDATE replicator.queue SET queue_ticker_max_lag = %s::interval WHERE queue_name = 'bench_lat'",
                      (ticker_max_lag,))
     env = {**os.environ, "REPLICATOR_DSN": dsn}
-    log = open(sqlite_path.with_suffix(".log"), "w")
-    procs = [subprocess.Popen([REPLICATOR, "consume", "bench_lat", "--target", f"sqlite:{sqlite_path}",
-                               "--poll-interval", str(poll_interval)], env=env, stderr=log),
-             subprocess.Popen([REPLICATOR, "ticker", "--interval", str(tick_interval)], env=env, stderr=log)]
+    with open(sqlite_path.with_suffix(".log"), "w") as log:   # the daemons write to their own copies of it
+        procs = [subprocess.Popen([REPLICATOR, "consume", "bench_lat", "--target", f"sqlite:{sqlite_path}",
+                                   "--poll-interval", str(poll_interval)], env=env, stderr=log),
+                 subprocess.Popen([REPLICATOR, "ticker", "--interval", str(tick_interval)], env=env, stderr=log)]
     try:
         deadline = time.monotonic() + 60
         while True:  # the consumer has copied the (empty) table
@@ -343,7 +352,6 @@ def latency(dsn: str, sqlite_path: Path, *, rate: float, seconds: float, tick_in
             p.terminate()
         for p in procs:
             p.wait(10)
-        log.close()
     if last < n:
         raise RuntimeError(f"only {last} of {n} rows reached SQLite")
     warmup = int(rate)  # the first second
@@ -368,7 +376,9 @@ def throughput(args: argparse.Namespace, figures: dict[str, Any], dsn: str, work
     events, rows = queue_size(dsn, "bench_full")
     console.print(f"  queued {rows:,} row changes in {events:,} events per queue")
     with psycopg.connect(dsn) as conn:
-        expected = conn.execute("SELECT count(*) FROM cache_item").fetchone()[0]
+        counted = conn.execute("SELECT count(*) FROM cache_item").fetchone()
+        assert counted is not None   # an aggregate: one row
+        expected = counted[0]
 
     def profile(name: str, run: int) -> Path | None:
         return args.profile / f"{name}.prof" if args.profile and run == 0 else None
@@ -378,7 +388,7 @@ def throughput(args: argparse.Namespace, figures: dict[str, Any], dsn: str, work
     load_before = os.getloadavg()[0]
     for run in range(args.repeat):
         path = workdir / f"raw_{run}.db"
-        (ev, rw, server), secs, cpu = measure(lambda: raw_apply(dsn, "bench_full", "raw", start, path),
+        (ev, rw, server), secs, cpu = measure(partial(raw_apply, dsn, "bench_full", "raw", start, path),
                                               profile("raw", run))
         assert (ev, rw) == (events, rows), ((ev, rw), (events, rows))
         runs[names[0]].append((secs, cpu, server))
@@ -389,7 +399,7 @@ def throughput(args: argparse.Namespace, figures: dict[str, Any], dsn: str, work
             assert c.source is not None
             pid = c.source.conn.info.backend_pid
             server = backend_cpu(pid)
-            _, secs, cpu = measure(lambda: c.run(until_caught_up=True), profile(queue[6:], run))
+            _, secs, cpu = measure(partial(c.run, until_caught_up=True), profile(queue[6:], run))
             server = backend_cpu(pid) - server
             c.close()
             c.target.close()
@@ -439,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="throughput: runs of each apply over the same queue, the median is reported (default 3)")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
-    parser.add_argument("--profile", type=Path, help="write cProfile stats of each apply's first run to DIR/{raw,full,pk}.prof (slows that run)")
+    parser.add_argument("--profile", type=Path,
+                        help="write cProfile stats of each apply's first run to DIR/{raw,full,pk}.prof "
+                             "(slows that run)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the SQLite files (their directory is printed)")
     args = parser.parse_args(argv)
@@ -465,7 +477,9 @@ def _run(args: argparse.Namespace, figures: dict[str, Any], workdir: Path) -> No
     with PgServer() as server:
         dsn = server.dsn
         with psycopg.connect(dsn, autocommit=True) as conn:
-            figures["postgres"] = conn.execute("SHOW server_version").fetchone()[0]
+            version = conn.execute("SHOW server_version").fetchone()
+            assert version is not None   # SHOW: one row
+            figures["postgres"] = version[0]
         start = setup(dsn, workdir)
         if not args.skip_throughput:
             throughput(args, figures, dsn, workdir, start)

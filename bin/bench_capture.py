@@ -64,6 +64,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from rich.console import Console
@@ -228,15 +229,22 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
     return variants
 
 
+def _one(conn: psycopg.Connection, query: str) -> Any:
+    """The value of a query that returns one row (an aggregate, SHOW)."""
+    row = conn.execute(query).fetchone()
+    assert row is not None, query
+    return row[0]
+
+
 def pgq_available(conn: psycopg.Connection) -> bool:
-    return conn.execute("SELECT count(*) FROM pg_available_extensions WHERE name = 'pgq'").fetchone()[0] > 0
+    return bool(_one(conn, "SELECT count(*) FROM pg_available_extensions WHERE name = 'pgq'") > 0)
 
 
 def ensure_pgq(conn: psycopg.Connection) -> bool:
     """Installs Debian's pgq package for the server's major version when missing."""
     if pgq_available(conn):
         return True
-    major = int(conn.execute("SHOW server_version_num").fetchone()[0]) // 10000
+    major = int(_one(conn, "SHOW server_version_num")) // 10000
     package = f"postgresql-{major}-pgq3"
     if os.geteuid() != 0:
         console.print(f"[yellow]pgq extension missing and not root: install {package} to compare with PgQ")
@@ -249,6 +257,14 @@ def ensure_pgq(conn: psycopg.Connection) -> bool:
             console.print(f"[yellow]{' '.join(cmd)} failed: {result.stderr.strip()[-500:]}")
             return False
     return pgq_available(conn)
+
+
+def _pgbench_figure(pattern: str, output: str) -> str:
+    """The figure a pgbench report gives (group 1 of pattern)."""
+    found = re.search(pattern, output)
+    if found is None:
+        raise RuntimeError(f"pgbench's output has no match for {pattern!r}:\n{output}")
+    return found.group(1)
 
 
 class Bench:
@@ -293,7 +309,8 @@ class Bench:
         if v.kind == "replicator":
             if v.source_dir:
                 saved = installer.MIGRATIONS_DIR, installer.QUEUE_SQL_DIR
-                installer.MIGRATIONS_DIR, installer.QUEUE_SQL_DIR = v.source_dir / "migrations", v.source_dir / "queue_sql"
+                installer.MIGRATIONS_DIR = v.source_dir / "migrations"
+                installer.QUEUE_SQL_DIR = v.source_dir / "queue_sql"
                 try:
                     installer.install(conn)
                 finally:
@@ -304,6 +321,7 @@ class Bench:
                 installer.drop_event_triggers(conn)
             source = Source(conn)
             source.create_queue("bench")
+            assert v.mode is not None   # a replicator variant has its mode
             for table in TABLES:
                 source.add_table("bench", f"public.{table}", mode=v.mode)
             if v.sql_file:
@@ -336,7 +354,7 @@ class Bench:
             "jsonb-row": "SELECT pg_total_relation_size('bench_log')",
         }[v.kind]
         with self.connect(v.dbname) as conn:
-            return int(conn.execute(query).fetchone()[0])
+            return int(_one(conn, query))
 
     def captured_changes(self, v: Variant) -> int | None:
         query = {
@@ -347,7 +365,7 @@ class Bench:
         if query is None:
             return None
         with self.connect(v.dbname) as conn:
-            return int(conn.execute(query).fetchone()[0])
+            return int(_one(conn, query))
 
     def pgbench(self, *args: str) -> str:
         cmd = [str(self.server.bindir / "pgbench"), "-h", "127.0.0.1", "-p", str(self.server.port),
@@ -407,8 +425,8 @@ class Bench:
         output = self.pgbench("-n", "-M", "prepared", "-c", clients, "-j", clients,
                               "-T", str(max(1, round(duration))), "-f", str(self.scriptdir / f"{workload}.sql"),
                               v.dbname)
-        tps = float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", output).group(1))
-        txns = int(re.search(r"number of transactions actually processed: (\d+)", output).group(1))
+        tps = float(_pgbench_figure(r"tps = ([\d.]+) \(without initial connection time\)", output))
+        txns = int(_pgbench_figure(r"number of transactions actually processed: (\d+)", output))
         return tps, txns, self.cpu_seconds() - cpu
 
     def measure(self) -> None:
@@ -432,7 +450,8 @@ class Bench:
                     v.bytes[w] = v.bytes.get(w, 0) + grown
                     v.changes[w] = v.changes.get(w, 0) + rows
                     v.total_changes += rows
-                    console.print(f"round {r + 1}/{self.args.rounds} {w:<9} {v.name:<10} {tps:9.0f} tps {cpu / txns * 1e6:7.1f} µs CPU/txn"
+                    console.print(f"round {r + 1}/{self.args.rounds} {w:<9} {v.name:<10} {tps:9.0f} tps "
+                                  f"{cpu / txns * 1e6:7.1f} µs CPU/txn"
                                   + (f"  {grown / rows:6.0f} B/event" if v.kind != "none" and rows else ""))
 
     def setup_paired(self) -> None:
@@ -459,6 +478,7 @@ class Bench:
                     if w != "insert":
                         conn.execute(f"INSERT INTO {table} SELECT * FROM {original}")
                     if v.kind == "replicator":
+                        assert v.mode is not None   # a replicator variant has its mode
                         if v.unseen:
                             installer.drop_event_triggers(conn)
                         table_id = source.add_table("bench", f"public.{table}", mode=v.mode)
@@ -493,8 +513,8 @@ class Bench:
                     f"{w} " + " ".join(f"{v.name} {v.cpu[w][-1] * 1e6:.1f}" for v in self.variants)
                     for w in self.workloads) + " µs/statement")
 
-    def report_paired(self) -> dict:
-        res: dict = {"workloads": {}, "variants": [v.name for v in self.variants], "paired": self.args.paired}
+    def report_paired(self) -> dict[str, Any]:
+        res: dict[str, Any] = {"workloads": {}, "variants": [v.name for v in self.variants], "paired": self.args.paired}
         table = Table(title=f"Backend CPU per statement, one session, {self.args.rounds} rounds of alternating batches"
                             f" ({self.args.paired} statements, {self.args.paired // 10} of 100 rows): median of"
                             f" the paired differences with no capture [interquartile range]")
@@ -540,13 +560,14 @@ class Bench:
                         used = (int(schedstat.read_text().split()[0]) - before) / 1e9 / count
                         v.cpu.setdefault(w, []).append(used)
                         v.total_changes += count * WORKLOADS[w][1]
-                        console.print(f"round {r + 1}/{self.args.rounds} {w:<9} {v.name:<10} {used * 1e6:7.1f} µs CPU/statement")
+                        console.print(f"round {r + 1}/{self.args.rounds} {w:<9} {v.name:<10} "
+                                      f"{used * 1e6:7.1f} µs CPU/statement")
         finally:
             for conn in conns.values():
                 conn.close()
 
-    def report_micro(self) -> dict:
-        res: dict = {"workloads": {}, "variants": [v.name for v in self.variants], "micro": self.args.micro}
+    def report_micro(self) -> dict[str, Any]:
+        res: dict[str, Any] = {"workloads": {}, "variants": [v.name for v in self.variants], "micro": self.args.micro}
         table = Table(title=f"Backend CPU per statement, one session, minimum of {self.args.rounds} rounds"
                             f" ({self.args.micro} statements, {self.args.micro // 10} of 100 rows)")
         table.add_column("workload")
@@ -585,8 +606,8 @@ class Bench:
         base = self.variants[0].cpu[w]
         return [b / c for c, b in zip(v.cpu[w], base)]
 
-    def results(self) -> dict:
-        res: dict = {"workloads": {}, "variants": [v.name for v in self.variants]}
+    def results(self) -> dict[str, Any]:
+        res: dict[str, Any] = {"workloads": {}, "variants": [v.name for v in self.variants]}
         for w in self.workloads:
             entry = {"label": WORKLOADS[w][0], "none_tps": statistics.median(self.variants[0].tps[w]),
                      "none_cpu_us": statistics.median(self.variants[0].cpu[w]) * 1e6}
@@ -602,7 +623,7 @@ class Bench:
             res["workloads"][w] = entry
         return res
 
-    def goals(self, res: dict) -> list[tuple[str, bool]]:
+    def goals(self, res: dict[str, Any]) -> list[tuple[str, bool]]:
         lines = []
         pgq = "pgq" in res["variants"]
         for name, (single, multi) in GOALS.items():
@@ -619,7 +640,7 @@ class Bench:
                     lines.append((f"{name} {entry['label']}: {b:.0f} B/event ≤ PgQ's {pb:.0f}", b <= pb))
         return lines
 
-    def report(self, res: dict) -> None:
+    def report(self, res: dict[str, Any]) -> None:
         spread = self.args.rounds > 1
         table = Table(title=f"Capture overhead, {self.args.clients} clients, {self.args.rounds} rounds of "
                             f"{self.args.duration:g} s runs: TPS kept and CPU kept relative to no capture "
@@ -631,7 +652,7 @@ class Bench:
             table.add_column(f"{v.name}\nTPS kept", justify="right")
             table.add_column(f"{v.name}\nCPU kept", justify="right")
             table.add_column(f"{v.name}\nB/event", justify="right")
-        for w, entry in res["workloads"].items():
+        for entry in res["workloads"].values():
             row = [entry["label"], f"{entry['none_tps']:.0f}", f"{entry['none_cpu_us']:.0f}"]
             for v in self.variants[1:]:
                 e = entry[v.name]

@@ -84,7 +84,7 @@ def make_warehouse(path: Path, rows: int) -> None:
     target.close()
     entry = target.manifest["tables"]["public.bench"]
     schema = physical_schema(STRUCTURE)
-    files = []
+    files: list[str] = []
     rng = np.random.default_rng(1)
     for start in range(0, rows, BASE_FILE_ROWS):
         n = min(BASE_FILE_ROWS, rows - start)
@@ -109,8 +109,12 @@ def make_warehouse(path: Path, rows: int) -> None:
         warehouse.write(manifest)
 
 
-def change_batch(rows: int, size: int, rnd: random.Random, next_id: list[int]) -> tuple[list[tuple], list[tuple]]:
-    upserts, deletes = [], []
+Row = tuple[Any, ...]
+
+
+def change_batch(rows: int, size: int, rnd: random.Random, next_id: list[int]) -> tuple[list[Row], list[Row]]:
+    upserts: list[Row] = []
+    deletes: list[Row] = []
     for _ in range(size):
         r = rnd.random()
         if r < 0.8:
@@ -126,7 +130,7 @@ def change_batch(rows: int, size: int, rnd: random.Random, next_id: list[int]) -
     return upserts, deletes
 
 
-def apply_batch(target: SparkTarget, upserts: list[tuple], deletes: list[tuple], tick: int) -> float:
+def apply_batch(target: SparkTarget, upserts: list[Row], deletes: list[Row], tick: int) -> float:
     started = time.perf_counter()
     target.begin()
     table = target.tables()["public.bench"]
@@ -137,7 +141,7 @@ def apply_batch(target: SparkTarget, upserts: list[tuple], deletes: list[tuple],
     return time.perf_counter() - started
 
 
-def rewrite_table(path: Path, upserts: list[tuple], deletes: list[tuple]) -> float:
+def rewrite_table(path: Path, upserts: list[Row], deletes: list[Row]) -> float:
     """Copy-on-write: the whole table read and written again for one batch (pyarrow)."""
     from replicator.targets.spark.warehouse import arrow_table
     entry = Warehouse(path).read()["tables"]["public.bench"]
@@ -253,9 +257,11 @@ def bench_copy(args: argparse.Namespace, workdir: Path, figures: dict[str, Any])
             for i in range(args.repeat):
                 with conn.transaction():
                     conn.execute("UPDATE bench SET k = k + 1, updated_at = now() WHERE id %% 125 = %s", (i,))
-                    conn.execute("INSERT INTO bench SELECT g, 0, 'new', 0, 0, now() FROM generate_series(%s, %s) g",
+                    conn.execute("INSERT INTO bench SELECT g, 0, 'new', 0, 0, now()"
+                                 " FROM generate_series(%s::bigint, %s::bigint) g",
                                  (args.copy_rows + 1 + i * 1000, args.copy_rows + 1000 + i * 1000))
                     conn.execute("DELETE FROM bench WHERE id %% 1000 = %s AND id <= %s", (500 + i, args.copy_rows))
+                assert consumer.source is not None   # connected above
                 consumer.source.tick("bench", force=True)
                 stats = consumer.step()
                 assert stats is not None

@@ -70,6 +70,9 @@ APPLY_TIMED = "GROUP BY customer_id"   # the view whose replica also times apply
 SHAPES = {APPLY_TIMED: (GROUP_BY_CUSTOMER, True), "GROUP BY status": (GROUP_BY_STATUS, True),
           "join": (JOIN, True), "join, orders only": (JOIN, False)}
 
+Row = tuple[Any, ...]
+Batch = tuple[list[Row], list[Row], list[Row]]   # order upserts, order deletes, customer upserts
+
 
 def _column(name: str, kind: str, not_null: bool, attnum: int) -> Column:
     pg = {"int": "bigint", "text": "text"}[kind]
@@ -102,12 +105,12 @@ class Workload:
     def customer(self, i: int) -> tuple[int, str, str]:
         return (i, f"customer {i} v{self.rng.randrange(1000)}", f"region {self.rng.randrange(50)}")
 
-    def batch(self, share: float) -> tuple[list[tuple], list[tuple], list[tuple]]:
+    def batch(self, share: float) -> Batch:
         """(order upserts, order deletes, customer upserts) changing `share` of the rows."""
         n = max(int(len(self.orders) * share), 1)
         ids = self.rng.sample(sorted(self.orders), n) if share < 1 else sorted(self.orders)
-        upserts: list[tuple] = []
-        deletes: list[tuple] = []
+        upserts: list[Row] = []
+        deletes: list[Row] = []
         for k, i in enumerate(ids):
             r = k % 10
             if r < 7:
@@ -130,12 +133,13 @@ class Workload:
 
 
 def _last_refresh(db: sqlite3.Connection, view: str) -> tuple[float, str, str]:
-    return db.execute("SELECT seconds, kind, coalesce(reason, '') FROM _replicator_view_refresh WHERE view = ?"
-                      " ORDER BY seq DESC LIMIT 1", (view,)).fetchone()
+    last: tuple[float, str, str] = db.execute(
+        "SELECT seconds, kind, coalesce(reason, '') FROM _replicator_view_refresh WHERE view = ?"
+        " ORDER BY seq DESC LIMIT 1", (view,)).fetchone()
+    return last
 
 
-def _apply(target: SqliteTarget, batch: tuple[list[tuple], list[tuple], list[tuple]], *,
-           full: bool = False) -> float:
+def _apply(target: SqliteTarget, batch: Batch, *, full: bool = False) -> float:
     """One batch, as the consumer applies it; returns the seconds spent before the commit.
     full: the view is refreshed in full in the batch's commit (as auto does when it falls back)."""
     upserts, deletes, customers = batch
@@ -154,7 +158,7 @@ def _apply(target: SqliteTarget, batch: tuple[list[tuple], list[tuple], list[tup
 class Replica:
     """A replica file of its own holding the initial rows and one view."""
 
-    def __init__(self, directory: Path, name: str, orders: list[tuple], customers: list[tuple]) -> None:
+    def __init__(self, directory: Path, name: str, orders: list[Row], customers: list[Row]) -> None:
         self.target = SqliteTarget(directory / f"{name}.db")
         self.target.begin()
         self.target.create_table(ORDERS)
@@ -167,8 +171,7 @@ class Replica:
         self.target.close()
 
 
-def _trial(target: SqliteTarget, batch: tuple[list[tuple], list[tuple], list[tuple]], *,
-           full: bool) -> tuple[float, str, str]:
+def _trial(target: SqliteTarget, batch: Batch, *, full: bool) -> tuple[float, str, str]:
     """One batch applied and its views refreshed as in the commit, then rolled back: the
     refresh's (seconds, kind, reason)."""
     _apply_only(target, batch)
@@ -180,12 +183,12 @@ def _trial(target: SqliteTarget, batch: tuple[list[tuple], list[tuple], list[tup
     return result
 
 
-def _orders_only(batch: tuple[list[tuple], list[tuple], list[tuple]]) -> tuple[list[tuple], list[tuple], list[tuple]]:
+def _orders_only(batch: Batch) -> Batch:
     upserts, deletes, _ = batch
     return upserts, deletes, []
 
 
-def _apply_only(target: SqliteTarget, batch: tuple[list[tuple], list[tuple], list[tuple]]) -> None:
+def _apply_only(target: SqliteTarget, batch: Batch) -> None:
     upserts, deletes, customers = batch
     target.begin()
     target.upsert(ORDERS, "U", upserts)
@@ -302,8 +305,8 @@ def run(rows: int, batches: int, share: float, sweep: list[float], seed: int) ->
                               f"{r['recompute'] * 1000:.0f} ms", f"{r['auto'] * 1000:.0f} ms", r["chose"],
                               f"{ratio:.2f}")
         console.print(table)
-        console.print("incremental: a replica of its own; auto and full recompute: the auto replica, the batch applied, "
-                      "refreshed as in its commit and rolled back, alternately")
+        console.print("incremental: a replica of its own; auto and full recompute: the auto replica, "
+                      "the batch applied, refreshed as in its commit and rolled back, alternately")
         console.print(f"auto / full recompute, worst: {worst:.2f} (AUTO_FULL_SHARE = {sqlite_views.AUTO_FULL_SHARE})")
     for shape, m in medians.items():
         console.print(f"{shape}: incremental {m['recompute'] / m['incremental']:.1f}× faster than a full recompute "

@@ -115,8 +115,12 @@ def counts_sqlite(path: Path) -> dict[str, int]:
 
 
 def counts_pg(conn: psycopg.Connection) -> dict[str, int]:
-    return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-            for t in ("airport", "flight", "position_report")}
+    counts = {}
+    for t in ("airport", "flight", "position_report"):
+        row = conn.execute(f"SELECT count(*) FROM {t}").fetchone()
+        assert row is not None   # an aggregate: one row
+        counts[t] = row[0]
+    return counts
 
 
 def live_table(pg: dict[str, int], lite: dict[str, int], elapsed: float, seconds: float) -> Table:
@@ -172,11 +176,11 @@ def main() -> int:
         run_cli(dsn, "table", "add", "flights", "position_report", "--mode", "pk")
 
         console.print("[bold]3.[/] starting the ticker and the SQLite consumer daemons")
-        log = open(args.dir / "daemons.log", "w")
-        daemons.append(subprocess.Popen([REPLICATOR, "--dsn", dsn, "ticker", "--interval", "0.1"],
-                                        stdout=log, stderr=log))
-        daemons.append(subprocess.Popen([REPLICATOR, "--dsn", dsn, "consume", "flights",
-                                         "--target", f"sqlite:{replica}"], stdout=log, stderr=log))
+        with open(args.dir / "daemons.log", "w") as log:   # the daemons write to their own copies of it
+            daemons.append(subprocess.Popen([REPLICATOR, "--dsn", dsn, "ticker", "--interval", "0.1"],
+                                            stdout=log, stderr=log))
+            daemons.append(subprocess.Popen([REPLICATOR, "--dsn", dsn, "consume", "flights",
+                                             "--target", f"sqlite:{replica}"], stdout=log, stderr=log))
 
         console.print(f"[bold]4.[/] running a flight-tracking workload for {args.seconds:.0f}s")
         rng = random.Random(7)
@@ -235,8 +239,8 @@ def show_result(conn: psycopg.Connection, replica: Path) -> None:
     answer = Table(title="answered from the replica: airborne flights, latest position, highest first",
                    title_justify="left")
     cursor = lite.execute(LATEST_POSITIONS)
-    for column in cursor.description:
-        answer.add_column(column[0])
+    for described in cursor.description:
+        answer.add_column(described[0])
     for row in cursor:
         answer.add_row(*(str(v) for v in row))
     console.print(answer)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,13 @@ def _object(names: list[str], values: list[Any]) -> str:
 
 def _array(values: list[Any]) -> str:
     return "[" + ", ".join(_dump(v) for v in values) + "]"
+
+
+def _one(conn: psycopg.Connection, query: str, params: Sequence[Any] = ()) -> Any:
+    """The first value of a query that always returns one row (a function call, an aggregate)."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None, query
+    return row[0]
 
 
 def _window_sql(event_table: str, prev_snapshot: str, cur_snapshot: str) -> tuple[str, list[Any]]:
@@ -142,8 +150,8 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return psycopg.connect(self.dsn, autocommit=True, application_name=f"replicator spark {self.consumer}")
 
     def _queue(self, conn: psycopg.Connection) -> tuple[int, str]:
-        queue_id = conn.execute("SELECT (replicator.find_queue(%s)).queue_id", (self.queue,)).fetchone()[0]
-        event_table = conn.execute("SELECT replicator.event_table(%s)::text", (queue_id,)).fetchone()[0]
+        queue_id: int = _one(conn, "SELECT (replicator.find_queue(%s)).queue_id", (self.queue,))
+        event_table: str = _one(conn, "SELECT replicator.event_table(%s)::text", (queue_id,))
         return queue_id, event_table
 
     def _catalog_layouts(self, conn: psycopg.Connection) -> dict[str, Any]:
@@ -156,31 +164,31 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def initialOffset(self) -> dict[str, Any]:
         with self._connect() as conn:
-            tick = conn.execute("SELECT replicator.register_consumer(%s, %s)", (self.queue, self.consumer)
-                                ).fetchone()[0]
+            tick = _one(conn, "SELECT replicator.register_consumer(%s, %s)", (self.queue, self.consumer))
             self._last = {"tick": tick, "layouts": self._catalog_layouts(conn)}
         return self._last
 
     def getDefaultReadLimit(self) -> Any:
-        from pyspark.sql.datasource import ReadAllAvailable
+        from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
         if self.max_events:
-            from pyspark.sql.streaming.datasource import ReadMaxRows
             return ReadMaxRows(self.max_events)
         return ReadAllAvailable()
 
-    def _tick(self, conn: psycopg.Connection, queue_id: int) -> int:
-        """The queue's latest tick, after ticking it if events wait behind its last tick."""
+    def _tick(self, conn: psycopg.Connection, queue_id: int) -> int | None:
+        """The queue's latest tick, after ticking it if events wait behind its last tick.
+        None: the queue has no tick yet and another ticker holds it (making its first)."""
         last = conn.execute("SELECT tick_id, tick_event_seq FROM replicator.tick WHERE tick_queue = %s"
                             " ORDER BY tick_id DESC LIMIT 1", (queue_id,)).fetchone()
         # A queue that never ticked has no tick yet: make its first.
-        if last is not None and conn.execute("SELECT replicator.last_event_id(%s)", (queue_id,)
-                                             ).fetchone()[0] <= last[1]:
-            return last[0]
-        tick = conn.execute("SELECT replicator.ticker(%s, true)", (self.queue,)).fetchone()[0]
+        if last is not None and _one(conn, "SELECT replicator.last_event_id(%s)", (queue_id,)) <= last[1]:
+            latest: int = last[0]
+            return latest
+        tick: int | None = _one(conn, "SELECT replicator.ticker(%s, true)", (self.queue,))
         if tick is not None:
             return tick
-        return conn.execute("SELECT max(tick_id) FROM replicator.tick WHERE tick_queue = %s",
-                            (queue_id,)).fetchone()[0]
+        newest: int | None = _one(conn, "SELECT max(tick_id) FROM replicator.tick WHERE tick_queue = %s",
+                                  (queue_id,))
+        return newest
 
     def prepareForTriggerAvailableNow(self) -> None:
         with self._connect() as conn:
@@ -198,11 +206,10 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if found is None:
                 raise _rotated_past(self.queue, start["tick"], until)
             start_seq = found[0]
-            end = conn.execute(
-                "SELECT coalesce(max(tick_id) FILTER (WHERE tick_event_seq - %s <= %s), min(tick_id))"
+            end = _one(
+                conn, "SELECT coalesce(max(tick_id) FILTER (WHERE tick_event_seq - %s <= %s), min(tick_id))"
                 " FROM replicator.tick WHERE tick_queue = %s AND tick_id > %s AND tick_id <= %s",
-                (start_seq, max_rows if max_rows is not None else 2**62, queue_id, start["tick"], until)
-            ).fetchone()[0]
+                (start_seq, max_rows if max_rows is not None else 2**62, queue_id, start["tick"], until))
             if end is None:
                 return start
             # tables added since the start offset: as the catalog has them (their DDL since is in the S events)
@@ -249,8 +256,9 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             ticks = self._snapshots(conn, queue_id, start["tick"], end["tick"])
             if not ticks or ticks[0][0] != start["tick"] or ticks[-1][0] != end["tick"]:
                 raise _rotated_past(self.queue, start["tick"], end["tick"])
-            seqs = dict(conn.execute("SELECT tick_id, tick_event_seq FROM replicator.tick WHERE tick_queue = %s"
-                                     " AND tick_id IN (%s, %s)", (queue_id, start["tick"], end["tick"])).fetchall())
+            seqs: dict[int, int] = dict(conn.execute(
+                "SELECT tick_id, tick_event_seq FROM replicator.tick WHERE tick_queue = %s AND tick_id IN (%s, %s)",
+                (queue_id, start["tick"], end["tick"])).fetchall())
             timeline = self._timeline(conn, event_table, start["tick"], end["tick"], queue_id)
             layouts = {**self._catalog_layouts(conn), **start["layouts"]}
         lo, hi = seqs[start["tick"]], seqs[end["tick"]]
@@ -263,7 +271,8 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                                     layouts=layouts, timeline=timeline)
                 for i in range(n)]
 
-    def read(self, partition: ReplicatorPartition):  # type: ignore[override]
+    # Spark hands read() the partitions partitions() made: narrower than the base's InputPartition
+    def read(self, partition: ReplicatorPartition) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
         return read_partition(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -277,13 +286,13 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         pass
 
 
-def _rotated_past(queue: str, start: int, end: int) -> RuntimeError:
+def _rotated_past(queue: str, start: int, end: int | None) -> RuntimeError:
     return RuntimeError(f"ticks {start}..{end} of queue {queue} no longer exist: the query is too far behind "
                         f"(the queue rotated past it). Restart it with a new checkpoint location: it starts at "
                         f"the queue's current position, without the changes in between")
 
 
-def read_partition(p: ReplicatorPartition):
+def read_partition(p: ReplicatorPartition) -> Iterator[tuple[Any, ...]]:
     """The rows of one partition, in ev_id order (runs on an executor)."""
     sql, params = _window_sql(p.event_table, p.prev_snapshot, p.cur_snapshot)
     if p.lo is not None:
@@ -331,14 +340,13 @@ def read_partition(p: ReplicatorPartition):
                     yield (tick, ev_id, 0, txid, ev_time, ev_type, name, None, None)
                     continue
                 items = _loads(data)
-                full = layout is not None and layout["mode"] == "full" and ev_type != "D"
-                if full:
+                if layout is not None and layout["mode"] == "full" and ev_type != "D":
                     columns = layout["columns"]
                     positions = [columns.index(k) for k in layout["key"]]
-                for i, item in enumerate(items):
-                    if full:
+                    for i, item in enumerate(items):
                         yield (tick, ev_id, i, txid, ev_time, ev_type, name,
                                _array([item[k] for k in positions]), _object(columns, item))
-                    else:
+                else:
+                    for i, item in enumerate(items):
                         yield (tick, ev_id, i, txid, ev_time, ev_type, name, _array(item), None)
         conn.rollback()

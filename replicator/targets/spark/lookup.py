@@ -385,7 +385,8 @@ def largest_group(table: pa.Table, columns: list[str]) -> int:
     for no rows."""
     if not table.num_rows:
         return 0
-    return pc.max(_groups(table, columns).column("count_all")).as_py()
+    largest: int = pc.max(_groups(table, columns).column("count_all")).as_py()
+    return largest
 
 
 def rows_matching(warehouse: Warehouse, entry: dict[str, Any], columns: list[str], values: KeySet,

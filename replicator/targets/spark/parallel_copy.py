@@ -48,9 +48,12 @@ def workers_for(estimated_rows: int) -> int:
 
 def block_ranges(conn: psycopg.Connection, oid: int, workers: int) -> list[tuple[int | None, int | None]] | None:
     """Block ranges splitting a plain table (None: not splittable, copy it in one piece)."""
-    relkind, blocks = conn.execute(
+    found = conn.execute(
         "SELECT relkind, pg_relation_size(oid) / current_setting('block_size')::bigint FROM pg_class WHERE oid = %s",
         (oid,)).fetchone()
+    if found is None:
+        raise RuntimeError(f"the table of oid {oid} being copied is gone (dropped during the copy?)")
+    relkind, blocks = found
     if relkind != "r" or workers < 2 or blocks < workers:
         return None
     bounds = [blocks * i // workers for i in range(workers + 1)]
@@ -63,7 +66,9 @@ def copy_parallel(conn: psycopg.Connection, dsn: str, select: sql.Composable, st
     """Runs the copy's SELECT (the capture encoding of a table aliased t) over
     the block ranges in worker processes; returns the Parquet files written
     and their row counts. `conn` holds the copy's snapshot (open transaction)."""
-    snapshot_id = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+    exported = conn.execute("SELECT pg_export_snapshot()").fetchone()
+    assert exported is not None   # a function call: one row
+    snapshot_id = exported[0]
     query = select.as_string(conn)
     context = multiprocessing.get_context("spawn")   # the consumer may run threads (compaction, a JVM)
     counter = context.Value("q", 0)

@@ -230,7 +230,8 @@ class SparkTarget:
 
     def _entry(self, name: str) -> dict[str, Any]:
         assert self.work is not None
-        return self.work["tables"][name]
+        entry: dict[str, Any] = self.work["tables"][name]
+        return entry
 
     def create_table(self, table: TargetTable) -> None:
         """Starts a new generation of the table: an empty base, no log."""
@@ -418,7 +419,7 @@ class SparkTarget:
         self._compactor.start()
 
     def _retry_delay(self) -> float:
-        return min(self.compact_retry_after * 2 ** (self._compact_failures - 1), COMPACT_RETRY_MAX)
+        return min(self.compact_retry_after * 2.0 ** (self._compact_failures - 1), COMPACT_RETRY_MAX)
 
     def _compact(self, names: list[str]) -> None:
         from replicator.targets.spark.compaction import compact

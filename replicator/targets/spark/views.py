@@ -46,6 +46,7 @@ its query no longer runs or gives other columns.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import re
 import shutil
@@ -533,8 +534,8 @@ class SparkViews:
             analysis.refuse("NO_KEY", "(aggregate function)", "an aggregate the analysis does not know")
         names = self._table_names(manifest)
         read = {alias.strip("`").split(".")[-1].lower() for alias in re.findall(r"SubqueryAlias (\S+)", analyzed)}
-        deps = sorted({names[n] for n in read if n in names} | {names[o.table.name.lower()] for o in analysis.occurrences
-                                                   if o.table.name.lower() in names})
+        deps = sorted({names[n] for n in read if n in names}
+                      | {names[o.table.name.lower()] for o in analysis.occurrences if o.table.name.lower() in names})
         reason = analysis.reasons[0] if analysis.reasons else None
         mode = "incremental" if reason is None else "full"
         if policy == "full":
@@ -578,7 +579,7 @@ class SparkViews:
             self.warehouse.write(manifest)
 
     def _find(self, manifest: dict[str, Any], name: str) -> str:
-        found = next((n for n in manifest.get("views", {}) if n.lower() == name.lower()), None)
+        found: str | None = next((n for n in manifest.get("views", {}) if n.lower() == name.lower()), None)
         if found is None:
             raise UserError(f"no view {name!r} in the warehouse {self.warehouse.path} (see `replicator view list`)")
         return found
@@ -600,9 +601,10 @@ class SparkViews:
                 raise UserError(f"view {name} cannot be maintained incrementally: {plan.reason.code}: "
                                 f"{plan.reason.message} (at: {plan.reason.fragment}); "
                                 f"use --policy auto to refresh it in full")
-            entry = {"sql": plan.sql, "policy": policy, "created_at": _now(), "dir": f"{VIEWS_DIR}/{name}-{new_id()}",
-                     "generation": "", "base": [], "logs": [], "rows": 0, "seq": 0, "refreshes": [],
-                     "status": "ok", "status_reason": None}
+            entry: dict[str, Any] = {
+                "sql": plan.sql, "policy": policy, "created_at": _now(), "dir": f"{VIEWS_DIR}/{name}-{new_id()}",
+                "generation": "", "base": [], "logs": [], "rows": 0, "seq": 0, "refreshes": [],
+                "status": "ok", "status_reason": None}
             self._apply_plan(entry, plan)
             manifest["views"][name] = entry
             try:
@@ -639,7 +641,8 @@ class SparkViews:
         real = self._find(manifest, name)
         return next(v for v in self.list() if v["view"] == real)
 
-    def list(self) -> list[dict[str, Any]]:
+    # the method shadows the builtin in the class body: signatures below say builtins.list
+    def list(self) -> builtins.list[dict[str, Any]]:
         out = []
         for name, entry in sorted(self.warehouse.read().get("views", {}).items()):
             reason = entry["reason"]
@@ -652,7 +655,7 @@ class SparkViews:
                         "last_refresh": dict(last) if last else None, "sql": entry["sql"]})
         return out
 
-    def refreshes(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
+    def refreshes(self, name: str, limit: int = 20) -> builtins.list[dict[str, Any]]:
         manifest = self.warehouse.read()
         entry = manifest["views"][self._find(manifest, name)]
         return list(reversed(entry["refreshes"][-limit:]))
@@ -671,7 +674,7 @@ class SparkViews:
 
     # refresh after a batch ---------------------------------------------------------------
 
-    def refresh_after(self, before: dict[str, Any], after: dict[str, Any], ops: list[tuple[Any, ...]]) -> None:
+    def refresh_after(self, before: dict[str, Any], after: dict[str, Any], ops: builtins.list[tuple[Any, ...]]) -> None:
         """Refreshes, in manifest `after` (before's tables with a transaction's
         operations replayed), every view that transaction changed. A view whose
         refresh fails is marked stale with the reason; the batch goes on."""
@@ -685,8 +688,9 @@ class SparkViews:
                 logs.setdefault(op[1], []).extend(e["file"] for e in op[2])
             elif op[0] == "generation":
                 replaced[op[1]] = "TABLE_REPLACED"
-            elif op[0] in ("rename", "drop") or (op[0] == "meta" and op[1] in before["tables"] and op[1] in after["tables"] and (
-                    before["tables"][op[1]]["structure"] != after["tables"][op[1]]["structure"])):
+            elif op[0] in ("rename", "drop") or (
+                    op[0] == "meta" and op[1] in before["tables"] and op[1] in after["tables"]
+                    and before["tables"][op[1]]["structure"] != after["tables"][op[1]]["structure"]):
                 replaced[op[1]] = "SCHEMA_CHANGE"
         if not logs and not replaced:
             return
@@ -696,7 +700,7 @@ class SparkViews:
         finally:
             changes.release()
 
-    def _refresh_changed(self, after: dict[str, Any], views: dict[str, Any], logs: dict[str, list[str]],
+    def _refresh_changed(self, after: dict[str, Any], views: dict[str, Any], logs: dict[str, builtins.list[str]],
                          replaced: dict[str, str], changes: _Changes) -> None:
         for name in list(views):
             entry = views[name]
@@ -900,8 +904,8 @@ class SparkViews:
                     # an aggregate gives a row per affected key at most: few enough to
                     # collect when the keys are (and a local file is written without
                     # the commit protocol of a Spark write)
-                    written = self._write_log(after, entry, recomputed,
-                                              [(plan.key_columns, KeySet([found.column(c) for c in found.column_names]))],
+                    found_keys = KeySet([found.column(c) for c in found.column_names])
+                    written = self._write_log(after, entry, recomputed, [(plan.key_columns, found_keys)],
                                               collect=n_view_keys <= DRIVER_MAX_KEYS and _arrow_safe(entry))
                 else:
                     state = storage_frame(spark, self.warehouse, entry)
@@ -920,7 +924,8 @@ class SparkViews:
                 affected.unpersist()
 
     @staticmethod
-    def _key_views(with_delta: list[int], occurrence_source: list[str], changes: _Changes) -> dict[int, str]:
+    def _key_views(with_delta: builtins.list[int], occurrence_source: builtins.list[str],
+                   changes: _Changes) -> dict[int, str]:
         """Registers the changed keys (columns c0...) of each changed occurrence i as the
         temporary view _replicator_pk<i>; returns the names by occurrence."""
         names = {}
@@ -929,8 +934,8 @@ class SparkViews:
             changes.keys(occurrence_source[i]).createOrReplaceTempView(names[i])
         return names
 
-    def _changed_rows(self, plan: ViewPlan, with_delta: list[int], occurrence_source: list[str],
-                      changes: _Changes, values: list[str], key_views: dict[int, str]) -> Any:
+    def _changed_rows(self, plan: ViewPlan, with_delta: builtins.list[int], occurrence_source: builtins.list[str],
+                      changes: _Changes, values: builtins.list[str], key_views: dict[int, str]) -> Any:
         """A row view's recomputed rows: the combinations holding a changed base row,
         from the tables as they are. With one changed occurrence, its table is
         replaced by the transaction's new rows of it (the table as it is has no
@@ -956,8 +961,8 @@ class SparkViews:
             select = plan.select(any_of=restrict)
         return spark.sql(select).toDF(*plan.key_columns, *values)
 
-    def _changed_rows_local(self, plan: ViewPlan, with_delta: list[int], occurrence_source: list[str],
-                            changes: _Changes, values: list[str]) -> tuple[Any, int] | None:
+    def _changed_rows_local(self, plan: ViewPlan, with_delta: builtins.list[int], occurrence_source: builtins.list[str],
+                            changes: _Changes, values: builtins.list[str]) -> tuple[Any, int] | None:
         """A row view's recomputed rows from rows looked up on the driver, when the
         view's equi-joins lead there: no table is scanned. Per changed occurrence i
         (a branch), i reads the transaction's new rows of its table; each other
@@ -1034,7 +1039,7 @@ class SparkViews:
         exists = " OR ".join(f"EXISTS (SELECT 1 FROM {r} AS _replicator_x WHERE {c})" for r, c in stored)
         return spark.sql(f"SELECT {columns} FROM _replicator_state AS _replicator_s WHERE {exists}")
 
-    def _affected_on_driver(self, plan: ViewPlan, entry: dict[str, Any], occurrence_source: list[str],
+    def _affected_on_driver(self, plan: ViewPlan, entry: dict[str, Any], occurrence_source: builtins.list[str],
                             changes: _Changes) -> pa.Table | None:
         """An aggregate (or DISTINCT) view's affected keys (columns c0...) computed by
         pyarrow, when they are plain columns of its one table, read without a filter:
@@ -1042,15 +1047,16 @@ class SparkViews:
         evaluates the key expressions), and for float keys, whose -0.0 and 0.0 (and
         NaNs) Arrow would keep apart where Spark's grouping makes them one."""
         a = plan.analysis
+        plain = [k for k in a.key_columns if k is not None]
         if len(a.occurrences) != 1 or a.conditions or a.where or not a.key_columns \
-                or any(k is None for k in a.key_columns):
+                or len(plain) != len(a.key_columns):
             return None
         schema = self._key_struct(entry, "c")
         if any(f.dataType.typeName() in ("float", "double") for f in schema.fields):
             return None
         structure = changes._structure(occurrence_source[0])
         by_name = {c.name: c for c in structure.columns}
-        physical = [physical_name(by_name[k[1]]) for k in a.key_columns]
+        physical = [physical_name(by_name[k[1]]) for k in plain]
         rows = changes.delta_rows(occurrence_source[0])
         distinct = rows.select(physical).group_by(physical).aggregate([])
         types = [lookup.spark_arrow_type(f.dataType) for f in schema.fields]
@@ -1108,7 +1114,8 @@ class SparkViews:
         return plan.policy == "auto" and keys > AUTO_FULL_SHARE * max(entry["rows"], 1)
 
     def _write_log(self, manifest: dict[str, Any], entry: dict[str, Any], upserts: Any,
-                   wanted: list[tuple[list[str], KeySet]], *, collect: bool = False) -> tuple[int, int, int]:
+                   wanted: builtins.list[tuple[builtins.list[str], KeySet]], *,
+                   collect: bool = False) -> tuple[int, int, int]:
         """One change log for the view: the recomputed rows (upserts), and deletions
         of the stored keys matching wanted (see lookup.stored_keys) that were not
         recomputed, found and written by pyarrow into the same directory (one log,
