@@ -28,6 +28,7 @@ LANGUAGE sql STABLE AS $$
         'replicator.next_batch(text, text, bigint)',
         'replicator.get_batch_info(bigint)',
         'replicator.batch_event_sql(bigint, integer[])',
+        'replicator.window_event_sql(integer, txid_snapshot, txid_snapshot, integer[])',
         'replicator.event_table(integer)',
         'replicator.finish_batch(bigint)',
         -- forced ticks: the initial copy's durable tick, consume --until-caught-up

@@ -84,18 +84,10 @@ def _one(conn: psycopg.Connection, query: str, params: Sequence[Any] = ()) -> An
     return row[0]
 
 
-def _window_sql(event_table: str, prev_snapshot: str, cur_snapshot: str) -> tuple[str, list[Any]]:
-    """Events of transactions visible in cur_snapshot and not in prev_snapshot, as
-    replicator.batch_event_sql() selects a batch's: a txid range plus prev's
-    in-progress list, then the visibility test."""
-    _, prev_xmax, prev_xip = prev_snapshot.split(":")
-    cur_xmax = cur_snapshot.split(":")[1]
-    xip = [int(x) for x in prev_xip.split(",") if x]
-    where = "((ev_txid >= %s AND ev_txid < %s)" + (" OR ev_txid = ANY(%s)" if xip else "") + ")"
-    params: list[Any] = [int(prev_xmax), int(cur_xmax)] + ([xip] if xip else [])
-    where += " AND txid_visible_in_snapshot(ev_txid, %s::txid_snapshot)"
-    params.append(cur_snapshot)
-    return f"FROM {event_table} WHERE {where}", params
+def _window_sql(conn: psycopg.Connection, queue_id: int, prev_snapshot: str, cur_snapshot: str) -> str:
+    """The query of the events between two ticks, as a batch's (replicator.window_event_sql)."""
+    sql: str = _one(conn, "SELECT replicator.window_event_sql(%s, %s, %s)", (queue_id, prev_snapshot, cur_snapshot))
+    return sql
 
 
 def _layout(data: dict[str, Any]) -> dict[str, Any]:
@@ -106,9 +98,7 @@ def _layout(data: dict[str, Any]) -> dict[str, Any]:
 @dataclass
 class ReplicatorPartition(InputPartition):
     dsn: str
-    event_table: str
-    prev_snapshot: str
-    cur_snapshot: str
+    event_sql: str                     # the window's events (replicator.window_event_sql)
     lo: int | None                     # ev_id > lo (None: unbounded)
     hi: int | None                     # ev_id <= hi (None: unbounded)
     ticks: list[tuple[int, str]]       # (tick id, snapshot) of the ticks in (start, end], ascending
@@ -149,10 +139,9 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
     def _connect(self) -> psycopg.Connection:
         return psycopg.connect(self.dsn, autocommit=True, application_name=f"replicator spark {self.consumer}")
 
-    def _queue(self, conn: psycopg.Connection) -> tuple[int, str]:
+    def _queue(self, conn: psycopg.Connection) -> int:
         queue_id: int = _one(conn, "SELECT (replicator.find_queue(%s)).queue_id", (self.queue,))
-        event_table: str = _one(conn, "SELECT replicator.event_table(%s)::text", (queue_id,))
-        return queue_id, event_table
+        return queue_id
 
     def _catalog_layouts(self, conn: psycopg.Connection) -> dict[str, Any]:
         rows = conn.execute("SELECT table_id, table_name, mode, key, columns FROM replicator.table_info(%s)",
@@ -192,14 +181,14 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def prepareForTriggerAvailableNow(self) -> None:
         with self._connect() as conn:
-            queue_id, _ = self._queue(conn)
+            queue_id = self._queue(conn)
             self._until = self._tick(conn, queue_id)
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         start = start or self._last or self.initialOffset()
         max_rows = getattr(limit, "max_rows", None)
         with self._connect() as conn:
-            queue_id, event_table = self._queue(conn)
+            queue_id = self._queue(conn)
             until = self._until if self._until is not None else self._tick(conn, queue_id)
             found = conn.execute("SELECT tick_event_seq FROM replicator.tick WHERE tick_queue = %s"
                                  " AND tick_id = %s", (queue_id, start["tick"])).fetchone()
@@ -214,7 +203,7 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
                 return start
             # tables added since the start offset: as the catalog has them (their DDL since is in the S events)
             layouts = {**self._catalog_layouts(conn), **start["layouts"]}
-            for _ev_id, table_id, layout in self._timeline(conn, event_table, start["tick"], end, queue_id):
+            for _ev_id, table_id, layout in self._timeline(conn, start["tick"], end, queue_id):
                 if layout is None:
                     layouts.pop(table_id, None)
                 else:
@@ -227,15 +216,15 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             "SELECT tick_id, tick_snapshot::text FROM replicator.tick WHERE tick_queue = %s"
             " AND tick_id BETWEEN %s AND %s ORDER BY tick_id", (queue_id, start, end))]
 
-    def _timeline(self, conn: psycopg.Connection, event_table: str, start: int, end: int,
+    def _timeline(self, conn: psycopg.Connection, start: int, end: int,
                   queue_id: int) -> list[tuple[int, str, Any]]:
         """The S events of (start, end]: (ev_id, table id, layout after it, None when dropped, or
         suspended and removed since)."""
         ticks = self._snapshots(conn, queue_id, start, end)
-        sql, params = _window_sql(event_table, ticks[0][1], ticks[-1][1])
+        events = _window_sql(conn, queue_id, ticks[0][1], ticks[-1][1])
         out = []
-        for ev_id, table_id, data in conn.execute(f"SELECT ev_id, ev_table, ev_data::text {sql}"
-                                                  " AND ev_type = 'S' ORDER BY ev_id", params):
+        for ev_id, table_id, data in conn.execute(f"SELECT ev_id, ev_table, ev_data::text FROM ({events}) w"
+                                                  " WHERE ev_type = 'S' ORDER BY ev_id"):
             event = json.loads(data)
             if event.get("kind") == "suspended" and conn.execute(
                     "SELECT 1 FROM replicator.captured_table WHERE table_id = %s", (table_id,)).fetchone():
@@ -252,21 +241,21 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         if start["tick"] == end["tick"]:
             return []
         with self._connect() as conn:
-            queue_id, event_table = self._queue(conn)
+            queue_id = self._queue(conn)
             ticks = self._snapshots(conn, queue_id, start["tick"], end["tick"])
             if not ticks or ticks[0][0] != start["tick"] or ticks[-1][0] != end["tick"]:
                 raise _rotated_past(self.queue, start["tick"], end["tick"])
             seqs: dict[int, int] = dict(conn.execute(
                 "SELECT tick_id, tick_event_seq FROM replicator.tick WHERE tick_queue = %s AND tick_id IN (%s, %s)",
                 (queue_id, start["tick"], end["tick"])).fetchall())
-            timeline = self._timeline(conn, event_table, start["tick"], end["tick"], queue_id)
+            timeline = self._timeline(conn, start["tick"], end["tick"], queue_id)
             layouts = {**self._catalog_layouts(conn), **start["layouts"]}
+            events = _window_sql(conn, queue_id, ticks[0][1], ticks[-1][1])
         lo, hi = seqs[start["tick"]], seqs[end["tick"]]
         n = max(1, min(self.partitions_count, hi - lo))
         bounds = [lo + (hi - lo) * i // n for i in range(n + 1)]
         self._last = end
-        return [ReplicatorPartition(dsn=self.dsn, event_table=event_table, prev_snapshot=ticks[0][1],
-                                    cur_snapshot=ticks[-1][1], lo=None if i == 0 else bounds[i],
+        return [ReplicatorPartition(dsn=self.dsn, event_sql=events, lo=None if i == 0 else bounds[i],
                                     hi=None if i == n - 1 else bounds[i + 1], ticks=ticks[1:],
                                     layouts=layouts, timeline=timeline)
                 for i in range(n)]
@@ -294,13 +283,9 @@ def _rotated_past(queue: str, start: int, end: int | None) -> RuntimeError:
 
 def read_partition(p: ReplicatorPartition) -> Iterator[tuple[Any, ...]]:
     """The rows of one partition, in ev_id order (runs on an executor)."""
-    sql, params = _window_sql(p.event_table, p.prev_snapshot, p.cur_snapshot)
-    if p.lo is not None:
-        sql += " AND ev_id > %s"
-        params.append(p.lo)
-    if p.hi is not None:
-        sql += " AND ev_id <= %s"
-        params.append(p.hi)
+    bounds = [(" AND ev_id > %s", p.lo), (" AND ev_id <= %s", p.hi)]
+    where = "".join(condition for condition, bound in bounds if bound is not None)
+    params = [bound for _, bound in bounds if bound is not None]
     changes: dict[str, tuple[list[int], list[Any]]] = {}
     for ev_id, table_id, layout in p.timeline:
         ids, layouts = changes.setdefault(table_id, ([], []))
@@ -311,8 +296,8 @@ def read_partition(p: ReplicatorPartition) -> Iterator[tuple[Any, ...]]:
     with psycopg.connect(p.dsn, autocommit=False, application_name="replicator spark reader") as conn:
         with conn.cursor(name="replicator_spark_events") as cur:
             cur.itersize = 2000
-            cur.execute(f"SELECT ev_id, ev_txid, ev_time, ev_type, ev_table, ev_data::text {sql} ORDER BY ev_id",
-                        params)
+            cur.execute(f"SELECT ev_id, ev_txid, ev_time, ev_type, ev_table, ev_data::text FROM ({p.event_sql}) w"
+                        f" WHERE true{where} ORDER BY ev_id", params)
             for ev_id, txid, ev_time, ev_type, table_id, data in cur:
                 table_key = str(table_id)
                 layout = p.layouts.get(table_key)
