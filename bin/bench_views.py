@@ -50,8 +50,8 @@ from rich.table import Table
 
 from replicator.structure import Column, TableStructure
 from replicator.targets.protocol import TargetTable
-from replicator.targets.sqlite import views as sqlite_views
 from replicator.targets.sqlite.target import SqliteTarget
+from replicator.targets.sqlite.views import store as sqlite_views
 
 console = Console()
 if not console.is_terminal:

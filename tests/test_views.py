@@ -21,7 +21,7 @@ import pytest
 
 from consumer_helpers import run_cli
 from replicator.errors import UserError
-from replicator.targets.sqlite import views as sqlite_views
+from replicator.targets.sqlite.views import store as sqlite_views
 from replicator.views.analysis import analyse
 from views_helpers import open_target, table, view_differences
 

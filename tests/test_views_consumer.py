@@ -168,7 +168,7 @@ def test_a_view_created_while_the_daemon_runs_is_maintained_by_it(dsn, conn, sou
 KILLER = textwrap.dedent("""
     import os, signal, sys
     from replicator import cli
-    from replicator.targets.sqlite.views import SqliteViews
+    from replicator.targets.sqlite.views.store import SqliteViews
     n = int(sys.argv[1])
     calls = {"n": 0}
     original = SqliteViews.refresh

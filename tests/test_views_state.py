@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from replicator.targets.sqlite import views as sqlite_views
+from replicator.targets.sqlite.views import store as sqlite_views
 from views_helpers import open_target, table, view_differences
 
 ORDERS = table("orders", [("id", "int", True), ("cid", "int", False), ("amount", "int", False),

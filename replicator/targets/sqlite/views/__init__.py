@@ -1,0 +1,1 @@
+"""Incremental views of a SQLite target: storage, capture of changes, refresh (store.py)."""
