@@ -146,7 +146,7 @@ def _apply(target: SqliteTarget, batch: tuple[list[tuple], list[tuple], list[tup
     target.upsert(CUSTOMERS, "U", customers)
     applied = time.perf_counter() - started
     if full:
-        target.views._forced["v"] = "MANUAL"
+        target.views.force_full("v", "MANUAL")
     target.commit()
     return applied
 
@@ -173,7 +173,7 @@ def _trial(target: SqliteTarget, batch: tuple[list[tuple], list[tuple], list[tup
     refresh's (seconds, kind, reason)."""
     _apply_only(target, batch)
     if full:
-        target.views._forced["v"] = "MANUAL"
+        target.views.force_full("v", "MANUAL")
     target.views.before_commit()
     result = _last_refresh(target.db, "v")
     target.rollback()
