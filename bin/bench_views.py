@@ -50,8 +50,8 @@ from rich.table import Table
 
 from replicator.structure import Column, TableStructure
 from replicator.targets.protocol import TargetTable
-from replicator.targets.sqlite import views as sqlite_views
 from replicator.targets.sqlite.target import SqliteTarget
+from replicator.targets.sqlite.views import auto as views_auto
 
 console = Console()
 if not console.is_terminal:
@@ -150,7 +150,7 @@ def _apply(target: SqliteTarget, batch: Batch, *, full: bool = False) -> float:
     target.upsert(CUSTOMERS, "U", customers)
     applied = time.perf_counter() - started
     if full:
-        target.views._forced["v"] = "MANUAL"
+        target.views.force_full("v", "MANUAL")
     target.commit()
     return applied
 
@@ -176,7 +176,7 @@ def _trial(target: SqliteTarget, batch: Batch, *, full: bool) -> tuple[float, st
     refresh's (seconds, kind, reason)."""
     _apply_only(target, batch)
     if full:
-        target.views._forced["v"] = "MANUAL"
+        target.views.force_full("v", "MANUAL")
     target.views.before_commit()
     result = _last_refresh(target.db, "v")
     target.rollback()
@@ -307,7 +307,7 @@ def run(rows: int, batches: int, share: float, sweep: list[float], seed: int) ->
         console.print(table)
         console.print("incremental: a replica of its own; auto and full recompute: the auto replica, "
                       "the batch applied, refreshed as in its commit and rolled back, alternately")
-        console.print(f"auto / full recompute, worst: {worst:.2f} (AUTO_FULL_SHARE = {sqlite_views.AUTO_FULL_SHARE})")
+        console.print(f"auto / full recompute, worst: {worst:.2f} (AUTO_FULL_SHARE = {views_auto.AUTO_FULL_SHARE})")
     for shape, m in medians.items():
         console.print(f"{shape}: incremental {m['recompute'] / m['incremental']:.1f}× faster than a full recompute "
                       f"of the view, {m['keyless'] / m['incremental']:.1f}× faster than a keyless full view")

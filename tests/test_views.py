@@ -21,7 +21,9 @@ import pytest
 
 from consumer_helpers import run_cli
 from replicator.errors import UserError
-from replicator.targets.sqlite import views as sqlite_views
+from replicator.targets.sqlite.views import auto as views_auto
+from replicator.targets.sqlite.views import catalog as views_catalog
+from replicator.targets.sqlite.views.names import INDEX_PREFIX
 from replicator.views.analysis import analyse
 from views_helpers import open_target, table, view_differences
 
@@ -497,7 +499,7 @@ def test_policies_and_the_auto_threshold(target, monkeypatch):
     target.commit()
     kinds = last()     # groups whose sum is no longer an exact integer are recomputed from their rows
     assert kinds["folded_auto"][0] == "full" and kinds["folded_auto"][1].startswith("THRESHOLD: 15 of 21 groups")
-    monkeypatch.setattr(sqlite_views, "AUTO_FULL_SHARE", 1.0)
+    monkeypatch.setattr(views_auto, "AUTO_FULL_SHARE", 1.0)
     target.begin()
     target.upsert(ORDERS, "U", [(i, i % 19, 8, "new") for i in range(1, 60)])
     target.commit()
@@ -586,7 +588,7 @@ def test_indexes_dropped_by_another_connection_are_made_again_at_the_next_batch(
 
     made = indexes()
     assert {"_replicator_mv_grouped_k", "_replicator_mv_paired_k", "_replicator_mv_paired_k1"} <= set(made)
-    assert any(n.startswith(sqlite_views.INDEX_PREFIX) for n in made)
+    assert any(n.startswith(INDEX_PREFIX) for n in made)
     other = sqlite3.connect(replica)
     for name in made:
         other.execute(f'DROP INDEX "{name}"')
@@ -617,7 +619,7 @@ def test_indexes_dropped_by_another_connection_are_made_again_at_the_next_batch(
 
 
 def test_the_refresh_log_keeps_the_last_records_and_those_auto_learns_from(target, monkeypatch):
-    monkeypatch.setattr(sqlite_views, "KEEP_REFRESHES", 5)
+    monkeypatch.setattr(views_catalog, "KEEP_REFRESHES", 5)
     target.views.create("v", "SELECT id, amount FROM orders WHERE amount > 10", "incremental")
     for seq in (2, 3):    # incremental refreshes of enough keys to learn a cost per key from
         target.db.execute("INSERT INTO _replicator_view_refresh VALUES ('v', ?, '', 'incremental', '', 100,"
@@ -818,7 +820,7 @@ def test_auto_weighs_only_the_cost_left_once_the_keys_are_found():
     """Keys found through a join can be many more than the rows changed: when the
     search says so, what it took is spent whichever way auto goes."""
     costs = (0.001, 1.0)                # 1 ms a key, 1 s a full refresh
-    decide = sqlite_views.SqliteViews._auto_says_full
+    decide = views_auto.says_full
     assert decide(costs, 800, 800, 0, "keys") is not None                      # 0.8 s predicted: full
     searched_for = time.perf_counter() - 0.3                                   # 0.3 s of it spent already
     assert decide(costs, 800, 800, 0, "keys", searched_for) is None            # 0.5 s left: incremental

@@ -168,16 +168,16 @@ def test_a_view_created_while_the_daemon_runs_is_maintained_by_it(dsn, conn, sou
 KILLER = textwrap.dedent("""
     import os, signal, sys
     from replicator import cli
-    from replicator.targets.sqlite.views import SqliteViews
+    from replicator.targets.sqlite.views.refresh import Refresher
     n = int(sys.argv[1])
     calls = {"n": 0}
-    original = SqliteViews.refresh
+    original = Refresher.refresh
     def refresh(self, plan, **kwargs):
         calls["n"] += 1
         if calls["n"] >= n:     # the batch's rows, and some views, refreshed: not committed
             os.kill(os.getpid(), signal.SIGKILL)
         return original(self, plan, **kwargs)
-    SqliteViews.refresh = refresh
+    Refresher.refresh = refresh
     sys.argv = ["replicator", *sys.argv[2:]]
     cli.main()
 """)

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from replicator.targets.sqlite import views as sqlite_views
+from replicator.targets.sqlite.views import auto as views_auto
 from views_helpers import open_target, table, view_differences
 
 ORDERS = table("orders", [("id", "int", True), ("cid", "int", False), ("amount", "int", False),
@@ -136,7 +136,7 @@ class ViewMachine(RuleBasedStateMachine):
 
     @initialize(seed=st.lists(operations, max_size=25), share=st.sampled_from([0.2, 0.5, 1.0]))
     def create(self, seed: list[Any], share: float) -> None:
-        sqlite_views.AUTO_FULL_SHARE = share
+        views_auto.AUTO_FULL_SHARE = share
         t = self.target
         t.begin()
         for tbl in (ORDERS, CUSTOMERS, REGIONS, ITEMS, LEDGER):
@@ -243,7 +243,7 @@ class ViewMachine(RuleBasedStateMachine):
         assert not stale, stale
 
     def teardown(self) -> None:
-        sqlite_views.AUTO_FULL_SHARE = 0.2
+        views_auto.AUTO_FULL_SHARE = 0.2
         self.target.close()
         self.dir.cleanup()
 

@@ -20,7 +20,7 @@ from replicator.structure import Change, Column, TableStructure, target_table_na
 from replicator.targets.files import file_changed, special_file
 from replicator.targets.protocol import Row, TargetTable
 from replicator.targets.sqlite.types import sqlite_type
-from replicator.targets.sqlite.views import SqliteViews
+from replicator.targets.sqlite.views.store import SqliteViews
 
 # WAL: readers are never blocked and see whole batches. FULL: a commit is on
 # disk before the source is told the batch is finished; with NORMAL a power
