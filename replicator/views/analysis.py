@@ -17,7 +17,7 @@ Anything else is given a reason code and the offending fragment; with
 policy ``auto`` such a view is refreshed in full after every batch that
 touched its tables, with ``incremental`` it is refused. The maintenance
 itself (capture of old and new rows, recomputation) is the target's:
-see ``replicator/targets/sqlite/views.py``.
+see ``replicator/targets/sqlite/views/``.
 
 The analysis only has to be right about the *structure* (which tables, how
 they join, what the keys are): expressions are copied verbatim into the

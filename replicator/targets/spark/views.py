@@ -9,7 +9,7 @@ batch touched in the batch's commit, holding the manifest lock: one manifest
 names the batch's table changes, the views' new files and the position.
 
 The analysis is the SQLite target's (replicator.views), and so is the
-strategy (replicator/targets/sqlite/views.py), with the old rows read from
+strategy (replicator/targets/sqlite/views/), with the old rows read from
 the state before the batch instead of captured by triggers:
 
 - aggregate and DISTINCT views: the affected keys are the key values of every
