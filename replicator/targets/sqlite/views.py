@@ -57,7 +57,7 @@ from typing import Any
 
 from replicator.errors import UserError
 from replicator.structure import TableStructure, target_table_name
-from replicator.views.analysis import Analysis, Reason, TableInfo, analyse, matching, quote, tokenize
+from replicator.views.analysis import Analysis, Reason, TableInfo, analyse, quote
 from replicator.views.store import check_name, check_policy
 
 log = logging.getLogger("replicator")
@@ -89,12 +89,9 @@ GEN_COLUMN = "_replicator_gen"     # the refresh that last wrote a storage row
 GEN_COLUMN_Q = '"_replicator_gen"'
 SIGN_COLUMN = "_replicator_sign"   # delta rows: +1 a new row, -1 an old one
 ROW_COLUMN = "_replicator_row"     # storage keyed by its root table's INTEGER PRIMARY KEY: that key
-# Aggregates a fold maintains from state (see _Fold); any other function name called in
-# a select item makes the view recompute its keys instead.
+# Aggregates a fold maintains from state (see _Fold); any other aggregate in a select
+# item makes the view recompute its keys instead.
 _FOLDABLE = {"count", "sum", "avg", "total", "min", "max"}
-_AGGREGATE_NAMES = _FOLDABLE | {"group_concat", "string_agg", "json_group_array", "json_group_object",
-                                "jsonb_group_array", "jsonb_group_object", "median", "percentile",
-                                "percentile_cont", "percentile_disc"}
 # Integers whose absolute values sum to at most this add up exactly in doubles, in any
 # order: avg and total folded from an integer sum then equal SQLite's own (which adds
 # doubles row by row). Below 2**53, with a margin for the double the bound is kept in.
@@ -547,26 +544,16 @@ class SqliteViews:
         o = a.occurrences[0]
         types = {c.lower(): (c, t) for c, t in o.table.columns}
         fold = _Fold(outputs=[], args=[], names=[])
-        for n, item in enumerate(a.items):
-            tokens = tokenize(item)
-            calls = [t for k, t in enumerate(tokens) if t.kind == "word" and t.lower in _AGGREGATE_NAMES
-                     and k + 1 < len(tokens) and tokens[k + 1].text == "("]
-            if not calls:
+        for n, (item, call) in enumerate(zip(a.items, a.item_calls)):
+            if call is None:
                 fold.outputs.append(("", None))   # a GROUP BY expression (the analysis checked)
                 continue
-            fn = tokens[0].lower
-            if (fn not in _FOLDABLE or tokens[1].text != "(" or matching(tokens, 1) != len(tokens) - 1
-                    or len(calls) != 1):   # (a FILTER clause, an expression of aggregates: not folded)
-                return None, f"{item} (not a plain count, sum, avg, total, min or max of a column)"
-            arg = tokens[2:-1]
-            if fn == "count" and len(arg) == 1 and arg[0].text == "*":
+            fn, arg = call
+            if fn == "count" and arg == "*":
                 fold.outputs.append(("count*", None))
                 continue
-            if len(arg) == 3 and arg[1].text == "." and (arg[0].ident or "").lower() == o.alias.lower():
-                arg = arg[2:]
-            column = types.get((arg[0].ident or "").lower()) if len(arg) == 1 and arg[0].kind in (
-                "word", "qident") else None
-            if column is None:
+            column = types.get(arg[1].lower()) if fn in _FOLDABLE and isinstance(arg, tuple) else None
+            if column is None:   # (a FILTER clause, DISTINCT, an expression of aggregates: not folded)
                 return None, f"{item} (not a plain count, sum, avg, total, min or max of a column)"
             if "INT" not in column[1].upper():
                 return None, f"{item} (the column is not INTEGER: a sum of floats would drift)"
