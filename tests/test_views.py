@@ -450,6 +450,14 @@ def test_expressions_are_copied_as_written_not_as_sqlglot_writes_them(target):
     assert spark.items == ["id", "'it''s'"]
 
 
+def test_what_sqlglot_logs_is_not_a_view_commands_output(replica):
+    """sqlglot warns of a JSON path it does not parse (SQLite's '$[#-1]', the last element)."""
+    created = cli("view", "create", "last", "--target", f"sqlite:{replica}", "--sql",
+                  "SELECT id, json_extract('[1, 2]', '$[#-1]') AS last FROM orders")
+    assert (created.returncode, created.stderr) == (0, ""), created
+    assert created.stdout.strip() == "view last created: 300 rows, maintained incrementally"
+
+
 # the commands --------------------------------------------------------------------------
 
 def test_commands_create_explain_list_refresh_drop(replica):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -399,6 +400,11 @@ def definition(sql: str, dialect: str = "sqlite") -> str:
 # sqlglot's tree ----------------------------------------------------------------------
 
 _SPAN = "replicator_span"   # a node's place in the query: (start, end) offsets of its text
+
+# sqlglot logs as warnings some of what it reads leniently (a JSON path it does not parse, as
+# SQLite's '$[#-1]'): the analysis says what it does not read in its reasons, and the output
+# of a view command or of the consumer is replicator's own.
+logging.getLogger("sqlglot").setLevel(logging.ERROR)
 
 
 class _Unread(Exception):
