@@ -657,6 +657,7 @@ class _Reader:
         return self.sql[start:end]
 
     def known(self, node: exp.Expr, parts: set[str]) -> None:
+        """Raises _Unread when node has a part (an argument in sqlglot's tree) not in parts."""
         for key, value in node.args.items():
             if value and key not in parts:
                 first = value[0] if isinstance(value, list) else value
@@ -1036,21 +1037,21 @@ class _Reader:
         return item.column if item.node is None else self.plain(item.node)
 
     def item_call(self, item: _Item) -> tuple[str, tuple[int, str] | str | None] | None:
+        """The aggregate call the item is (see Analysis.item_calls)."""
         node = item.node
-        if node is None:
+        calls = [n for n in node.walk() if self.aggregate(n) is not None] if node is not None else []
+        if node is None or not calls:
             return None
-        calls = [n for n in node.walk() if self.aggregate(n) is not None]
-        if not calls:
-            return None
-        if len(calls) != 1 or calls[0] is not node:
+        name = self.aggregate(node)
+        if len(calls) != 1 or name is None:
             return "", None
         start, end = self.span(node)
         args = self.tokens[self.token_at(start) + 2:self.ending[end]]
-        if len(args) == 1 and args[0].text == "*":
-            return self.aggregate(node) or "", "*"
-        column = next((c for c in node.find_all(exp.Column) if args and c.meta_get(_SPAN) == (args[0].start,
-                                                                                             args[-1].end)), None)
-        return self.aggregate(node) or "", self.plain(column) if column is not None else None
+        if [t.text for t in args] == ["*"]:
+            return name, "*"
+        span = (args[0].start, args[-1].end) if args else None
+        column = next((c for c in node.find_all(exp.Column) if c.meta_get(_SPAN) == span), None)
+        return name, self.plain(column) if column is not None else None
 
     def note_columns(self, read: list[exp.Expr]) -> None:
         a = self.a
