@@ -24,7 +24,7 @@ from replicator.errors import UserError
 from replicator.targets.sqlite.views import auto as views_auto
 from replicator.targets.sqlite.views import catalog as views_catalog
 from replicator.targets.sqlite.views.names import INDEX_PREFIX
-from replicator.views.analysis import analyse
+from replicator.views.analysis import TableInfo, analyse
 from views_helpers import open_target, table, view_differences
 
 ORDERS = table("orders", [("id", "int", True), ("cid", "int", False), ("amount", "int", False),
@@ -335,6 +335,129 @@ def test_view_sql_with_parentheses_semicolons_and_quotes_inside_strings_still_ma
     target.views.create("v", sql)
     assert view_differences(target.db, "v", sql) is None
     assert target.db.execute("SELECT count(*) FROM v").fetchone() == (300,)
+
+
+# What reading the query's structure from sqlglot's tree changed ------------------------------
+
+def test_a_value_in_a_table_is_a_subquery_and_the_view_follows_that_table(target):
+    """SQLite's `x IN table` reads the table: the hand-written analysis took it for a
+    column, kept the view incrementally, and missed the table's changes."""
+    sql = "SELECT id, amount FROM orders WHERE status IN planets"
+    reasons = target.views.explain(sql)["reasons"]
+    assert [(r["code"], r["fragment"]) for r in reasons] == [("SUBQUERY", "status IN planets")]
+    target.views.create("listed", sql)
+    target.begin()
+    target.upsert(PLANETS, "U", [("new",)])
+    target.commit()
+    assert view_differences(target.db, "listed", sql) is None
+    assert target.db.execute("SELECT count(*) FROM listed").fetchone() == (100,)
+
+
+def test_a_query_sqlglot_does_not_parse_is_refreshed_in_full(target):
+    """A column named glob is SQLite's (its GLOB is a keyword it also takes for a name), not
+    sqlglot's: the view is kept by full refreshes (UNREAD), as it was incrementally before."""
+    patterns = table("patterns", [("id", "int", True), ("glob", "text", False)], ["id"], 10)
+    target.begin()
+    target.create_table(patterns)
+    target.upsert(patterns, "R", [(1, "a*"), (2, None)])
+    target.commit()
+    sql = "SELECT id, glob FROM patterns WHERE glob IS NOT NULL"
+    result = target.views.explain(sql)
+    assert result["maintenance"] == "full" and [r["code"] for r in result["reasons"]] == ["UNREAD"], result
+    assert "sqlglot" in result["reasons"][0]["message"]
+    assert target.views.explain(sql, "incremental")["maintenance"] == "refused"
+    target.views.create("globs", sql)
+    target.begin()
+    target.upsert(patterns, "U", [(2, "b?"), (3, "c")])
+    target.commit()
+    assert view_differences(target.db, "globs", sql) is None
+
+
+@pytest.mark.parametrize("sql,code,fragment", [
+    # once a one-line error (cannot read the view's FROM clause): now read
+    ("SELECT o.id FROM orders o LEFT SEMI JOIN customers c ON c.id = o.cid", "OUTER_JOIN", "LEFT SEMI JOIN customers"),
+    ("SELECT id FROM orders TABLESAMPLE (10 PERCENT)", "UNREAD", "TABLESAMPLE (10 PERCENT)"),
+    ("SELECT id, v FROM orders LATERAL VIEW explode(array(1, 2)) e AS v", "UNREAD", "LATERAL VIEW explode"),
+    ("SELECT id FROM orders DISTRIBUTE BY id", "UNREAD", "DISTRIBUTE BY id"),
+    # once BARE_COLUMN
+    ("SELECT cid, count(*) FROM orders GROUP BY ROLLUP(cid)", "UNREAD", "ROLLUP(cid)"),
+    # once incremental: Spark reads `0 AS x1F` where sqlglot reads a hex number (their tokens differ)
+    ("SELECT id, amount FROM orders WHERE amount > 0x1F", "UNREAD", "0x1F"),
+])
+def test_spark_sql_the_analysis_reads_now_or_leaves_to_full_refreshes(target, sql, code, fragment):
+    reasons = analyse(sql, target.views.table_info, dialect="spark").reasons
+    assert reasons and reasons[0].code == code and fragment in reasons[0].fragment, reasons
+
+
+def test_null_safe_equalities_join_tables(target):
+    """`IS NOT DISTINCT FROM` (and Spark's <=>) link two tables as `IS` does (once NO_EQUI_JOIN)."""
+    sql = "SELECT o.id, c.name FROM orders o JOIN customers c ON c.id IS NOT DISTINCT FROM o.cid"
+    assert target.views.explain(sql, "incremental")["maintenance"] == "incremental"
+    target.views.create("paired", sql, "incremental")
+    target.begin()
+    target.upsert(ORDERS, "U", [(1, 4, 1, "new"), (2, None, 1, "new")])
+    target.upsert(CUSTOMERS, "U", [(4, "eu", "four")])
+    target.delete(CUSTOMERS, [(5,)])
+    target.commit()
+    assert view_differences(target.db, "paired", sql) is None
+    spark = analyse("SELECT o.id, c.name FROM orders o JOIN customers c ON c.id <=> o.cid", target.views.table_info,
+                    dialect="spark")
+    assert (spark.incremental, spark.equi, spark.strict_equi) == (True, [((1, "id"), (0, "cid"))], [])
+
+
+def test_a_scalar_max_of_group_columns_is_folded_with_the_aggregates(target):
+    """max(cid, 0) is no aggregate: a GROUP BY expression to the fold (once not folded)."""
+    sql = "SELECT cid, max(cid, 0) AS m, count(*) AS n FROM orders GROUP BY cid"
+    notes = target.views.explain(sql, "incremental")["notes"]
+    assert any(n.startswith("aggregates folded from state") for n in notes), notes
+    target.views.create("bounded", sql, "incremental")
+    target.begin()
+    target.upsert(ORDERS, "U", [(1, -3, 5, "new"), (2, None, 1, "new")])
+    target.delete(ORDERS, [(3,)])
+    target.commit()
+    assert view_differences(target.db, "bounded", sql) is None
+
+
+def test_a_window_with_filter_is_named_whole_and_operators_are_not_columns(target):
+    sql = "SELECT cid, count(*) FILTER (WHERE amount > 1) OVER (PARTITION BY cid) AS c FROM orders"
+    reasons = target.views.explain(sql)["reasons"]
+    assert [(r["code"], r["fragment"]) for r in reasons] == [
+        ("WINDOW_FUNCTION", "count(*) FILTER (WHERE amount > 1) OVER (PARTITION BY cid)")]   # once from FILTER
+    info = {"patterns": TableInfo("patterns", [("id", "INTEGER"), ("name", "TEXT"), ("glob", "TEXT")], ["id"], True)}
+    a = analyse("SELECT id FROM patterns WHERE name GLOB 'x*'", info.get)
+    assert (a.columns_read, a.columns_filtered) == ([{"id", "name"}], [{"name"}])   # once glob too
+
+
+def test_spark_paths_are_refused_wherever_a_table_is_named():
+    """(once only after FROM or JOIN: this comma join in a subquery was left to Spark's parse)"""
+    sql = "SELECT id FROM orders WHERE status IN (SELECT name FROM customers, csv.`/etc/passwd`)"
+    with pytest.raises(UserError, match=re.escape("refused at csv.`/etc/passwd`")):
+        analyse(sql, lambda name: None, dialect="spark")
+
+
+def test_expressions_are_copied_as_written_not_as_sqlglot_writes_them(target):
+    """sqlglot writes CAST(x AS NUMERIC) as CAST(x AS REAL) in SQLite (1 would become 1.0),
+    and Spark's 'it''s' as CONCAT('it', 's') (its), so the generated statements copy the
+    query's own text."""
+    sql = "SELECT id, CAST(substr(status, 1, 0) || id AS NUMERIC) AS n, 'it''s' AS s FROM orders"
+    assert analyse(sql, target.views.table_info).items == ["id", "CAST(substr(status, 1, 0) || id AS NUMERIC)",
+                                                            "'it''s'"]
+    target.views.create("numbers", sql, "incremental")
+    target.begin()
+    target.upsert(ORDERS, "U", [(1, 2, 3, "new")])
+    target.commit()
+    assert view_differences(target.db, "numbers", sql) is None
+    assert target.db.execute("SELECT typeof(n) FROM numbers WHERE id = 1").fetchone() == ("integer",)
+    spark = analyse("SELECT id, 'it''s' AS s FROM orders", target.views.table_info, dialect="spark")
+    assert spark.items == ["id", "'it''s'"]
+
+
+def test_what_sqlglot_logs_is_not_a_view_commands_output(replica):
+    """sqlglot warns of a JSON path it does not parse (SQLite's '$[#-1]', the last element)."""
+    created = cli("view", "create", "last", "--target", f"sqlite:{replica}", "--sql",
+                  "SELECT id, json_extract('[1, 2]', '$[#-1]') AS last FROM orders")
+    assert (created.returncode, created.stderr) == (0, ""), created
+    assert created.stdout.strip() == "view last created: 300 rows, maintained incrementally"
 
 
 # the commands --------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import re
 from typing import Any, Protocol
 
@@ -21,8 +22,8 @@ class ViewStore(Protocol):
         """Brings the view up to date now; returns its info and whether it was recomputed in full."""
         ...
     def info(self, name: str) -> dict[str, Any]: ...
-    def list(self) -> list[dict[str, Any]]: ...
-    def refreshes(self, name: str, limit: int = 20) -> list[dict[str, Any]]:
+    def list(self) -> builtins.list[dict[str, Any]]: ...   # (in the class, `list` is this method)
+    def refreshes(self, name: str, limit: int = 20) -> builtins.list[dict[str, Any]]:
         """The view's latest refreshes, newest first."""
         ...
     def explain(self, sql: str, policy: str = "auto") -> dict[str, Any]:

@@ -15,7 +15,7 @@ from replicator.targets.sqlite.views import names, statements, temp
 from replicator.targets.sqlite.views.capture import Capture
 from replicator.targets.sqlite.views.names import ROW_COLUMN
 from replicator.targets.sqlite.views.plan import Fold, Plan
-from replicator.targets.sqlite.views.sql import aggregate_call, quote
+from replicator.targets.sqlite.views.sql import quote
 from replicator.targets.sqlite.views.tables import ReplicaTables, compares_as_stored, rowid_key
 from replicator.views.analysis import Analysis, Reason, analyse
 
@@ -183,23 +183,16 @@ def _plan_fold(a: Analysis) -> tuple[Fold | None, str]:
     o = a.occurrences[0]
     types = {c.lower(): (c, t) for c, t in o.table.columns}
     fold = Fold(outputs=[], args=[], names=[])
-    for n, item in enumerate(a.items):
-        call = aggregate_call(item)
+    for n, (item, call) in enumerate(zip(a.items, a.item_calls)):
         if call is None:
             fold.outputs.append(("", None))   # a GROUP BY expression (the analysis checked)
             continue
-        fn = call.function
-        if fn not in _FOLDABLE:   # (a FILTER clause, an expression of aggregates: not folded)
-            return None, f"{item} (not a plain count, sum, avg, total, min or max of a column)"
-        if fn == "count" and call.star:
+        fn, arg = call
+        if fn == "count" and arg == "*":
             fold.outputs.append(("count*", None))
             continue
-        column = None
-        if call.column is not None:
-            qualifier, name = call.column
-            if qualifier is None or qualifier.lower() == o.alias.lower():
-                column = types.get(name.lower())
-        if column is None:
+        column = types.get(arg[1].lower()) if fn in _FOLDABLE and isinstance(arg, tuple) else None
+        if column is None:   # (a FILTER clause, DISTINCT, an expression of aggregates: not folded)
             return None, f"{item} (not a plain count, sum, avg, total, min or max of a column)"
         if "INT" not in column[1].upper():
             return None, f"{item} (the column is not INTEGER: a sum of floats would drift)"
