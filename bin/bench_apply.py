@@ -133,7 +133,6 @@ T = TypeVar("T")
 
 ROUND_IDS = 5000        # new ids per round
 ROUND_ROWS = 10000      # about this many row changes per round
-RAW_ITERSIZE = 2000
 
 
 @dataclass

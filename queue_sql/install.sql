@@ -3,8 +3,10 @@
 --
 --      `replicator install` applies migrations/ first (the tables), then
 --      runs these files in this order (replicator/source/install.py); a
---      file of queue_sql/ missing here is an error. From this folder,
---      psql runs the same: psql -f install.sql (after the migrations).
+--      file of queue_sql/ missing here is an error. psql creates the same
+--      functions from it (psql -f install.sql, after the migrations);
+--      install also creates the event triggers, revokes EXECUTE from
+--      PUBLIC, grants consumer roles theirs and regenerates captures.
 --      Functions in LANGUAGE sql are checked when created: what they
 --      call comes before them.
 -- ----------------------------------------------------------------------

@@ -1,7 +1,7 @@
 CREATE OR REPLACE FUNCTION replicator.window_event_sql(p_queue_id integer, p_prev_snapshot txid_snapshot,
                                                        p_cur_snapshot txid_snapshot, p_tables integer[] DEFAULT NULL)
 RETURNS text
-LANGUAGE plpgsql IMMUTABLE AS $$
+LANGUAGE plpgsql STABLE AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.window_event_sql(p_queue_id, p_prev_snapshot, p_cur_snapshot, p_tables)
 --

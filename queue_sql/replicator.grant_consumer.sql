@@ -5,7 +5,7 @@ LANGUAGE sql STABLE AS $$
 -- Function: replicator.consumer_functions()
 --
 --      The functions a consumer role may execute: what a consumer daemon
---      (consumer.py, source.py, copy.py), the Spark streaming source,
+--      (consumer.py, source/), the Spark streaming source (streaming/),
 --      `replicator status`, `table list` and `queue unregister` call, and
 --      the functions those call as the caller (SQL and PL/pgSQL functions
 --      without SECURITY DEFINER check EXECUTE on what they call). Install

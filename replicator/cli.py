@@ -1,4 +1,4 @@
-"""Command line: a thin skin over the library (source.py, install.py, jobs.py, consumer.py).
+"""Command line: a thin skin over the library (source/, consumer.py, targets/, views/).
 
 Every error a user can cause ends as one line on stderr and exit status 1.
 """

@@ -393,6 +393,9 @@ class Consumer:
                 self._join_back(table, pending, stats)
                 self.target.truncate(table)
                 continue
+            if ev_type not in ("I", "U", "D", "S"):
+                raise UserError(f"event {ev_id} of batch {batch_id} has type {ev_type!r}, which this "
+                                f"version of replicator cannot apply: upgrade the consumer")
             if data is None:
                 raise RuntimeError(f"event {ev_id} ({ev_type}) of table {table.source_name} has no data")
             if ev_type == "I" or ev_type == "U" or ev_type == "D":
@@ -409,16 +412,12 @@ class Consumer:
                 run.add(table, ev_type, decode[ev_type == "D"](items))
                 continue
             run.flush()
-            if ev_type == "S":
-                # PK-only keys pending are read back later in the new layout (by attnum).
-                event = parse_json(data)
-                if event.get("kind") == "dropped":
-                    pending.keys.pop(table.table_id, None)
-                self._apply_schema_change(table, ev_id, event)
-                decoders.pop(table_id, None)
-            else:
-                raise UserError(f"event {ev_id} of batch {batch_id} has type {ev_type!r}, which this "
-                                f"version of replicator cannot apply: upgrade the consumer")
+            # S: PK-only keys pending are read back later in the new layout (by attnum).
+            event = parse_json(data)
+            if event.get("kind") == "dropped":
+                pending.keys.pop(table.table_id, None)
+            self._apply_schema_change(table, ev_id, event)
+            decoders.pop(table_id, None)
         run.flush()
         for table in following.values():
             self._join_back(table, pending, stats)

@@ -31,14 +31,14 @@ __all__ = [
 _WHERE = {"read_table": "replicator.targets.spark.reader", "read_view": "replicator.targets.spark.reader",
           "register_views": "replicator.targets.spark.reader", "table_names": "replicator.targets.spark.reader",
           "compact": "replicator.targets.spark.compaction",
-          "ReplicatorDataSource": "replicator.streaming.source"}
+          "ReplicatorDataSource": "replicator.streaming.datasource"}
 
 
 def get_session(master: str | None = None, conf: Mapping[str, str] | None = None,
                 app_name: str = "replicator") -> Any:
     """The process's Spark session (replicator.targets.spark.session), with the
     streaming source (format "replicator") registered in it."""
-    from replicator.streaming.source import ReplicatorDataSource
+    from replicator.streaming.datasource import ReplicatorDataSource
     from replicator.targets.spark.session import get_session as target_session
 
     spark = target_session(master, conf, app_name)

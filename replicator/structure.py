@@ -49,10 +49,6 @@ class Column:
     attnum: int = 0    # identifies the column through renames
     default: str | None = None
 
-    @property
-    def is_array(self) -> bool:
-        return self.category == "A"
-
 
 @dataclass(frozen=True)
 class TableStructure:

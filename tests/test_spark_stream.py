@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from replicator.source import Source
-from replicator.streaming.source import ReplicatorStreamReader, read_partition
+from replicator.streaming.datasource import ReplicatorStreamReader, read_partition
 
 
 def layouts_now(source: Source) -> dict[int, tuple[Any, ...]]:

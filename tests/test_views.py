@@ -433,6 +433,10 @@ def test_spark_paths_are_refused_wherever_a_table_is_named():
     sql = "SELECT id FROM orders WHERE status IN (SELECT name FROM customers, csv.`/etc/passwd`)"
     with pytest.raises(UserError, match=re.escape("refused at csv.`/etc/passwd`")):
         analyse(sql, lambda name: None, dialect="spark")
+    # also where sqlglot does not read the query (0x1F: UNREAD), from the target's tokens alone
+    sql = "SELECT id FROM orders o, csv.`/etc/passwd` p WHERE amount = 0x1F"
+    with pytest.raises(UserError, match=re.escape("refused at csv.`/etc/passwd`")):
+        analyse(sql, lambda name: None, dialect="spark")
 
 
 def test_expressions_are_copied_as_written_not_as_sqlglot_writes_them(target):

@@ -288,7 +288,7 @@ class Source:
     def batch_events(self, batch_id: int, tables: list[int] | None = None, chunk_size: int = 16,
                      chunk_bytes: int = 8 << 20) -> Iterator[tuple[int, int, datetime, str, int, str | None]]:
         """The batch's events in ev_id order, streamed through a server-side cursor.
-        ev_data comes as JSON text: decoding it is the consumer's job (events.py).
+        ev_data comes as JSON text: decoding it is the consumer's job (consumer.py).
 
         An event holds up to 1000 rows, so a fixed number of events per fetch
         is no memory bound: after the first fetch (chunk_size events), each fetch asks for as many

@@ -251,6 +251,11 @@ def _check_parentheses(sql: str, tokens: Sequence[Token]) -> None:
 SPARK_REFLECTION = {"reflect", "java_method", "try_reflect"}
 
 
+# words after which a query's FROM list has ended (a comma is no longer between tables)
+_FROM_LIST_ENDS = {"on", "using", "where", "group", "having", "window", "qualify", "order", "sort", "cluster",
+                   "distribute", "limit", "union", "intersect", "except", "minus", "lateral", "pivot", "unpivot"}
+
+
 def _refuse_spark_escapes(sql: str, tokens: Sequence[Token]) -> None:
     """Refuses, in Spark SQL, what would let a view do more than read the warehouse's
     tables: a script (SELECT TRANSFORM/MAP/REDUCE ... USING 'command'), a Java method
@@ -262,13 +267,17 @@ def _refuse_spark_escapes(sql: str, tokens: Sequence[Token]) -> None:
         return " ".join(sql[t.start:t.start + 40].split())
 
     query_level = [True]     # per open parenthesis: whether a query (SELECT ...) starts in it
+    in_from = [False]        # per open parenthesis: whether its query's FROM list is being read
     for i, t in enumerate(tokens):
         nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        qualified_next = nxt is not None and nxt.ident is not None and i + 2 < len(tokens) and tokens[i + 2].text == "."
         if t.text == "(":
             query_level.append(nxt is not None and nxt.lower in ("select", "with", "values", "from"))
+            in_from.append(False)
         elif t.text == ")":
             if len(query_level) > 1:
                 query_level.pop()
+                in_from.pop()
         elif t.lower == "using" and nxt is not None and nxt.kind == "string":
             raise UserError(f"a view cannot run a program (SELECT TRANSFORM/MAP/REDUCE ... USING "
                             f"'command'): refused at {at(t)}")
@@ -277,8 +286,12 @@ def _refuse_spark_escapes(sql: str, tokens: Sequence[Token]) -> None:
         elif t.lower == "identifier" and nxt is not None and nxt.text == "(":
             raise UserError(f"a view names its tables and functions as written, not with IDENTIFIER(...): "
                             f"refused at {at(t)}")
-        elif t.lower in ("from", "join") and query_level[-1] and (i == 0 or tokens[i - 1].lower != "distinct") \
-                and nxt is not None and nxt.ident is not None and i + 2 < len(tokens) and tokens[i + 2].text == ".":
+        elif t.lower in ("from", "join") and query_level[-1] and (i == 0 or tokens[i - 1].lower != "distinct"):
+            in_from[-1] = True
+        elif t.lower in _FROM_LIST_ENDS:
+            in_from[-1] = False
+        if in_from[-1] and (t.lower in ("from", "join") or t.text == ",") and qualified_next:
+            assert nxt is not None
             raise UserError(f"a view reads the warehouse's tables by their names (orders, s__t), not a path or "
                             f"another catalog's table: refused at {at(nxt)}")
 

@@ -8,7 +8,7 @@ the definition and the refresh history. The consumer refreshes the views a
 batch touched in the batch's commit, holding the manifest lock: one manifest
 names the batch's table changes, the views' new files and the position.
 
-The analysis is the SQLite target's (replicator.views), and so is the
+The analysis is the SQLite target's (replicator.views.analysis), and so is the
 strategy (replicator/targets/sqlite/views/), with the old rows read from
 the state before the batch instead of captured by triggers:
 
@@ -131,7 +131,7 @@ def check_query(spark: Any, sql: str, tables: set[str]) -> None:
     (tables: their names, lower case), before spark.sql() is given it: a statement or
     command; a script (TRANSFORM/MAP/REDUCE); reflect/java_method; a relation that is
     not one of the tables or the query's own WITH names (`csv.`/path``, a catalog's
-    table); a name given at run time (IDENTIFIER(...)). The analysis (replicator.views)
+    table); a name given at run time (IDENTIFIER(...)). The analysis (replicator.views.analysis)
     refuses the same on the tokens; this is the parse Spark will run."""
     from py4j.java_gateway import is_instance_of
 

@@ -12,5 +12,5 @@ is refreshed from them (or in full). The modules, each with one job:
 - capture: the TEMP triggers and deltas; temp: the TEMP work tables;
 - storage: a view's storage table and the indexes maintenance seeks through;
 - tables: the replica's tables as the analysis sees them; names: the names of all of these;
-- sql: quoting, and reading a select item's aggregate (the only use of the analysis's tokenizer).
+- sql: quoting and column definitions.
 """

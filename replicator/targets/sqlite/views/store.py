@@ -160,7 +160,10 @@ class SqliteViews:
                 self._revalidate.setdefault(name, str(exc))
                 plans.append(Plan.unplanned(name, sql, policy, "stale"))
                 continue
-            if _columns_changed(plan, columns) or (plan.policy == "incremental" and plan.mode != "incremental"):
+            if plan.policy == "incremental" and plan.mode != "incremental":
+                self._revalidate.setdefault(name, "new reading of the view's query (by another version "
+                                                  "of replicator than the one that created it)")
+            elif _columns_changed(plan, columns):
                 self._revalidate.setdefault(name, "the view's query no longer gives the same columns")
             elif storage.layout(self.db, plan) != plan.storage_columns():
                 # made by another version (e.g. without the state of folded aggregates)

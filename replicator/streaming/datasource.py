@@ -86,7 +86,12 @@ def _one(conn: psycopg.Connection, query: str, params: Sequence[Any] = ()) -> An
 
 def _window_sql(conn: psycopg.Connection, queue_id: int, prev_snapshot: str, cur_snapshot: str) -> str:
     """The query of the events between two ticks, as a batch's (replicator.window_event_sql)."""
-    sql: str = _one(conn, "SELECT replicator.window_event_sql(%s, %s, %s)", (queue_id, prev_snapshot, cur_snapshot))
+    try:
+        sql: str = _one(conn, "SELECT replicator.window_event_sql(%s, %s, %s)",
+                        (queue_id, prev_snapshot, cur_snapshot))
+    except psycopg.errors.UndefinedFunction:
+        raise RuntimeError("the source's schema replicator is older than this package (no "
+                           "replicator.window_event_sql): run `replicator install` there") from None
     return sql
 
 
