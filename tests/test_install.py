@@ -10,6 +10,7 @@ import pytest
 from replicator.errors import UserError
 from replicator.install import EVENT_TRIGGERS, install, installed_versions, migrations, uninstall
 from replicator.source import Source
+from pg_helpers import make_captured_table_a_descendant
 from queue_util import read_events
 
 
@@ -186,6 +187,20 @@ def test_install_replaces_a_function_whose_result_type_changed(dsn, conn, source
     assert conn.execute("SELECT count(*) FROM replicator.event_1 WHERE ev_type = 'I'").fetchone()[0] == 1
 
 
+def test_install_refuses_a_server_older_than_12_in_one_line(empty_dsn):
+    from consumer_helpers import run_cli
+
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        version = conn.info.parameter_status("server_version")
+        if conn.info.server_version >= 120000:
+            pytest.skip(f"needs a server older than 12, not {version}: bin/test-pg-versions runs it on 11")
+        result = run_cli(empty_dsn, "install")
+        assert result.returncode == 1
+        assert result.stderr.strip() == (f"error: replicator needs PostgreSQL 12 or later, and this server is"
+                                         f" PostgreSQL {version}: nothing was installed")
+        assert conn.execute("SELECT to_regnamespace('replicator')").fetchone()[0] is None
+
+
 def test_install_stops_on_a_partition_captured_on_its_own_and_names_the_way_out(dsn, conn, source):
     from consumer_helpers import run_cli
 
@@ -194,9 +209,7 @@ def test_install_stops_on_a_partition_captured_on_its_own_and_names_the_way_out(
     source.create_queue("q")
     source.add_table("q", "p1")
     # captured on its own, then made a partition: what older versions allowed
-    with conn.transaction():
-        conn.execute("SELECT set_config('replicator.in_ddl', 'on', true)")
-        conn.execute("ALTER TABLE p ATTACH PARTITION p1 FOR VALUES FROM (0) TO (100)")
+    make_captured_table_a_descendant(conn, "p1", "ALTER TABLE p ATTACH PARTITION p1 FOR VALUES FROM (0) TO (100)")
     before = _catalog(conn)
     functions = conn.execute("SELECT array_agg(oid ORDER BY oid) FROM pg_proc"
                              " WHERE pronamespace = 'replicator'::regnamespace").fetchone()[0]
