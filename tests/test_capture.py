@@ -455,7 +455,8 @@ def ddl_ran(conn):
 
 def _server_can_write(conn, path: Path) -> None:
     """Proves a test's `path does not exist` means something: COPY TO PROGRAM reaches it."""
-    conn.execute(f"COPY (SELECT 1) TO PROGRAM 'touch {path}'")
+    # the program reads its input: one that exits first breaks COPY's pipe, and COPY fails
+    conn.execute(f"COPY (SELECT 1) TO PROGRAM 'cat > /dev/null; touch {path}'")
     assert path.exists()
     path.unlink()
 

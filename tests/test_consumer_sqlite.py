@@ -848,6 +848,10 @@ def test_a_shm_truncated_under_the_running_consumer_stops_it_with_a_message_not_
     try:
         wait_until(lambda: replica_has_table(replica, "t"), 30, "the daemon to copy t",
                    check=lambda: assert_alive(daemon))
+        # and to apply the batch after the copy: cut short in the middle of a batch, the -shm
+        # kills it by SIGBUS (test_a_sigbus_in_the_consumer_is_reported_with_its_stack_not_silent)
+        wait_until(lambda: sqlite_position(replica) == latest_tick(conn), 30, "the daemon to catch up",
+                   check=lambda: assert_alive(daemon))
         os.truncate(f"{replica}-shm", 0)
         conn.execute("INSERT INTO t VALUES (1)")
         forced_tick(conn)
