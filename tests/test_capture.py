@@ -927,7 +927,7 @@ def test_a_partition_or_inheritance_child_is_refused_on_its_own_with_the_way_out
             q.add_table("q", "r")
     else:
         # PostgreSQL 18 keeps a NOT NULL a child inherits; one declared NO INHERIT (new in 18) is not inherited
-        with pytest.raises(psycopg.errors.InvalidTableDefinition, match='^cannot drop inherited constraint'):
+        with pytest.raises(psycopg.errors.InvalidTableDefinition, match=r'^cannot drop inherited constraint'):
             conn.execute('ALTER TABLE "kid" ALTER COLUMN "id" DROP NOT NULL')
         conn.execute('CREATE TABLE "nn" ("id" int NOT NULL NO INHERIT)')
         conn.execute('CREATE TABLE "nn_kid" () INHERITS ("nn")')

@@ -498,7 +498,7 @@ def test_a_partition_detached_changed_and_attached_again_in_one_transaction_keep
                          " ALTER TABLE p ATTACH PARTITION p_mid FOR VALUES FROM (100) TO (200)")
     if capture == "unseen" and conn.info.server_version < 130000:
         with pytest.raises(psycopg.errors.FeatureNotSupported,
-                           match='^trigger "_replicator_1_del" prevents table "p_mid" from becoming a partition'):
+                           match=r'^trigger "_replicator_1_del" prevents table "p_mid" from becoming a partition'):
             conn.execute(f"{detach}; {change_and_attach}")
         assert conn.execute("SELECT count(*) FROM p WHERE v = 'archived'").fetchone()[0] == 0
         conn.execute(detach)
