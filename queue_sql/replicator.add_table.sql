@@ -48,7 +48,12 @@ DECLARE
 BEGIN
     BEGIN
         v_oid := to_regclass(p_table);
-    EXCEPTION WHEN invalid_name OR syntax_error THEN
+        IF v_oid IS NULL THEN
+            -- from PostgreSQL 16, to_regclass returns NULL for a name it cannot parse
+            -- too, where earlier versions raised: parse_ident raises on all of them
+            PERFORM parse_ident(p_table);
+        END IF;
+    EXCEPTION WHEN invalid_name OR syntax_error OR invalid_parameter_value THEN
         RAISE EXCEPTION 'invalid table name: %', p_table;
     END;
     IF v_oid IS NULL THEN

@@ -96,7 +96,7 @@ TYPED_ROWS = """
      '00000000-0000-0000-0000-000000000000', 'sad', 1, '::1'),
     (3, NULL, NULL, NULL, '-Infinity', '-Infinity', 0.0000001, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
      NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
-    (4, NULL, NULL, NULL, NULL, -1.5e-300, 'Infinity', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    (4, NULL, NULL, NULL, NULL, -1.5e-300, NUMERIC_INFINITY, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
      NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
     INSERT INTO plain VALUES ('a', 1);
 """
@@ -118,6 +118,13 @@ EXPECTED = {
     4: {"id": 4, "d": -1.5e-300, "n": "Infinity"},
 }
 
+
+def typed_rows(conn: psycopg.Connection) -> tuple[str, dict[int, dict]]:
+    """TYPED_ROWS and EXPECTED for the server: numeric has infinities from PostgreSQL 14."""
+    if conn.info.server_version >= 140000:
+        return TYPED_ROWS.replace("NUMERIC_INFINITY", "'Infinity'"), EXPECTED
+    return TYPED_ROWS.replace("NUMERIC_INFINITY", "NULL"), {**EXPECTED, 4: {"id": 4, "d": -1.5e-300}}
+
 SQLITE_TYPES = {"id": "INTEGER", "i2": "INTEGER", "i8": "INTEGER", "b": "INTEGER", "r": "REAL", "d": "REAL",
                 "n": "TEXT", "n2": "TEXT", "t": "TEXT", "vc": "TEXT", "ch": "TEXT", "by": "BLOB", "dt": "TEXT",
                 "tm": "TEXT", "tmtz": "TEXT", "ts": "TEXT", "tstz": "TEXT", "iv": "TEXT", "j": "TEXT",
@@ -133,9 +140,10 @@ ODD_SESSION = ["SET bytea_output = escape", "SET extra_float_digits = 0", "SET I
                                   "pk join-back"])
 def test_values_reach_sqlite_with_the_documented_type_mapping(dsn, conn, source, tmp_path, path):
     conn.execute(TYPED_DDL)
+    rows_sql, expected_rows = typed_rows(conn)
     source.create_queue("q")
     if path == "copy":
-        conn.execute(TYPED_ROWS)
+        conn.execute(rows_sql)
     source.add_table("q", "s.typed", mode="pk" if path == "pk join-back" else "full")
     source.add_table("q", "plain")
     replica = tmp_path / "replica.db"
@@ -145,14 +153,14 @@ def test_values_reach_sqlite_with_the_documented_type_mapping(dsn, conn, source,
             if path.startswith("events from"):
                 for statement in ODD_SESSION:
                     app.execute(statement)
-            app.execute(TYPED_ROWS)
+            app.execute(rows_sql)
         consume(dsn, replica)
 
     assert sqlite_types(replica, "s__typed") == SQLITE_TYPES
     assert sqlite_primary_key(replica, "s__typed") == ["id"]
     rows = sqlite_rows(replica, "s__typed", ["id"])
     assert sorted(rows) == [(1,), (2,), (3,), (4,)]
-    for row_id, expected in EXPECTED.items():
+    for row_id, expected in expected_rows.items():
         actual = rows[(row_id,)]
         want = {c: expected.get(c) for c in actual}
         assert actual == want, f"row {row_id}: " + ", ".join(
@@ -248,6 +256,8 @@ def generated_setup(dsn, conn, source, tmp_path):
 def test_generated_values_match_the_oracle_after_replication(dsn, conn, generated_setup, rows):
     from psycopg.types.json import Jsonb
     replica = generated_setup
+    if conn.info.server_version < 140000:        # numeric has infinities from PostgreSQL 14
+        rows = [dict(row, n=None) if row["n"] is not None and row["n"].is_infinite() else row for row in rows]
     with conn.transaction():
         conn.execute("TRUNCATE gen")
         for i, row in enumerate(rows):
@@ -852,6 +862,10 @@ def test_a_shm_truncated_under_the_running_consumer_stops_it_with_a_message_not_
                     log=tmp_path / "consumer.log")
     try:
         wait_until(lambda: replica_has_table(replica, "t"), 30, "the daemon to copy t",
+                   check=lambda: assert_alive(daemon))
+        # and to apply the batch after the copy: cut short in the middle of a batch, the -shm
+        # kills it by SIGBUS (test_a_sigbus_in_the_consumer_is_reported_with_its_stack_not_silent)
+        wait_until(lambda: sqlite_position(replica) == latest_tick(conn), 30, "the daemon to catch up",
                    check=lambda: assert_alive(daemon))
         os.truncate(f"{replica}-shm", 0)
         conn.execute("INSERT INTO t VALUES (1)")

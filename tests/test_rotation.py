@@ -150,18 +150,22 @@ def test_old_open_transaction_blocks_rotation_and_is_named(dsn, conn, q):
     assert "rotated" in q.maint()["q"]
 
 
-def _dead_tuples(conn, source) -> dict[str, tuple[int, int]]:
-    """(pgstattuple's dead tuples, pg_stat_user_tables.n_dead_tup) per event table."""
+def _dead_tuples(conn, source) -> dict[str, tuple[int, int | None]]:
+    """(pgstattuple's dead tuples, pg_stat_user_tables.n_dead_tup) per event table. The
+    statistics are flushed on demand from PostgreSQL 15; before it a collector process
+    receives them when it may, so only pgstattuple's exact count is read (None)."""
     qid = source.queue_id("q")
-    conn.execute("SELECT pg_stat_force_next_flush()")
-    conn.execute("SELECT pg_stat_clear_snapshot()")
+    flushed = conn.info.server_version >= 150000
+    if flushed:
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        conn.execute("SELECT pg_stat_clear_snapshot()")
     out = {}
     for n in range(3):
         name = f"event_{qid}_{n}"
         exact = conn.execute("SELECT dead_tuple_count FROM pgstattuple(%s::regclass)",
                              (f'replicator."{name}"',)).fetchone()[0]
         stat = conn.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = 'replicator'"
-                            " AND relname = %s", (name,)).fetchone()[0]
+                            " AND relname = %s", (name,)).fetchone()[0] if flushed else None
         out[name] = (exact, stat)
     return out
 
@@ -206,7 +210,8 @@ def test_long_run_leaves_no_dead_tuples_and_loses_no_event(conn, q):
         assert replicas[name] == source_rows, name
         assert len(seen_ids[name]) == len(set(seen_ids[name])) == statements, name
     assert seen_ids["every_cycle"] == seen_ids["every_fourth"]
-    assert all(dead == (0, 0) for dead in _dead_tuples(conn, q).values()), _dead_tuples(conn, q)
+    assert all(exact == 0 and stat in (0, None) for exact, stat in _dead_tuples(conn, q).values()), \
+        _dead_tuples(conn, q)
     # Ticks no consumer needs are cleaned up.
     q.maint()
     assert conn.execute("SELECT count(*) FROM replicator.tick").fetchone()[0] <= 2

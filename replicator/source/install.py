@@ -23,6 +23,7 @@ from replicator.wording import counted
 MIGRATIONS_DIR: Traversable = files("replicator.migrations")
 QUEUE_SQL_DIR: Traversable = files("replicator.queue_sql")
 _INSTALL_LOCK = 2026112200
+MIN_SERVER_VERSION = 120000   # PostgreSQL 12: what is older is refused (docs/architecture.md, "PostgreSQL versions")
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,9 @@ def install(conn: psycopg.Connection, *, up_to: int | None = None) -> InstallRes
     Event triggers are created where the role may (superuser); elsewhere
     install carries on without them.
     """
+    if conn.info.server_version < MIN_SERVER_VERSION:
+        raise UserError(f"replicator needs PostgreSQL 12 or later, and this server is PostgreSQL "
+                        f"{conn.info.parameter_status('server_version')}: nothing was installed")
     applied: list[Migration] = []
     event_triggers = False
     with conn.transaction():
