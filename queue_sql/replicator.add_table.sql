@@ -54,7 +54,7 @@ BEGIN
             PERFORM parse_ident(p_table);
         END IF;
     EXCEPTION WHEN invalid_name OR syntax_error OR invalid_parameter_value THEN
-        RAISE EXCEPTION 'invalid table name: %', p_table;
+        RAISE EXCEPTION 'invalid table name: % (a name with spaces, capitals or punctuation is written quoted, as in SQL: s."Edge Case")', p_table;
     END;
     IF v_oid IS NULL THEN
         RAISE EXCEPTION 'table % does not exist', p_table;

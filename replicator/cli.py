@@ -23,7 +23,7 @@ from rich.table import Table
 
 from replicator.errors import UserError
 from replicator.shutdown import StopFlag
-from replicator.source import Source, db, jobs, parse_duration
+from replicator.source import Source, db, format_duration, jobs, parse_duration
 from replicator.source import install as installer
 from replicator.wording import counted
 
@@ -88,10 +88,25 @@ def cli(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
         replicator ticker &
         replicator consume main --target sqlite:replica.db
     """
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.DEBUG if verbose else logging.WARNING)   # its INFO is Spark's plumbing
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    _log_debug(verbose)
     ctx.obj = Context(dsn)
+
+
+def _log_debug(verbose: bool) -> None:
+    logging.getLogger().setLevel(logging.DEBUG if verbose else logging.INFO)
+    logging.getLogger("py4j").setLevel(logging.DEBUG if verbose else logging.WARNING)   # its INFO is Spark's plumbing
+
+
+def _verbose_after_the_command(group: click.Group) -> None:
+    """-v works after a command's name too (replicator consume main -v), as before it."""
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            _verbose_after_the_command(command)
+        else:
+            command.params.append(click.Option(
+                ["-v", "--verbose"], is_flag=True, expose_value=False, help="Log debug messages.",
+                callback=lambda ctx, param, value: _log_debug(True) if value else None))
 
 
 # install ---------------------------------------------------------------------
@@ -215,7 +230,7 @@ def queue_config(ctx: Context, name: str, rotation_period: str | None, ticker_ma
         click.echo(json.dumps(config, default=_json_default, indent=2))
         return
     for key, value in config.items():
-        click.echo(f"{key}: {value}")
+        click.echo(f"{key}: {format_duration(value) if isinstance(value, timedelta) else value}")
 
 
 @queue.command("drop")
@@ -815,6 +830,9 @@ def _command_named(args: list[str]) -> str:
             command = command.commands[arg]
             path.append(arg)
     return " ".join(path)
+
+
+_verbose_after_the_command(cli)
 
 
 def main() -> None:

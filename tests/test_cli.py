@@ -242,7 +242,7 @@ def test_queue_ticker_settings_at_create_and_with_config(app):
                      "rotation_period": 7200.0, "ntables": 3}     # durations in seconds
     changed = run("queue", "config", "fast", "--ticker-max-lag", "0.5", "--rotation-period", "30min", dsn=app)
     assert changed.returncode == 0, changed.stderr
-    assert "ticker_max_lag: 0:00:00.500000" in changed.stdout and "rotation_period: 0:30:00" in changed.stdout
+    assert "ticker_max_lag: 500ms" in changed.stdout and "rotation_period: 30min" in changed.stdout   # as written
     with psycopg.connect(app, autocommit=True) as c:   # the ticker reads what was set
         assert c.execute("SELECT queue_ticker_max_count, queue_ticker_max_lag::text FROM replicator.queue"
                          " WHERE queue_name = 'fast'").fetchone() == (50, "00:00:00.5")
@@ -320,3 +320,24 @@ def test_happy_path(empty_dsn):
     with psycopg.connect(empty_dsn) as c:
         assert c.execute("SELECT to_regnamespace('replicator')").fetchone()[0] is None
         assert c.execute('SELECT count(*) FROM "orders"').fetchone()[0] == 2
+
+
+def test_a_table_name_that_needs_quotes_is_refused_saying_how_to_quote_it(app):
+    with psycopg.connect(app, autocommit=True) as c:
+        c.execute('CREATE SCHEMA sales; CREATE TABLE sales."Edge Case" (id int PRIMARY KEY)')
+    assert_user_error(run("table", "add", "q", "sales.Edge Case", dsn=app),
+                      "invalid table name: sales.Edge Case", 'written quoted, as in SQL: s."Edge Case"')
+    assert run("table", "add", "q", 'sales."Edge Case"', dsn=app).returncode == 0
+
+
+def test_verbose_works_after_the_command_as_before_it(app, tmp_path):
+    with psycopg.connect(app, autocommit=True) as c:
+        c.execute("SELECT replicator.add_table('q', 'orders')")
+        c.execute("INSERT INTO orders VALUES (1, 'a')")
+    for n, args in enumerate((["-v", "consume", "q"], ["consume", "q", "-v"])):
+        result = run(*args, "--target", f"jsonl:{tmp_path / f'{n}.jsonl'}", "--until-caught-up", dsn=app)
+        assert result.returncode == 0, result.stderr
+        assert " DEBUG batch " in result.stderr, result.stderr
+    quiet = run("consume", "q", "--target", f"jsonl:{tmp_path / 'quiet.jsonl'}", "--until-caught-up", dsn=app)
+    assert quiet.returncode == 0 and " DEBUG " not in quiet.stderr, quiet.stderr
+

@@ -19,6 +19,7 @@ from replicator.errors import UserError
 from replicator.source import db
 from replicator.source.install import has_event_triggers, require_installed
 from replicator.source.row_filter import check_row_filter
+from replicator.wording import counted
 
 BATCH_WORK_MEM = "64MB"
 
@@ -83,6 +84,18 @@ def parse_duration(text: str) -> timedelta:
         return timedelta(seconds=seconds)
     except (OverflowError, ValueError):   # inf, nan, past 999999999 days
         raise UserError(f"invalid duration {text!r}: use e.g. 500ms, 30s, 15min, 2h or 1d") from None
+
+
+def format_duration(value: timedelta) -> str:
+    """A duration as parse_duration reads it: in the largest unit it is a whole number of
+    (500ms, 90s, 15min, 2h, 1d), else in seconds."""
+    ms = round(value.total_seconds() * 1000)
+    if ms == 0:
+        return "0s"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms" if ms < 1000 else f"{ms / 1000:g}s"
 
 
 class Source:
@@ -243,7 +256,7 @@ class Source:
                 actions.append("switch completed")
             deleted = self._call("SELECT replicator.maint_tick_cleanup(%s)", (name,))
             if deleted:
-                actions.append(f"{deleted} old ticks deleted")
+                actions.append(f"{counted(deleted, 'old tick')} deleted")
         return done
 
     def rotation_blockers(self, queue: str) -> list[dict[str, Any]]:
