@@ -71,7 +71,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pgserver import PgServer
-from replicator.source import Source
+from replicator.source import Source, db
 from replicator.source import install as installer
 
 ROOT = Path(__file__).resolve().parent.parent   # the repository: --baseline reads its git history
@@ -229,22 +229,15 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
     return variants
 
 
-def _one(conn: psycopg.Connection, query: str) -> Any:
-    """The value of a query that returns one row (an aggregate, SHOW)."""
-    row = conn.execute(query).fetchone()
-    assert row is not None, query
-    return row[0]
-
-
 def pgq_available(conn: psycopg.Connection) -> bool:
-    return bool(_one(conn, "SELECT count(*) FROM pg_available_extensions WHERE name = 'pgq'") > 0)
+    return bool(db.scalar(conn, "SELECT count(*) FROM pg_available_extensions WHERE name = 'pgq'") > 0)
 
 
 def ensure_pgq(conn: psycopg.Connection) -> bool:
     """Installs Debian's pgq package for the server's major version when missing."""
     if pgq_available(conn):
         return True
-    major = int(_one(conn, "SHOW server_version_num")) // 10000
+    major = int(db.scalar(conn, "SHOW server_version_num")) // 10000
     package = f"postgresql-{major}-pgq3"
     if os.geteuid() != 0:
         console.print(f"[yellow]pgq extension missing and not root: install {package} to compare with PgQ")
@@ -354,7 +347,7 @@ class Bench:
             "jsonb-row": "SELECT pg_total_relation_size('bench_log')",
         }[v.kind]
         with self.connect(v.dbname) as conn:
-            return int(_one(conn, query))
+            return int(db.scalar(conn, query))
 
     def captured_changes(self, v: Variant) -> int | None:
         query = {
@@ -365,7 +358,7 @@ class Bench:
         if query is None:
             return None
         with self.connect(v.dbname) as conn:
-            return int(_one(conn, query))
+            return int(db.scalar(conn, query))
 
     def pgbench(self, *args: str) -> str:
         cmd = [str(self.server.bindir / "pgbench"), "-h", "127.0.0.1", "-p", str(self.server.port),

@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from replicator.source import db
 from replicator.source.snapshots import txid_visible
 
 try:  # PySpark >= 4.1
@@ -77,17 +78,10 @@ def _array(values: list[Any]) -> str:
     return "[" + ", ".join(_dump(v) for v in values) + "]"
 
 
-def _one(conn: psycopg.Connection, query: str, params: Sequence[Any] = ()) -> Any:
-    """The first value of a query that always returns one row (a function call, an aggregate)."""
-    row = conn.execute(query, params).fetchone()
-    assert row is not None, query
-    return row[0]
-
-
 def _window_sql(conn: psycopg.Connection, queue_id: int, prev_snapshot: str, cur_snapshot: str) -> str:
     """The query of the events between two ticks, as a batch's (replicator.window_event_sql)."""
     try:
-        sql: str = _one(conn, "SELECT replicator.window_event_sql(%s, %s, %s)",
+        sql: str = db.scalar(conn, "SELECT replicator.window_event_sql(%s, %s, %s)",
                         (queue_id, prev_snapshot, cur_snapshot))
     except psycopg.errors.UndefinedFunction:
         raise RuntimeError("the source's schema replicator is older than this package (no "
@@ -145,7 +139,7 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         return psycopg.connect(self.dsn, autocommit=True, application_name=f"replicator spark {self.consumer}")
 
     def _queue(self, conn: psycopg.Connection) -> int:
-        queue_id: int = _one(conn, "SELECT (replicator.find_queue(%s)).queue_id", (self.queue,))
+        queue_id: int = db.scalar(conn, "SELECT (replicator.find_queue(%s)).queue_id", (self.queue,))
         return queue_id
 
     def _catalog_layouts(self, conn: psycopg.Connection) -> dict[str, Any]:
@@ -158,7 +152,7 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
 
     def initialOffset(self) -> dict[str, Any]:
         with self._connect() as conn:
-            tick = _one(conn, "SELECT replicator.register_consumer(%s, %s)", (self.queue, self.consumer))
+            tick = db.scalar(conn, "SELECT replicator.register_consumer(%s, %s)", (self.queue, self.consumer))
             self._last = {"tick": tick, "layouts": self._catalog_layouts(conn)}
         return self._last
 
@@ -174,13 +168,13 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         last = conn.execute("SELECT tick_id, tick_event_seq FROM replicator.tick WHERE tick_queue = %s"
                             " ORDER BY tick_id DESC LIMIT 1", (queue_id,)).fetchone()
         # A queue that never ticked has no tick yet: make its first.
-        if last is not None and _one(conn, "SELECT replicator.last_event_id(%s)", (queue_id,)) <= last[1]:
+        if last is not None and db.scalar(conn, "SELECT replicator.last_event_id(%s)", (queue_id,)) <= last[1]:
             latest: int = last[0]
             return latest
-        tick: int | None = _one(conn, "SELECT replicator.ticker(%s, true)", (self.queue,))
+        tick: int | None = db.scalar(conn, "SELECT replicator.ticker(%s, true)", (self.queue,))
         if tick is not None:
             return tick
-        newest: int | None = _one(conn, "SELECT max(tick_id) FROM replicator.tick WHERE tick_queue = %s",
+        newest: int | None = db.scalar(conn, "SELECT max(tick_id) FROM replicator.tick WHERE tick_queue = %s",
                                   (queue_id,))
         return newest
 
@@ -200,7 +194,7 @@ class ReplicatorStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
             if found is None:
                 raise _rotated_past(self.queue, start["tick"], until)
             start_seq = found[0]
-            end = _one(
+            end = db.scalar(
                 conn, "SELECT coalesce(max(tick_id) FILTER (WHERE tick_event_seq - %s <= %s), min(tick_id))"
                 " FROM replicator.tick WHERE tick_queue = %s AND tick_id > %s AND tick_id <= %s",
                 (start_seq, max_rows if max_rows is not None else 2**62, queue_id, start["tick"], until))
