@@ -47,6 +47,7 @@ from consumer_helpers import (
     wait_until,
 )
 from replicator.consumer import Consumer
+from replicator.source import Source
 from replicator.targets.sqlite.target import SqliteTarget, replica_state
 
 
@@ -967,17 +968,23 @@ def test_a_replica_overwritten_in_place_under_the_running_consumer_stops_it_and_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db", "r.db"]
 
 
-def test_a_replica_without_the_application_id_is_adopted_and_followed_while_only_its_wal_has_it(dsn, conn, source,
-                                                                                                tmp_path):
-    """A replica made before the application id has 0 there: opened, it gets replicator's.
-    While a reader holds the checkpoint back, the id is only in the WAL: the header check
-    before each batch does not take the main file's 0 for another file."""
+def _replica_of_one_row(dsn: str, conn: psycopg.Connection, source: Source, tmp_path: Path) -> Path:
+    """A replica of queue q holding table t with one row."""
     conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
     source.create_queue("q")
     source.add_table("q", "t")
     replica = tmp_path / "r.db"
     conn.execute("INSERT INTO t VALUES (1)")
     consume(dsn, replica)
+    return replica
+
+
+def test_a_replica_without_the_application_id_is_adopted_and_followed_while_only_its_wal_has_it(dsn, conn, source,
+                                                                                                tmp_path):
+    """A replica made before the application id has 0 there: opened, it gets replicator's.
+    While a reader holds the checkpoint back, the id is only in the WAL: the header check
+    before each batch does not take the main file's 0 for another file."""
+    replica = _replica_of_one_row(dsn, conn, source, tmp_path)
     with closing(sqlite3.connect(replica)) as db:
         db.execute("PRAGMA application_id = 0")
         db.commit()
@@ -1010,12 +1017,7 @@ def test_a_live_replica_whose_main_file_is_behind_its_wal_is_still_taken_for_the
     """Between checkpoints a replica's main file may hold pages of several commits, readable only
     with its WAL (a checkpoint readers held back halfway): the replica is known by the id in its
     header, not by reading its tables without the WAL (which read as malformed there)."""
-    conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
-    source.create_queue("q")
-    source.add_table("q", "t")
-    replica = tmp_path / "r.db"
-    conn.execute("INSERT INTO t VALUES (1)")
-    consume(dsn, replica)
+    replica = _replica_of_one_row(dsn, conn, source, tmp_path)
     image = bytearray(replica.read_bytes())
     page = int.from_bytes(image[16:18], "big")
     image[100:page] = b"\xff" * (page - 100)             # the schema's page as no one commit wrote it
