@@ -40,6 +40,7 @@
 
 -- ticks, consumers and batches
 \ir replicator.ticker.sql
+\ir replicator.ticker_heartbeat.sql
 \ir replicator.register_consumer.sql
 \ir replicator.grant_consumer.sql
 \ir replicator.next_batch.sql
@@ -49,5 +50,6 @@
 
 -- maintenance, status, upgrades
 \ir replicator.maint_rotate.sql
+\ir replicator.idle_consumers.sql
 \ir replicator.info.sql
 \ir replicator.upgrade.sql

@@ -22,7 +22,7 @@ LANGUAGE sql STABLE AS $$
         'replicator.table_structure(regclass, text[])',
         'replicator.capture_row_json(text, text[], regclass)',
         -- its own consumers only (SECURITY DEFINER, replicator.check_consumer_owner())
-        'replicator.register_consumer(text, text)',
+        'replicator.register_consumer(text, text, boolean)',
         'replicator.unregister_consumer(text, text)',
         'replicator.set_consumer_position(text, text, bigint)',
         'replicator.next_batch(text, text, bigint)',
@@ -40,6 +40,9 @@ LANGUAGE sql STABLE AS $$
         'replicator.last_event_id(integer)',
         'replicator.event_id_seq(integer)',
         'replicator.consumer_info()',
+        'replicator.consumer_idle(replicator.consumer)',
+        'replicator.consumer_connected(text)',
+        'replicator.ticker_info()',
         'replicator.schema_info(text)',
         'replicator.rotation_blockers(text)',
         'replicator.txid_horizon()'

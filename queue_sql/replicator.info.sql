@@ -1,19 +1,28 @@
 CREATE OR REPLACE FUNCTION replicator.queue_info()
 RETURNS TABLE (queue_name text, ntables integer, current_table integer, rotation_period interval,
                last_switch timestamptz, last_tick bigint, last_tick_time timestamptz,
-               last_event_id bigint, events_since_tick bigint, tables integer, consumers integer)
+               last_event_id bigint, events_since_tick bigint, tables integer, consumers integer,
+               last_tick_age double precision, ticker_running boolean, rotation_overdue interval,
+               consumer_idle_limit interval)
 LANGUAGE sql STABLE AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.queue_info()
 --
---      One row per queue: its rotation state, its latest tick and how many
---      events were queued since.
+--      One row per queue: its rotation state, its latest tick (and its age
+--      in seconds) and how many events were queued since; whether a ticker
+--      daemon is running (replicator.ticker_info); how long ago its
+--      rotation fell due (NULL when it is not due: the period has not
+--      passed since the last switch).
 -- ----------------------------------------------------------------------
     SELECT q.queue_name, q.queue_ntables, replicator.current_slot(q.queue_id), q.queue_rotation_period,
            q.queue_switch_time, t.tick_id, t.tick_time, replicator.last_event_id(q.queue_id),
            replicator.last_event_id(q.queue_id) - coalesce(t.tick_event_seq, 0),
            (SELECT count(*)::integer FROM replicator.captured_table ct WHERE ct.queue_id = q.queue_id),
-           (SELECT count(*)::integer FROM replicator.consumer c WHERE c.queue_id = q.queue_id)
+           (SELECT count(*)::integer FROM replicator.consumer c WHERE c.queue_id = q.queue_id),
+           extract(epoch FROM clock_timestamp() - t.tick_time)::double precision,
+           EXISTS (SELECT 1 FROM replicator.ticker_info() ti WHERE ti.running),
+           nullif(greatest(now() - q.queue_switch_time - q.queue_rotation_period, interval '0'), interval '0'),
+           q.queue_consumer_idle_limit
     FROM replicator.queue q
     LEFT JOIN LATERAL (SELECT * FROM replicator.tick t WHERE t.tick_queue = q.queue_id
                        ORDER BY t.tick_id DESC LIMIT 1) t ON true
@@ -23,7 +32,8 @@ $$;
 CREATE OR REPLACE FUNCTION replicator.consumer_info()
 RETURNS TABLE (queue_name text, consumer_name text, owner name, last_tick bigint, batch_open boolean,
                lag_ticks bigint, lag_events bigint, lag_seconds double precision,
-               last_seen timestamptz)
+               last_seen timestamptz, idle_seconds double precision, idle boolean, connected boolean,
+               temporary boolean)
 LANGUAGE sql STABLE AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.consumer_info()
@@ -32,13 +42,20 @@ LANGUAGE sql STABLE AS $$
 --      ticks and events not yet consumed, and the age of the position it
 --      is at (seconds since its last tick was taken, minus nothing: an
 --      idle queue ticks every idle period, so an up-to-date consumer lags
---      at most that).
+--      at most that). last_seen and idle_seconds: when it last asked for a
+--      batch or finished one; idle: longer ago than its queue's
+--      consumer_idle_limit, and not connected (replicator.consumer_idle);
+--      temporary: unregistered by maint once idle.
 -- ----------------------------------------------------------------------
     SELECT q.queue_name, c.consumer_name, c.consumer_owner, c.last_tick, c.batch_id IS NOT NULL,
            coalesce(lt.tick_id - c.last_tick, 0),
            greatest(replicator.last_event_id(q.queue_id) - ct.tick_event_seq, 0),
            extract(epoch FROM clock_timestamp() - ct.tick_time)::double precision,
-           c.active_time
+           c.active_time,
+           extract(epoch FROM clock_timestamp() - c.active_time)::double precision,
+           replicator.consumer_idle(c),
+           replicator.consumer_connected(c.consumer_name),
+           c.consumer_temporary
     FROM replicator.consumer c
     JOIN replicator.queue q ON q.queue_id = c.queue_id
     JOIN replicator.tick ct ON ct.tick_queue = c.queue_id AND ct.tick_id = c.last_tick

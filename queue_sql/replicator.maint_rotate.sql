@@ -10,24 +10,39 @@ LANGUAGE plpgsql STABLE AS $$
 --
 -- Returns:
 --      rows of (kind, name, detail): kind 'switch' (the last switch is not
---      complete), 'consumer' (a consumer's last tick does not see every such
---      transaction) or 'transaction' (a session still running one)
+--      complete), 'tick' (no tick since the switch, so no consumer can get
+--      past its transactions: the ticker is the blocker, and the consumers
+--      are not named), 'consumer' (a consumer's
+--      last tick does not see every such transaction) or 'transaction' (a
+--      session still running one)
 -- ----------------------------------------------------------------------
 DECLARE
     q replicator.queue := replicator.find_queue(p_queue_name);
+    v_last replicator.tick;
 BEGIN
     IF q.queue_switch_step2 IS NULL THEN
         RETURN QUERY SELECT 'switch'::text, q.queue_name,
             'the last switch is waiting for replicator maint to complete it'::text;
         RETURN;
     END IF;
-    RETURN QUERY
-        SELECT 'consumer'::text, c.consumer_name,
-               format('at tick %s of %s (%s ago): not past the transactions of the previous table',
-                      c.last_tick, t.tick_time, date_trunc('second', now() - t.tick_time))
-        FROM replicator.consumer c
-        JOIN replicator.tick t ON t.tick_queue = c.queue_id AND t.tick_id = c.last_tick
-        WHERE c.queue_id = q.queue_id AND txid_snapshot_xmin(t.tick_snapshot) < q.queue_switch_step2;
+    SELECT * INTO v_last FROM replicator.tick WHERE tick_queue = q.queue_id ORDER BY tick_id DESC LIMIT 1;
+    -- taken before the txid that completed the switch: no tick since
+    IF txid_snapshot_xmax(v_last.tick_snapshot) <= q.queue_switch_step2
+       AND EXISTS (SELECT 1 FROM replicator.consumer c WHERE c.queue_id = q.queue_id)
+    THEN
+        RETURN QUERY SELECT 'tick'::text, q.queue_name,
+            format('no tick since the switch at %s (the last, tick %s, was taken %s ago): is `replicator ticker` '
+                   'running?', date_trunc('second', q.queue_switch_time), v_last.tick_id,
+                   date_trunc('second', now() - v_last.tick_time));
+    ELSE
+        RETURN QUERY
+            SELECT 'consumer'::text, c.consumer_name,
+                   format('at tick %s of %s (%s ago): not past the transactions of the previous table',
+                          c.last_tick, t.tick_time, date_trunc('second', now() - t.tick_time))
+            FROM replicator.consumer c
+            JOIN replicator.tick t ON t.tick_queue = c.queue_id AND t.tick_id = c.last_tick
+            WHERE c.queue_id = q.queue_id AND txid_snapshot_xmin(t.tick_snapshot) < q.queue_switch_step2;
+    END IF;
     -- backend_xid is 32 bits; compare by age, which wraps correctly.
     RETURN QUERY
         SELECT 'transaction'::text, format('pid %s', a.pid),

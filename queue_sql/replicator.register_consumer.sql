@@ -57,11 +57,12 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION replicator.register_consumer(p_queue_name text, p_consumer_name text)
+CREATE OR REPLACE FUNCTION replicator.register_consumer(p_queue_name text, p_consumer_name text,
+                                                        p_temporary boolean DEFAULT false)
 RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.register_consumer(p_queue_name, p_consumer_name)
+-- Function: replicator.register_consumer(p_queue_name, p_consumer_name, p_temporary)
 --
 --      Subscribes a consumer to a queue. A new consumer starts at the
 --      queue's latest tick (a tick is made if the queue has none): it
@@ -69,6 +70,11 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 --      belongs to the calling role (replicator.session_role()).
 --      Registering again changes nothing; registering a name another role
 --      owns is refused (replicator.check_consumer_owner()).
+--
+-- Parameters:
+--      p_temporary - a consumer for one run (a stream to stdout): its
+--                    process unregisters it when it ends, and maint once it
+--                    is idle (replicator.drop_idle_temporary_consumers)
 --
 -- Returns:
 --      the consumer's last tick
@@ -98,8 +104,8 @@ BEGIN
             v_tick := replicator.ticker(p_queue_name, true);
         END IF;
     END IF;
-    INSERT INTO replicator.consumer (queue_id, consumer_name, last_tick, consumer_owner)
-    VALUES (q.queue_id, p_consumer_name, v_tick, replicator.session_role())
+    INSERT INTO replicator.consumer (queue_id, consumer_name, last_tick, consumer_owner, consumer_temporary)
+    VALUES (q.queue_id, p_consumer_name, v_tick, replicator.session_role(), coalesce(p_temporary, false))
     ON CONFLICT (queue_id, consumer_name) DO NOTHING;
     -- another session may have registered the name meanwhile: the owner check decides
     c := replicator.find_consumer(p_queue_name, p_consumer_name);

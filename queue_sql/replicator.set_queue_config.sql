@@ -12,8 +12,11 @@ LANGUAGE plpgsql AS $$
 --      p_param      - ticker_max_count (events that make a tick due),
 --                     ticker_max_lag (time after which pending events make a
 --                     tick due), ticker_idle_period (time after which a tick
---                     is made without events) or rotation_period (how long
---                     an event table is written before the next one)
+--                     is made without events), rotation_period (how long
+--                     an event table is written before the next one) or
+--                     consumer_idle_limit (how long a consumer may go unseen
+--                     before status and maint call it idle, and maint
+--                     unregisters it if it is temporary)
 --      p_value      - the new value, as text: an integer, or an interval
 -- ----------------------------------------------------------------------
 DECLARE
@@ -27,8 +30,9 @@ BEGIN
         UPDATE replicator.queue SET queue_ticker_max_count = p_value::integer WHERE queue_id = q.queue_id;
         RETURN;
     END IF;
-    IF p_param NOT IN ('ticker_max_lag', 'ticker_idle_period', 'rotation_period') THEN
-        RAISE EXCEPTION 'unknown queue setting "%": use ticker_max_count, ticker_max_lag, ticker_idle_period or rotation_period',
+    IF p_param NOT IN ('ticker_max_lag', 'ticker_idle_period', 'rotation_period', 'consumer_idle_limit') THEN
+        RAISE EXCEPTION 'unknown queue setting "%": use ticker_max_count, ticker_max_lag, ticker_idle_period, '
+            'rotation_period or consumer_idle_limit',
             p_param;
     END IF;
     BEGIN
@@ -43,8 +47,10 @@ BEGIN
         UPDATE replicator.queue SET queue_ticker_max_lag = v_interval WHERE queue_id = q.queue_id;
     ELSIF p_param = 'ticker_idle_period' THEN
         UPDATE replicator.queue SET queue_ticker_idle_period = v_interval WHERE queue_id = q.queue_id;
-    ELSE
+    ELSIF p_param = 'rotation_period' THEN
         UPDATE replicator.queue SET queue_rotation_period = v_interval WHERE queue_id = q.queue_id;
+    ELSE
+        UPDATE replicator.queue SET queue_consumer_idle_limit = v_interval WHERE queue_id = q.queue_id;
     END IF;
 END;
 $$;

@@ -9,6 +9,7 @@ import faulthandler
 import json
 import logging
 import os
+import signal
 import sqlite3
 import sys
 from datetime import date, datetime, timedelta
@@ -25,7 +26,7 @@ from replicator.errors import UserError
 from replicator.shutdown import StopFlag
 from replicator.source import Source, db, format_duration, jobs, parse_duration
 from replicator.source import install as installer
-from replicator.wording import counted
+from replicator.wording import counted, format_age
 
 console = Console()
 
@@ -59,16 +60,23 @@ def _json_default(value: Any) -> Any:
 
 
 def _print_rows(rows: list[dict[str, Any]], title: str | None = None) -> None:
+    """A table of rows that never cuts a cell: piped, as wide as its widest row; on a
+    terminal, cells too wide for it wrap (names must stay whole: they are typed back
+    into commands such as `queue unregister`)."""
     if not rows:
         console.print(f"(no {title or 'rows'})")
         return
     table = Table(title=title, title_justify="left")
     for column in rows[0]:
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*("" if v is None else ", ".join(map(str, v)) if isinstance(v, list) else str(v)
                         for v in row.values()))
-    console.print(table)
+    if console.is_terminal:
+        console.print(table)
+    else:
+        width = Console(width=1 << 20).measure(table).maximum
+        Console(width=width, no_color=True).print(table)
 
 
 @click.group()
@@ -160,6 +168,8 @@ _TICKER_OPTIONS = [
     click.option("--ticker-max-count", type=int, help="Events that make a tick due (default 500)."),
     click.option("--ticker-max-lag", help="Pending events make a tick due after this long (default 3s)."),
     click.option("--ticker-idle-period", help="A tick is made after this long without events (default 60s)."),
+    click.option("--consumer-idle-limit", help="A consumer unseen this long is idle: status and maint say so, and "
+                 "maint unregisters it if it is a temporary one (default 1h)."),
 ]
 
 
@@ -169,8 +179,11 @@ def _ticker_options(f: Any) -> Any:
     return f
 
 
-def _ticker_settings(max_count: int | None, max_lag: str | None, idle_period: str | None) -> dict[str, Any]:
+def _ticker_settings(max_count: int | None, max_lag: str | None, idle_period: str | None,
+                     consumer_idle_limit: str | None) -> dict[str, Any]:
     settings: dict[str, Any] = {}
+    if consumer_idle_limit is not None:
+        settings["consumer_idle_limit"] = parse_duration(consumer_idle_limit)
     if max_count is not None:
         settings["ticker_max_count"] = max_count
     if max_lag is not None:
@@ -189,15 +202,16 @@ def _ticker_settings(max_count: int | None, max_lag: str | None, idle_period: st
 @_ticker_options
 @pass_ctx
 def queue_create(ctx: Context, name: str, rotation_period: str, ntables: int, ticker_max_count: int | None,
-                 ticker_max_lag: str | None, ticker_idle_period: str | None) -> None:
+                 ticker_max_lag: str | None, ticker_idle_period: str | None, consumer_idle_limit: str | None) -> None:
     """Create a queue.
 
     \b
     Example:
         replicator queue create main --rotation-period 1h --tables 3
         replicator queue create fast --ticker-max-lag 0.5s --ticker-idle-period 10s
+        replicator queue create nightly --consumer-idle-limit 2d
     """
-    settings = _ticker_settings(ticker_max_count, ticker_max_lag, ticker_idle_period)
+    settings = _ticker_settings(ticker_max_count, ticker_max_lag, ticker_idle_period, consumer_idle_limit)
     with ctx.source() as source, source.conn.transaction():
         source.create_queue(name, ntables=ntables, rotation_period=parse_duration(rotation_period))
         source.set_queue_config(name, **settings)
@@ -211,7 +225,8 @@ def queue_create(ctx: Context, name: str, rotation_period: str, ntables: int, ti
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def queue_config(ctx: Context, name: str, rotation_period: str | None, ticker_max_count: int | None,
-                 ticker_max_lag: str | None, ticker_idle_period: str | None, as_json: bool) -> None:
+                 ticker_max_lag: str | None, ticker_idle_period: str | None, consumer_idle_limit: str | None,
+                 as_json: bool) -> None:
     """Show a queue's settings, and change those given. The ticker and
     maintenance use them from their next pass.
 
@@ -219,8 +234,9 @@ def queue_config(ctx: Context, name: str, rotation_period: str | None, ticker_ma
     Example:
         replicator queue config main
         replicator queue config main --ticker-max-lag 1s --rotation-period 30min
+        replicator queue config main --consumer-idle-limit 6h
     """
-    settings = _ticker_settings(ticker_max_count, ticker_max_lag, ticker_idle_period)
+    settings = _ticker_settings(ticker_max_count, ticker_max_lag, ticker_idle_period, consumer_idle_limit)
     if rotation_period is not None:
         settings["rotation_period"] = parse_duration(rotation_period)
     with ctx.source() as source:
@@ -304,15 +320,22 @@ def queue_list(ctx: Context, as_json: bool) -> None:
     Example:
         replicator queue list
     """
+    from replicator.source.status import queue_rows
+
     with ctx.source() as source:
-        rows = source.queues()
+        rows = queue_rows(source)
     if as_json:
         click.echo(json.dumps(rows, default=_json_default, indent=2))
     else:
-        _print_rows([{"queue": r["queue_name"], "tables": r["tables"], "consumers": r["consumers"],
+        _print_rows([{"queue": r["queue"], "tables": r["tables"], "consumers": r["consumers"],
                       "event tables": r["ntables"], "current": r["current_table"],
-                      "rotation": r["rotation_period"], "last tick": r["last_tick"],
-                      "events since tick": r["events_since_tick"]} for r in rows], "queues")
+                      "rotation": format_duration(r["rotation_period"]), "last tick": r["last_tick"],
+                      "last tick age": _age(r["last_tick_age"]), "events since tick": r["events_since_tick"]}
+                     for r in rows], "queues")
+
+
+def _age(seconds: float | None) -> str:
+    return "" if seconds is None else format_age(seconds)
 
 
 # tables ----------------------------------------------------------------------
@@ -448,17 +471,23 @@ def ticker(ctx: Context, once: bool, interval: float) -> None:
               help="Seconds between passes.")
 @pass_ctx
 def maint(ctx: Context, once: bool, interval: float) -> None:
-    """Rotate event tables and clean up old ticks.
+    """Rotate event tables, clean up old ticks, unregister temporary consumers
+    whose process is gone; say what blocks a rotation overdue, and which
+    consumers are idle.
 
     \b
     Example:
         replicator maint --once
     """
     if once:
+        from replicator.source.status import idle_line
+
         with ctx.source() as source:
             actions = source.maint()   # printed below, not logged
+            idle = [c for c in source.consumers() if c["idle"]]
         for queue_name, done in actions.items():
-            click.echo(f"{queue_name}: {', '.join(done) or 'nothing to do'}")
+            done += [idle_line(c) for c in idle if c["queue_name"] == queue_name]
+            click.echo(f"{queue_name}: {'; '.join(done) or 'nothing to do'}")
         return
     ctx.source().close()
     jobs.run_maint(ctx.source, interval, StopFlag().install())
@@ -488,7 +517,9 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.argument("queue_name", metavar="QUEUE")
 @click.option("--target", "target_url", required=True,
               help="sqlite:PATH, spark:PATH (warehouse directory), jsonl:PATH, jsonl:- (stdout), tsv:PATH or tsv:-.")
-@click.option("--consumer", "consumer_name", help="Consumer name; default derived from the target.")
+@click.option("--consumer", "consumer_name",
+              help="Consumer name; default derived from the target. A stream to stdout (jsonl:-, tsv:-) without it "
+                   "is a temporary consumer, unregistered when the command ends.")
 @click.option("--tables", help="Only these tables of the queue (T,...).")
 @click.option("--once", is_flag=True, help="Apply one batch and exit.")
 @click.option("--until-caught-up", is_flag=True, help="Tick, apply everything committed before now, exit.")
@@ -504,11 +535,15 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
             spark_master: str | None, spark_conf: tuple[str, ...]) -> None:
     """Replicate QUEUE into a target, exactly once. Runs as a daemon unless
     --once or --until-caught-up; SIGTERM/SIGINT finish the current batch and exit 0.
+    A stream to stdout without --consumer copies every table, follows the queue and
+    unregisters its temporary consumer when it ends; with --consumer it stays
+    registered and a new run resumes from its position (at least once).
 
     \b
     Example:
         replicator consume main --target sqlite:replica.db
         replicator consume main --target jsonl:- --until-caught-up
+        replicator consume main --target jsonl:- --consumer audit_feed
         replicator consume main --target spark:/data/warehouse
     """
     from replicator.consumer import Consumer, check_captured
@@ -524,6 +559,9 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
     consumer = Consumer(db.resolve_dsn(ctx.dsn), queue_name, target, name=consumer_name,
                         tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval)
     stop = StopFlag() if once or until_caught_up else StopFlag().install()
+    if consumer.temporary and (once or until_caught_up):
+        # SIGTERM ends the run as Ctrl-C does, through the finally below, which unregisters it.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         consumer.run(once=once, until_caught_up=until_caught_up, stop=stop)
     finally:
@@ -618,21 +656,39 @@ def status(ctx: Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, default=_json_default, indent=2))
         return
-    _print_rows([{"queue": q["queue_name"], "tables": q["tables"], "consumers": q["consumers"],
+    _print_rows([{"queue": q["queue"], "tables": q["tables"], "consumers": q["consumers"],
                   "current table": f"{q['current_table']}/{q['ntables']}",
                   "last switch": _timestamp(q["last_switch"]),
-                  "last tick": q["last_tick"], "events since tick": q["events_since_tick"]}
+                  "last tick": q["last_tick"], "last tick age": _age(q["last_tick_age"]),
+                  "events since tick": q["events_since_tick"]}
                  for q in report["queues"]], "queues")
+    if report["queues"] and not any(t["running"] for t in report["tickers"]):
+        click.echo(f"no ticker running: {_last_ticker(report['tickers'])}; batches are cut only by forced ticks"
+                   f" (start `replicator ticker`)")
     _print_rows(report["tables"], "tables")
     if report["schemas"]:
         _print_rows(_schema_rows(report["schemas"]), "followed schemas")
-    _print_rows([{"queue": c["queue_name"], "consumer": c["consumer_name"], "owner": c["owner"],
+    _print_rows([{"queue": c["queue"], "consumer": c["consumer"], "owner": c["owner"],
                   "last tick": c["last_tick"], "lag ticks": c["lag_ticks"], "lag events": c["lag_events"],
-                  "lag seconds": f"{c['lag_seconds']:.1f}", "batch open": c["batch_open"]}
+                  "lag seconds": f"{c['lag_seconds']:.1f}", "batch open": c["batch_open"],
+                  "last seen": f"{_age(c['idle_seconds'])} ago", "state": _consumer_state(c)}
                  for c in report["consumers"]], "consumers")
-    blockers = [{"queue": q["queue_name"], **b} for q in report["queues"] for b in q["rotation_blockers"]]
+    blockers = [{"queue": q["queue"], **b} for q in report["queues"] for b in q["rotation_blockers"]]
     if blockers:
         _print_rows(blockers, "rotation blocked by")
+
+
+def _last_ticker(tickers: list[dict[str, Any]]) -> str:
+    if not tickers:
+        return "none has left a heartbeat in the last day"
+    last = tickers[0]
+    return f"the last one seen, pid {last['pid']} on {last['host']}, {_timestamp(last['last_seen'])}"
+
+
+def _consumer_state(consumer: dict[str, Any]) -> str:
+    """idle, connected; temporary (a stdout stream's, unregistered when it ends or by maint once idle)."""
+    state = "idle" if consumer["idle"] else "connected" if consumer["connected"] else ""
+    return ", ".join(filter(None, [state, "temporary" if consumer["temporary"] else ""]))
 
 
 # views -------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import shlex
 import socket
@@ -49,17 +50,25 @@ def batch_event_limit(max_events: int, rows_per_event: float) -> int:
 
 def default_consumer_name(target: Target) -> str:
     """A stable name derived from the target: readable prefix, hash of the full
-    description and, for a target that stores its position, of the host (two hosts
-    with a replica at the same path are two consumers; sharing one name, each would
-    take batches the other never sees). A stream to stdout stores nothing: its name
-    is the one thing that finds its position again, so the host (which a container
-    may change at every start) stays out of it."""
+    description and of the host (two hosts with a replica at the same path are two
+    consumers; sharing one name, each would take batches the other never sees)."""
     scheme, _, where = target.name.partition(":")
-    if where == "-":
-        return f"{scheme}_stdout_{hashlib.sha1(target.name.encode()).hexdigest()[:8]}"
     digest = hashlib.sha1(f"{socket.gethostname()}:{target.name}".encode()).hexdigest()[:8]
     readable = re.sub(r"[^A-Za-z0-9]+", "_", where.rsplit("/", 1)[-1]).strip("_")[:40]
     return f"{scheme}_{readable}_{digest}"
+
+
+def streams_to_stdout(target: Target) -> bool:
+    return target.name.partition(":")[2] == "-"
+
+
+def temporary_consumer_name(target: Target) -> str:
+    """The name of a stream to stdout run without --consumer: one of its own per run
+    (host and process), short enough for application_name (63 bytes), which tells
+    maint that its process is still connected."""
+    scheme = target.name.partition(":")[0]
+    host = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+    return f"{scheme}_stdout_{host}_{os.getpid()}"
 
 
 def consumer_name(target: Target, queue: str, name: str | None) -> str:
@@ -180,7 +189,10 @@ class Consumer:
         self.dsn = dsn
         self.queue = queue
         self.target = target
-        self.name = consumer_name(target, queue, name)
+        # A stream to stdout stores no position: without a name, nothing would ever resume
+        # it, so it is a consumer for this run only, which must not hold back rotation after it.
+        self.temporary = name is None and streams_to_stdout(target)
+        self.name = temporary_consumer_name(target) if self.temporary else consumer_name(target, queue, name)
         self.table_filter = tables
         self.poll_interval = poll_interval
         self.stats_interval = stats_interval
@@ -210,13 +222,21 @@ class Consumer:
             # Checked before registering: a consumer left registered by a typo would hold back rotation.
             self._check_table_filter(self.source.tables(self.queue))
         self._table_ids = None
-        last_tick = self.source.register_consumer(self.queue, self.name)
+        if self.temporary and self._connected_once and not any(
+                c["queue_name"] == self.queue and c["consumer_name"] == self.name for c in self.source.consumers()):
+            raise UserError(f"temporary consumer {self.name} was unregistered while the source was unreachable (idle "
+                            f"past the queue's consumer idle limit): what was queued meanwhile may be gone; run the "
+                            f"command again, or give --consumer NAME to keep a registered position")
+        last_tick = self.source.register_consumer(self.queue, self.name, temporary=self.temporary)
         position = self.target.positions(self.queue).get(self.name)
         if position is None:
             self.target.begin()
             self.target.set_position(self.queue, self.name, last_tick)
             self.target.commit()
-            log.info("consumer %s registered on queue %s at tick %s", self.name, self.queue, last_tick)
+            log.info("%sconsumer %s registered on queue %s at tick %s%s", "temporary " if self.temporary else "",
+                     self.name, self.queue, last_tick,
+                     " (unregistered when this run ends; --consumer NAME registers one that stays)"
+                     if self.temporary else "")
         else:
             try:
                 self.source.set_consumer_position(self.queue, self.name, position)
@@ -235,9 +255,30 @@ class Consumer:
         return self.source
 
     def close(self) -> None:
+        """Ends the run: a temporary consumer is unregistered (if that fails, maint does
+        it once the consumer is idle), and the connection closed."""
+        if self.temporary and self._connected_once:
+            self._unregister_temporary()
+        self._disconnect()
+
+    def _disconnect(self) -> None:
         if self.source is not None:
             self.source.close()
             self.source = None
+
+    def _unregister_temporary(self) -> None:
+        from replicator.source import db
+        try:
+            if self.source is None or self.source.conn.broken:
+                self._disconnect()
+                self.source = Source(db.open_connection(db.resolve_dsn(self.dsn)))
+            else:
+                self.source.conn.rollback()   # interrupted (SIGINT) inside a transaction
+            self.source.unregister_consumer(self.queue, self.name)
+            log.debug("temporary consumer %s unregistered from queue %s", self.name, self.queue)
+        except (psycopg.Error, UserError) as exc:
+            log.warning("temporary consumer %s left registered on queue %s (%s): maint unregisters it once it is"
+                        " idle", self.name, self.queue, str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
 
     # tables --------------------------------------------------------------------------
 
@@ -546,7 +587,7 @@ class Consumer:
             except psycopg.OperationalError as exc:
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 log.warning("source unavailable (%s); reconnecting in %.1fs", reason, backoff)
-                self.close()
+                self._disconnect()
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
         return applied

@@ -94,7 +94,7 @@ def test_dsn_from_the_environment(app):
     env_run = subprocess.run([str(SCRIPT), "queue", "list", "--json"], capture_output=True, text=True,
                              env={**os.environ, "REPLICATOR_DSN": app}, timeout=60)
     assert env_run.returncode == 0, env_run.stderr
-    assert [q["queue_name"] for q in json.loads(env_run.stdout)] == ["q"]
+    assert [q["queue"] for q in json.loads(env_run.stdout)] == ["q"]
 
 
 def test_schema_not_installed_is_one_line(empty_dsn):
@@ -239,10 +239,12 @@ def test_queue_ticker_settings_at_create_and_with_config(app):
     assert created.returncode == 0, created.stderr
     shown = json.loads(run("queue", "config", "fast", "--json", dsn=app).stdout)
     assert shown == {"ticker_max_count": 50, "ticker_max_lag": 0.25, "ticker_idle_period": 10.0,
-                     "rotation_period": 7200.0, "ntables": 3}     # durations in seconds
-    changed = run("queue", "config", "fast", "--ticker-max-lag", "0.5", "--rotation-period", "30min", dsn=app)
+                     "rotation_period": 7200.0, "consumer_idle_limit": 3600.0, "ntables": 3}   # durations in seconds
+    changed = run("queue", "config", "fast", "--ticker-max-lag", "0.5", "--rotation-period", "30min",
+                  "--consumer-idle-limit", "2d", dsn=app)
     assert changed.returncode == 0, changed.stderr
-    assert "ticker_max_lag: 500ms" in changed.stdout and "rotation_period: 30min" in changed.stdout   # as written
+    assert ("ticker_max_lag: 500ms" in changed.stdout and "rotation_period: 30min" in changed.stdout
+            and "consumer_idle_limit: 2d" in changed.stdout)   # as written
     with psycopg.connect(app, autocommit=True) as c:   # the ticker reads what was set
         assert c.execute("SELECT queue_ticker_max_count, queue_ticker_max_lag::text FROM replicator.queue"
                          " WHERE queue_name = 'fast'").fetchone() == (50, "00:00:00.5")
@@ -297,10 +299,10 @@ def test_happy_path(empty_dsn):
 
     report = json.loads(ok("status", "--json"))
     (queue,) = report["queues"]
-    assert (queue["queue_name"], queue["ntables"], queue["tables"], queue["consumers"]) == ("main", 4, 1, 1)
+    assert (queue["queue"], queue["ntables"], queue["tables"], queue["consumers"]) == ("main", 4, 1, 1)
     assert queue["rotation_blockers"] == []
     (consumer,) = report["consumers"]
-    assert (consumer["consumer_name"], consumer["lag_ticks"], consumer["lag_events"]) == ("reader", 1, 1)
+    assert (consumer["consumer"], consumer["lag_ticks"], consumer["lag_events"]) == ("reader", 1, 1)
     assert "main" in ok("status")
     assert "main" in ok("queue", "list")
 

@@ -174,7 +174,7 @@ def test_tables_leaving_out_a_table_the_replica_holds_is_refused(dsn, conn, sour
 
 
 def test_default_consumer_names_differ_between_hosts_and_targets(monkeypatch, tmp_path):
-    from replicator.consumer import default_consumer_name
+    from replicator.consumer import default_consumer_name, temporary_consumer_name
     from replicator.targets.sqlite.target import SqliteTarget
     from replicator.targets.stream import StreamTarget
 
@@ -187,12 +187,11 @@ def test_default_consumer_names_differ_between_hosts_and_targets(monkeypatch, tm
             assert default_consumer_name(target) == names[host, path.name]    # stable
             target.close()
     assert len(set(names.values())) == 4, names
-    # stdout keeps no position: only its name finds it again, on whatever host it runs
-    stdout_names = set()
+    # a stream to stdout without --consumer is a consumer for one run, of its host and process
     for host in ("cache-1", "cache-2"):
         monkeypatch.setattr("socket.gethostname", lambda host=host: host)
-        stdout_names.add(default_consumer_name(StreamTarget("-", "jsonl")))
-    assert stdout_names == {"jsonl_stdout_" + hashlib.sha1(b"jsonl:-").hexdigest()[:8]}
+        assert temporary_consumer_name(StreamTarget("-", "jsonl")) == \
+            f"jsonl_stdout_{hashlib.sha1(host.encode()).hexdigest()[:8]}_{os.getpid()}"
 
 
 def test_status_shows_each_consumer_lag_in_ticks_events_and_seconds(dsn, conn, source, queue_q, tmp_path):
@@ -214,7 +213,7 @@ def test_status_shows_each_consumer_lag_in_ticks_events_and_seconds(dsn, conn, s
 
     result = run_cli(dsn, "status", "--json")
     assert result.returncode == 0, result.stderr
-    consumers = {c["consumer_name"]: c for c in json.loads(result.stdout)["consumers"]}
+    consumers = {c["consumer"]: c for c in json.loads(result.stdout)["consumers"]}
     behind, current = consumers["behind"], consumers["current"]
     assert behind["last_tick"] == sqlite_position(replica)
     assert (behind["lag_ticks"], behind["lag_events"]) == (source.latest_tick("q") - behind["last_tick"], 3)

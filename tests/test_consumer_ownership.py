@@ -221,7 +221,7 @@ def test_non_superuser_install_lets_a_granted_role_consume_and_its_owner_manage_
         # what status and table list call is granted too
         status = run_cli(reader_dsn, "status", "--json")
         assert status.returncode == 0, status.stderr
-        assert [(c["consumer_name"], c["owner"]) for c in json.loads(status.stdout)["consumers"]] == [("r", reader)]
+        assert [(c["consumer"], c["owner"]) for c in json.loads(status.stdout)["consumers"]] == [("r", reader)]
         listed = run_cli(reader_dsn, "table", "list", "q", "--json")
         assert listed.returncode == 0, listed.stderr
         assert [t["table"] for t in json.loads(listed.stdout)] == ["public.t"]

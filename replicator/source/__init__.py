@@ -19,7 +19,7 @@ from replicator.errors import UserError
 from replicator.source import db
 from replicator.source.install import has_event_triggers, require_installed
 from replicator.source.row_filter import check_row_filter
-from replicator.wording import counted
+from replicator.wording import counted, format_age
 
 BATCH_WORK_MEM = "64MB"
 
@@ -151,7 +151,7 @@ class Source:
 
     def set_queue_config(self, name: str, **settings: int | timedelta) -> None:
         """Changes queue settings (see replicator.set_queue_config): ticker_max_count,
-        ticker_max_lag, ticker_idle_period, rotation_period; all or none."""
+        ticker_max_lag, ticker_idle_period, rotation_period, consumer_idle_limit; all or none."""
         with self.conn.transaction():
             for param, value in settings.items():
                 text = f"{value.total_seconds()} seconds" if isinstance(value, timedelta) else str(value)
@@ -160,6 +160,7 @@ class Source:
     def queue_config(self, name: str) -> dict[str, Any]:
         return self._rows("SELECT queue_ticker_max_count AS ticker_max_count, queue_ticker_max_lag AS ticker_max_lag,"
                           " queue_ticker_idle_period AS ticker_idle_period, queue_rotation_period AS rotation_period,"
+                          " queue_consumer_idle_limit AS consumer_idle_limit,"
                           " queue_ntables AS ntables FROM replicator.find_queue(%s)", (name,))[0]
 
     def queues(self) -> list[dict[str, Any]]:
@@ -232,40 +233,73 @@ class Source:
             return self._maybe(int, "SELECT replicator.ticker()")
         return self._maybe(int, "SELECT replicator.ticker(%s, %s)", (queue, force))
 
+    def ticker_heartbeat(self, host: str, pid: int, started: datetime, every: timedelta) -> None:
+        """Records that a ticker daemon runs (replicator.ticker_heartbeat); call at most every `every`."""
+        self._call("SELECT replicator.ticker_heartbeat(%s, %s, %s, %s)", (host, pid, started, every))
+
+    def ticker_stopped(self, host: str, pid: int) -> None:
+        self._call("SELECT replicator.ticker_stopped(%s, %s)", (host, pid))
+
+    def tickers(self) -> list[dict[str, Any]]:
+        """Ticker daemons seen in the last day, and whether each is running (replicator.ticker_info)."""
+        return self._rows("SELECT * FROM replicator.ticker_info()")
+
     def latest_tick(self, queue: str) -> int | None:
         return self._maybe(int, "SELECT max(tick_id) FROM replicator.tick"
                           " WHERE tick_queue = (replicator.find_queue(%s)).queue_id", (queue,))
 
     def maint(self) -> dict[str, list[str]]:
         """Rotation and tick cleanup on every queue. Each step commits on its own:
-        a switch must be committed before its step 2 runs."""
+        a switch must be committed before its step 2 runs. Temporary consumers left
+        idle (their process killed) are unregistered first; a rotation overdue and
+        still blocked says by what, at every pass."""
         done: dict[str, list[str]] = {}
         for q in self.queues():
             name = q["queue_name"]
             actions = done.setdefault(name, [])
+            for consumer in self._rows("SELECT replicator.drop_idle_temporary_consumers(%s) AS name", (name,)):
+                actions.append(f"temporary consumer {consumer['name']} unregistered: idle for more than"
+                               f" {format_age(q['consumer_idle_limit'].total_seconds())}, its process gone")
+            rotated = False
             with db.user_errors():
                 try:
                     with self.conn.transaction():
                         self.conn.execute("SET LOCAL lock_timeout = '5s'")
-                        rotated = self.conn.execute("SELECT replicator.maint_rotate_step1(%s)", (name,)).fetchone()
-                        if rotated and rotated[0]:
+                        row = self.conn.execute("SELECT replicator.maint_rotate_step1(%s)", (name,)).fetchone()
+                        rotated = bool(row and row[0])
+                        if rotated:
                             actions.append("rotated")
                 except psycopg.errors.LockNotAvailable:
                     actions.append("rotation postponed: event table busy")
             if self._call("SELECT replicator.maint_rotate_step2()"):
                 actions.append("switch completed")
+            if not rotated and (overdue := self.rotation_overdue(name)):
+                actions.append(overdue)
             deleted = self._call("SELECT replicator.maint_tick_cleanup(%s)", (name,))
             if deleted:
                 actions.append(f"{counted(deleted, 'old tick')} deleted")
         return done
+
+    def rotation_overdue(self, queue: str) -> str | None:
+        """`rotation overdue by 1h 5min: blocked by ...` naming each blocker, when the
+        queue's rotation period has passed and something blocks it; else None."""
+        overdue = self._maybe(timedelta, "SELECT rotation_overdue FROM replicator.queue_info()"
+                              " WHERE queue_name = %s", (queue,))
+        blockers = self.rotation_blockers(queue) if overdue else []
+        if overdue is None or not blockers:
+            return None
+        named = "; ".join(f"{b['kind']} {b['name']} ({b['detail']})" for b in blockers)
+        return f"rotation overdue by {format_age(overdue.total_seconds())}: blocked by {named}"
 
     def rotation_blockers(self, queue: str) -> list[dict[str, Any]]:
         return self._rows("SELECT * FROM replicator.rotation_blockers(%s)", (queue,))
 
     # consumers and batches ----------------------------------------------------
 
-    def register_consumer(self, queue: str, consumer: str) -> int:
-        return self._value(int, "SELECT replicator.register_consumer(%s, %s)", (queue, consumer))
+    def register_consumer(self, queue: str, consumer: str, *, temporary: bool = False) -> int:
+        """Registers a consumer (replicator.register_consumer); a temporary one is for one
+        run: its process unregisters it, else maint once it is idle."""
+        return self._value(int, "SELECT replicator.register_consumer(%s, %s, %s)", (queue, consumer, temporary))
 
     def unregister_consumer(self, queue: str, consumer: str) -> bool:
         return self._value(bool, "SELECT replicator.unregister_consumer(%s, %s)", (queue, consumer))

@@ -1,22 +1,31 @@
-"""The source's background jobs: the ticker and maintenance (rotation, tick cleanup)."""
+"""The source's background jobs: the ticker and maintenance (rotation, tick cleanup,
+idle consumers)."""
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 
 from replicator.errors import UserError
 from replicator.shutdown import StopFlag
 from replicator.source import Source
+from replicator.source.status import idle_line
 
 log = logging.getLogger("replicator")
 
+HEARTBEAT_EVERY = 10.0   # seconds between a ticker's heartbeats at most (its pass interval if longer)
+
 
 def run_forever(step: Callable[[Source], object], connect: Callable[[], Source], interval: float,
-                stop: StopFlag, name: str) -> None:
-    """Runs step every interval seconds; reconnects with backoff when the source goes away."""
+                stop: StopFlag, name: str, finish: Callable[[Source], object] | None = None) -> None:
+    """Runs step every interval seconds; reconnects with backoff when the source goes away.
+    finish runs once on the last connection when stopped."""
     source: Source | None = None
     backoff = 1.0
     while not stop.is_set:
@@ -38,27 +47,63 @@ def run_forever(step: Callable[[Source], object], connect: Callable[[], Source],
             continue
         stop.wait(interval)
     if source is not None:
+        if finish is not None:
+            try:
+                finish(source)
+            except (psycopg.Error, UserError) as exc:
+                log.warning("%s: %s", name, str(exc).strip().splitlines()[0])
         source.close()
 
 
-def tick_once(source: Source) -> int:
-    """Runs the ticker over every queue; returns the number of ticks made."""
-    return source.tick() or 0
+class Ticker:
+    """The ticker daemon's pass: ticks every queue when due, and leaves a heartbeat
+    (replicator.ticker_heartbeat) at most every HEARTBEAT_EVERY seconds, so that
+    `status` tells a dead ticker from a slow consumer without the source
+    collecting a dead tuple at every pass."""
+
+    def __init__(self, interval: float) -> None:
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.started = datetime.now(UTC)
+        self.every = timedelta(seconds=max(HEARTBEAT_EVERY, interval))
+        self._last_heartbeat: float | None = None
+
+    def __call__(self, source: Source) -> int:
+        now = time.monotonic()
+        if self._last_heartbeat is None or now - self._last_heartbeat >= self.every.total_seconds():
+            source.ticker_heartbeat(self.host, self.pid, self.started, self.every)
+            self._last_heartbeat = now
+        return source.tick() or 0
+
+    def stopped(self, source: Source) -> None:
+        source.ticker_stopped(self.host, self.pid)
 
 
-def maint_once(source: Source) -> dict[str, list[str]]:
-    """One pass of the maint daemon: rotation and cleanup over every queue, each
-    action logged; returns what was done per queue."""
-    actions = source.maint()
-    for queue, done in actions.items():
-        for action in done:
-            log.info("maint: queue %s: %s", queue, action)
-    return actions
+class Maint:
+    """The maint daemon's pass: rotation and cleanup over every queue, each action
+    logged (an overdue rotation with its blockers at every pass); an idle consumer
+    is logged once when it becomes idle, again only after it was seen meanwhile."""
+
+    def __init__(self) -> None:
+        self._idle: set[tuple[str, str]] = set()
+
+    def __call__(self, source: Source) -> dict[str, list[str]]:
+        actions = source.maint()
+        for queue, done in actions.items():
+            for action in done:
+                log.log(logging.WARNING if action.startswith("rotation overdue") else logging.INFO,
+                        "maint: queue %s: %s", queue, action)
+        idle = {(c["queue_name"], c["consumer_name"]): c for c in source.consumers() if c["idle"]}
+        for key in sorted(idle.keys() - self._idle):
+            log.warning("maint: queue %s: %s", key[0], idle_line(idle[key]))
+        self._idle = set(idle)
+        return actions
 
 
 def run_ticker(connect: Callable[[], Source], interval: float, stop: StopFlag) -> None:
-    run_forever(tick_once, connect, interval, stop, "ticker")
+    ticker = Ticker(interval)
+    run_forever(ticker, connect, interval, stop, "ticker", finish=ticker.stopped)
 
 
 def run_maint(connect: Callable[[], Source], interval: float, stop: StopFlag) -> None:
-    run_forever(maint_once, connect, interval, stop, "maint")
+    run_forever(Maint(), connect, interval, stop, "maint")

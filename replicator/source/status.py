@@ -1,21 +1,46 @@
-"""What `replicator status` reports: queues, tables, consumers and their lag,
-and what keeps each queue from rotating."""
+"""What `replicator status` reports: queues with their last tick's age and whether a
+ticker runs, tables, consumers with their lag and whether they are idle, and what keeps
+each queue from rotating. Keys are the same everywhere JSON names a thing (`queue`,
+`consumer`, `table`, `schema`), `queue list --json` included."""
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from replicator.source import Source
+from replicator.wording import format_age
+
+
+def queue_rows(source: Source) -> list[dict[str, Any]]:
+    """The queues as `queue list --json` and `status --json` show them."""
+    return [_renamed(q, queue_name="queue") for q in source.queues()]
+
+
+def consumer_rows(source: Source) -> list[dict[str, Any]]:
+    return [_renamed(c, queue_name="queue", consumer_name="consumer") for c in source.consumers()]
 
 
 def status(source: Source) -> dict[str, Any]:
-    queues = source.queues()
     return {
-        "queues": [{**q, "rotation_blockers": source.rotation_blockers(q["queue_name"])} for q in queues],
+        "queues": [{**q, "rotation_blockers": source.rotation_blockers(q["queue"])} for q in queue_rows(source)],
+        "tickers": source.tickers(),
         "tables": [{"queue": t.queue_name, "table": t.name, "mode": t.mode, "key": t.key,
                     "ignore": t.ignore, "where": t.row_filter, "exists": t.structure is not None,
                     "suspended": t.suspended}
                    for t in source.tables()],
         "schemas": source.followed_schemas(),
-        "consumers": source.consumers(),
+        "consumers": consumer_rows(source),
     }
+
+
+def idle_line(consumer: dict[str, Any]) -> str:
+    """What `maint` says of an idle consumer (a row of Source.consumers()), with the way out."""
+    name, queue = consumer["consumer_name"], consumer["queue_name"]
+    return (f"consumer {name} idle: not seen for {format_age(consumer['idle_seconds'])}, not connected; it holds"
+            f" back rotation: start it again, or if it is retired: replicator queue unregister"
+            f" {shlex.quote(queue)} {shlex.quote(name)}")
+
+
+def _renamed(row: dict[str, Any], **names: str) -> dict[str, Any]:
+    return {names.get(key, key): value for key, value in row.items()}

@@ -1,0 +1,278 @@
+"""Consumers with a lifecycle and a ticker that is seen: a stream to stdout is a
+consumer for one run unless named, idle consumers are reported (temporary ones
+unregistered), maint says what blocks an overdue rotation, a dead ticker is named
+as the blocker, and text output never cuts a name."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+from datetime import timedelta
+
+import pytest
+
+from consumer_helpers import REPLICATOR, Daemon, cli_env, run_cli, wait_until
+from replicator.source import jobs
+from replicator.source.status import status
+
+
+@pytest.fixture
+def q(conn, source):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO t VALUES (1, 'copied')")
+    source.create_queue("q", rotation_period=timedelta(hours=1))
+    source.add_table("q", "t")
+    return source
+
+
+def _consumers(source) -> dict[str, dict]:
+    return {c["consumer"]: c for c in status(source)["consumers"]}
+
+
+def _due(conn) -> None:
+    """The rotation period has passed a day ago (instead of waiting)."""
+    conn.execute("UPDATE replicator.queue SET queue_switch_time = now() - interval '1 day'")
+
+
+def _unseen_for_two_hours(conn, consumer: str) -> None:
+    """The consumer was last seen two hours ago (the queue's idle limit is one)."""
+    conn.execute("UPDATE replicator.consumer SET active_time = now() - interval '2 hours' WHERE consumer_name = %s",
+                 (consumer,))
+
+
+def _connected(conn, consumer: str) -> bool:
+    return conn.execute("SELECT replicator.consumer_connected(%s)", (consumer,)).fetchone()[0]
+
+
+# a stream to stdout ------------------------------------------------------------------------
+
+def test_the_help_example_leaves_no_consumer_behind_and_rotation_is_not_blocked_by_it(dsn, conn, q):
+    result = run_cli(dsn, "consume", "q", "--target", "jsonl:-", "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["op"] for line in result.stdout.splitlines()] == ["R"]
+    assert "temporary consumer jsonl_stdout_" in result.stderr      # it was registered for the run ...
+    assert _consumers(q) == {}                                      # ... and no longer is
+    _due(conn)
+    maint = run_cli(dsn, "maint", "--once")
+    assert maint.returncode == 0, maint.stderr
+    assert maint.stdout.startswith("q: rotated"), maint.stdout
+
+
+def test_a_stdout_stream_is_shown_temporary_while_it_runs_and_unregistered_by_sigterm(dsn, conn, q, tmp_path):
+    daemon = Daemon(dsn, "consume", "q", "--target", "tsv:-", "--poll-interval", "0.05",
+                    log=tmp_path / "consumer.log", stdout=tmp_path / "out.tsv")
+    try:
+        (name,) = wait_until(lambda: _consumers(q), 30, "the consumer registered",
+                             check=lambda: daemon.alive() or pytest.fail(daemon.log()))
+        shown = _consumers(q)[name]
+        assert (shown["temporary"], shown["connected"], shown["idle"]) == (True, True, False)
+        assert "temporary" in run_cli(dsn, "status").stdout
+        assert daemon.terminate() == 0
+    finally:
+        daemon.stop()
+    assert _consumers(q) == {}
+
+
+def test_a_stdout_stream_ending_in_an_error_unregisters_its_temporary_consumer(dsn, conn, q):
+    # `| head -1`: the reader goes away, the next line written fails the run
+    proc = subprocess.Popen([str(REPLICATOR), "consume", "q", "--target", "jsonl:-", "--poll-interval", "0.05"],
+                            env=cli_env(dsn), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and json.loads(proc.stdout.readline())["op"] == "R"
+        proc.stdout.close()
+        conn.execute("INSERT INTO t VALUES (2, 'after the reader left')")
+        q.tick("q", force=True)
+        assert proc.wait(60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _consumers(q) == {}, proc.stderr.read() if proc.stderr else ""
+
+
+def test_a_temporary_consumer_killed_is_unregistered_by_maint_once_idle_past_the_limit(dsn, conn, q, tmp_path):
+    daemon = Daemon(dsn, "consume", "q", "--target", "jsonl:-", "--poll-interval", "0.05",
+                    log=tmp_path / "consumer.log", stdout=tmp_path / "out.jsonl")
+    try:
+        (name,) = wait_until(lambda: _consumers(q), 30, "the consumer registered",
+                             check=lambda: daemon.alive() or pytest.fail(daemon.log()))
+        daemon.kill9()
+    finally:
+        daemon.stop()
+    wait_until(lambda: not _connected(conn, name), 30, "the killed consumer's session to end")
+    kept = run_cli(dsn, "maint", "--once")                          # seen just now: not idle yet
+    assert kept.returncode == 0 and "unregistered" not in kept.stdout, kept.stdout + kept.stderr
+    assert list(_consumers(q)) == [name]
+
+    _unseen_for_two_hours(conn, name)
+    assert _consumers(q)[name]["idle"]
+    maint = run_cli(dsn, "maint", "--once")
+    assert maint.returncode == 0, maint.stderr
+    assert f"temporary consumer {name} unregistered: idle for more than 1h, its process gone" in maint.stdout
+    assert _consumers(q) == {}
+
+
+def test_a_temporary_consumer_still_connected_is_not_unregistered_however_long_unseen(q, conn, dsn, tmp_path):
+    """A long initial copy polls no batch for as long: its connection says it is there."""
+    daemon = Daemon(dsn, "consume", "q", "--target", "jsonl:-", "--poll-interval", "0.05",
+                    log=tmp_path / "consumer.log", stdout=tmp_path / "out.jsonl")
+    try:
+        (name,) = wait_until(lambda: _consumers(q), 30, "the consumer registered",
+                             check=lambda: daemon.alive() or pytest.fail(daemon.log()))
+        daemon.proc.send_signal(signal.SIGSTOP)                     # connected, polling nothing
+        _unseen_for_two_hours(conn, name)
+        assert "unregistered" not in run_cli(dsn, "maint", "--once").stdout
+        assert not _consumers(q)[name]["idle"]
+        daemon.proc.send_signal(signal.SIGCONT)
+        assert daemon.terminate() == 0
+    finally:
+        daemon.stop()
+    assert _consumers(q) == {}
+
+
+def test_a_named_stdout_consumer_stays_registered_and_is_reported_idle_never_unregistered(dsn, conn, q):
+    result = run_cli(dsn, "consume", "q", "--target", "jsonl:-", "--consumer", "feed", "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    assert (_consumers(q)["feed"]["temporary"], _consumers(q)["feed"]["idle"]) == (False, False)
+
+    _unseen_for_two_hours(conn, "feed")
+    feed = json.loads(run_cli(dsn, "status", "--json").stdout)["consumers"][0]
+    assert (feed["consumer"], feed["idle"], feed["connected"]) == ("feed", True, False)
+    assert feed["idle_seconds"] >= 7200
+    maint = run_cli(dsn, "maint", "--once")
+    assert maint.returncode == 0, maint.stderr
+    assert ("consumer feed idle: not seen for 2h, not connected; it holds back rotation: start it again, or if it"
+            " is retired: replicator queue unregister q feed") in maint.stdout
+    assert list(_consumers(q)) == ["feed"]
+    assert "idle" in run_cli(dsn, "status").stdout
+
+    conn.execute("INSERT INTO t VALUES (2, 'meanwhile')")
+    again = run_cli(dsn, "consume", "q", "--target", "jsonl:-", "--consumer", "feed", "--until-caught-up")
+    assert again.returncode == 0, again.stderr
+    assert {"id": 2} in [json.loads(line)["key"] for line in again.stdout.splitlines()]
+    assert list(_consumers(q)) == ["feed"] and not _consumers(q)["feed"]["idle"]
+
+
+def test_the_consumer_idle_limit_is_a_queue_setting(dsn, conn, q):
+    q.register_consumer("q", "c")
+    conn.execute("UPDATE replicator.consumer SET active_time = now() - interval '3 hours'")
+    assert _consumers(q)["c"]["idle"]
+    changed = run_cli(dsn, "queue", "config", "q", "--consumer-idle-limit", "1d")
+    assert changed.returncode == 0 and "consumer_idle_limit: 1d" in changed.stdout, changed.stdout + changed.stderr
+    assert not _consumers(q)["c"]["idle"]
+    created = run_cli(dsn, "queue", "create", "other", "--consumer-idle-limit", "30min")
+    assert created.returncode == 0, created.stderr
+    assert json.loads(run_cli(dsn, "queue", "config", "other", "--json").stdout)["consumer_idle_limit"] == 1800.0
+    bad = run_cli(dsn, "queue", "config", "q", "--consumer-idle-limit", "0")
+    assert bad.returncode == 1 and bad.stderr.startswith("error: consumer_idle_limit must be positive"), bad.stderr
+
+
+def test_the_maint_daemon_logs_an_idle_consumer_once_per_idle_episode(conn, q, caplog):
+    q.register_consumer("q", "c")
+    maint = jobs.Maint()
+    caplog.set_level(logging.INFO, logger="replicator")
+    _unseen_for_two_hours(conn, "c")
+    maint(q)
+    maint(q)
+    assert [r.getMessage() for r in caplog.records if "idle" in r.getMessage()] == [
+        "maint: queue q: consumer c idle: not seen for 2h, not connected; it holds back rotation: start it again,"
+        " or if it is retired: replicator queue unregister q c"]
+    q.next_batch("q", "c")                                          # seen again ...
+    maint(q)
+    _unseen_for_two_hours(conn, "c")                                # ... and idle again: said again
+    maint(q)
+    assert len([r for r in caplog.records if "idle" in r.getMessage()]) == 2
+
+
+# rotation and the ticker --------------------------------------------------------------------
+
+def test_maint_says_what_blocks_an_overdue_rotation_at_every_pass(dsn, conn, q, caplog):
+    q.register_consumer("q", "c")
+    _due(conn)
+    assert "rotated" in q.maint()["q"]
+    conn.execute("INSERT INTO t VALUES (2, 'in the new table')")
+    q.tick("q", force=True)                                         # past the switch; c is not
+    _due(conn)
+    for _ in range(2):
+        shown = run_cli(dsn, "maint", "--once")
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.startswith("q: rotation overdue by 23h"), shown.stdout
+        assert "blocked by consumer c (at tick " in shown.stdout and "nothing to do" not in shown.stdout
+    caplog.set_level(logging.INFO, logger="replicator")
+    maint = jobs.Maint()
+    maint(q)
+    maint(q)
+    overdue = [r for r in caplog.records if "rotation overdue" in r.getMessage()]
+    assert len(overdue) == 2 and all(r.levelno == logging.WARNING for r in overdue)
+
+
+def test_a_stopped_ticker_is_the_blocker_and_status_says_no_ticker_runs(dsn, conn, q, tmp_path):
+    q.register_consumer("q", "c")
+    _due(conn)
+    assert "rotated" in q.maint()["q"]
+    _due(conn)                                                      # no tick since the switch
+    report = json.loads(run_cli(dsn, "status", "--json").stdout)
+    (queue,) = report["queues"]
+    assert (queue["ticker_running"], report["tickers"]) == (False, [])
+    assert queue["last_tick_age"] >= 0
+    assert [(b["kind"], b["name"]) for b in queue["rotation_blockers"]] == [("tick", "q")]   # not consumer c
+    assert "is `replicator ticker` running?" in queue["rotation_blockers"][0]["detail"]
+    text = run_cli(dsn, "status").stdout
+    assert "no ticker running: none has left a heartbeat in the last day" in text
+    assert "last tick age" in text
+
+    q.set_queue_config("q", ticker_idle_period=timedelta(milliseconds=100))
+    ticker = Daemon(dsn, "ticker", "--interval", "0.05", log=tmp_path / "ticker.log")
+    try:
+        wait_until(lambda: status(q)["queues"][0]["ticker_running"], 30, "the ticker's heartbeat",
+                   check=lambda: ticker.alive() or pytest.fail(ticker.log()))
+        first = q.tickers()[0]["last_seen"]
+        ticked = q.latest_tick("q") or 0
+        wait_until(lambda: (q.latest_tick("q") or 0) >= ticked + 3, 30, "three passes that ticked")
+        assert q.tickers()[0]["last_seen"] == first                  # the heartbeat is not written at every pass
+        assert "no ticker running" not in run_cli(dsn, "status").stdout
+        assert [b["kind"] for b in q.rotation_blockers("q")] == ["consumer"]   # ticked past the switch: c lags
+        assert ticker.terminate() == 0
+    finally:
+        ticker.stop()
+    assert q.tickers() == []                                        # a ticker that stops says so
+
+
+# output --------------------------------------------------------------------------------------
+
+def test_piped_text_output_never_cuts_a_name_and_json_keys_are_the_same_everywhere(dsn, q):
+    long_name = "sqlite_" + "a_very_long_replica_name_" * 5 + "1a2b3c4d"
+    q.register_consumer("q", long_name)
+    for args in (["status"], ["queue", "list"], ["table", "list"]):
+        shown = run_cli(dsn, *args)                                 # piped, no COLUMNS
+        assert shown.returncode == 0, shown.stderr
+        assert "…" not in shown.stdout, shown.stdout
+    assert long_name in run_cli(dsn, "status").stdout
+
+    (queue,) = json.loads(run_cli(dsn, "queue", "list", "--json").stdout)
+    (table,) = json.loads(run_cli(dsn, "table", "list", "--json").stdout)
+    report = json.loads(run_cli(dsn, "status", "--json").stdout)
+    assert queue["queue"] == table["queue"] == report["queues"][0]["queue"] == report["tables"][0]["queue"] == "q"
+    assert (report["consumers"][0]["queue"], report["consumers"][0]["consumer"]) == ("q", long_name)
+    assert table["table"] == report["tables"][0]["table"] == "public.t"
+    for row in (queue, table, report["queues"][0], report["consumers"][0], report["tables"][0]):
+        assert not {"queue_name", "consumer_name", "table_name"} & row.keys()
+
+
+def test_on_a_terminal_a_cell_too_wide_wraps_whole_never_cut(monkeypatch):
+    from io import StringIO
+
+    from rich.console import Console
+
+    from replicator import cli
+
+    screen = StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=screen, force_terminal=True, width=60, color_system=None))
+    long_name = "sqlite_" + "a_very_long_replica_name_" * 5 + "1a2b3c4d"
+    cli._print_rows([{"queue": "q", "consumer": long_name}], "consumers")
+    lines = screen.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 60 and "…" not in screen.getvalue()
+    cells = "".join(line.split("│")[2].strip() for line in lines if line.count("│") == 3)
+    assert long_name in cells
