@@ -487,7 +487,8 @@ def maint(ctx: Context, once: bool, interval: float) -> None:
             idle = [c for c in source.consumers() if c["idle"]]
         for queue_name, done in actions.items():
             done += [idle_line(c) for c in idle if c["queue_name"] == queue_name]
-            click.echo(f"{queue_name}: {'; '.join(done) or 'nothing to do'}")
+            for line in done or ["nothing to do"]:   # a line each: what maint did, what blocks it, who is idle
+                click.echo(f"{queue_name}: {line}")
         return
     ctx.source().close()
     jobs.run_maint(ctx.source, interval, StopFlag().install())
