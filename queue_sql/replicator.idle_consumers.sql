@@ -4,13 +4,14 @@ LANGUAGE sql STABLE AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.consumer_connected(p_consumer_name)
 --
---      Whether a session of the consumer daemon is connected: it sets
---      application_name to 'replicator consumer NAME' (consumer.py), which
---      pg_stat_activity shows every role. A consumer busy with a long
+--      Whether a session of the consumer daemon is connected to this
+--      database: it sets application_name to 'replicator consumer NAME'
+--      (consumer.py), which pg_stat_activity shows every role. A consumer busy with a long
 --      initial copy polls no batch for as long, but is connected.
 -- ----------------------------------------------------------------------
     SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                   WHERE application_name = left('replicator consumer ' || p_consumer_name, 63));
+                   WHERE datname = current_database()
+                     AND application_name = left('replicator consumer ' || p_consumer_name, 63));
 $$;
 
 CREATE OR REPLACE FUNCTION replicator.consumer_idle(c replicator.consumer)
