@@ -204,6 +204,7 @@ class Consumer:
         self._captured: dict[int, CapturedTable] = {}
         self._deferred = False
         self._connected_once = False
+        self._registered = False   # by this process, at least once
 
     # connection and start-up -------------------------------------------------------
 
@@ -222,12 +223,13 @@ class Consumer:
             # Checked before registering: a consumer left registered by a typo would hold back rotation.
             self._check_table_filter(self.source.tables(self.queue))
         self._table_ids = None
-        if self.temporary and self._connected_once and not any(
+        if self.temporary and self._registered and not any(
                 c["queue_name"] == self.queue and c["consumer_name"] == self.name for c in self.source.consumers()):
             raise UserError(f"temporary consumer {self.name} was unregistered while the source was unreachable (idle "
                             f"past the queue's consumer idle limit): what was queued meanwhile may be gone; run the "
                             f"command again, or give --consumer NAME to keep a registered position")
         last_tick = self.source.register_consumer(self.queue, self.name, temporary=self.temporary)
+        self._registered = True
         position = self.target.positions(self.queue).get(self.name)
         if position is None:
             self.target.begin()
@@ -257,7 +259,7 @@ class Consumer:
     def close(self) -> None:
         """Ends the run: a temporary consumer is unregistered (if that fails, maint does
         it once the consumer is idle), and the connection closed."""
-        if self.temporary and self._connected_once:
+        if self.temporary and self._registered:
             self._unregister_temporary()
         self._disconnect()
 
