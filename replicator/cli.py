@@ -364,24 +364,36 @@ def table_add(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: t
 @click.argument("tables", nargs=-1)
 @click.option("--schema", "schemas", multiple=True,
               help="Stop following a schema (before its tables are removed): tables created later are not captured.")
+@click.option("--drop-from-replicas", is_flag=True,
+              help="Consumers drop their copy of the tables once they have applied what was queued before.")
 @pass_ctx
-def table_remove(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: tuple[str, ...]) -> None:
-    """Stop capturing TABLE... into QUEUE.
+def table_remove(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: tuple[str, ...],
+                 drop_from_replicas: bool) -> None:
+    """Stop capturing TABLE... into QUEUE. Replicas keep their copy as it is, no
+    longer updated, unless --drop-from-replicas.
 
     \b
     Example:
         replicator table remove main public.orders
+        replicator table remove main public.orders --drop-from-replicas
         replicator table remove main --schema sales sales.archive
     """
     if not tables and not schemas:
         raise UserError("name the tables to remove, or stop following a schema with --schema NAME")
+    if drop_from_replicas and not tables:
+        raise UserError("--drop-from-replicas applies to the tables named: name them")
     with ctx.source() as source, source.conn.transaction():
         for schema in schemas:
             source.unfollow_schema(queue_name, schema)
         for name in tables:
-            source.remove_table(queue_name, name)
+            source.remove_table(queue_name, name, drop_from_replicas=drop_from_replicas)
     click.echo(f"{counted(len(tables), 'table')} removed from queue {queue_name}"
                + (f"; no longer following schema {', '.join(schemas)}" if schemas else ""))
+    if drop_from_replicas:
+        click.echo("replicas drop their copy once their consumer reaches this point of the queue")
+    elif tables:
+        click.echo("replicas keep their copy as it is, no longer updated (`table remove --drop-from-replicas` "
+                   "has consumers drop it at that point of the queue)")
 
 
 @table.command("list")

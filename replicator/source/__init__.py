@@ -199,8 +199,10 @@ class Source:
         """Stops capturing the tables created later in a schema; those captured stay."""
         self._call("SELECT replicator.unfollow_schema(%s, %s)", (queue, schema))
 
-    def remove_table(self, queue: str, table: str) -> int:
-        return self._value(int, "SELECT replicator.remove_table(%s, %s)", (queue, table))
+    def remove_table(self, queue: str, table: str, *, drop_from_replicas: bool = False) -> int:
+        """Stops capturing a table; with drop_from_replicas, consumers drop their copy
+        when they reach this point of the queue, else they keep it as it is."""
+        return self._value(int, "SELECT replicator.remove_table(%s, %s, %s)", (queue, table, drop_from_replicas))
 
     def followed_schemas(self, queue: str | None = None) -> list[dict[str, Any]]:
         """Schemas whose new tables a queue captures (all queues' when None)."""
