@@ -504,6 +504,8 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.option("--tables", help="Only these tables of the queue (T,...).")
 @click.option("--once", is_flag=True, help="Apply one batch and exit.")
 @click.option("--until-caught-up", is_flag=True, help="Tick, apply everything committed before now, exit.")
+@click.option("--recopy", is_flag=True,
+              help="First rebuild the target in place: copy every table anew, in one target transaction.")
 @click.option("--poll-interval", default=0.2, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to wait when no batch is ready.")
 @click.option("--stats-interval", default=30.0, show_default=True, type=click.FloatRange(min=0),
@@ -512,16 +514,19 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="spark: target: a Spark setting (repeatable).")
 @pass_ctx
 def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str | None, tables: str | None,
-            once: bool, until_caught_up: bool, poll_interval: float, stats_interval: float,
+            once: bool, until_caught_up: bool, recopy: bool, poll_interval: float, stats_interval: float,
             spark_master: str | None, spark_conf: tuple[str, ...]) -> None:
     """Replicate QUEUE into a target, exactly once. Runs as a daemon unless
     --once or --until-caught-up; SIGTERM/SIGINT finish the current batch and exit 0.
+    --recopy rebuilds a target older than the queue keeps (or one wanted fresh)
+    before it applies anything: a crash leaves the target as it was.
 
     \b
     Example:
         replicator consume main --target sqlite:replica.db
         replicator consume main --target jsonl:- --until-caught-up
         replicator consume main --target spark:/data/warehouse
+        replicator consume main --target sqlite:replica.db --recopy --until-caught-up
     """
     from replicator.consumer import Consumer, check_captured
     from replicator.targets import open_target
@@ -534,7 +539,8 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         check_captured(queue_name, _split(tables), source.tables(queue_name))
     target = open_target(target_url, spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
     consumer = Consumer(db.resolve_dsn(ctx.dsn), queue_name, target, name=consumer_name,
-                        tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval)
+                        tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval,
+                        recopy=recopy)
     stop = StopFlag() if once or until_caught_up else StopFlag().install()
     try:
         consumer.run(once=once, until_caught_up=until_caught_up, stop=stop)
