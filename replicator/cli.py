@@ -396,6 +396,44 @@ def table_remove(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas
                    "has consumers drop it at that point of the queue)")
 
 
+@table.command("alter")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("table_name", metavar="TABLE")
+@click.option("--mode", type=click.Choice(["full", "pk"]), help="full: queue whole rows; pk: queue keys.")
+@click.option("--key", help="New key columns (COL,...): targets copy the table again.")
+@click.option("--ignore", help="The columns not captured (COL,...), replacing the list: newly ignored columns are "
+                               "dropped from replicas, columns no longer ignored copied again.")
+@click.option("--no-ignore", is_flag=True, help="Capture every column again (targets copy the table again).")
+@click.option("--where", "where", help="New row filter: targets copy the table again.")
+@click.option("--no-where", is_flag=True, help="Capture every row again (targets copy the table again).")
+@pass_ctx
+def table_alter(ctx: Context, queue_name: str, table_name: str, mode: str | None, key: str | None,
+                ignore: str | None, no_ignore: bool, where: str | None, no_where: bool) -> None:
+    """Change how TABLE of QUEUE is captured, in place: settings not given are
+    kept. Consumers apply the changes queued before with the old settings and
+    copy the table again only where they lack rows or values.
+
+    \b
+    Example:
+        replicator table alter main orders --where "status <> 'draft'"
+        replicator table alter main users --ignore last_seen,login_count
+        replicator table alter main audit_log --mode full --no-where
+    """
+    if where is not None and no_where:
+        raise UserError("--where and --no-where exclude each other")
+    if ignore is not None and no_ignore:
+        raise UserError("--ignore and --no-ignore exclude each other")
+    if mode is None and key is None and ignore is None and not no_ignore and where is None and not no_where:
+        raise UserError("nothing to change: give --mode, --key, --ignore, --no-ignore, --where or --no-where")
+    new_ignore = [] if no_ignore else None if ignore is None else _split(ignore)
+    with ctx.source() as source, source.conn.transaction():
+        result = source.alter_table(queue_name, table_name, mode=mode, key=_split(key) or None, ignore=new_ignore,
+                                    where=where, set_where=where is not None or no_where)
+    how = ("targets copy it again at that point of the queue" if result["copy"]
+           else "targets change their copy in place at that point of the queue")
+    click.echo(f"{table_name} of queue {queue_name}: {', '.join(result['changed'])} changed; {how}")
+
+
 @table.command("list")
 @click.argument("queue_name", metavar="[QUEUE]", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")

@@ -491,8 +491,10 @@ class Consumer:
         changes = None if event.get("copy") else reconcile(table.structure, new_structure)
         if changes is not None:
             self.target.schema_event(table, event)
+            # `table alter --mode` changes no row: later events are applied in the new mode
             new_table = TargetTable(source_name=new_structure.qualified_name, table_id=table.table_id,
-                                    mode=table.mode, structure=new_structure, copy_snapshot=table.copy_snapshot)
+                                    mode=event.get("mode", table.mode), structure=new_structure,
+                                    copy_snapshot=table.copy_snapshot)
             self.target.alter_table(table, new_table, changes)
             self._following[table.table_id] = new_table
             log.info("event %s: %s altered in place (%s)", ev_id, new_table.source_name, event.get("tag"))

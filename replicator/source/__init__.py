@@ -181,6 +181,17 @@ class Source:
         return self._value(int, "SELECT replicator.add_table(%s, %s, %s, %s, %s, %s)",
                           (queue, table, mode, key or None, ignore or [], where))
 
+    def alter_table(self, queue: str, table: str, *, mode: str | None = None, key: list[str] | None = None,
+                    ignore: list[str] | None = None, where: str | None = None,
+                    set_where: bool = False) -> dict[str, Any]:
+        """Changes a table's capture settings in place (replicator.alter_table); None
+        keeps a setting, as does where unless set_where. The row filter is checked as
+        add_table checks it. Returns {"changed": [...], "copy": bool}."""
+        if set_where:
+            check_row_filter(where, self_contained=where is not None and not has_event_triggers(self.conn))
+        return self._value(dict, "SELECT replicator.alter_table(%s, %s, %s, %s, %s, %s, %s)",
+                           (queue, table, mode, key, ignore, where, set_where))
+
     def follow_schema(self, queue: str, schema: str, *, mode: str = "full") -> int:
         """Captures every table of a schema, now and as they are created; returns how many were added."""
         return self._value(int, "SELECT replicator.follow_schema(%s, %s, %s)", (queue, schema, mode))
