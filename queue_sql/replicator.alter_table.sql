@@ -22,8 +22,10 @@ LANGUAGE plpgsql AS $$
 --      (rows enter or leave), a new key, columns no longer ignored. Columns
 --      newly ignored are dropped from the replicas in place; a new mode
 --      changes no row (consumers apply later events in it).
---      Only the table's owner (a member of its role) may: the settings say
---      what the table's writes queue. The table is locked against writes
+--      PostgreSQL's own checks decide who may: the role replacing the
+--      capture function must own it (the role that added the table, or the
+--      owner of schema replicator after an install) and may lock the table
+--      (a write privilege on it, or its ownership). The table is locked against writes
 --      (SHARE ROW EXCLUSIVE; readers go on) first: a transaction writing it
 --      commits before, its events before the S event, or waits and is
 --      captured with the new settings. The triggers stay: only the capture
@@ -61,10 +63,6 @@ BEGIN
     v_oid := to_regclass(quote_ident(t.table_schema) || '.' || quote_ident(t.table_name));
     IF v_oid IS NULL THEN
         RAISE EXCEPTION 'table %.% does not exist any more', t.table_schema, t.table_name;
-    END IF;
-    IF NOT pg_has_role((SELECT relowner FROM pg_class WHERE oid = v_oid), 'USAGE') THEN
-        RAISE EXCEPTION USING ERRCODE = 'insufficient_privilege',
-            MESSAGE = format('must be owner of table %s.%s to change its capture', t.table_schema, t.table_name);
     END IF;
     EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', v_oid);
     -- read again under the lock: a DDL committed meanwhile changed the record

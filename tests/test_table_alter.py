@@ -6,6 +6,7 @@ without the ignored columns."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from pathlib import Path
@@ -197,3 +198,23 @@ def test_table_alter_checks_settings_as_table_add_does(conn, source, dsn, replic
     # nothing changed
     assert conn.execute("SELECT table_where, table_ignore, table_key FROM replicator.captured_table"
                         " WHERE table_name = 't'").fetchone() == (None, [], ["id"])
+
+
+def test_table_alter_is_refused_to_a_role_that_may_not_write_the_table(conn, source, dsn):
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+    source.add_table("q", "t")
+    role = f"alterer_{os.getpid()}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        # every privilege of schema replicator, and reading the table only
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA replicator TO {0}; GRANT ALL ON ALL TABLES IN SCHEMA replicator"
+                             " TO {0}; GRANT ALL ON ALL SEQUENCES IN SCHEMA replicator TO {0};"
+                             " GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA replicator TO {0};"
+                             " GRANT SELECT ON t TO {0}").format(sql.Identifier(role)))
+        refused = run_cli(dsn.replace("user=postgres", f"user={role}"), "table", "alter", "q", "t", "--where", "n > 1")
+        assert (refused.returncode, refused.stderr.splitlines()) == (1, [
+            "error: database: permission denied for table t"])
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(sql.Identifier(role)))
+    assert conn.execute("SELECT table_where FROM replicator.captured_table").fetchone() == (None,)
