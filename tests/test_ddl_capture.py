@@ -401,8 +401,9 @@ def test_ddl_that_breaks_a_row_filter_is_refused_with_the_way_out_and_writes_kee
             conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
     refused = _run_ddl(conn, q, capture, ddl)
     assert refused is not None and re.match(
-        r"^this statement breaks the row filter of public\.t \(.+\): remove the table from its queue"
-        r" \(replicator table remove q public\.t\) and add it again with a new --where$", refused), refused
+        r"^this statement breaks the row filter of public\.t \(.+\): change the filter first"
+        r" \(replicator table alter q public\.t --where \.\.\. or --no-where\), then run the statement again$",
+        refused), refused
     conn.execute("INSERT INTO t VALUES (1, 1), (2, -2)")      # the application is not affected
     conn.execute("UPDATE t SET v = -v")
     assert changes(read_events(q)) == [("I", [[1, 1]]), ("U", [[2, 2]]), ("D", [[1]])]
@@ -419,8 +420,9 @@ def test_ddl_on_a_table_a_row_filter_reads_is_refused_with_the_way_out(conn, q, 
             conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
     refused = _run_ddl(conn, q, capture, ddl)
     assert refused is not None and re.match(
-        r"^this statement breaks the row filter of public\.t \(.+\): remove the table from its queue"
-        r" \(replicator table remove q public\.t\) and add it again with a new --where$", refused), refused
+        r"^this statement breaks the row filter of public\.t \(.+\): change the filter first"
+        r" \(replicator table alter q public\.t --where \.\.\. or --no-where\), then run the statement again$",
+        refused), refused
     conn.execute("INSERT INTO other VALUES (1); INSERT INTO t VALUES (1, 1), (2, 2)")
     assert changes(read_events(q)) == [("I", [[1, 1]])]
 

@@ -218,3 +218,13 @@ def test_table_alter_is_refused_to_a_role_that_may_not_write_the_table(conn, sou
     finally:
         conn.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(sql.Identifier(role)))
     assert conn.execute("SELECT table_where FROM replicator.captured_table").fetchone() == (None,)
+
+
+def test_a_ddl_refused_for_breaking_a_row_filter_goes_through_after_the_way_out_it_names(conn, source, dsn):
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+    source.add_table("q", "t", where="n > 0")
+    with pytest.raises(psycopg.errors.RaiseException, match=r"replicator table alter q public\.t --where"):
+        conn.execute("ALTER TABLE t DROP COLUMN n")
+    assert run_cli(dsn, "table", "alter", "q", "t", "--no-where").returncode == 0
+    conn.execute("ALTER TABLE t DROP COLUMN n")
