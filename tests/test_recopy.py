@@ -10,6 +10,7 @@ import pytest
 
 from consumer_helpers import Daemon, run_cli, sqlite_position, wait_until
 from ddl_helpers import assert_sqlite_equals_source, sqlite_rows, stream_lines
+from replicator.errors import UserError
 
 
 def registered_consumers(conn) -> list[str]:
@@ -134,3 +135,11 @@ def test_recopy_leaves_a_table_the_queue_no_longer_captures_as_it_is(conn, dsn, 
     assert "public.b left as it is: queue q no longer captures it" in result.stderr
     assert len(sqlite_rows(replica, "b")) == 50
     assert len(sqlite_rows(replica, "a")) == 20
+
+
+def test_moving_a_consumer_to_a_tick_the_queue_no_longer_keeps_names_recopy(conn, queue_q):
+    queue_q.register_consumer("q", "c")
+    with pytest.raises(UserError, match=r'^tick 999999 of queue "q" no longer exists: the target is older than the '
+                                        r"queue keeps; rebuild it in place with replicator consume q --target \.\.\. "
+                                        r"--consumer c --recopy$"):
+        queue_q.set_consumer_position("q", "c", 999999)
