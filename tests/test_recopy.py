@@ -82,8 +82,8 @@ def test_recopy_rebuilds_a_replica_older_than_the_queue_keeps_as_the_error_says(
 
 def test_recopy_killed_midway_leaves_the_replica_as_it_was_and_a_rerun_finishes_it(conn, dsn, queue_q, tmp_path):
     replica = tmp_path / "r.db"
+    conn.execute("INSERT INTO b SELECT g, g FROM generate_series(51, 400000) g")   # a copy that takes a while
     consume(dsn, f"sqlite:{replica}")
-    conn.execute("INSERT INTO b SELECT g, g FROM generate_series(51, 1000000) g")   # a copy that takes a while
     conn.execute("DELETE FROM a WHERE id > 15")
     consume(dsn, f"sqlite:{replica}")
     old = {t: sqlite_rows(replica, t) for t in ("a", "b")}
