@@ -24,6 +24,7 @@
 \ir replicator.generate_capture.sql
 \ir replicator.add_table.sql
 \ir replicator.remove_table.sql
+\ir replicator.alter_table.sql
 \ir replicator.partition_truncated.sql
 
 -- schema changes: S events, following DDL with event triggers, and without

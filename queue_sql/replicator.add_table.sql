@@ -43,7 +43,6 @@ DECLARE
     v_columns text[];
     v_pk text[];
     v_key text[];
-    v_bad text;
     v_id integer;
 BEGIN
     BEGIN
@@ -67,9 +66,6 @@ BEGIN
     IF v_schema = 'replicator' THEN
         RAISE EXCEPTION 'tables of schema replicator cannot be captured';
     END IF;
-    IF p_mode IS NULL OR p_mode NOT IN ('full', 'pk') THEN
-        RAISE EXCEPTION 'mode must be full or pk, not %', coalesce(p_mode, 'NULL');
-    END IF;
     IF EXISTS (SELECT 1 FROM replicator.captured_table
                WHERE queue_id = q.queue_id AND table_schema = v_schema AND table_name = v_name) THEN
         RAISE EXCEPTION 'table %.% is already in queue "%"', v_schema, v_name, p_queue_name;
@@ -91,31 +87,7 @@ BEGIN
     IF v_key IS NULL THEN
         RAISE EXCEPTION 'table %.% has no primary key: give the key columns with --key COL,...', v_schema, v_name;
     END IF;
-    SELECT string_agg(c, ', ') INTO v_bad FROM unnest(v_key || coalesce(p_ignore, '{}')) c WHERE c <> ALL (v_columns);
-    IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION 'table %.% has no column %', v_schema, v_name, v_bad;
-    END IF;
-    SELECT string_agg(c, ', ') INTO v_bad FROM unnest(v_key) c WHERE c = ANY (p_ignore);
-    IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION 'key column % cannot be ignored', v_bad;
-    END IF;
-    -- Keys are compared with EXCEPT in the capture function: they need an equality operator.
-    BEGIN
-        EXECUTE format('SELECT %1$s FROM %2$s WHERE false EXCEPT SELECT %1$s FROM %2$s WHERE false',
-                       (SELECT string_agg(quote_ident(k), ', ') FROM unnest(v_key) k), v_oid);
-    EXCEPTION WHEN undefined_function THEN
-        RAISE EXCEPTION 'key of %.% cannot be compared (%): choose other --key columns', v_schema, v_name, SQLERRM;
-    END;
-    v_bad := replicator.row_filter_error(v_oid, p_where);
-    IF v_bad IS NOT NULL THEN
-        RAISE EXCEPTION 'invalid row filter for %.%: % (use bare column names; schema-qualify functions, types and tables)',
-            v_schema, v_name, v_bad;
-    END IF;
-
-    IF p_mode = 'pk' AND cardinality(replicator.nullable_key_columns(v_oid, v_key)) > 0 THEN
-        RAISE EXCEPTION 'table %.%: pk mode needs NOT NULL key columns (the consumer joins back on them)',
-            v_schema, v_name;
-    END IF;
+    PERFORM replicator.check_capture_settings(v_oid, p_mode, v_key, p_ignore, p_where);
 
     IF EXISTS (SELECT 1 FROM replicator.capture_tree(v_oid) d WHERE d <> v_oid)
        AND (SELECT relkind FROM pg_class WHERE oid = v_oid) = 'r' THEN
@@ -132,6 +104,68 @@ BEGIN
     RETURNING table_id INTO v_id;
     PERFORM replicator.generate_capture(v_id);
     RETURN v_id;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.check_capture_settings(p_table regclass, p_mode text, p_key text[],
+                                                             p_ignore text[], p_where text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.check_capture_settings(p_table, p_mode, p_key, p_ignore, p_where)
+--
+--      Checks the settings of a table's capture, as add_table is given
+--      them and alter_table changes them: everything about them that
+--      could make a capture fail, so that an application's write never
+--      does.
+--
+-- Parameters:
+--      p_table     - the table
+--      p_mode      - 'full' or 'pk'
+--      p_key       - the key columns (resolved: never NULL)
+--      p_ignore    - columns not captured
+--      p_where     - the row filter, or NULL
+--
+-- Returns:
+--      nothing; raises naming the first setting at fault
+-- ----------------------------------------------------------------------
+DECLARE
+    v_schema text;
+    v_name text;
+    v_columns text[];
+    v_bad text;
+BEGIN
+    SELECT n.nspname, c.relname INTO v_schema, v_name
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = p_table;
+    IF p_mode IS NULL OR p_mode NOT IN ('full', 'pk') THEN
+        RAISE EXCEPTION 'mode must be full or pk, not %', coalesce(p_mode, 'NULL');
+    END IF;
+    v_columns := ARRAY(SELECT attname FROM pg_attribute
+                       WHERE attrelid = p_table AND attnum > 0 AND NOT attisdropped ORDER BY attnum);
+    SELECT string_agg(c, ', ') INTO v_bad FROM unnest(p_key || coalesce(p_ignore, '{}')) c WHERE c <> ALL (v_columns);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'table %.% has no column %', v_schema, v_name, v_bad;
+    END IF;
+    SELECT string_agg(c, ', ') INTO v_bad FROM unnest(p_key) c WHERE c = ANY (p_ignore);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'key column % cannot be ignored', v_bad;
+    END IF;
+    -- Keys are compared with EXCEPT in the capture function: they need an equality operator.
+    BEGIN
+        EXECUTE format('SELECT %1$s FROM %2$s WHERE false EXCEPT SELECT %1$s FROM %2$s WHERE false',
+                       (SELECT string_agg(quote_ident(k), ', ') FROM unnest(p_key) k), p_table);
+    EXCEPTION WHEN undefined_function THEN
+        RAISE EXCEPTION 'key of %.% cannot be compared (%): choose other --key columns', v_schema, v_name, SQLERRM;
+    END;
+    v_bad := replicator.row_filter_error(p_table, p_where);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'invalid row filter for %.%: % (use bare column names; schema-qualify functions, types and tables)',
+            v_schema, v_name, v_bad;
+    END IF;
+    IF p_mode = 'pk' AND cardinality(replicator.nullable_key_columns(p_table, p_key)) > 0 THEN
+        RAISE EXCEPTION 'table %.%: pk mode needs NOT NULL key columns (the consumer joins back on them)',
+            v_schema, v_name;
+    END IF;
 END;
 $$;
 

@@ -83,9 +83,9 @@ BEGIN
     LOOP
         v_error := replicator.row_filter_error(r.table_oid, r.table_where);
         IF v_error IS NOT NULL THEN
-            RAISE EXCEPTION 'this statement breaks the row filter of %.% (%): remove the table from its queue (replicator table remove % %) and add it again with a new --where',
+            RAISE EXCEPTION 'this statement breaks the row filter of %.% (%): change the filter first (replicator table alter % % --where ... or --no-where), then run the statement again',
                 r.nspname, r.relname, v_error, r.queue_name, format('%I.%I', r.nspname, r.relname)
-                USING HINT = 'remove the table from its queue and add it again with a new --where';
+                USING HINT = 'change the filter first with replicator table alter --where or --no-where';
         END IF;
     END LOOP;
 END;

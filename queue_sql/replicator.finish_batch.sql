@@ -47,8 +47,8 @@ DECLARE
     c replicator.consumer := replicator.find_consumer(p_queue_name, p_consumer_name);
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM replicator.tick WHERE tick_queue = c.queue_id AND tick_id = p_tick_id) THEN
-        RAISE EXCEPTION 'tick % of queue "%" no longer exists: the target is too far behind, copy it again',
-            p_tick_id, p_queue_name;
+        RAISE EXCEPTION 'tick % of queue "%" no longer exists: the target is older than the queue keeps; rebuild it in place with replicator consume % --target ... --consumer % --recopy',
+            p_tick_id, p_queue_name, p_queue_name, p_consumer_name;
     END IF;
     UPDATE replicator.consumer
     SET last_tick = p_tick_id, next_tick = NULL, batch_id = NULL, batch_start = NULL, active_time = now()

@@ -34,16 +34,26 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE FUNCTION replicator.remove_table(p_queue_name text, p_table text)
+CREATE OR REPLACE FUNCTION replicator.remove_table(p_queue_name text, p_table text,
+                                                    p_drop_from_replicas boolean DEFAULT false)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.remove_table(p_queue_name, p_table)
+-- Function: replicator.remove_table(p_queue_name, p_table, p_drop_from_replicas)
 --
 --      Stops capturing a table into a queue: drops its triggers and
 --      generated function. Events already queued are still delivered.
+--      Replicas keep their copy as it is, no longer updated, unless
+--      p_drop_from_replicas: then an S event of kind 'dropped' (as for a
+--      DROP TABLE, tag 'TABLE REMOVE') makes consumers drop their copy at
+--      that point of the queue, after the changes queued before it.
 --      Refused for a table of a schema the queue follows: the next DDL
 --      would capture it again.
+--
+-- Parameters:
+--      p_queue_name         - queue
+--      p_table              - the captured table (replicator.find_table)
+--      p_drop_from_replicas - whether consumers drop their copy
 --
 -- Returns:
 --      the id the table had in the queue
@@ -57,8 +67,12 @@ BEGIN
                         ' stop following the schema first (replicator table remove % --schema %)',
                         t.table_schema, t.table_name, t.table_schema, p_queue_name, p_queue_name, t.table_schema;
     END IF;
-    PERFORM replicator.drop_capture(t.table_id);
-    DELETE FROM replicator.captured_table WHERE table_id = t.table_id;
+    IF p_drop_from_replicas THEN
+        PERFORM replicator.forget_table(t.table_id, 'TABLE REMOVE', NULL);
+    ELSE
+        PERFORM replicator.drop_capture(t.table_id);
+        DELETE FROM replicator.captured_table WHERE table_id = t.table_id;
+    END IF;
     RETURN t.table_id;
 END;
 $$;

@@ -387,24 +387,74 @@ def table_add(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: t
 @click.argument("tables", nargs=-1)
 @click.option("--schema", "schemas", multiple=True,
               help="Stop following a schema (before its tables are removed): tables created later are not captured.")
+@click.option("--drop-from-replicas", is_flag=True,
+              help="Consumers drop their copy of the tables once they have applied what was queued before.")
 @pass_ctx
-def table_remove(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: tuple[str, ...]) -> None:
-    """Stop capturing TABLE... into QUEUE.
+def table_remove(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: tuple[str, ...],
+                 drop_from_replicas: bool) -> None:
+    """Stop capturing TABLE... into QUEUE. Replicas keep their copy as it is, no
+    longer updated, unless --drop-from-replicas.
 
     \b
     Example:
         replicator table remove main public.orders
+        replicator table remove main public.orders --drop-from-replicas
         replicator table remove main --schema sales sales.archive
     """
     if not tables and not schemas:
         raise UserError("name the tables to remove, or stop following a schema with --schema NAME")
+    if drop_from_replicas and not tables:
+        raise UserError("--drop-from-replicas applies to the tables named: name them")
     with ctx.source() as source, source.conn.transaction():
         for schema in schemas:
             source.unfollow_schema(queue_name, schema)
         for name in tables:
-            source.remove_table(queue_name, name)
+            source.remove_table(queue_name, name, drop_from_replicas=drop_from_replicas)
     click.echo(f"{counted(len(tables), 'table')} removed from queue {queue_name}"
                + (f"; no longer following schema {', '.join(schemas)}" if schemas else ""))
+    if drop_from_replicas:
+        click.echo("replicas drop their copy once their consumer reaches this point of the queue")
+    elif tables:
+        click.echo("replicas keep their copy as it is, no longer updated (`table remove --drop-from-replicas` "
+                   "has consumers drop it at that point of the queue)")
+
+
+@table.command("alter")
+@click.argument("queue_name", metavar="QUEUE")
+@click.argument("table_name", metavar="TABLE")
+@click.option("--mode", type=click.Choice(["full", "pk"]), help="full: queue whole rows; pk: queue keys.")
+@click.option("--key", help="New key columns (COL,...): targets copy the table again.")
+@click.option("--ignore", help="The columns not captured (COL,...), replacing the list: newly ignored columns are "
+                               "dropped from replicas, columns no longer ignored copied again.")
+@click.option("--no-ignore", is_flag=True, help="Capture every column again (targets copy the table again).")
+@click.option("--where", "where", help="New row filter: targets copy the table again.")
+@click.option("--no-where", is_flag=True, help="Capture every row again (targets copy the table again).")
+@pass_ctx
+def table_alter(ctx: Context, queue_name: str, table_name: str, mode: str | None, key: str | None,
+                ignore: str | None, no_ignore: bool, where: str | None, no_where: bool) -> None:
+    """Change how TABLE of QUEUE is captured, in place: settings not given are
+    kept. Consumers apply the changes queued before with the old settings and
+    copy the table again only where they lack rows or values.
+
+    \b
+    Example:
+        replicator table alter main orders --where "status <> 'draft'"
+        replicator table alter main users --ignore last_seen,login_count
+        replicator table alter main audit_log --mode full --no-where
+    """
+    if where is not None and no_where:
+        raise UserError("--where and --no-where exclude each other")
+    if ignore is not None and no_ignore:
+        raise UserError("--ignore and --no-ignore exclude each other")
+    if mode is None and key is None and ignore is None and not no_ignore and where is None and not no_where:
+        raise UserError("nothing to change: give --mode, --key, --ignore, --no-ignore, --where or --no-where")
+    new_ignore = [] if no_ignore else None if ignore is None else _split(ignore)
+    with ctx.source() as source, source.conn.transaction():
+        result = source.alter_table(queue_name, table_name, mode=mode, key=_split(key) or None, ignore=new_ignore,
+                                    where=where, set_where=where is not None or no_where)
+    how = ("targets copy it again at that point of the queue" if result["copy"]
+           else "targets change their copy in place at that point of the queue")
+    click.echo(f"{table_name} of queue {queue_name}: {', '.join(result['changed'])} changed; {how}")
 
 
 @table.command("list")
@@ -524,6 +574,8 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.option("--tables", help="Only these tables of the queue (T,...).")
 @click.option("--once", is_flag=True, help="Apply one batch and exit.")
 @click.option("--until-caught-up", is_flag=True, help="Tick, apply everything committed before now, exit.")
+@click.option("--recopy", is_flag=True,
+              help="First rebuild the target in place: copy every table anew, in one target transaction.")
 @click.option("--poll-interval", default=0.2, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to wait when no batch is ready.")
 @click.option("--stats-interval", default=30.0, show_default=True, type=click.FloatRange(min=0),
@@ -532,13 +584,15 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="spark: target: a Spark setting (repeatable).")
 @pass_ctx
 def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str | None, tables: str | None,
-            once: bool, until_caught_up: bool, poll_interval: float, stats_interval: float,
+            once: bool, until_caught_up: bool, recopy: bool, poll_interval: float, stats_interval: float,
             spark_master: str | None, spark_conf: tuple[str, ...]) -> None:
     """Replicate QUEUE into a target, exactly once. Runs as a daemon unless
     --once or --until-caught-up; SIGTERM/SIGINT finish the current batch and exit 0.
     A stream to stdout without --consumer copies every table, follows the queue and
     unregisters its temporary consumer when it ends; with --consumer it stays
     registered and a new run resumes from its position (at least once).
+    --recopy rebuilds a target older than the queue keeps (or one wanted fresh)
+    before it applies anything: a crash leaves the target as it was.
 
     \b
     Example:
@@ -546,6 +600,7 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         replicator consume main --target jsonl:- --until-caught-up
         replicator consume main --target jsonl:- --consumer audit_feed
         replicator consume main --target spark:/data/warehouse
+        replicator consume main --target sqlite:replica.db --recopy --until-caught-up
     """
     from replicator.consumer import Consumer, check_captured
     from replicator.targets import open_target
@@ -558,7 +613,8 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         check_captured(queue_name, _split(tables), source.tables(queue_name))
     target = open_target(target_url, spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
     consumer = Consumer(db.resolve_dsn(ctx.dsn), queue_name, target, name=consumer_name,
-                        tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval)
+                        tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval,
+                        recopy=recopy)
     stop = StopFlag() if once or until_caught_up else StopFlag().install()
     if consumer.temporary and (once or until_caught_up):
         # SIGTERM ends the run as Ctrl-C does, through the finally below, which unregisters it.

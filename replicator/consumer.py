@@ -28,7 +28,7 @@ from replicator.source import BatchInfo, CapturedTable, Source
 from replicator.source import snapshot_copy as source_copy
 from replicator.source.snapshots import snapshot_xmax, snapshot_xmin, txid_visible
 from replicator.structure import RowsDecoder, TableStructure, parse_json, reconcile
-from replicator.targets.protocol import Target, TargetTable, set_aside
+from replicator.targets.protocol import Target, TargetTable
 from replicator.wording import counted
 
 log = logging.getLogger("replicator")
@@ -185,7 +185,8 @@ class _Run:
 class Consumer:
     def __init__(self, dsn: str, queue: str, target: Target, *, name: str | None = None,
                  tables: list[str] | None = None, poll_interval: float = 0.2,
-                 stats_interval: float = 30.0, max_batch_events: int = MAX_BATCH_EVENTS) -> None:
+                 stats_interval: float = 30.0, max_batch_events: int = MAX_BATCH_EVENTS,
+                 recopy: bool = False) -> None:
         self.dsn = dsn
         self.queue = queue
         self.target = target
@@ -205,6 +206,7 @@ class Consumer:
         self._deferred = False
         self._connected_once = False
         self._registered = False   # by this process, at least once
+        self.recopy = recopy   # rebuild the target in place at the next connect()
 
     # connection and start-up -------------------------------------------------------
 
@@ -231,7 +233,9 @@ class Consumer:
         last_tick = self.source.register_consumer(self.queue, self.name, temporary=self.temporary)
         self._registered = True
         position = self.target.positions(self.queue).get(self.name)
-        if position is None:
+        if self.recopy:
+            self._recopy()
+        elif position is None:
             self.target.begin()
             self.target.set_position(self.queue, self.name, last_tick)
             self.target.commit()
@@ -246,15 +250,50 @@ class Consumer:
                 if "no longer exists" not in str(exc):   # replicator.set_consumer_position: the tick is gone
                     raise
                 command = (f"replicator consume {shlex.quote(self.queue)} --target {shlex.quote(self.target.name)} "
-                           f"--consumer {shlex.quote(self.name)}")
+                           f"--consumer {shlex.quote(self.name)} --recopy")
                 raise UserError(f"{self.target.name} holds queue {self.queue!r} at tick {position}, which the source "
                                 f"no longer has (the target is older than what the queue keeps: restored from an "
-                                f"old backup, or its consumer was unregistered meanwhile): rebuild it: "
-                                f"{set_aside(self.target)}, then run `{command}` (with your other options): it "
-                                f"copies every table anew") from None
+                                f"old backup, or its consumer was unregistered meanwhile): rebuild it in place: run "
+                                f"`{command}` (with your other options): it copies every table anew") from None
             log.info("consumer %s resumes queue %s at tick %s", self.name, self.queue, position)
         self._connected_once = True
         return self.source
+
+    def _recopy(self) -> None:
+        """Rebuilds the target in place: every table it replicates, and every one the
+        queue captures for it, copied anew at the source's current state, with the
+        position moved to the queue's latest tick, in one target transaction (a crash
+        leaves the target as it was). The source consumer is moved first, so that the
+        events after that tick are kept while the copies run; the copies skip those
+        their snapshots already hold, as an initial copy does. Tables the queue no
+        longer captures are left as they are."""
+        assert self.source is not None
+        tick = self.source.latest_tick(self.queue)
+        assert tick is not None   # register_consumer made one if the queue had none
+        self.source.set_consumer_position(self.queue, self.name, tick)
+        captured = {t.table_id: t for t in self.source.tables(self.queue) if self._wanted(t) and t.structure}
+        held = {t.table_id: t for t in self.target.tables().values()}
+        log.info("consumer %s copies %s anew from queue %s at tick %s", self.name,
+                 counted(len(captured), "table"), self.queue, tick)
+        self.target.begin()
+        try:
+            for table in held.values():
+                current = captured.get(table.table_id)
+                if current is None:
+                    log.info("%s left as it is: queue %s no longer captures it", table.source_name, self.queue)
+                    continue
+                # A stream says the copy replaces every row (T); a table renamed since goes by its new name.
+                self.target.truncate(table)
+                if current.name != table.source_name:
+                    self.target.drop_table(table)
+            for current in captured.values():
+                self.copy_table(current)
+            self.target.set_position(self.queue, self.name, tick)
+            self.target.commit()
+        except BaseException:
+            self.target.rollback()
+            raise
+        self.recopy = False   # a reconnect resumes from the new position
 
     def close(self) -> None:
         """Ends the run: a temporary consumer is unregistered (if that fails, maint does
@@ -495,8 +534,10 @@ class Consumer:
         changes = None if event.get("copy") else reconcile(table.structure, new_structure)
         if changes is not None:
             self.target.schema_event(table, event)
+            # `table alter --mode` changes no row: later events are applied in the new mode
             new_table = TargetTable(source_name=new_structure.qualified_name, table_id=table.table_id,
-                                    mode=table.mode, structure=new_structure, copy_snapshot=table.copy_snapshot)
+                                    mode=event.get("mode", table.mode), structure=new_structure,
+                                    copy_snapshot=table.copy_snapshot)
             self.target.alter_table(table, new_table, changes)
             self._following[table.table_id] = new_table
             log.info("event %s: %s altered in place (%s)", ev_id, new_table.source_name, event.get("tag"))

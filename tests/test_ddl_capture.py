@@ -401,8 +401,9 @@ def test_ddl_that_breaks_a_row_filter_is_refused_with_the_way_out_and_writes_kee
             conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
     refused = _run_ddl(conn, q, capture, ddl)
     assert refused is not None and re.match(
-        r"^this statement breaks the row filter of public\.t \(.+\): remove the table from its queue"
-        r" \(replicator table remove q public\.t\) and add it again with a new --where$", refused), refused
+        r"^this statement breaks the row filter of public\.t \(.+\): change the filter first"
+        r" \(replicator table alter q public\.t --where \.\.\. or --no-where\), then run the statement again$",
+        refused), refused
     conn.execute("INSERT INTO t VALUES (1, 1), (2, -2)")      # the application is not affected
     conn.execute("UPDATE t SET v = -v")
     assert changes(read_events(q)) == [("I", [[1, 1]]), ("U", [[2, 2]]), ("D", [[1]])]
@@ -419,8 +420,9 @@ def test_ddl_on_a_table_a_row_filter_reads_is_refused_with_the_way_out(conn, q, 
             conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
     refused = _run_ddl(conn, q, capture, ddl)
     assert refused is not None and re.match(
-        r"^this statement breaks the row filter of public\.t \(.+\): remove the table from its queue"
-        r" \(replicator table remove q public\.t\) and add it again with a new --where$", refused), refused
+        r"^this statement breaks the row filter of public\.t \(.+\): change the filter first"
+        r" \(replicator table alter q public\.t --where \.\.\. or --no-where\), then run the statement again$",
+        refused), refused
     conn.execute("INSERT INTO other VALUES (1); INSERT INTO t VALUES (1, 1), (2, 2)")
     assert changes(read_events(q)) == [("I", [[1, 1]])]
 
@@ -604,6 +606,26 @@ def test_execute_queues_schema_events_in_order_with_the_scripts_row_changes(conn
         ("DROP TABLE", "DROP TABLE app.new;"),
     ]
     assert events[5].data["name"] == "renamed" and events[1].data["columns"] == ["id", "v", "n"]
+
+
+@pytest.mark.parametrize("event_triggers", [True, False], ids=["event triggers", "no event triggers"])
+def test_execute_says_how_many_schema_changes_it_queued_whoever_queued_them(conn, dsn, q, tmp_path, event_triggers):
+    if not event_triggers:
+        for name in EVENT_TRIGGERS:
+            conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    q.add_table("q", "t")
+    q.create_queue("other")
+    conn.execute("CREATE TABLE o (id int PRIMARY KEY)")
+    q.add_table("other", "o")
+    script = tmp_path / "migration.sql"
+    script.write_text("ALTER TABLE t ADD COLUMN n int; INSERT INTO t VALUES (1, 'a', 1);"
+                      " ALTER TABLE t RENAME COLUMN v TO w; ALTER TABLE o ADD COLUMN n int;")
+    result = run_cli(dsn, "execute", "q", str(script))
+    assert result.returncode == 0, result.stderr
+    # two of queue q's (o is another queue's table)
+    assert result.stdout.strip() == f"{script} applied; 2 schema changes queued"
+    assert [e.type for e in read_events(q)] == ["S", "I", "S"]
 
 
 def test_execute_orders_a_statement_that_changes_a_table_and_then_writes_its_rows(conn, q, no_event_triggers):

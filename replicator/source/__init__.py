@@ -182,6 +182,17 @@ class Source:
         return self._value(int, "SELECT replicator.add_table(%s, %s, %s, %s, %s, %s)",
                           (queue, table, mode, key or None, ignore or [], where))
 
+    def alter_table(self, queue: str, table: str, *, mode: str | None = None, key: list[str] | None = None,
+                    ignore: list[str] | None = None, where: str | None = None,
+                    set_where: bool = False) -> dict[str, Any]:
+        """Changes a table's capture settings in place (replicator.alter_table); None
+        keeps a setting, as does where unless set_where. The row filter is checked as
+        add_table checks it. Returns {"changed": [...], "copy": bool}."""
+        if set_where:
+            check_row_filter(where, self_contained=where is not None and not has_event_triggers(self.conn))
+        return self._value(dict, "SELECT replicator.alter_table(%s, %s, %s, %s, %s, %s, %s)",
+                           (queue, table, mode, key, ignore, where, set_where))
+
     def follow_schema(self, queue: str, schema: str, *, mode: str = "full") -> int:
         """Captures every table of a schema, now and as they are created; returns how many were added."""
         return self._value(int, "SELECT replicator.follow_schema(%s, %s, %s)", (queue, schema, mode))
@@ -200,8 +211,10 @@ class Source:
         """Stops capturing the tables created later in a schema; those captured stay."""
         self._call("SELECT replicator.unfollow_schema(%s, %s)", (queue, schema))
 
-    def remove_table(self, queue: str, table: str) -> int:
-        return self._value(int, "SELECT replicator.remove_table(%s, %s)", (queue, table))
+    def remove_table(self, queue: str, table: str, *, drop_from_replicas: bool = False) -> int:
+        """Stops capturing a table; with drop_from_replicas, consumers drop their copy
+        when they reach this point of the queue, else they keep it as it is."""
+        return self._value(int, "SELECT replicator.remove_table(%s, %s, %s)", (queue, table, drop_from_replicas))
 
     def followed_schemas(self, queue: str | None = None) -> list[dict[str, Any]]:
         """Schemas whose new tables a queue captures (all queues' when None)."""

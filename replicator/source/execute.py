@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psycopg
 import sqlparse
+from psycopg import sql
 from sqlparse import tokens
 from sqlparse.lexer import tokenize
 
@@ -135,8 +136,9 @@ def storage_only(statement: str, tag: str) -> bool:
 
 
 def execute_script(source: Source, queue: str, script: str) -> int:
-    """Runs the script in one transaction; returns the number of schema events queued."""
-    source.queue_id(queue)
+    """Runs the script in one transaction; returns the number of schema events it
+    queued into `queue`, whoever queued them (the event triggers, or sync_all here)."""
+    queue_id = source.queue_id(queue)
     statements = split_statements(script)
     if not statements:
         raise UserError("the script holds no SQL statement")
@@ -149,7 +151,6 @@ def execute_script(source: Source, queue: str, script: str) -> int:
         # after the change's S event
         with db.user_errors():
             source.conn.execute("SELECT replicator.follow_unseen_ddl(%s)", (queue,))
-    queued = 0
     with db.user_errors(), source.conn.transaction():
         # Each statement's storage "after" is the next one's "before" (read once). It is
         # read before sync_all, which may capture a table the statement created (a
@@ -169,9 +170,18 @@ def execute_script(source: Source, queue: str, script: str) -> int:
                 after = _captured_storage(source.conn)
                 rewritten = _rewritten(storage or {}, after, source.conn, storage_only(statement, tag))
                 storage = after
-                queued += db.scalar(source.conn, "SELECT replicator.sync_all(%s, %s, %s::oid[])",
-                                    (tag, statement, rewritten))
-    return queued
+                source.conn.execute("SELECT replicator.sync_all(%s, %s, %s::oid[])", (tag, statement, rewritten))
+        return _schema_events_queued(source.conn, queue_id)
+
+
+def _schema_events_queued(conn: psycopg.Connection, queue_id: int) -> int:
+    """S events the open transaction queued into the queue (its event table is
+    indexed on ev_txid)."""
+    event_table = db.scalar(conn, "SELECT replicator.event_table(%s)", (queue_id,))
+    query = sql.SQL("SELECT count(*) FROM {} WHERE ev_txid = txid_current() AND ev_type = 'S'").format(
+        sql.SQL(event_table))   # quoted by the server: replicator.event_table()
+    row = conn.execute(query).fetchone()
+    return int(row[0]) if row else 0
 
 
 def _captured_storage(conn: psycopg.Connection) -> dict[int, tuple[int, int]]:

@@ -66,13 +66,3 @@ def queue_positions(positions: dict[str, int], queue: str) -> dict[str, int]:
     """The positions of `queue` among a target's positions stored as {"QUEUE/CONSUMER": tick}."""
     prefix = f"{queue}/"
     return {key[len(prefix):]: tick for key, tick in positions.items() if key.startswith(prefix)}
-
-
-def set_aside(target: Target) -> str:
-    """How to move a target's files out of the way, so that a consumer builds it anew."""
-    scheme, _, where = target.name.partition(":")
-    if scheme == "sqlite":
-        return f"move {where} aside (with its -wal and -shm files, if there)"
-    if scheme == "spark":
-        return f"move the directory {where} aside"
-    return f"move {where} and {where}.position aside"

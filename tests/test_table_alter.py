@@ -1,0 +1,230 @@
+"""`table alter`: a capture's settings changed in place, with an S event that
+tells consumers the new settings from that point of the queue. The oracle: after
+each kind of alter, with writes before, during and after it, the SQLite replica
+and a replay of the JSON-lines stream hold the source's rows inside the filter,
+without the ignored columns."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from consumer_helpers import run_cli, wait_until
+from ddl_helpers import StreamReplay, attnums, diff, replica_value, sqlite_rows, stream_lines
+from replicator.consumer import Consumer
+from replicator.errors import UserError
+from replicator.source.install import EVENT_TRIGGERS
+from replicator.targets import open_target
+
+
+class Replicas:
+    """A SQLite replica and a JSON-lines stream of queue q, each applied by a consumer of its own."""
+
+    def __init__(self, dsn: str, tmp_path: Path) -> None:
+        self.sqlite_path = tmp_path / "replica.db"
+        self.stream_path = tmp_path / "changes.jsonl"
+        self.consumers = [Consumer(dsn, "q", open_target(f"sqlite:{self.sqlite_path}")),
+                          Consumer(dsn, "q", open_target(f"jsonl:{self.stream_path}"))]
+
+    def catch_up(self) -> None:
+        for consumer in self.consumers:
+            consumer.run(until_caught_up=True)
+
+    def close(self) -> None:
+        for consumer in self.consumers:
+            consumer.close()
+            consumer.target.close()
+
+    def stream(self) -> list[dict]:
+        return stream_lines(self.stream_path)
+
+
+def expected_rows(conn: psycopg.Connection, table: str) -> Counter:
+    """The source's rows as the capture's settings say a replica holds them."""
+    captured, where = conn.execute(
+        "SELECT ARRAY(SELECT c FROM unnest(table_columns) c WHERE c <> ALL (table_ignore)), table_where"
+        " FROM replicator.captured_table WHERE table_name = %s", (table,)).fetchone()
+    query = sql.SQL("SELECT {} FROM {} WHERE {}").format(
+        sql.SQL(", ").join(map(sql.Identifier, captured)), sql.Identifier(table), sql.SQL(where or "true"))
+    cur = conn.execute(query)
+    names = [d.name for d in cur.description]
+    return Counter(tuple(sorted((n, replica_value(v)) for n, v in zip(names, row))) for row in cur)
+
+
+def assert_replicas_hold_the_capture(conn: psycopg.Connection, replicas: Replicas, table: str, step: str) -> None:
+    expected = expected_rows(conn, table)
+    problems = diff(expected, sqlite_rows(replicas.sqlite_path, table), f"sqlite {table}")
+    replay = StreamReplay({f"public.{table}": attnums(conn, table)}).replay(replicas.stream())
+    problems += diff(expected, replay.rows(f"public.{table}"), f"stream {table}")
+    assert not problems, f"after {step!r}: {len(problems)} differences:\n" + "\n".join(problems[:20])
+
+
+@pytest.fixture(params=["event triggers", "no event triggers"])
+def event_triggers(request, conn) -> bool:
+    if request.param == "no event triggers":
+        for name in EVENT_TRIGGERS:
+            conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
+    return request.param == "event triggers"
+
+
+@pytest.fixture
+def replicas(conn, source, dsn, tmp_path, event_triggers):
+    """Table t (id, n, s, note) of queue q, replicated."""
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, n int NOT NULL, s text, note text)")
+    conn.execute("INSERT INTO t SELECT g, g, 's' || g, 'note' || g FROM generate_series(1, 30) g")
+    source.add_table("q", "t")
+    replicas = Replicas(dsn, tmp_path)
+    replicas.catch_up()
+    yield replicas
+    replicas.close()
+
+
+def alter(dsn: str, *args: str) -> str:
+    result = run_cli(dsn, "table", "alter", "q", "t", *args)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def write_around(conn: psycopg.Connection, dsn: str, args: list[str], round_: int) -> str:
+    """Alters t with writes before it, from a transaction the alter waits for, from a
+    transaction (reading t) older than the alter's that writes after it, and after it."""
+    base = 1000 * round_
+    conn.execute("INSERT INTO t SELECT g, g, 'before', 'x' FROM generate_series(%s::int, %s::int) g", (base, base + 9))
+    conn.execute("UPDATE t SET n = n + 1, s = s || '+' WHERE id % 3 = 0")
+    with psycopg.connect(dsn) as held, psycopg.connect(dsn) as older:
+        held.execute("UPDATE t SET n = n + 100, note = 'held' WHERE id % 4 = 0")   # not committed yet
+        older.execute("SELECT txid_current(), count(*) FROM t")      # a transaction older than the alter's
+        outcome: list[str] = []
+        worker = threading.Thread(target=lambda: outcome.append(alter(dsn, *args)))
+        worker.start()
+        wait_until(lambda: conn.execute("SELECT count(*) FROM pg_locks WHERE relation = 't'::regclass"
+                                        " AND NOT granted").fetchone()[0], 30, "the alter to wait for the writer")
+        held.execute("DELETE FROM t WHERE id % 7 = 0")
+        held.commit()
+        worker.join(60)
+        assert outcome, "the alter did not finish"
+        older.execute("INSERT INTO t VALUES (%s::int, %s::int, 'older', 'y')", (base + 500, base + 500))
+        older.execute("UPDATE t SET n = n * 2 WHERE id % 5 = 0")
+        older.commit()
+    conn.execute("INSERT INTO t SELECT g, g, 'after', 'z' FROM generate_series(%s::int, %s::int) g", (base + 20, base + 29))
+    conn.execute("UPDATE t SET n = n - 1, note = note || '!' WHERE id % 2 = 1")
+    return outcome[0]
+
+
+def test_table_alter_where_copies_the_table_again_and_rows_enter_and_leave(conn, dsn, replicas):
+    said = write_around(conn, dsn, ["--where", "n % 2 = 0"], 1)
+    assert said == "t of queue q: where changed; targets copy it again at that point of the queue"
+    replicas.catch_up()
+    assert_replicas_hold_the_capture(conn, replicas, "t", "--where")
+    assert write_around(conn, dsn, ["--where", "n > 500"], 2).startswith("t of queue q: where changed")
+    replicas.catch_up()
+    assert_replicas_hold_the_capture(conn, replicas, "t", "another --where")
+    write_around(conn, dsn, ["--no-where"], 3)
+    replicas.catch_up()
+    assert_replicas_hold_the_capture(conn, replicas, "t", "--no-where")
+
+
+def test_table_alter_ignore_drops_the_column_in_place_and_no_ignore_copies_it_back(conn, dsn, replicas):
+    said = write_around(conn, dsn, ["--ignore", "note"], 1)
+    assert said == "t of queue q: ignore changed; targets change their copy in place at that point of the queue"
+    replicas.catch_up()
+    assert_replicas_hold_the_capture(conn, replicas, "t", "--ignore note")
+    schema = [line for line in replicas.stream() if line["op"] == "S"]
+    assert [(s["kind"], s["tag"], s["columns"]) for s in schema] == [("altered", "TABLE ALTER", ["id", "n", "s"])]
+    assert [line["op"] for line in replicas.stream()].count("R") == 30, "no copy for a column ignored"
+    # an update of the ignored column alone queues nothing
+    streamed = len(replicas.stream())
+    conn.execute("UPDATE t SET note = 'unseen'")
+    replicas.catch_up()
+    assert len(replicas.stream()) == streamed
+
+    said = write_around(conn, dsn, ["--no-ignore"], 2)
+    assert said == "t of queue q: ignore changed; targets copy it again at that point of the queue"
+    replicas.catch_up()
+    assert_replicas_hold_the_capture(conn, replicas, "t", "--no-ignore")
+    assert sorted(dict(r)["note"] for r in sqlite_rows(replicas.sqlite_path, "t"))[:1] != [None]
+
+
+def test_table_alter_mode_changes_no_row_and_later_changes_apply_in_the_new_mode(conn, dsn, replicas):
+    said = write_around(conn, dsn, ["--mode", "pk"], 1)
+    assert said == "t of queue q: mode changed; targets change their copy in place at that point of the queue"
+    replicas.catch_up()
+    assert_replicas_hold_the_capture(conn, replicas, "t", "--mode pk")
+    assert [line["op"] for line in replicas.stream()].count("R") == 30, "no copy for a mode change"
+    mode = replicas.consumers[0].target.tables()["public.t"].mode
+    assert mode == "pk"
+    write_around(conn, dsn, ["--mode", "full"], 2)
+    replicas.catch_up()
+    assert_replicas_hold_the_capture(conn, replicas, "t", "--mode full")
+    assert replicas.consumers[0].target.tables()["public.t"].mode == "full"
+
+
+def test_table_alter_key_copies_the_table_again_with_the_new_key(conn, dsn, replicas):
+    conn.execute("CREATE UNIQUE INDEX ON t (n, id)")
+    said = write_around(conn, dsn, ["--key", "n,id"], 1)
+    assert said == "t of queue q: key changed; targets copy it again at that point of the queue"
+    replicas.catch_up()
+    assert_replicas_hold_the_capture(conn, replicas, "t", "--key n,id")
+    assert replicas.consumers[0].target.tables()["public.t"].structure.key == ("n", "id")
+
+
+def test_table_alter_with_nothing_to_change_is_refused_in_one_line(dsn, replicas):
+    for args, message in [
+            ((), "error: nothing to change: give --mode, --key, --ignore, --no-ignore, --where or --no-where"),
+            (("--mode", "full", "--no-where"),
+             'error: table public.t of queue "q" already has these settings: nothing to change'),
+            (("--where", "n > 1", "--no-where"), "error: --where and --no-where exclude each other")]:
+        result = run_cli(dsn, "table", "alter", "q", "t", *args)
+        assert (result.returncode, result.stderr.splitlines()) == (1, [message]), args
+
+
+def test_table_alter_checks_settings_as_table_add_does(conn, source, dsn, replicas):
+    conn.execute("CREATE TABLE u (id int PRIMARY KEY, n int)")
+    for args in (["--where", "nope > 1"], ["--where", "true); DROP TABLE t; SELECT (1"], ["--ignore", "id"],
+                 ["--ignore", "missing"], ["--key", "missing"]):
+        with pytest.raises(UserError) as added:
+            source.add_table("q", "u", **{args[0][2:]: args[1] if args[0] == "--where" else [args[1]]})
+        altered = run_cli(dsn, "table", "alter", "q", "t", *args)
+        assert altered.returncode == 1 and len(altered.stderr.splitlines()) == 1, altered.stderr
+        assert altered.stderr.strip().replace("public.t", "TABLE").replace(" t ", " TABLE ") == \
+            f"error: {added.value}".replace("public.u", "TABLE").replace(" u ", " TABLE "), args
+    # nothing changed
+    assert conn.execute("SELECT table_where, table_ignore, table_key FROM replicator.captured_table"
+                        " WHERE table_name = 't'").fetchone() == (None, [], ["id"])
+
+
+def test_table_alter_is_refused_to_a_role_that_may_not_write_the_table(conn, source, dsn):
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+    source.add_table("q", "t")
+    role = f"alterer_{os.getpid()}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        # every privilege of schema replicator, and reading the table only
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA replicator TO {0}; GRANT ALL ON ALL TABLES IN SCHEMA replicator"
+                             " TO {0}; GRANT ALL ON ALL SEQUENCES IN SCHEMA replicator TO {0};"
+                             " GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA replicator TO {0};"
+                             " GRANT SELECT ON t TO {0}").format(sql.Identifier(role)))
+        refused = run_cli(dsn.replace("user=postgres", f"user={role}"), "table", "alter", "q", "t", "--where", "n > 1")
+        assert (refused.returncode, refused.stderr.splitlines()) == (1, [
+            "error: database: permission denied for table t"])
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(sql.Identifier(role)))
+    assert conn.execute("SELECT table_where FROM replicator.captured_table").fetchone() == (None,)
+
+
+def test_a_ddl_refused_for_breaking_a_row_filter_goes_through_after_the_way_out_it_names(conn, source, dsn):
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+    source.add_table("q", "t", where="n > 0")
+    with pytest.raises(psycopg.errors.RaiseException, match=r"replicator table alter q public\.t --where"):
+        conn.execute("ALTER TABLE t DROP COLUMN n")
+    assert run_cli(dsn, "table", "alter", "q", "t", "--no-where").returncode == 0
+    conn.execute("ALTER TABLE t DROP COLUMN n")
