@@ -487,7 +487,8 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @cli.command()
 @click.argument("queue_name", metavar="QUEUE")
 @click.option("--target", "target_url", required=True,
-              help="sqlite:PATH, spark:PATH (warehouse directory), jsonl:PATH, jsonl:- (stdout), tsv:PATH or tsv:-.")
+              help="sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), spark:PATH (warehouse "
+                   "directory), jsonl:PATH, jsonl:- (stdout), tsv:PATH or tsv:-.")
 @click.option("--consumer", "consumer_name", help="Consumer name; default derived from the target.")
 @click.option("--tables", help="Only these tables of the queue (T,...).")
 @click.option("--once", is_flag=True, help="Apply one batch and exit.")
