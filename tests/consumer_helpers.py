@@ -218,7 +218,7 @@ def expected_sqlite_value(value: Any, pg_type: str = "", *, numeric_as: str = "n
             return "Infinity" if value > 0 else "-Infinity"
         if numeric_as == "text":
             return format(value, "f")
-        return _sqlite_numeric(value)
+        return sqlite_numeric(value)
     if isinstance(value, str):
         return value
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -236,7 +236,7 @@ def expected_sqlite_value(value: Any, pg_type: str = "", *, numeric_as: str = "n
     raise TypeError(f"no oracle mapping for {type(value).__name__} {value!r}")
 
 
-def _sqlite_numeric(value: Decimal) -> int | float:
+def sqlite_numeric(value: Decimal) -> int | float:
     """A finite numeric in a NUMERIC column: the integer when it is one of 64 bits, else the
     nearest double, which SQLite keeps as an integer when it is one of 64 bits."""
     if value == value.to_integral_value() and -2**63 <= value < 2**63:
