@@ -217,10 +217,11 @@ def main() -> int:
 
 def comparable(value: object) -> object:
     """A source value as the replica stores it (README, SQLite type mapping)."""
-    if isinstance(value, Decimal):
-        return str(value)
+    if isinstance(value, Decimal):   # NUMERIC: an integer when it is one, else a double
+        return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat() if value.tzinfo else value.isoformat()
+        moment = value.astimezone(UTC) if value.tzinfo else value
+        return moment.isoformat(timespec="microseconds")
     return value
 
 

@@ -567,7 +567,8 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @cli.command()
 @click.argument("queue_name", metavar="QUEUE")
 @click.option("--target", "target_url", required=True,
-              help="sqlite:PATH, spark:PATH (warehouse directory), jsonl:PATH, jsonl:- (stdout), tsv:PATH or tsv:-.")
+              help="sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), spark:PATH (warehouse "
+                   "directory), jsonl:PATH, jsonl:- (stdout), tsv:PATH or tsv:-.")
 @click.option("--consumer", "consumer_name",
               help="Consumer name; default derived from the target. A stream to stdout (jsonl:-, tsv:-) without it "
                    "is a temporary consumer, unregistered when the command ends.")

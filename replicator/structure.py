@@ -3,15 +3,18 @@ column values are decoded from the capture encoding into target values.
 
 The capture encoding (replicator.capture_row_json) is a JSON array of values.
 Decoding keeps PostgreSQL's exact renderings where a Python type would lose
-them: numerics stay text, json/arrays stay their JSON text.
+them: numerics stay text (the SQLite target makes numbers of them in
+NUMERIC columns: targets/sqlite/types.py), json/arrays stay their JSON text;
+date-times get one ISO 8601 form (below).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 Decoder = Callable[[Any], Any]
@@ -148,20 +151,120 @@ def reconcile(old: TableStructure, new: TableStructure) -> list[Change] | None:
     return changes
 
 
+# Date-times have one form in every target (README.md, "SQLite type mapping"): ISO 8601
+# with a 'T' and all six fractional digits (PostgreSQL drops trailing zeros, and the
+# whole fraction when it is zero), timestamptz in UTC with "+00:00", years outside
+# 0001-9999 written as ISO 8601's expanded years (astronomical numbering: 1 BC is 0000,
+# 44 BC is -0043, past 9999 a "+"), 'infinity' and '-infinity' as PostgreSQL spells them.
+_INFINITIES = frozenset(("infinity", "-infinity"))
+_DATETIME = re.compile(r"(\d{4,})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?"
+                       r"(?:([+-])(\d\d)(?::(\d\d))?(?::(\d\d))?)?( BC)?")
+_DATE = re.compile(r"(\d{4,})-(\d\d)-(\d\d)( BC)?")
+_OFFSET = re.compile(r"([+-])(\d\d)(?::(\d\d))?(?::(\d\d))?")
+_GREGORIAN_CYCLE = 400   # years: the calendar repeats itself, weekdays and leap days included
+
+
+def _year(year: int) -> str:
+    """An astronomical year as ISO 8601 writes it: four digits, a sign outside 0000-9999."""
+    if year < 0:
+        return f"-{-year:04d}"
+    return f"{year:04d}" if year <= 9999 else f"+{year}"
+
+
+def _astronomical(year: str, bc: str | None) -> int:
+    return 1 - int(year) if bc else int(year)
+
+
+def _datetime_iso(value: str, *, utc: bool) -> str:
+    """A timestamp(tz) PostgreSQL rendered that Python's datetime cannot hold (BC, past
+    9999) in the one form: moved by whole 400-year cycles into Python's range to convert
+    its offset, then back."""
+    m = _DATETIME.fullmatch(value)
+    if m is None:
+        return value
+    year, month, day, hour, minute, second, fraction, sign, oh, om, osec, bc = m.groups()
+    year_number = _astronomical(year, bc)
+    shift = (year_number - 2000) // _GREGORIAN_CYCLE * _GREGORIAN_CYCLE
+    moment = datetime(year_number - shift, int(month), int(day), int(hour), int(minute), int(second),
+                      int((fraction or "").ljust(6, "0")))
+    if utc:
+        offset = timedelta(hours=int(oh or 0), minutes=int(om or 0), seconds=int(osec or 0))
+        moment = (moment - offset) if sign != "-" else (moment + offset)
+    text = f"{_year(moment.year + shift)}{moment.isoformat(timespec='microseconds')[4:]}"
+    return text + "+00:00" if utc else text
+
+
 def _timestamptz_to_utc(value: str | None) -> str | None:
-    """ISO 8601 in UTC with offset; values Python cannot represent (infinity,
-    BC, years past 9999) stay as PostgreSQL rendered them."""
+    """ISO 8601 in UTC with "+00:00" and six fractional digits."""
     if value is None:
         return None
-    # Already in UTC with no or all six fractional digits: isoformat() would
-    # give back the same text (PostgreSQL drops trailing zeros of a fraction,
-    # isoformat() does not, so other lengths take the long way).
-    if value.endswith("+00:00") and (len(value) == 32 or len(value) == 25):
+    # Already in UTC with a year of four digits: only the fraction to complete (most
+    # sessions write in UTC).
+    if value.endswith("+00:00") and value[4] == "-":
+        if len(value) == 32:
+            return value
+        if len(value) == 25:
+            return value[:19] + ".000000+00:00"
+        if len(value) > 26 and value[19] == ".":
+            return value[:-6].ljust(26, "0") + "+00:00"
+    if value in _INFINITIES:
         return value
     try:
-        return datetime.fromisoformat(value).astimezone(UTC).isoformat()
-    except ValueError:
+        return datetime.fromisoformat(value).astimezone(UTC).isoformat(timespec="microseconds")
+    except (ValueError, OverflowError):   # BC, past 9999, or moved past either end by its offset
+        return _datetime_iso(value, utc=True)
+
+
+def _timestamp(value: str | None) -> str | None:
+    """ISO 8601 with six fractional digits."""
+    if value is None:
+        return None
+    if value[4] == "-" and value[-1].isdigit():   # a year of four digits, AD
+        if len(value) == 26:
+            return value
+        if len(value) == 19:
+            return value + ".000000"
+        if 20 < len(value) < 26:
+            return value.ljust(26, "0")
+    if value in _INFINITIES:
         return value
+    return _datetime_iso(value, utc=False)
+
+
+def _date(value: str | None) -> str | None:
+    """ISO 8601; BC and past 9999 in expanded years (see above)."""
+    if value is None or len(value) == 10 or value in _INFINITIES:
+        return value
+    m = _DATE.fullmatch(value)
+    if m is None:
+        return value
+    year, month, day, bc = m.groups()
+    return f"{_year(_astronomical(year, bc))}-{month}-{day}"
+
+
+def _clock(value: str) -> str:
+    """HH:MM:SS with six fractional digits."""
+    if len(value) == 8:
+        return value + ".000000"
+    return value.ljust(15, "0")
+
+
+def _time(value: str | None) -> str | None:
+    return None if value is None else _clock(value)
+
+
+def _timetz(value: str | None) -> str | None:
+    """HH:MM:SS with six fractional digits and its offset as ±HH:MM (±HH:MM:SS when it has
+    seconds); PostgreSQL writes -08 for -08:00."""
+    if value is None:
+        return None
+    at = max(value.rfind("+"), value.rfind("-"))
+    m = _OFFSET.fullmatch(value, at) if at > 0 else None
+    if m is None:
+        return value
+    sign, hours, minutes, seconds = m.groups()
+    offset = f"{sign}{hours}:{minutes or '00'}" + (f":{seconds}" if seconds else "")
+    return _clock(value[:at]) + offset
 
 
 _NON_FINITE = frozenset(("NaN", "Infinity", "-Infinity"))
@@ -191,7 +294,8 @@ def _numeric(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _identity(value: Any) -> Any:
+def identity(value: Any) -> Any:
+    """The decoder of values a target stores as the capture encoding has them."""
     return value
 
 
@@ -214,7 +318,7 @@ def rows_decoder(decoders: Sequence[Decoder]) -> RowsDecoder:
     def by_zip(items: list[Any]) -> list[Sequence[Any]]:
         return [tuple(d(v) for d, v in zip(decoders, item)) for item in items]
 
-    if all(d is _identity for d in decoders):
+    if all(d is identity for d in decoders):
         def same(items: list[Any]) -> list[Sequence[Any]]:
             for item in items:
                 if len(item) != n:
@@ -222,8 +326,8 @@ def rows_decoder(decoders: Sequence[Decoder]) -> RowsDecoder:
             return items
         return same
 
-    env = {f"d{i}": d for i, d in enumerate(decoders) if d is not _identity}
-    body = ", ".join(f"r[{i}]" if d is _identity else f"d{i}(r[{i}])" for i, d in enumerate(decoders))
+    env = {f"d{i}": d for i, d in enumerate(decoders) if d is not identity}
+    body = ", ".join(f"r[{i}]" if d is identity else f"d{i}(r[{i}])" for i, d in enumerate(decoders))
     row = eval(f"lambda r: ({body},)", env)  # only column positions and env names: no outside text
 
     def decode(items: list[Any]) -> list[Sequence[Any]]:
@@ -239,9 +343,9 @@ def decoder_for(column: Column) -> Decoder:
     target value (see README.md, "SQLite type mapping", and docs/spark.md, "Type mapping")."""
     base = column.base_type
     if column.category == "A":
-        return _identity
+        return identity
     if base in INTEGER_TYPES:
-        return _identity
+        return identity
     if base == "boolean":
         return _bool
     if base in FLOAT_TYPES:
@@ -252,7 +356,15 @@ def decoder_for(column: Column) -> Decoder:
         return _bytea
     if base == "timestamp with time zone":
         return _timestamptz_to_utc
-    return _identity
+    if base == "timestamp without time zone":
+        return _timestamp
+    if base == "date":
+        return _date
+    if base == "time without time zone":
+        return _time
+    if base == "time with time zone":
+        return _timetz
+    return identity
 
 
 def target_table_name(schema: str, name: str) -> str:

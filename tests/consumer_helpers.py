@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from datetime import time as dtime
 from decimal import Decimal
 from pathlib import Path
@@ -188,9 +188,10 @@ def forced_tick(conn: psycopg.Connection, queue: str = "q") -> int:
 
 # the oracle ----------------------------------------------------------------------------
 
-def expected_sqlite_value(value: Any, pg_type: str = "") -> Any:
+def expected_sqlite_value(value: Any, pg_type: str = "", *, numeric_as: str = "number") -> Any:
     """What the SQLite replica must hold for a value psycopg read from the source
-    from a column of type pg_type (format_type() without typmod).
+    from a column of type pg_type (format_type() without typmod); a numeric one
+    stored as a number (a NUMERIC column) or as PostgreSQL's text (numeric_as "text").
 
     Values whose representation is only defined up to an equivalence (JSON
     documents, ISO 8601 date-times) are returned as a ("json", obj) /
@@ -215,7 +216,9 @@ def expected_sqlite_value(value: Any, pg_type: str = "") -> Any:
             return "NaN"
         if value.is_infinite():
             return "Infinity" if value > 0 else "-Infinity"
-        return format(value, "f")
+        if numeric_as == "text":
+            return format(value, "f")
+        return sqlite_numeric(value)
     if isinstance(value, str):
         return value
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -231,6 +234,15 @@ def expected_sqlite_value(value: Any, pg_type: str = "") -> Any:
     if isinstance(value, (list, dict)):
         return ("json", value)
     raise TypeError(f"no oracle mapping for {type(value).__name__} {value!r}")
+
+
+def sqlite_numeric(value: Decimal) -> int | float:
+    """A finite numeric in a NUMERIC column: the integer when it is one of 64 bits, else the
+    nearest double, which SQLite keeps as an integer when it is one of 64 bits."""
+    if value == value.to_integral_value() and -2**63 <= value < 2**63:
+        return int(value)
+    nearest = float(value)
+    return int(nearest) if nearest.is_integer() and -2**63 <= nearest < 2**63 else nearest
 
 
 def _json_equal(a: Any, b: Any) -> bool:
@@ -255,14 +267,10 @@ def same_value(expected: Any, actual: Any) -> bool:
         if kind == "json":
             return _json_equal(json.loads(actual, parse_float=Decimal), _decimalize(value))
         if kind == "timestamptz":
-            # ISO 8601, converted to UTC, with its offset written out.
-            parsed = datetime.fromisoformat(actual)
-            return ("T" in actual and actual.endswith("+00:00") and parsed == value)
-        if kind == "timestamp":
-            parsed = datetime.fromisoformat(actual)
-            return "T" in actual and parsed.tzinfo is None and parsed == value
-        if kind == "time":
-            return dtime.fromisoformat(actual) == value
+            # ISO 8601, converted to UTC, with its offset written out and six fractional digits.
+            return actual == value.astimezone(UTC).isoformat(timespec="microseconds")
+        if kind in ("timestamp", "time"):
+            return actual == value.isoformat(timespec="microseconds")
         raise AssertionError(kind)
     if isinstance(expected, float):
         return isinstance(actual, float) and actual == expected
@@ -296,12 +304,31 @@ def column_types(conn: psycopg.Connection, qualified: str) -> dict[str, str]:
         " AND NOT a.attisdropped", (schema, name)).fetchall())
 
 
+def numeric_precisions(conn: psycopg.Connection, qualified: str) -> dict[str, int | None]:
+    """The precision of each numeric column (None: numeric without one)."""
+    schema, _, name = qualified.partition(".")
+    return dict(conn.execute(
+        "SELECT column_name, numeric_precision FROM information_schema.columns"
+        " WHERE table_schema = %s AND table_name = %s AND data_type = 'numeric'", (schema, name)).fetchall())
+
+
+def numeric_storage(column: str, precision: int | None, key: Sequence[str], numeric: str) -> str:
+    """How a replica stores a numeric column (README.md, "SQLite type mapping"): as a
+    number, except in a `numeric=text` replica and in a key column that may hold more
+    digits than a double keeps (15)."""
+    if numeric == "text" or (column in key and (precision is None or precision > 15)):
+        return "text"
+    return "number"
+
+
 def diff_replica(conn: psycopg.Connection, sqlite_path: Path, qualified: str, replica_name: str,
-                 key: Sequence[str]) -> list[str]:
+                 key: Sequence[str], numeric: str = "number") -> list[str]:
     """Every difference between a source table and its replica, value by value."""
     expected = source_rows(conn, qualified, key)
     actual = sqlite_rows(sqlite_path, replica_name, key)
     types = column_types(conn, qualified)
+    numeric_as = {column: numeric_storage(column, precision, key, numeric)
+                  for column, precision in numeric_precisions(conn, qualified).items()}
     problems = []
     for k in sorted(set(expected) - set(actual), key=repr):
         problems.append(f"{qualified}: row {k} missing from the replica")
@@ -313,7 +340,7 @@ def diff_replica(conn: psycopg.Connection, sqlite_path: Path, qualified: str, re
             problems.append(f"{qualified}: columns differ: {sorted(src)} vs {sorted(rep)}")
             continue
         for column, value in src.items():
-            want = expected_sqlite_value(value, types[column])
+            want = expected_sqlite_value(value, types[column], numeric_as=numeric_as.get(column, "number"))
             if not same_value(want, rep[column]):
                 problems.append(f"{qualified} {k}.{column}: source {value!r} -> expected {want!r},"
                                 f" replica has {rep[column]!r}")
@@ -321,7 +348,7 @@ def diff_replica(conn: psycopg.Connection, sqlite_path: Path, qualified: str, re
 
 
 def assert_replica_equals_source(conn: psycopg.Connection, sqlite_path: Path,
-                                 tables: Sequence[tuple[str, str, Sequence[str]]]) -> None:
+                                 tables: Sequence[tuple[str, str, Sequence[str]]], numeric: str = "number") -> None:
     problems = [p for qualified, replica, key in tables
-                for p in diff_replica(conn, sqlite_path, qualified, replica, key)]
+                for p in diff_replica(conn, sqlite_path, qualified, replica, key, numeric)]
     assert not problems, f"{len(problems)} differences:\n" + "\n".join(problems[:40])

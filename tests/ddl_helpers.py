@@ -22,10 +22,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from consumer_helpers import sqlite_numeric
+
 # the oracle ----------------------------------------------------------------------------
 
-def replica_value(value: Any) -> Any:
-    """What the SQLite replica (and a JSON-lines row) holds for a source value."""
+def replica_value(value: Any, numeric: str = "number") -> Any:
+    """What the SQLite replica (and, with numeric "text", a JSON-lines row) holds for a
+    source value."""
     if value is None or (isinstance(value, (int, str)) and not isinstance(value, bool)):
         return value
     if isinstance(value, bool):
@@ -33,11 +36,13 @@ def replica_value(value: Any) -> Any:
     if isinstance(value, float):
         return value
     if isinstance(value, Decimal):
-        return format(value, "f")          # as PostgreSQL prints it: scale kept, no exponent
+        if numeric == "text" or not value.is_finite():
+            return format(value, "f")      # as PostgreSQL prints it: scale kept, no exponent
+        return sqlite_numeric(value)
     if isinstance(value, datetime):
         if value.tzinfo is None:
-            return value.isoformat()
-        return value.astimezone(UTC).isoformat()
+            return value.isoformat(timespec="microseconds")
+        return value.astimezone(UTC).isoformat(timespec="microseconds")
     if isinstance(value, date):
         return value.isoformat()
     raise TypeError(f"the DDL tests use no {type(value).__name__} values")
@@ -49,13 +54,14 @@ def source_tables(conn: psycopg.Connection, schema: str = "public") -> list[str]
         " WHERE n.nspname = %s AND c.relkind IN ('r', 'p') ORDER BY 1", (schema,))]
 
 
-def source_rows(conn: psycopg.Connection, table: str, schema: str = "public") -> Counter:
-    """The table's rows as a multiset of {column: replica value} items."""
+def source_rows(conn: psycopg.Connection, table: str, schema: str = "public", numeric: str = "number") -> Counter:
+    """The table's rows as a multiset of {column: replica value} items (numeric "text": as
+    a stream has them)."""
     # never prepared: the table's columns change under it (by DDL on other connections)
     cur = conn.execute(sql.SQL("SELECT * FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(table)),
                        prepare=False)
     names = [d.name for d in cur.description]
-    return Counter(tuple(sorted((n, replica_value(v)) for n, v in zip(names, row))) for row in cur)
+    return Counter(tuple(sorted((n, replica_value(v, numeric)) for n, v in zip(names, row))) for row in cur)
 
 
 def sqlite_tables(path: Path) -> list[str]:
@@ -165,7 +171,8 @@ def assert_stream_equals_source(conn: psycopg.Connection, replay: StreamReplay, 
     present = sorted(n.split(".", 1)[1] for n, rows in replay.tables.items() if n.startswith("public."))
     assert sorted(tables) == [t for t in present if t in tables] and set(present) <= set(tables), (
         f"after {step!r}: stream tables {present}, source tables {tables}")
-    problems = [p for t in tables for p in diff(source_rows(conn, t), replay.rows(f"public.{t}"), f"stream {t}")]
+    problems = [p for t in tables
+                for p in diff(source_rows(conn, t, numeric="text"), replay.rows(f"public.{t}"), f"stream {t}")]
     assert not problems, f"after {step!r}: {len(problems)} differences:\n" + "\n".join(problems[:20])
 
 

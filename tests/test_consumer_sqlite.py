@@ -104,18 +104,20 @@ TYPED_ROWS = """
 
 EXPECTED = {
     1: {"id": 1, "i2": -32768, "i8": 9223372036854775807, "b": 1, "r": 1.5, "d": 1.0000000000000002,
-        "n": "123456789012345678901234567890.123456789", "n2": "1.50", "t": 'tab\there\nnew "q" \\ \u00e9',
+        "n": 1.2345678901234568e+29, "n2": 1.5, "t": 'tab\there\nnew "q" \\ \u00e9',
         "vc": "abc", "ch": "ab ", "by": b"\x00\xffA", "dt": "2024-01-02", "tm": "03:04:05.123456",
-        "tmtz": "03:04:05+02", "ts": "2024-01-02T03:04:05.123456", "tstz": "2024-01-02T03:04:05.123456+00:00",
+        "tmtz": "03:04:05.000000+02:00", "ts": "2024-01-02T03:04:05.123456",
+        "tstz": "2024-01-02T03:04:05.123456+00:00",
         "iv": "1 day 02:03:04", "j": '{"b": 1,  "a": [1, 2.50]}', "jb": '{"a": [1, 2.50], "b": 1}',
         "ia": "[1,null,3]", "ta": '["a b","c\\"d",null]', "u": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
         "m": "happy", "dom": 7, "ip": "10.0.0.1/8"},
-    2: {"id": 2, "i2": 0, "i8": 0, "b": 0, "r": "NaN", "d": "Infinity", "n": "NaN", "n2": "-0.01", "t": "",
-        "vc": "", "ch": "   ", "by": b"", "dt": "0005-01-02", "tm": "00:00:00", "tmtz": "00:00:00+00",
-        "ts": "2024-01-02T03:04:05", "tstz": "2024-07-01T07:29:59.500000+00:00", "iv": "00:00:00",
+    2: {"id": 2, "i2": 0, "i8": 0, "b": 0, "r": "NaN", "d": "Infinity", "n": "NaN", "n2": -0.01, "t": "",
+        "vc": "", "ch": "   ", "by": b"", "dt": "0005-01-02", "tm": "00:00:00.000000",
+        "tmtz": "00:00:00.000000+00:00", "ts": "2024-01-02T03:04:05.000000",
+        "tstz": "2024-07-01T07:29:59.500000+00:00", "iv": "00:00:00",
         "j": "null", "jb": "[]", "ia": "[]", "ta": "[]", "u": "00000000-0000-0000-0000-000000000000",
         "m": "sad", "dom": 1, "ip": "::1"},
-    3: {"id": 3, "r": "-Infinity", "d": "-Infinity", "n": "0.0000001"},
+    3: {"id": 3, "r": "-Infinity", "d": "-Infinity", "n": 1e-07},
     4: {"id": 4, "d": -1.5e-300, "n": "Infinity"},
 }
 
@@ -127,7 +129,7 @@ def typed_rows(conn: psycopg.Connection) -> tuple[str, dict[int, dict]]:
     return TYPED_ROWS.replace("NUMERIC_INFINITY", "NULL"), {**EXPECTED, 4: {"id": 4, "d": -1.5e-300}}
 
 SQLITE_TYPES = {"id": "INTEGER", "i2": "INTEGER", "i8": "INTEGER", "b": "INTEGER", "r": "REAL", "d": "REAL",
-                "n": "TEXT", "n2": "TEXT", "t": "TEXT", "vc": "TEXT", "ch": "TEXT", "by": "BLOB", "dt": "TEXT",
+                "n": "NUMERIC", "n2": "NUMERIC", "t": "TEXT", "vc": "TEXT", "ch": "TEXT", "by": "BLOB", "dt": "TEXT",
                 "tm": "TEXT", "tmtz": "TEXT", "ts": "TEXT", "tstz": "TEXT", "iv": "TEXT", "j": "TEXT",
                 "jb": "TEXT", "ia": "TEXT", "ta": "TEXT", "u": "TEXT", "m": "TEXT", "dom": "INTEGER",
                 "ip": "TEXT"}

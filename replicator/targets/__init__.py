@@ -16,12 +16,14 @@ from replicator.views.store import ViewStore
 
 def open_target(url: str, *, spark_master: str | None = None,
                 spark_conf: dict[str, str] | None = None) -> Target:
-    """sqlite:PATH, jsonl:-, jsonl:PATH, tsv:-, tsv:PATH, spark:PATH (a warehouse directory;
-    Spark, with the given master and settings, only for compaction)."""
+    """sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), jsonl:-, jsonl:PATH,
+    tsv:-, tsv:PATH, spark:PATH (a warehouse directory; Spark, with the given master and
+    settings, only for compaction)."""
     scheme, rest = _parse(url)
     if scheme == "sqlite":
-        from replicator.targets.sqlite.target import SqliteTarget
-        return SqliteTarget(Path(rest))
+        from replicator.targets.sqlite.target import SqliteTarget, parse_url
+        path, numeric = parse_url(rest)
+        return SqliteTarget(Path(path), numeric=numeric)
     if scheme in ("jsonl", "tsv"):
         from replicator.targets.stream import StreamTarget
         return StreamTarget(rest, scheme)
@@ -49,13 +51,14 @@ def open_views(url: str, *, spark_master: str | None = None,
     if scheme in ("jsonl", "tsv"):
         raise UserError(f"a {scheme}: stream has no tables to define views on: use a sqlite: or spark: target")
     if scheme == "sqlite":
-        from replicator.targets.sqlite.target import SqliteTarget, is_replica
+        from replicator.targets.sqlite.target import SqliteTarget, is_replica, parse_url
 
+        rest, numeric = parse_url(rest)
         if not is_replica(replica := Path(rest).expanduser()):
             what = "is not a replica" if replica.exists() else "does not exist"
             raise UserError(f"no replica at {rest} (it {what}): views are defined over the tables "
                             f"`replicator consume` replicates into it")
-        target = SqliteTarget(Path(rest))
+        target = SqliteTarget(Path(rest), numeric=numeric)
         try:
             yield target.views
         finally:

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from replicator.errors import UserError
-from replicator.structure import Change, Column, TableStructure, target_table_name
+from replicator.structure import Change, Column, RowsDecoder, TableStructure, target_table_name
 from replicator.targets.files import file_changed, special_file
 from replicator.targets.protocol import Row, TargetTable
-from replicator.targets.sqlite.types import sqlite_type
+from replicator.targets.sqlite.types import FORMS, LEGACY_FORMS, NUMERIC_MODES, adapter, sqlite_type, value_adapters
 from replicator.targets.sqlite.views.store import SqliteViews
 
 # WAL: readers are never blocked and see whole batches. FULL: a commit is on
@@ -31,6 +31,13 @@ from replicator.targets.sqlite.views.store import SqliteViews
 PRAGMAS = ("journal_mode = WAL", "synchronous = FULL", "cache_size = -65536")
 _STATE = "_replicator_position"
 _TABLES = "_replicator_tables"
+# The replica's settings: how numeric values are stored ("numeric": number or text), chosen
+# when it is made, kept for its life.
+_SETTINGS = "_replicator_settings"
+# The forms of each table's values (types.FORMS); a table without a row was made before
+# they were recorded and keeps the forms of then (types.LEGACY_FORMS) until copied again.
+_FORMS = "_replicator_value_forms"
+_NUMERIC_OPTION = "?numeric="
 
 
 # What makes a SQLite file a replica: replicator's own tables (both are created in
@@ -226,6 +233,18 @@ def check_target_path(path: Path) -> None:
     raise UserError(f"{path} is {what}, so it is left as it is; give the replica another path")
 
 
+def parse_url(rest: str) -> tuple[str, str | None]:
+    """The path and the numeric option of a `sqlite:` target URL without its scheme:
+    PATH, or PATH?numeric=number|text (a `?` elsewhere is part of the path)."""
+    path, option, numeric = rest.rpartition(_NUMERIC_OPTION)
+    if not option or "/" in numeric:
+        return rest, None
+    if numeric not in NUMERIC_MODES:
+        raise UserError(f"invalid target option numeric={numeric!r}: use sqlite:PATH?numeric=number (numbers, "
+                        f"the default) or sqlite:PATH?numeric=text (PostgreSQL's exact digits)")
+    return path, numeric
+
+
 def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -233,7 +252,9 @@ def quote(name: str) -> str:
 class SqliteTarget:
     exactly_once = True
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, numeric: str | None = None) -> None:
+        """numeric: how numeric values are stored (types.NUMERIC_MODES) in a new replica;
+        an existing one keeps its own, and one given that differs is refused."""
         self.path = path.expanduser().resolve()
         self.name = f"sqlite:{self.path}"
         if not self.path.parent.is_dir():
@@ -249,6 +270,10 @@ class SqliteTarget:
                             " PRIMARY KEY (queue, consumer))")
             self.db.execute(f"CREATE TABLE IF NOT EXISTS {_TABLES} (source_name TEXT PRIMARY KEY,"
                             " table_id INTEGER, mode TEXT, structure TEXT, copy_snapshot TEXT)")
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS {_SETTINGS} (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS {_FORMS} (table_name TEXT PRIMARY KEY COLLATE NOCASE,"
+                            " forms INTEGER NOT NULL)")
+            self.numeric = self._numeric_mode(numeric)
             # 0: a new file, or a replica made before replicator marked them (adopted).
             unmarked = self.db.execute("PRAGMA application_id").fetchone()[0] == 0
             if unmarked:
@@ -270,6 +295,7 @@ class SqliteTarget:
         except OSError as exc:
             raise UserError(f"cannot use {self.path} as a SQLite target: {exc.strerror}") from None
         self._statements: dict[tuple[str, str], str] = {}
+        self._adapters: dict[str, tuple[RowsDecoder | None, RowsDecoder | None]] = {}
         self._files = {suffix: _identity(f"{self.path}{suffix}") for suffix in _SIDE_FILES}
         self._shm_size = _size(f"{self.path}-shm")
         # Application ids the main file's header may show: 0 too while an adopted
@@ -278,6 +304,24 @@ class SqliteTarget:
         if _application_id(os.pread(self._fd, 100, 0)) != APPLICATION_ID:
             self._ids.add(0)
         self._stopped: str | None = None   # why, once the file is no longer the replica
+
+    def _numeric_mode(self, numeric: str | None) -> str:
+        """The replica's numeric mode: recorded when it is first opened by this version
+        (`numeric`, else number); another one asked for is refused (in the transaction
+        that would have recorded it: nothing is written)."""
+        recorded = self.db.execute(f"SELECT value FROM {_SETTINGS} WHERE name = 'numeric'").fetchone()
+        if recorded is None:
+            chosen = numeric or "number"
+            self.db.execute(f"INSERT INTO {_SETTINGS} VALUES ('numeric', ?)", (chosen,))
+            return chosen
+        if numeric is not None and numeric != recorded[0]:
+            self.db.execute("ROLLBACK")
+            self.db.close()
+            raise UserError(f"{self.path} was made with numeric={recorded[0]}, which a replica keeps: to have "
+                            f"numeric={numeric}, copy every table anew into a new replica (another path, or move this "
+                            f"one aside, with ?numeric={numeric}); or leave the option out to go on with this one")
+        mode: str = recorded[0]
+        return mode
 
     # state ---------------------------------------------------------------------
 
@@ -429,15 +473,15 @@ class SqliteTarget:
         self.db.execute(f"DROP TABLE IF EXISTS {name}")
         self.db.execute(f"CREATE TABLE {name} ({', '.join(columns)}, "
                         f"PRIMARY KEY ({', '.join(quote(k) for k in s.key)}))")
-        self._statements.clear()
+        self.db.execute(f"INSERT OR REPLACE INTO {_FORMS} VALUES (?, ?)", (self.table_name(table), FORMS))
+        self._changed()
         self.save_table(table)
 
-    @staticmethod
-    def _column_type(structure: TableStructure, column: Column) -> str:
+    def _column_type(self, structure: TableStructure, column: Column) -> str:
         """sqlite_type(), except for a nullable one-column INTEGER key: declared INTEGER it
         would be an alias of the rowid, which stores NULL as a new number; INT has the
         same affinity and stores NULL."""
-        declared = sqlite_type(column)
+        declared = sqlite_type(column, key=column.name in structure.key, numeric=self.numeric)
         if declared == "INTEGER" and structure.key == (column.name,) and not column.not_null:
             return "INT"
         return declared
@@ -455,7 +499,8 @@ class SqliteTarget:
         self.views.schema_changing(self.table_name(table))
         self.db.execute(f"DROP TABLE IF EXISTS {quote(self.table_name(table))}")
         self.db.execute(f"DELETE FROM {_TABLES} WHERE source_name = ?", (table.source_name,))
-        self._statements.clear()
+        self.db.execute(f"DELETE FROM {_FORMS} WHERE table_name = ?", (self.table_name(table),))
+        self._changed()
 
     def alter_table(self, old: TargetTable, new: TargetTable, changes: list[Change]) -> None:
         """Applies a reconciled schema change in place (see schema.reconcile)."""
@@ -469,17 +514,20 @@ class SqliteTarget:
             if change.action == "rename_table":
                 name = quote(self.table_name(new))
                 self.db.execute(f"ALTER TABLE {quote(self.table_name(old))} RENAME TO {name}")
+                self.db.execute(f"UPDATE {_FORMS} SET table_name = ? WHERE table_name = ?",
+                                (self.table_name(new), self.table_name(old)))
             elif change.action == "rename_column":
                 self.db.execute(f"ALTER TABLE {name} RENAME COLUMN {quote(change.name)} TO {quote(change.new_name)}")
             elif change.action == "drop_column":
                 self.db.execute(f"ALTER TABLE {name} DROP COLUMN {quote(change.name)}")
             elif change.action == "add_column":
                 assert change.column is not None
-                self.db.execute(f"ALTER TABLE {name} ADD COLUMN {quote(change.name)} {sqlite_type(change.column)}")
+                self.db.execute(f"ALTER TABLE {name} ADD COLUMN {quote(change.name)} "
+                                f"{sqlite_type(change.column, numeric=self.numeric)}")
         if old.source_name != new.source_name:
             self.db.execute(f"DELETE FROM {_TABLES} WHERE source_name = ?", (old.source_name,))
         self.save_table(new)
-        self._statements.clear()
+        self._changed()
 
     def schema_event(self, table: TargetTable, event: dict[str, Any]) -> None:
         """Nothing to record: the replica's structure is the record."""
@@ -501,8 +549,33 @@ class SqliteTarget:
         self._statements[(table.source_name, kind)] = stmt
         return stmt
 
+    def _changed(self) -> None:
+        """Forgets what was prepared for the tables' old layouts."""
+        self._statements.clear()
+        self._adapters.clear()
+
+    def _adapted(self, table: TargetTable) -> tuple[RowsDecoder | None, RowsDecoder | None]:
+        """What turns the table's decoded rows and keys into the values its SQLite columns
+        store (types.value_adapters), following each column's declared type and the table's
+        recorded forms; None where values are stored as decoded."""
+        cached = self._adapters.get(table.source_name)
+        if cached is not None:
+            return cached
+        name = self.table_name(table)
+        declared = {r[1]: r[2] for r in self.db.execute(f"PRAGMA main.table_info({quote(name)})")}
+        recorded = self.db.execute(f"SELECT forms FROM {_FORMS} WHERE table_name = ?", (name,)).fetchone()
+        s = table.structure
+        adapters = value_adapters(s.columns, [declared.get(c.name, "") for c in s.columns],
+                                  recorded[0] if recorded else LEGACY_FORMS)
+        positions = s.key_positions()
+        cached = self._adapters[table.source_name] = (adapter(adapters), adapter([adapters[i] for i in positions]))
+        return cached
+
     def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
         self.views.note_write(self.table_name(table))
+        adapt = self._adapted(table)[0]
+        if adapt is not None:
+            rows = adapt(list(rows))
         if op != "R" and not all(c.not_null for c in table.structure.key_columns()):
             # A NULL in a SQLite key never conflicts (INSERT OR REPLACE would add a second
             # row): a key with nullable columns (--key, the automatic key) is replaced by
@@ -517,6 +590,9 @@ class SqliteTarget:
 
     def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
         self.views.note_write(self.table_name(table))
+        adapt = self._adapted(table)[1]
+        if adapt is not None:
+            keys = adapt(list(keys))
         self.db.executemany(self._statement(table, "delete"), keys)
 
     def truncate(self, table: TargetTable) -> None:
