@@ -496,11 +496,14 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
               help="Seconds to wait when no batch is ready.")
 @click.option("--stats-interval", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds between log lines of what was applied (batches, events, rows, lag); 0: a line a batch.")
+@click.option("--progress-interval", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between log lines of a table's copy when stderr is not a terminal (a terminal shows "
+                   "a progress bar).")
 @click.option("--spark-master", help="spark: target: Spark master for compaction (default local[*]).")
 @click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="spark: target: a Spark setting (repeatable).")
 @pass_ctx
 def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str | None, tables: str | None,
-            once: bool, until_caught_up: bool, poll_interval: float, stats_interval: float,
+            once: bool, until_caught_up: bool, poll_interval: float, stats_interval: float, progress_interval: float,
             spark_master: str | None, spark_conf: tuple[str, ...]) -> None:
     """Replicate QUEUE into a target, exactly once. Runs as a daemon unless
     --once or --until-caught-up; SIGTERM/SIGINT finish the current batch and exit 0.
@@ -510,6 +513,7 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         replicator consume main --target sqlite:replica.db
         replicator consume main --target jsonl:- --until-caught-up
         replicator consume main --target spark:/data/warehouse
+        replicator consume main --target sqlite:replica.db --progress-interval 30
     """
     from replicator.consumer import Consumer, check_captured
     from replicator.targets import open_target
@@ -522,7 +526,8 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         check_captured(queue_name, _split(tables), source.tables(queue_name))
     target = open_target(target_url, spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
     consumer = Consumer(db.resolve_dsn(ctx.dsn), queue_name, target, name=consumer_name,
-                        tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval)
+                        tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval,
+                        progress_interval=progress_interval)
     stop = StopFlag() if once or until_caught_up else StopFlag().install()
     try:
         consumer.run(once=once, until_caught_up=until_caught_up, stop=stop)
@@ -630,9 +635,24 @@ def status(ctx: Context, as_json: bool) -> None:
                   "last tick": c["last_tick"], "lag ticks": c["lag_ticks"], "lag events": c["lag_events"],
                   "lag seconds": f"{c['lag_seconds']:.1f}", "batch open": c["batch_open"]}
                  for c in report["consumers"]], "consumers")
+    copies = [{"queue": c["queue_name"], "consumer": c["consumer_name"], **_copy_row(c["copy"])}
+              for c in report["consumers"] if c["copy"]]
+    if copies:
+        _print_rows(copies, "copies running")
     blockers = [{"queue": q["queue_name"], **b} for q in report["queues"] for b in q["rotation_blockers"]]
     if blockers:
         _print_rows(blockers, "rotation blocked by")
+
+
+def _copy_row(copy: dict[str, Any]) -> dict[str, Any]:
+    """A running copy as status shows it; its age since the consumer last updated it tells
+    a consumer killed mid-copy (which clears it when it starts again)."""
+    from replicator.source.snapshot_copy import progress_line
+
+    seconds = (copy["updated"] - copy["started"]).total_seconds()
+    return {"table": copy["table"], "progress": progress_line(copy["rows"], copy["estimated_rows"] or 0, seconds),
+            "started": _timestamp(copy["started"]),
+            "updated": f"{copy['seconds_since_update']:.0f}s ago"}
 
 
 # views -------------------------------------------------------------------------

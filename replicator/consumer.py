@@ -8,8 +8,10 @@ finish_batch() neither loses nor repeats a batch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import math
 import re
 import shlex
 import socket
@@ -23,7 +25,7 @@ import psycopg
 
 from replicator.errors import UserError
 from replicator.shutdown import StopFlag
-from replicator.source import BatchInfo, CapturedTable, Source
+from replicator.source import BatchInfo, CapturedTable, Source, monitoring
 from replicator.source import snapshot_copy as source_copy
 from replicator.source.snapshots import snapshot_xmax, snapshot_xmin, txid_visible
 from replicator.structure import RowsDecoder, TableStructure, parse_json, reconcile
@@ -40,6 +42,7 @@ JOIN_BACK_KEYS = 5000
 MAX_BATCH_EVENTS = 100000
 BATCH_ROWS = 200000
 RUN_ROWS = 5000  # rows of consecutive same-kind events applied in one call, at most
+RECORD_COPY_SECONDS = 5.0   # a running copy's row on the source (for `status`) is written this often, at most
 
 
 def batch_event_limit(max_events: int, rows_per_event: float) -> int:
@@ -173,10 +176,44 @@ class _Run:
         self.table, self.rows = None, []
 
 
+class _CopyWatch:
+    """A table's copy as an operator sees it from outside: a row on the source that
+    `replicator status` shows, written from the consumer's own connection at most
+    every RECORD_COPY_SECONDS (or progress interval) and deleted when the copy ends."""
+
+    def __init__(self, consumer: Consumer, table: str, estimated_rows: int) -> None:
+        self.consumer = consumer
+        self.table = table
+        self.estimated_rows = estimated_rows
+        self.every = min(RECORD_COPY_SECONDS, consumer.progress_interval)
+        self._recorded = -math.inf
+        self.update(0)
+
+    def _record(self, table: str | None, rows: int) -> None:
+        source = self.consumer.source
+        # A copy again after a schema change runs inside a batch's transaction on that
+        # connection: a row written there would be seen by no one before it is deleted.
+        if source is not None and source.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            monitoring.record_copy(source, self.consumer.queue, self.consumer.name, table, rows,
+                                   self.estimated_rows)
+
+    def update(self, rows: int) -> None:
+        now = time.monotonic()
+        if now - self._recorded >= self.every:
+            self._recorded = now
+            self._record(self.table, rows)
+
+    def ended(self) -> None:
+        # A source gone mid-copy cannot be told; the consumer clears the row when it reconnects.
+        with contextlib.suppress(psycopg.OperationalError):
+            self._record(None, 0)
+
+
 class Consumer:
     def __init__(self, dsn: str, queue: str, target: Target, *, name: str | None = None,
                  tables: list[str] | None = None, poll_interval: float = 0.2,
-                 stats_interval: float = 30.0, max_batch_events: int = MAX_BATCH_EVENTS) -> None:
+                 stats_interval: float = 30.0, max_batch_events: int = MAX_BATCH_EVENTS,
+                 progress_interval: float = 10.0) -> None:
         self.dsn = dsn
         self.queue = queue
         self.target = target
@@ -185,6 +222,7 @@ class Consumer:
         self.poll_interval = poll_interval
         self.stats_interval = stats_interval
         self.max_batch_events = max_batch_events
+        self.progress_interval = progress_interval
         self.rows_per_event = 1000.0  # until a batch shows the queue's
         self.source: Source | None = None
         self._table_ids: list[int] | None = None
@@ -307,19 +345,23 @@ class Consumer:
             target_table = TargetTable(source_name=table.name, table_id=table.table_id, mode=table.mode,
                                        structure=structure, copy_snapshot=snap.snapshot)
             self.target.create_table(target_table)
-            with source_copy.copy_progress() as progress:
-                task = progress.add_task(f"copy {table.name}", total=snap.estimated_rows or None)
-                # A target may copy a large table itself, in parallel (Spark);
-                # None means it leaves the copy to this loop.
-                copied = self.target.copy_from(target_table, snap, lambda n: progress.update(task, completed=n))
-                if copied is not None:
-                    rows = copied
-                else:
-                    for chunk in snap.chunks():
-                        self.target.upsert(target_table, "R", chunk)
-                        rows += len(chunk)
-                        progress.update(task, completed=rows)
-                progress.update(task, total=rows, completed=rows)
+            watch = _CopyWatch(self, table.name, snap.estimated_rows)
+            try:
+                with source_copy.CopyProgress(table.name, snap.estimated_rows, self.progress_interval,
+                                              watch.update) as progress:
+                    # A target may copy a large table itself, in parallel (Spark);
+                    # None means it leaves the copy to this loop.
+                    copied = self.target.copy_from(target_table, snap, progress.update)
+                    if copied is not None:
+                        rows = copied
+                    else:
+                        for chunk in snap.chunks():
+                            self.target.upsert(target_table, "R", chunk)
+                            rows += len(chunk)
+                            progress.update(rows)
+                    progress.done(rows)
+            finally:
+                watch.ended()
         log.info("copied %s: %s in %.1fs", table.name, counted(rows, "row"), time.monotonic() - started)
         return target_table
 
@@ -523,7 +565,7 @@ class Consumer:
         while not stop.is_set:
             try:
                 if self.source is None:
-                    self.connect()
+                    monitoring.record_copy(self.connect(), self.queue, self.name, None)   # one a kill left
                     backoff = 0.5
                 if until_caught_up and goal is None:
                     goal = self._forced_tick(stop)

@@ -88,6 +88,7 @@ def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, c
                  " DROP COLUMN key_is_auto, DROP COLUMN table_catalog_xmins, DROP COLUMN table_catalog_tids,"
                  " DROP COLUMN table_storage, DROP COLUMN table_guarded, DROP COLUMN table_suspended")
     conn.execute("ALTER TABLE replicator.consumer DROP COLUMN consumer_owner")
+    conn.execute("DROP TABLE replicator.consumer_copy")
     conn.execute("DELETE FROM replicator.schema_version WHERE version > 2")
     conn.execute("INSERT INTO t VALUES (2, 'queued by version 2')")
 

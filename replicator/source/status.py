@@ -1,11 +1,11 @@
-"""What `replicator status` reports: queues, tables, consumers and their lag,
-and what keeps each queue from rotating."""
+"""What `replicator status` reports: queues, tables, consumers, their lag and
+the copy each runs, and what keeps each queue from rotating."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from replicator.source import Source
+from replicator.source import Source, monitoring
 
 
 def status(source: Source) -> dict[str, Any]:
@@ -17,5 +17,11 @@ def status(source: Source) -> dict[str, Any]:
                     "suspended": t.suspended}
                    for t in source.tables()],
         "schemas": source.followed_schemas(),
-        "consumers": source.consumers(),
+        "consumers": with_copies(source.consumers(), monitoring.copies(source)),
     }
+
+
+def with_copies(consumers: list[dict[str, Any]], copies: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each consumer with the copy it runs ("copy": table, rows, estimated_rows, started,
+    updated, rows_per_second, seconds_since_update), or None."""
+    return [{**c, "copy": copies.get((c["queue_name"], c["consumer_name"]))} for c in consumers]
