@@ -421,39 +421,77 @@ def _timestamp(value: datetime) -> str:
 
 # jobs ------------------------------------------------------------------------
 
+_METRICS_OPTIONS = [
+    click.option("--metrics-port", type=click.IntRange(0, 65535),
+                 help="Serve Prometheus metrics on this port (/metrics), and /health (docs/monitoring.md); "
+                      "0: a free port, logged."),
+    click.option("--metrics-address", default="127.0.0.1", show_default=True,
+                 help="Address the metrics listen on; 0.0.0.0 or :: for every interface."),
+]
+
+
+def _metrics_options(f: Any) -> Any:
+    for option in reversed(_METRICS_OPTIONS):
+        f = option(f)
+    return f
+
+
+def _serve_metrics(metrics: Any, address: str, port: int | None, once: bool) -> None:
+    from replicator.metrics import serve
+
+    if port is None:
+        return
+    if once:
+        raise UserError("--metrics-port serves a running daemon: leave out --once")
+    serve(metrics, address, port)
+
+
+
 @cli.command()
 @click.option("--once", is_flag=True, help="Tick every queue once (forced) and exit.")
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds between passes.")
+@_metrics_options
 @pass_ctx
-def ticker(ctx: Context, once: bool, interval: float) -> None:
+def ticker(ctx: Context, once: bool, interval: float, metrics_port: int | None, metrics_address: str) -> None:
     """Cut the event stream into batches: insert ticks when due.
 
     \b
     Example:
         replicator ticker --interval 0.5
+        replicator ticker --metrics-port 9701
     """
+    from replicator.metrics import TickerMetrics
+
+    metrics = TickerMetrics(interval)
+    _serve_metrics(metrics, metrics_address, metrics_port, once)
     if once:
         with ctx.source() as source:
             ticks = [source.tick(q["queue_name"], force=True) for q in source.queues()]
         click.echo(counted(sum(t is not None for t in ticks), "tick"))
         return
     ctx.source().close()
-    jobs.run_ticker(ctx.source, interval, StopFlag().install())
+    jobs.run_ticker(ctx.source, interval, StopFlag().install(), metrics)
 
 
 @cli.command()
 @click.option("--once", is_flag=True, help="One pass and exit.")
 @click.option("--interval", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds between passes.")
+@_metrics_options
 @pass_ctx
-def maint(ctx: Context, once: bool, interval: float) -> None:
+def maint(ctx: Context, once: bool, interval: float, metrics_port: int | None, metrics_address: str) -> None:
     """Rotate event tables and clean up old ticks.
 
     \b
     Example:
         replicator maint --once
+        replicator maint --metrics-port 9702
     """
+    from replicator.metrics import MaintMetrics
+
+    metrics = MaintMetrics(interval)
+    _serve_metrics(metrics, metrics_address, metrics_port, once)
     if once:
         with ctx.source() as source:
             actions = source.maint()   # printed below, not logged
@@ -461,7 +499,7 @@ def maint(ctx: Context, once: bool, interval: float) -> None:
             click.echo(f"{queue_name}: {', '.join(done) or 'nothing to do'}")
         return
     ctx.source().close()
-    jobs.run_maint(ctx.source, interval, StopFlag().install())
+    jobs.run_maint(ctx.source, interval, StopFlag().install(), metrics)
 
 
 @cli.command()
@@ -499,11 +537,15 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.option("--progress-interval", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds between log lines of a table's copy when stderr is not a terminal (a terminal shows "
                    "a progress bar).")
+@_metrics_options
+@click.option("--health-max-lag", default="5min", show_default=True,
+              help="/health answers 503 when the consumer lags more than this (e.g. 30s, 5min).")
 @click.option("--spark-master", help="spark: target: Spark master for compaction (default local[*]).")
 @click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="spark: target: a Spark setting (repeatable).")
 @pass_ctx
 def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str | None, tables: str | None,
             once: bool, until_caught_up: bool, poll_interval: float, stats_interval: float, progress_interval: float,
+            metrics_port: int | None, metrics_address: str, health_max_lag: str,
             spark_master: str | None, spark_conf: tuple[str, ...]) -> None:
     """Replicate QUEUE into a target, exactly once. Runs as a daemon unless
     --once or --until-caught-up; SIGTERM/SIGINT finish the current batch and exit 0.
@@ -513,7 +555,7 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         replicator consume main --target sqlite:replica.db
         replicator consume main --target jsonl:- --until-caught-up
         replicator consume main --target spark:/data/warehouse
-        replicator consume main --target sqlite:replica.db --progress-interval 30
+        replicator consume main --target sqlite:replica.db --metrics-port 9700 --health-max-lag 10min
     """
     from replicator.consumer import Consumer, check_captured
     from replicator.targets import open_target
@@ -522,14 +564,16 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         raise UserError("--once and --until-caught-up exclude each other")
     if (spark_master or spark_conf) and not target_url.startswith("spark:"):
         raise UserError("--spark-master and --spark-conf apply to a spark: target only")
+    max_lag = parse_duration(health_max_lag).total_seconds()
     with ctx.source() as source:   # a mistyped queue or table makes no target (opening one may create its file)
         check_captured(queue_name, _split(tables), source.tables(queue_name))
     target = open_target(target_url, spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
     consumer = Consumer(db.resolve_dsn(ctx.dsn), queue_name, target, name=consumer_name,
                         tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval,
-                        progress_interval=progress_interval)
+                        progress_interval=progress_interval, health_max_lag=max_lag)
     stop = StopFlag() if once or until_caught_up else StopFlag().install()
     try:
+        _serve_metrics(consumer.metrics, metrics_address, metrics_port, once=False)
         consumer.run(once=once, until_caught_up=until_caught_up, stop=stop)
     finally:
         consumer.close()

@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 
 from replicator.errors import UserError
+from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.source import BatchInfo, CapturedTable, Source, monitoring
 from replicator.source import snapshot_copy as source_copy
@@ -43,6 +44,7 @@ MAX_BATCH_EVENTS = 100000
 BATCH_ROWS = 200000
 RUN_ROWS = 5000  # rows of consecutive same-kind events applied in one call, at most
 RECORD_COPY_SECONDS = 5.0   # a running copy's row on the source (for `status`) is written this often, at most
+LAG_REFRESH_SECONDS = 5.0   # the lag metrics and health are read from the source this often, at most
 
 
 def batch_event_limit(max_events: int, rows_per_event: float) -> int:
@@ -177,9 +179,10 @@ class _Run:
 
 
 class _CopyWatch:
-    """A table's copy as an operator sees it from outside: a row on the source that
-    `replicator status` shows, written from the consumer's own connection at most
-    every RECORD_COPY_SECONDS (or progress interval) and deleted when the copy ends."""
+    """A table's copy as an operator sees it from outside: the consumer's metrics,
+    and a row on the source that `replicator status` shows, written from the
+    consumer's own connection at most every RECORD_COPY_SECONDS (or progress
+    interval) and deleted when the copy ends."""
 
     def __init__(self, consumer: Consumer, table: str, estimated_rows: int) -> None:
         self.consumer = consumer
@@ -198,12 +201,14 @@ class _CopyWatch:
                                    self.estimated_rows)
 
     def update(self, rows: int) -> None:
+        self.consumer.metrics.copy_progress(self.table, rows, self.estimated_rows)
         now = time.monotonic()
         if now - self._recorded >= self.every:
             self._recorded = now
             self._record(self.table, rows)
 
     def ended(self) -> None:
+        self.consumer.metrics.copy_ended(self.table)
         # A source gone mid-copy cannot be told; the consumer clears the row when it reconnects.
         with contextlib.suppress(psycopg.OperationalError):
             self._record(None, 0)
@@ -213,7 +218,7 @@ class Consumer:
     def __init__(self, dsn: str, queue: str, target: Target, *, name: str | None = None,
                  tables: list[str] | None = None, poll_interval: float = 0.2,
                  stats_interval: float = 30.0, max_batch_events: int = MAX_BATCH_EVENTS,
-                 progress_interval: float = 10.0) -> None:
+                 progress_interval: float = 10.0, health_max_lag: float = 300.0) -> None:
         self.dsn = dsn
         self.queue = queue
         self.target = target
@@ -223,6 +228,8 @@ class Consumer:
         self.stats_interval = stats_interval
         self.max_batch_events = max_batch_events
         self.progress_interval = progress_interval
+        self.metrics = ConsumerMetrics(queue, self.name, health_max_lag)
+        self._lag_read = -math.inf
         self.rows_per_event = 1000.0  # until a batch shows the queue's
         self.source: Source | None = None
         self._table_ids: list[int] | None = None
@@ -575,6 +582,9 @@ class Consumer:
                 if stats is not None:
                     applied += 1
                     summary.add(stats)
+                    self.metrics.applied(stats.events, stats.rows)
+                self._read_lag()
+                self.metrics.ran()
                 if time.monotonic() - summary.started >= self.stats_interval:
                     summary.flush(self.queue)
                 if once:
@@ -588,10 +598,23 @@ class Consumer:
             except psycopg.OperationalError as exc:
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 log.warning("source unavailable (%s); reconnecting in %.1fs", reason, backoff)
+                self.metrics.source_unavailable(reason)
                 self.close()
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
         return applied
+
+    def _read_lag(self) -> None:
+        """Reads the lag from the source for the metrics and health, every
+        LAG_REFRESH_SECONDS at most: a query per batch would cost more than a small batch."""
+        assert self.source is not None
+        now = time.monotonic()
+        if now - self._lag_read < LAG_REFRESH_SECONDS:
+            return
+        self._lag_read = now
+        lag = monitoring.consumer_lag(self.source, self.queue, self.name)
+        if lag is not None:
+            self.metrics.lag(lag["lag_ticks"], lag["lag_events"], lag["lag_seconds"], lag["last_tick_age"])
 
     def _forced_tick(self, stop: StopFlag) -> int | None:
         """A tick taken now: another ticker holding the queue only delays it.

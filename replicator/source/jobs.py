@@ -8,15 +8,17 @@ from collections.abc import Callable
 import psycopg
 
 from replicator.errors import UserError
+from replicator.metrics import DaemonMetrics, MaintMetrics, TickerMetrics
 from replicator.shutdown import StopFlag
-from replicator.source import Source
+from replicator.source import Source, monitoring
 
 log = logging.getLogger("replicator")
 
 
 def run_forever(step: Callable[[Source], object], connect: Callable[[], Source], interval: float,
-                stop: StopFlag, name: str) -> None:
-    """Runs step every interval seconds; reconnects with backoff when the source goes away."""
+                stop: StopFlag, name: str, metrics: DaemonMetrics) -> None:
+    """Runs step every interval seconds; reconnects with backoff when the source goes away
+    (which the metrics count, and the health reports)."""
     source: Source | None = None
     backoff = 1.0
     while not stop.is_set:
@@ -30,6 +32,7 @@ def run_forever(step: Callable[[Source], object], connect: Callable[[], Source],
             # UserError: connect() could not reach the source (db.connect turns that into one line).
             reason = str(exc).strip().splitlines()[0]
             log.warning("%s: source unavailable (%s); retrying in %.0fs", name, reason, backoff)
+            metrics.source_unavailable(reason)
             if source is not None:
                 source.conn.close()
                 source = None
@@ -56,9 +59,23 @@ def maint_once(source: Source) -> dict[str, list[str]]:
     return actions
 
 
-def run_ticker(connect: Callable[[], Source], interval: float, stop: StopFlag) -> None:
-    run_forever(tick_once, connect, interval, stop, "ticker")
+def run_ticker(connect: Callable[[], Source], interval: float, stop: StopFlag,
+               metrics: TickerMetrics | None = None) -> None:
+    watched = metrics or TickerMetrics(interval)
+
+    def step(source: Source) -> None:
+        watched.ticked(tick_once(source), monitoring.last_tick_ages(source))
+
+    run_forever(step, connect, interval, stop, "ticker", watched)
 
 
-def run_maint(connect: Callable[[], Source], interval: float, stop: StopFlag) -> None:
-    run_forever(maint_once, connect, interval, stop, "maint")
+def run_maint(connect: Callable[[], Source], interval: float, stop: StopFlag,
+              metrics: MaintMetrics | None = None) -> None:
+    watched = metrics or MaintMetrics(interval)
+
+    def step(source: Source) -> None:
+        actions = maint_once(source)
+        watched.maintained([queue for queue, done in actions.items() if "rotated" in done],
+                           monitoring.rotation_overdue(source))
+
+    run_forever(step, connect, interval, stop, "maint", watched)

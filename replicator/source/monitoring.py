@@ -1,5 +1,6 @@
-"""What the daemons record for an operator to watch: the copy a consumer runs.
-Each is one cheap query, run every few seconds at most (`status`)."""
+"""What the daemons read and record for an operator to watch: a consumer's lag
+and the copy it runs, each queue's latest tick and overdue rotation. Each is one
+cheap query, run every few seconds at most (replicator.metrics, `status`)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,34 @@ def copies(source: Source) -> dict[tuple[str, str], dict[str, Any]]:
     with db.user_errors(), source.conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute("SELECT * FROM replicator.consumer_copy_info()").fetchall()
     return {(r.pop("queue_name"), r.pop("consumer_name")): {"table": r.pop("table_name"), **r} for r in rows}
+
+
+def consumer_lag(source: Source, queue: str, consumer: str) -> dict[str, Any] | None:
+    """A consumer's lag (ticks, events, seconds) and the age of its queue's latest
+    tick, in seconds; None if the consumer is not registered."""
+    with db.user_errors(), source.conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            "SELECT lag_ticks, lag_events, lag_seconds,"
+            " (SELECT extract(epoch FROM clock_timestamp() - t.tick_time)::float8 FROM replicator.tick t"
+            "  WHERE t.tick_queue = (replicator.find_queue(%s)).queue_id ORDER BY t.tick_id DESC LIMIT 1)"
+            " AS last_tick_age FROM replicator.consumer_info() WHERE queue_name = %s AND consumer_name = %s",
+            (queue, queue, consumer)).fetchone()
+
+
+def last_tick_ages(source: Source) -> dict[str, float | None]:
+    """Seconds since each queue's latest tick (None: the queue has none yet)."""
+    with db.user_errors():
+        rows = source.conn.execute(
+            "SELECT q.queue_name, extract(epoch FROM clock_timestamp() - t.tick_time)::float8"
+            " FROM replicator.queue q LEFT JOIN LATERAL (SELECT tick_time FROM replicator.tick"
+            " WHERE tick_queue = q.queue_id ORDER BY tick_id DESC LIMIT 1) t ON true").fetchall()
+    return dict(rows)
+
+
+def rotation_overdue(source: Source) -> dict[str, float]:
+    """Seconds each queue is past its rotation period since its last switch (0: not due)."""
+    with db.user_errors():
+        rows = source.conn.execute(
+            "SELECT queue_name, greatest(extract(epoch FROM clock_timestamp() - queue_switch_time"
+            " - queue_rotation_period), 0)::float8 FROM replicator.queue").fetchall()
+    return dict(rows)
