@@ -14,7 +14,7 @@ import sys
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import psycopg
@@ -26,6 +26,9 @@ from replicator.shutdown import StopFlag
 from replicator.source import Source, db, format_duration, jobs, parse_duration
 from replicator.source import install as installer
 from replicator.wording import counted
+
+if TYPE_CHECKING:
+    from replicator.metrics import DaemonMetrics  # imported when served: prometheus_client takes a while to load
 
 console = Console()
 
@@ -436,7 +439,7 @@ def _metrics_options(f: Any) -> Any:
     return f
 
 
-def _serve_metrics(metrics: Any, address: str, port: int | None, once: bool) -> None:
+def _serve_metrics(metrics: DaemonMetrics, address: str, port: int | None, once: bool) -> None:
     from replicator.metrics import serve
 
     if port is None:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from replicator.errors import UserError
-from replicator.metrics import DaemonMetrics, MaintMetrics, TickerMetrics
 from replicator.shutdown import StopFlag
 from replicator.source import Source, monitoring
+
+if TYPE_CHECKING:
+    # imported when a daemon runs: prometheus_client takes a while to load, for every command
+    from replicator.metrics import DaemonMetrics, MaintMetrics, TickerMetrics
 
 log = logging.getLogger("replicator")
 
@@ -61,6 +65,8 @@ def maint_once(source: Source) -> dict[str, list[str]]:
 
 def run_ticker(connect: Callable[[], Source], interval: float, stop: StopFlag,
                metrics: TickerMetrics | None = None) -> None:
+    from replicator.metrics import TickerMetrics
+
     watched = metrics or TickerMetrics(interval)
 
     def step(source: Source) -> None:
@@ -71,6 +77,8 @@ def run_ticker(connect: Callable[[], Source], interval: float, stop: StopFlag,
 
 def run_maint(connect: Callable[[], Source], interval: float, stop: StopFlag,
               metrics: MaintMetrics | None = None) -> None:
+    from replicator.metrics import MaintMetrics
+
     watched = metrics or MaintMetrics(interval)
 
     def step(source: Source) -> None:
