@@ -48,6 +48,7 @@
 \ir replicator.get_batch_info.sql
 \ir replicator.batch_event_sql.sql
 \ir replicator.finish_batch.sql
+\ir replicator.consumer_copy.sql
 
 -- maintenance, status, upgrades
 \ir replicator.maint_rotate.sql

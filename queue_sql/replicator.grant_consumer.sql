@@ -31,6 +31,7 @@ LANGUAGE sql STABLE AS $$
         'replicator.window_event_sql(integer, txid_snapshot, txid_snapshot, integer[])',
         'replicator.event_table(integer)',
         'replicator.finish_batch(bigint)',
+        'replicator.set_consumer_copy(text, text, text, bigint, bigint)',
         -- forced ticks: the initial copy's durable tick, consume --until-caught-up
         'replicator.ticker(text, boolean)',
         -- status, table list; the Spark streaming source reads event ids
@@ -43,6 +44,7 @@ LANGUAGE sql STABLE AS $$
         'replicator.consumer_idle(replicator.consumer)',
         'replicator.consumer_connected(text)',
         'replicator.ticker_info()',
+        'replicator.consumer_copy_info()',
         'replicator.schema_info(text)',
         'replicator.rotation_blockers(text)',
         'replicator.txid_horizon()'

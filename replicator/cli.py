@@ -15,7 +15,7 @@ import sys
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import psycopg
@@ -27,6 +27,9 @@ from replicator.shutdown import StopFlag
 from replicator.source import Source, db, format_duration, jobs, parse_duration
 from replicator.source import install as installer
 from replicator.wording import counted, format_age
+
+if TYPE_CHECKING:
+    from replicator.metrics import DaemonMetrics  # imported when served: prometheus_client takes a while to load
 
 console = Console()
 
@@ -494,33 +497,66 @@ def _timestamp(value: datetime) -> str:
 
 # jobs ------------------------------------------------------------------------
 
+_METRICS_OPTIONS = [
+    click.option("--metrics-port", type=click.IntRange(0, 65535),
+                 help="Serve Prometheus metrics on this port (/metrics), and /health (docs/monitoring.md); "
+                      "0: a free port, logged."),
+    click.option("--metrics-address", default="127.0.0.1", show_default=True,
+                 help="Address the metrics listen on; 0.0.0.0 or :: for every interface."),
+]
+
+
+def _metrics_options(f: Any) -> Any:
+    for option in reversed(_METRICS_OPTIONS):
+        f = option(f)
+    return f
+
+
+def _serve_metrics(metrics: DaemonMetrics, address: str, port: int | None, once: bool) -> None:
+    from replicator.metrics import serve
+
+    if port is None:
+        return
+    if once:
+        raise UserError("--metrics-port serves a running daemon: leave out --once")
+    serve(metrics, address, port)
+
+
+
 @cli.command()
 @click.option("--once", is_flag=True, help="Tick every queue once (forced) and exit.")
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds between passes.")
+@_metrics_options
 @pass_ctx
-def ticker(ctx: Context, once: bool, interval: float) -> None:
+def ticker(ctx: Context, once: bool, interval: float, metrics_port: int | None, metrics_address: str) -> None:
     """Cut the event stream into batches: insert ticks when due.
 
     \b
     Example:
         replicator ticker --interval 0.5
+        replicator ticker --metrics-port 9701
     """
+    from replicator.metrics import TickerMetrics
+
+    metrics = TickerMetrics(interval)
+    _serve_metrics(metrics, metrics_address, metrics_port, once)
     if once:
         with ctx.source() as source:
             ticks = [source.tick(q["queue_name"], force=True) for q in source.queues()]
         click.echo(counted(sum(t is not None for t in ticks), "tick"))
         return
     ctx.source().close()
-    jobs.run_ticker(ctx.source, interval, StopFlag().install())
+    jobs.run_ticker(ctx.source, interval, StopFlag().install(), metrics)
 
 
 @cli.command()
 @click.option("--once", is_flag=True, help="One pass and exit.")
 @click.option("--interval", default=30.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Seconds between passes.")
+@_metrics_options
 @pass_ctx
-def maint(ctx: Context, once: bool, interval: float) -> None:
+def maint(ctx: Context, once: bool, interval: float, metrics_port: int | None, metrics_address: str) -> None:
     """Rotate event tables, clean up old ticks, unregister temporary consumers
     whose process is gone; say what blocks a rotation overdue, and which
     consumers are idle.
@@ -528,7 +564,12 @@ def maint(ctx: Context, once: bool, interval: float) -> None:
     \b
     Example:
         replicator maint --once
+        replicator maint --metrics-port 9702
     """
+    from replicator.metrics import MaintMetrics
+
+    metrics = MaintMetrics(interval)
+    _serve_metrics(metrics, metrics_address, metrics_port, once)
     if once:
         from replicator.source.status import idle_line
 
@@ -541,7 +582,7 @@ def maint(ctx: Context, once: bool, interval: float) -> None:
                 click.echo(f"{queue_name}: {line}")
         return
     ctx.source().close()
-    jobs.run_maint(ctx.source, interval, StopFlag().install())
+    jobs.run_maint(ctx.source, interval, StopFlag().install(), metrics)
 
 
 @cli.command()
@@ -581,11 +622,18 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
               help="Seconds to wait when no batch is ready.")
 @click.option("--stats-interval", default=30.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds between log lines of what was applied (batches, events, rows, lag); 0: a line a batch.")
+@click.option("--progress-interval", default=10.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds between log lines of a table's copy when stderr is not a terminal (a terminal shows "
+                   "a progress bar).")
+@_metrics_options
+@click.option("--health-max-lag", default="5min", show_default=True,
+              help="/health answers 503 when the consumer lags more than this (e.g. 30s, 5min).")
 @click.option("--spark-master", help="spark: target: Spark master for compaction (default local[*]).")
 @click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="spark: target: a Spark setting (repeatable).")
 @pass_ctx
 def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str | None, tables: str | None,
             once: bool, until_caught_up: bool, recopy: bool, poll_interval: float, stats_interval: float,
+            progress_interval: float, metrics_port: int | None, metrics_address: str, health_max_lag: str,
             spark_master: str | None, spark_conf: tuple[str, ...]) -> None:
     """Replicate QUEUE into a target, exactly once. Runs as a daemon unless
     --once or --until-caught-up; SIGTERM/SIGINT finish the current batch and exit 0.
@@ -602,6 +650,7 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         replicator consume main --target jsonl:- --consumer audit_feed
         replicator consume main --target spark:/data/warehouse
         replicator consume main --target sqlite:replica.db --recopy --until-caught-up
+        replicator consume main --target sqlite:replica.db --metrics-port 9700 --health-max-lag 10min
     """
     from replicator.consumer import Consumer, check_captured
     from replicator.targets import open_target
@@ -610,17 +659,19 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         raise UserError("--once and --until-caught-up exclude each other")
     if (spark_master or spark_conf) and not target_url.startswith("spark:"):
         raise UserError("--spark-master and --spark-conf apply to a spark: target only")
+    max_lag = parse_duration(health_max_lag).total_seconds()
     with ctx.source() as source:   # a mistyped queue or table makes no target (opening one may create its file)
         check_captured(queue_name, _split(tables), source.tables(queue_name))
     target = open_target(target_url, spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
     consumer = Consumer(db.resolve_dsn(ctx.dsn), queue_name, target, name=consumer_name,
                         tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval,
-                        recopy=recopy)
+                        recopy=recopy, progress_interval=progress_interval, health_max_lag=max_lag)
     stop = StopFlag() if once or until_caught_up else StopFlag().install()
     if consumer.temporary and (once or until_caught_up):
         # SIGTERM ends the run as Ctrl-C does, through the finally below, which unregisters it.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
+        _serve_metrics(consumer.metrics, metrics_address, metrics_port, once=False)
         consumer.run(once=once, until_caught_up=until_caught_up, stop=stop)
     finally:
         consumer.close()
@@ -731,6 +782,10 @@ def status(ctx: Context, as_json: bool) -> None:
                   "lag seconds": f"{c['lag_seconds']:.1f}", "batch open": c["batch_open"],
                   "last seen": f"{_age(c['idle_seconds'])} ago", "state": _consumer_state(c)}
                  for c in report["consumers"]], "consumers")
+    copies = [{"queue": c["queue"], "consumer": c["consumer"], **_copy_row(c["copy"])}
+              for c in report["consumers"] if c["copy"]]
+    if copies:
+        _print_rows(copies, "copies running")
     blockers = [{"queue": q["queue"], **b} for q in report["queues"] for b in q["rotation_blockers"]]
     if blockers:
         _print_rows(blockers, "rotation blocked by")
@@ -747,6 +802,17 @@ def _consumer_state(consumer: dict[str, Any]) -> str:
     """idle, connected; temporary (a stdout stream's, unregistered when it ends or by maint once idle)."""
     state = "idle" if consumer["idle"] else "connected" if consumer["connected"] else ""
     return ", ".join(filter(None, [state, "temporary" if consumer["temporary"] else ""]))
+
+
+def _copy_row(copy: dict[str, Any]) -> dict[str, Any]:
+    """A running copy as status shows it; its age since the consumer last updated it tells
+    a consumer killed mid-copy (which clears it when it starts again)."""
+    from replicator.source.snapshot_copy import progress_line
+
+    seconds = (copy["updated"] - copy["started"]).total_seconds()
+    return {"table": copy["table"], "progress": progress_line(copy["rows"], copy["estimated_rows"] or 0, seconds),
+            "started": _timestamp(copy["started"]),
+            "updated": f"{copy['seconds_since_update']:.0f}s ago"}
 
 
 # views -------------------------------------------------------------------------

@@ -8,8 +8,10 @@ finish_batch() neither loses nor repeats a batch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import math
 import os
 import re
 import shlex
@@ -23,8 +25,9 @@ from typing import Any
 import psycopg
 
 from replicator.errors import UserError
+from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
-from replicator.source import BatchInfo, CapturedTable, Source
+from replicator.source import BatchInfo, CapturedTable, Source, monitoring
 from replicator.source import snapshot_copy as source_copy
 from replicator.source.snapshots import snapshot_xmax, snapshot_xmin, txid_visible
 from replicator.structure import RowsDecoder, TableStructure, parse_json, reconcile
@@ -41,6 +44,8 @@ JOIN_BACK_KEYS = 5000
 MAX_BATCH_EVENTS = 100000
 BATCH_ROWS = 200000
 RUN_ROWS = 5000  # rows of consecutive same-kind events applied in one call, at most
+RECORD_COPY_SECONDS = 5.0   # a running copy's row on the source (for `status`) is written this often, at most
+LAG_REFRESH_SECONDS = 5.0   # the lag metrics and health are read from the source this often, at most
 
 
 def batch_event_limit(max_events: int, rows_per_event: float) -> int:
@@ -182,11 +187,47 @@ class _Run:
         self.table, self.rows = None, []
 
 
+class _CopyWatch:
+    """A table's copy as an operator sees it from outside: the consumer's metrics,
+    and a row on the source that `replicator status` shows, written from the
+    consumer's own connection at most every RECORD_COPY_SECONDS (or progress
+    interval) and deleted when the copy ends."""
+
+    def __init__(self, consumer: Consumer, table: str, estimated_rows: int) -> None:
+        self.consumer = consumer
+        self.table = table
+        self.estimated_rows = estimated_rows
+        self.every = min(RECORD_COPY_SECONDS, consumer.progress_interval)
+        self._recorded = -math.inf
+        self.update(0)
+
+    def _record(self, table: str | None, rows: int) -> None:
+        source = self.consumer.source
+        # A copy again after a schema change runs inside a batch's transaction on that
+        # connection: a row written there would be seen by no one before it is deleted.
+        if source is not None and source.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            monitoring.record_copy(source, self.consumer.queue, self.consumer.name, table, rows,
+                                   self.estimated_rows)
+
+    def update(self, rows: int) -> None:
+        self.consumer.metrics.copy_progress(self.table, rows, self.estimated_rows)
+        now = time.monotonic()
+        if now - self._recorded >= self.every:
+            self._recorded = now
+            self._record(self.table, rows)
+
+    def ended(self) -> None:
+        self.consumer.metrics.copy_ended(self.table)
+        # A source gone mid-copy cannot be told; the consumer clears the row when it reconnects.
+        with contextlib.suppress(psycopg.OperationalError):
+            self._record(None, 0)
+
+
 class Consumer:
     def __init__(self, dsn: str, queue: str, target: Target, *, name: str | None = None,
                  tables: list[str] | None = None, poll_interval: float = 0.2,
                  stats_interval: float = 30.0, max_batch_events: int = MAX_BATCH_EVENTS,
-                 recopy: bool = False) -> None:
+                 recopy: bool = False, progress_interval: float = 10.0, health_max_lag: float = 300.0) -> None:
         self.dsn = dsn
         self.queue = queue
         self.target = target
@@ -198,6 +239,9 @@ class Consumer:
         self.poll_interval = poll_interval
         self.stats_interval = stats_interval
         self.max_batch_events = max_batch_events
+        self.progress_interval = progress_interval
+        self.metrics = ConsumerMetrics(queue, self.name, health_max_lag)
+        self._lag_read = -math.inf
         self.rows_per_event = 1000.0  # until a batch shows the queue's
         self.source: Source | None = None
         self._table_ids: list[int] | None = None
@@ -389,19 +433,23 @@ class Consumer:
             target_table = TargetTable(source_name=table.name, table_id=table.table_id, mode=table.mode,
                                        structure=structure, copy_snapshot=snap.snapshot)
             self.target.create_table(target_table)
-            with source_copy.copy_progress() as progress:
-                task = progress.add_task(f"copy {table.name}", total=snap.estimated_rows or None)
-                # A target may copy a large table itself, in parallel (Spark);
-                # None means it leaves the copy to this loop.
-                copied = self.target.copy_from(target_table, snap, lambda n: progress.update(task, completed=n))
-                if copied is not None:
-                    rows = copied
-                else:
-                    for chunk in snap.chunks():
-                        self.target.upsert(target_table, "R", chunk)
-                        rows += len(chunk)
-                        progress.update(task, completed=rows)
-                progress.update(task, total=rows, completed=rows)
+            watch = _CopyWatch(self, table.name, snap.estimated_rows)
+            try:
+                with source_copy.CopyProgress(table.name, snap.estimated_rows, self.progress_interval,
+                                              watch.update) as progress:
+                    # A target may copy a large table itself, in parallel (Spark);
+                    # None means it leaves the copy to this loop.
+                    copied = self.target.copy_from(target_table, snap, progress.update)
+                    if copied is not None:
+                        rows = copied
+                    else:
+                        for chunk in snap.chunks():
+                            self.target.upsert(target_table, "R", chunk)
+                            rows += len(chunk)
+                            progress.update(rows)
+                    progress.done(rows)
+            finally:
+                watch.ended()
         log.info("copied %s: %s in %.1fs", table.name, counted(rows, "row"), time.monotonic() - started)
         return target_table
 
@@ -607,7 +655,7 @@ class Consumer:
         while not stop.is_set:
             try:
                 if self.source is None:
-                    self.connect()
+                    monitoring.record_copy(self.connect(), self.queue, self.name, None)   # one a kill left
                     backoff = 0.5
                 if until_caught_up and goal is None:
                     goal = self._forced_tick(stop)
@@ -617,6 +665,9 @@ class Consumer:
                 if stats is not None:
                     applied += 1
                     summary.add(stats)
+                    self.metrics.applied(stats.events, stats.rows)
+                self._read_lag()
+                self.metrics.ran()
                 if time.monotonic() - summary.started >= self.stats_interval:
                     summary.flush(self.queue)
                 if once:
@@ -630,10 +681,23 @@ class Consumer:
             except psycopg.OperationalError as exc:
                 reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 log.warning("source unavailable (%s); reconnecting in %.1fs", reason, backoff)
+                self.metrics.source_unavailable(reason)
                 self._disconnect()
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
         return applied
+
+    def _read_lag(self) -> None:
+        """Reads the lag from the source for the metrics and health, every
+        LAG_REFRESH_SECONDS at most: a query per batch would cost more than a small batch."""
+        assert self.source is not None
+        now = time.monotonic()
+        if now - self._lag_read < LAG_REFRESH_SECONDS:
+            return
+        self._lag_read = now
+        lag = monitoring.consumer_lag(self.source, self.queue, self.name)
+        if lag is not None:
+            self.metrics.lag(lag["lag_ticks"], lag["lag_events"], lag["lag_seconds"], lag["last_tick_age"])
 
     def _forced_tick(self, stop: StopFlag) -> int | None:
         """A tick taken now: another ticker holding the queue only delays it.

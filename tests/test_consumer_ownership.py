@@ -68,6 +68,7 @@ REFUSED_TO_ANOTHER_ROLE = {
     "finish_batch": "SELECT replicator.finish_batch({batch})",
     "get_batch_info": "SELECT * FROM replicator.get_batch_info({batch})",
     "batch_event_sql": "SELECT replicator.batch_event_sql({batch})",
+    "set_consumer_copy": "SELECT replicator.set_consumer_copy('q', 'b_replica', 'public.t', 1, 2)",
 }
 
 

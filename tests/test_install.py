@@ -91,6 +91,7 @@ def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, c
     conn.execute("ALTER TABLE replicator.consumer DROP COLUMN consumer_temporary")
     conn.execute("ALTER TABLE replicator.queue DROP COLUMN queue_consumer_idle_limit")
     conn.execute("DROP TABLE replicator.ticker_heartbeat")
+    conn.execute("DROP TABLE replicator.consumer_copy")
     conn.execute("DELETE FROM replicator.schema_version WHERE version > 2")
     conn.execute("INSERT INTO t VALUES (2, 'queued by version 2')")
 

@@ -9,13 +9,18 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from replicator.errors import UserError
 from replicator.shutdown import StopFlag
-from replicator.source import Source
+from replicator.source import Source, monitoring
 from replicator.source.status import idle_line
+
+if TYPE_CHECKING:
+    # imported when a daemon runs: prometheus_client takes a while to load, for every command
+    from replicator.metrics import DaemonMetrics, MaintMetrics, TickerMetrics
 
 log = logging.getLogger("replicator")
 
@@ -23,9 +28,11 @@ HEARTBEAT_EVERY = 10.0   # seconds between a ticker's heartbeats at most (its pa
 
 
 def run_forever(step: Callable[[Source], object], connect: Callable[[], Source], interval: float,
-                stop: StopFlag, name: str, finish: Callable[[Source], object] | None = None) -> None:
-    """Runs step every interval seconds; reconnects with backoff when the source goes away.
-    finish runs once on the last connection when stopped."""
+                stop: StopFlag, name: str, metrics: DaemonMetrics,
+                finish: Callable[[Source], object] | None = None) -> None:
+    """Runs step every interval seconds; reconnects with backoff when the source goes away
+    (which the metrics count, and the health reports). finish runs once on the last
+    connection when stopped."""
     source: Source | None = None
     backoff = 1.0
     while not stop.is_set:
@@ -39,6 +46,7 @@ def run_forever(step: Callable[[Source], object], connect: Callable[[], Source],
             # UserError: connect() could not reach the source (db.connect turns that into one line).
             reason = str(exc).strip().splitlines()[0]
             log.warning("%s: source unavailable (%s); retrying in %.0fs", name, reason, backoff)
+            metrics.source_unavailable(reason)
             if source is not None:
                 source.conn.close()
                 source = None
@@ -100,10 +108,29 @@ class Maint:
         return actions
 
 
-def run_ticker(connect: Callable[[], Source], interval: float, stop: StopFlag) -> None:
+def run_ticker(connect: Callable[[], Source], interval: float, stop: StopFlag,
+               metrics: TickerMetrics | None = None) -> None:
+    from replicator.metrics import TickerMetrics
+
     ticker = Ticker(interval)
-    run_forever(ticker, connect, interval, stop, "ticker", finish=ticker.stopped)
+    watched = metrics or TickerMetrics(interval)
+
+    def step(source: Source) -> None:
+        watched.ticked(ticker(source), monitoring.last_tick_ages(source))
+
+    run_forever(step, connect, interval, stop, "ticker", watched, finish=ticker.stopped)
 
 
-def run_maint(connect: Callable[[], Source], interval: float, stop: StopFlag) -> None:
-    run_forever(Maint(), connect, interval, stop, "maint")
+def run_maint(connect: Callable[[], Source], interval: float, stop: StopFlag,
+              metrics: MaintMetrics | None = None) -> None:
+    from replicator.metrics import MaintMetrics
+
+    maint = Maint()
+    watched = metrics or MaintMetrics(interval)
+
+    def step(source: Source) -> None:
+        actions = maint(source)
+        watched.maintained([queue for queue, done in actions.items() if "rotated" in done],
+                           monitoring.rotation_overdue(source))
+
+    run_forever(step, connect, interval, stop, "maint", watched)

@@ -8,20 +8,24 @@ target decodes copied, joined-back and queued rows with the same code.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
+from rich.text import Text
 
 from replicator.source import CapturedTable, Source, db
 from replicator.structure import RowsDecoder, TableStructure, parse_json
 
 COPY_CHUNK_ROWS = 5000
+
+log = logging.getLogger("replicator")
 
 
 def _relation(conn: psycopg.Connection, table: CapturedTable) -> sql.Composable:
@@ -78,8 +82,7 @@ class SnapshotCopy:
         try:
             # The first statement fixes the transaction's snapshot: this is it.
             self.snapshot = db.scalar(self.conn, "SELECT txid_current_snapshot()::text")
-            self.estimated_rows = max(0, int(db.scalar(self.conn, "SELECT reltuples FROM pg_class WHERE oid = %s",
-                                                       (self.table.oid,))))
+            self.estimated_rows = estimated_rows(self.conn, self.table.oid)
             durable_tick(self.dsn, self.table.queue_name)
         except BaseException:
             self.conn.close()
@@ -126,11 +129,68 @@ def durable_tick(dsn: str, queue: str) -> int:
         return tick
 
 
-def copy_progress() -> Progress:
-    """A progress bar on stderr; silent when stderr is not a terminal."""
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeRemainingColumn(), console=Console(stderr=True), transient=False,
-                    disable=not sys.stderr.isatty())
+def estimated_rows(conn: psycopg.Connection, oid: int) -> int:
+    """The planner's row estimate of a table and its descendants (a copy reads them
+    all), from pg_class.reltuples as of the last VACUUM or ANALYZE; 0: unknown (a table
+    never analyzed has -1). A row filter is not applied to it."""
+    return int(db.scalar(conn, """
+        WITH RECURSIVE tree(oid) AS (SELECT %s::oid
+                                     UNION ALL SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid)
+        SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM tree JOIN pg_class c ON c.oid = tree.oid""",
+                         (oid,)))
+
+
+class _RowsPerSecond(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        return Text(f"{task.speed:,.0f} rows/s" if task.speed else "", style="progress.data.speed")
+
+
+class CopyProgress:
+    """Shows a table's copy as it runs: on a terminal, a progress bar on stderr
+    (rows, rows/s, time left from the estimate); off a terminal, a log line every
+    `interval` seconds. `update(rows)` takes the rows copied so far, and passes
+    them on to `on_update`."""
+
+    def __init__(self, table: str, estimated_rows: int, interval: float,
+                 on_update: Callable[[int], None]) -> None:
+        self.table = table
+        self.estimated_rows = estimated_rows
+        self.interval = interval
+        self.on_update = on_update
+        self.started = self._logged = time.monotonic()
+        self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                             _RowsPerSecond(), TimeRemainingColumn(), console=Console(stderr=True),
+                             disable=not sys.stderr.isatty())
+        self._task = self._bar.add_task(f"copy {table}", total=estimated_rows or None)
+
+    def __enter__(self) -> CopyProgress:
+        self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.stop()
+
+    def update(self, rows: int) -> None:
+        # beyond the estimate the time left is unknown
+        self._bar.update(self._task, completed=rows, total=self.estimated_rows if rows <= self.estimated_rows else None)
+        self.on_update(rows)
+        now = time.monotonic()
+        if self._bar.disable and now - self._logged >= self.interval:
+            self._logged = now
+            log.info("copy %s: %s", self.table, progress_line(rows, self.estimated_rows, now - self.started))
+
+    def done(self, rows: int) -> None:
+        self._bar.update(self._task, completed=rows, total=rows)
+
+
+def progress_line(rows: int, estimated_rows: int, seconds: float) -> str:
+    """'1,200,000 of ~2,000,000 rows (60%), 64,000 rows/s, ~12s left'; without the
+    estimate (unknown, or passed) '2,100,000 rows, 64,000 rows/s'."""
+    rate = rows / seconds if seconds > 0 else 0.0
+    if not estimated_rows or rows > estimated_rows:
+        return f"{rows:,} rows, {rate:,.0f} rows/s"
+    left = f", ~{(estimated_rows - rows) / rate:.0f}s left" if rate else ""
+    return f"{rows:,} of ~{estimated_rows:,} rows ({100 * rows // estimated_rows}%), {rate:,.0f} rows/s{left}"
 
 
 def fetch_current_rows(conn: psycopg.Connection, table: CapturedTable, structure: TableStructure,

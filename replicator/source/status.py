@@ -1,5 +1,5 @@
 """What `replicator status` reports: queues with their last tick's age and whether a
-ticker runs, tables, consumers with their lag and whether they are idle, and what keeps
+ticker runs, tables, consumers with their lag, whether they are idle and the copy each runs, and what keeps
 each queue from rotating. Keys are the same everywhere JSON names a thing (`queue`,
 `consumer`, `table`, `schema`), `queue list --json` included."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from replicator.source import Source
+from replicator.source import Source, monitoring
 from replicator.wording import format_age
 
 
@@ -18,7 +18,11 @@ def queue_rows(source: Source) -> list[dict[str, Any]]:
 
 
 def consumer_rows(source: Source) -> list[dict[str, Any]]:
-    return [_renamed(c, queue_name="queue", consumer_name="consumer") for c in source.consumers()]
+    """The consumers, each with the copy it runs ("copy": table, rows, estimated_rows, started,
+    updated, rows_per_second, seconds_since_update), or None."""
+    copies = monitoring.copies(source)
+    return [_renamed({**c, "copy": copies.get((c["queue_name"], c["consumer_name"]))},
+                     queue_name="queue", consumer_name="consumer") for c in source.consumers()]
 
 
 def status(source: Source) -> dict[str, Any]:
