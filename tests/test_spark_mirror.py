@@ -72,7 +72,7 @@ def warehouse_rows(spark, path: Path, table: str, key: list[str]) -> dict[tuple,
         name = field.name
         if field.dataType.typeName() == "timestamp":
             cols.append(F.date_format(F.col(name), "yyyy-MM-dd HH:mm:ss.SSSSSS").alias(name))
-        elif field.dataType.typeName() == "date":
+        elif field.dataType.typeName() in ("date", "decimal"):   # as PostgreSQL prints them
             cols.append(F.col(name).cast("string").alias(name))
         else:
             cols.append(F.col(name))
@@ -418,7 +418,7 @@ def test_parallel_initial_copy_reads_one_snapshot_while_the_table_changes(dsn, c
     reported: list[int] = []
     real_copy_parallel = parallel_copy.copy_parallel
 
-    def copy_parallel_with_writes(conn_, dsn_, select, structure, ranges, prefix, progress):
+    def copy_parallel_with_writes(conn_, dsn_, select, structure, ranges, prefix, progress, **kwargs):
         writer.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
 
         def report(rows: int) -> None:
@@ -430,7 +430,7 @@ def test_parallel_initial_copy_reads_one_snapshot_while_the_table_changes(dsn, c
             reported.append(rows)
             progress(rows)
 
-        return real_copy_parallel(conn_, dsn_, select, structure, ranges, prefix, report)
+        return real_copy_parallel(conn_, dsn_, select, structure, ranges, prefix, report, **kwargs)
 
     monkeypatch.setattr(parallel_copy, "copy_parallel", copy_parallel_with_writes)
     path = tmp_path / "wh"

@@ -36,6 +36,7 @@ from replicator.targets.protocol import Row, TargetTable, queue_positions
 from replicator.targets.spark.views import SparkViews
 from replicator.targets.spark.warehouse import (
     COMPACT_LOCK,
+    DECIMALS,
     LOCK,
     MANIFEST,
     MANIFEST_TMP_SUFFIX,
@@ -47,6 +48,7 @@ from replicator.targets.spark.warehouse import (
     new_id,
     physical_schema,
     retire,
+    stores_decimals,
 )
 
 log = logging.getLogger("replicator")
@@ -241,7 +243,7 @@ class SparkTarget:
         table_dir = old["dir"] if old else f"{_dir_name(table.structure)}-{new_id()}"
         self._discard(self._pending.pop(name, None))
         self._op("generation", name, {"dir": table_dir, "generation": f"{table_dir}/g-{new_id()}",
-                                      "base": [], "base_rows": 0, "logs": [], **_meta(table)})
+                                      "base": [], "base_rows": 0, "logs": [], DECIMALS: True, **_meta(table)})
         self._pending[name] = _Pending()
 
     def drop_table(self, table: TargetTable) -> None:
@@ -321,7 +323,7 @@ class SparkTarget:
         prefix = directory / f"base-{new_id()}"
         try:
             files = parallel_copy.copy_parallel(snap.conn, snap.dsn, select, table.structure, ranges, prefix,
-                                                progress)
+                                                progress, decimals=stores_decimals(self._entry(name)))
         finally:   # written files are the transaction's, whatever happens
             pending.files.extend(prefix.parent.glob(prefix.name + "-*.parquet"))
         for path, rows in files:
@@ -349,8 +351,8 @@ class SparkTarget:
         self.work["next_seq"] = seq + 1
         changes = list(pending.buffer.values())
         pending.buffer = {}
-        data = arrow_table(self._structure(name), [row for _, row in changes], seq=seq,
-                           deleted=[deleted for deleted, _ in changes])
+        data = arrow_table(self._structure(name), [row for _, row in changes], decimals=stores_decimals(entry),
+                           seq=seq, deleted=[deleted for deleted, _ in changes])
         path = self.warehouse.file(f"{entry['generation']}/log-{seq:012d}-{new_id()}.parquet")
         path.parent.mkdir(parents=True, exist_ok=True)
         pending.files.append(path)
@@ -367,10 +369,12 @@ class SparkTarget:
             path = self.warehouse.file(f"{entry['generation']}/base-{len(entry['base']):05d}.parquet")
             path.parent.mkdir(parents=True, exist_ok=True)
             pending.files.append(path)
-            pending.writer = pq.ParquetWriter(path, physical_schema(structure), compression="snappy")
+            pending.writer = pq.ParquetWriter(path, physical_schema(structure, decimals=stores_decimals(entry)),
+                                              compression="snappy")
             pending.writer_path = path
             pending.writer_rows = 0
-        pending.writer.write_table(arrow_table(structure, pending.rows), row_group_size=BASE_ROW_GROUP)
+        pending.writer.write_table(arrow_table(structure, pending.rows, decimals=stores_decimals(entry)),
+                                   row_group_size=BASE_ROW_GROUP)
         pending.writer_rows += len(pending.rows)
         pending.rows = []
         if pending.writer_rows >= BASE_FILE_ROWS:
