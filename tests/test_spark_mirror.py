@@ -475,6 +475,31 @@ def _hide_first_log(path: Path) -> tuple[Path, Path]:
     return first, first.rename(first.with_name("hidden-" + first.name))
 
 
+def test_spark_commands_start_spark_without_the_jvms_incubator_warning(dsn, conn, source, tmp_path, spark):
+    # Spark's launcher adds the jdk.incubator.vector module, and the JVM announces it on
+    # every start: replicator's own Spark sessions leave that line out, and nothing else
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    target = SparkTarget(path, compact_after_logs=0)
+    try:
+        consume(dsn, target)
+        conn.execute("INSERT INTO t VALUES (1, 1)")
+        consume(dsn, target)
+    finally:
+        target.close()
+    done = run_cli(dsn, "spark", "compact", "--target", f"spark:{path}", timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("public.t: 1 log file folded into 1 row"), done
+    # replicator's own log lines (compacting..., compacted...), and nothing of the JVM's
+    assert done.stderr and all(re.match(r"\d{4}-\d\d-\d\d [\d:,]+ INFO (compacting|compacted) public\.t", line)
+                               for line in done.stderr.splitlines()), done.stderr
+    # what the JVM writes otherwise reaches stderr: Spark's own log, asked for with -v
+    verbose = run_cli(dsn, "-v", "spark", "compact", "--target", f"spark:{path}", timeout=300)
+    assert verbose.returncode == 0 and "WARN" in verbose.stderr, verbose.stderr
+    assert "incubator" not in verbose.stderr, verbose.stderr
+
+
 def test_compact_command_reports_a_damaged_manifest_and_a_spark_failure_in_one_line(dsn, conn, source, tmp_path,
                                                                                     spark):
     from click.testing import CliRunner
