@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from consumer_helpers import REPLICATOR, cli_env, run_cli
+from consumer_helpers import REPLICATOR, Daemon, cli_env, run_cli, wait_until
 from replicator.consumer import Consumer
 from replicator.shutdown import StopFlag
 from replicator.spark import compact, read_table, register_views
@@ -726,3 +726,63 @@ def test_a_compaction_removes_only_its_own_leftovers_and_follows_no_link(tmp_pat
     assert not unfinished.exists()
     assert (victim / "g-0123456789ab" / "compact-0123456789ab" / "part-00000.parquet").read_text() == "kept"
     assert (generation / "hidden-log.parquet").exists()
+
+
+def test_sigterm_stops_the_consumer_during_a_background_compaction_and_the_warehouse_stays_exact(
+        dsn, conn, source, tmp_path, spark):
+    conn.execute("CREATE TABLE big (id int PRIMARY KEY, v text, n numeric(12,2))")
+    conn.execute(f"INSERT INTO big SELECT g, md5(g::text), g / 100.0 FROM generate_series(1, {BIG_ROWS}) g")
+    source.create_queue("q")
+    source.add_table("q", "big")
+    path = tmp_path / "wh"
+    target = SparkTarget(path, compact_after_logs=0)
+    try:
+        consume(dsn, target)   # the copy
+        # 70 log files, past the 64 that make the consumer compact: rows written again as they are
+        table = target.tables()["public.big"]
+        for (row,) in zip(conn.execute("SELECT id, v, n::text FROM big WHERE id % 1000 = 1 ORDER BY id LIMIT 70")):
+            target.begin()
+            target.upsert(table, "U", [row])
+            target.commit()
+    finally:
+        target.close()
+    logs = len(Warehouse(path).read()["tables"]["public.big"]["logs"])
+    assert logs == 70
+    daemon = Daemon(dsn, "consume", "q", "--target", f"spark:{path}", "--poll-interval", "0.05",
+                    log=tmp_path / "consume.log")
+    try:
+        conn.execute("DELETE FROM big WHERE id = 2")   # the daemon's batch: after its commit, a compaction starts
+        source.tick("q", force=True)
+        wait_until(lambda: "compacting public.big" in daemon.log(), 600, "the background compaction to start",
+                   check=lambda: assert_alive(daemon))
+        asked = time.monotonic()
+        assert daemon.terminate(timeout=120) == 0, daemon.log()
+        took = time.monotonic() - asked
+    finally:
+        daemon.stop()
+    log = daemon.log()
+    # stopped (its Spark job cancelled), or left uncommitted while Spark was still planning it
+    assert ("compaction of public.big stopped: the consumer is stopping" in log
+            or "background compaction is left unfinished, uncommitted" in log), log
+    assert "compacted public.big" not in log, log
+    # nothing of the compaction was committed, and what the manifest names reads as the source
+    assert len(Warehouse(path).read()["tables"]["public.big"]["logs"]) == logs + 1
+    assert_same(conn, spark, path, "big", "big", ["id"])
+    # the next compaction removes what the stopped one may have left, and commits; it takes
+    # far longer than the stopped one took to stop
+    [done] = compact(spark, path)
+    assert done.committed
+    assert took < min(STOP_BOUND, done.seconds / 2), f"{took:.1f}s from SIGTERM to exit, a compaction takes " \
+                                                     f"{done.seconds:.1f}s"
+    entry = Warehouse(path).read()["tables"]["public.big"]
+    generation = path / entry["generation"]
+    assert {p.name for p in generation.glob("compact-*")} == {Path(entry["base"][0]).parent.name}
+    assert_same(conn, spark, path, "big", "big", ["id"])
+
+
+BIG_ROWS = 1_000_000   # a compaction of it takes far longer than STOP_BOUND here
+STOP_BOUND = 10.0      # seconds from SIGTERM to exit (before: the whole compaction, ~40 s)
+
+
+def assert_alive(daemon: Daemon) -> None:
+    assert daemon.alive(), daemon.log()

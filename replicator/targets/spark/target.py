@@ -16,6 +16,7 @@ resumes from the manifest's position, exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fcntl
 import logging
@@ -59,6 +60,8 @@ LOG_SPILL_ROWS = 200_000      # distinct keys buffered per table before a log fi
 COMPACT_AFTER_LOGS = 64
 COMPACT_RETRY_AFTER = 60.0    # seconds before a failed compaction is tried again, doubled per failure
 COMPACT_RETRY_MAX = 3600.0
+COMPACT_JOB_GROUP = "replicator-compaction"   # the background compaction's Spark jobs, cancelled at close
+COMPACT_STOP_WAIT = 2.0       # seconds close() gives a stopped compaction to remove its files
 
 
 def _check_warehouse_path(warehouse: Warehouse) -> None:
@@ -132,6 +135,7 @@ class SparkTarget:
         self._ops: list[tuple[Any, ...]] = []
         self._pending: dict[str, _Pending] = {}
         self._compactor: threading.Thread | None = None
+        self._compact_stop = threading.Event()
         self._compact_error: Exception | None = None   # the last compaction's, None once one succeeds
         self._compact_failures = 0                        # in a row: the retry delay doubles with each
         self._compact_failed_at = 0.0                     # time.monotonic() of the last failure
@@ -222,8 +226,7 @@ class SparkTarget:
 
     def close(self) -> None:
         self.rollback()
-        if self._compactor is not None:
-            self._compactor.join()
+        self._stop_compaction()
         if self._owner >= 0:
             os.close(self._owner)
             self._owner = -1
@@ -422,6 +425,27 @@ class SparkTarget:
                                            daemon=True)
         self._compactor.start()
 
+    def _stop_compaction(self) -> None:
+        """Stops a running background compaction, promptly: it commits nothing from now on
+        (it checks the stop under the writers' lock, which this takes once, so a commit
+        under way is over) and its Spark jobs are cancelled. It gets COMPACT_STOP_WAIT
+        seconds to remove what it wrote; Spark may be busy planning a job for longer
+        (which cannot be cancelled), and then the compaction is left to the process's
+        exit: the manifest names none of its files, and the next compaction removes them."""
+        compactor = self._compactor
+        if compactor is None or not compactor.is_alive():
+            return
+        self._compact_stop.set()
+        with contextlib.suppress(OSError), self.warehouse.lock():   # (a warehouse deleted meanwhile: no commit either)
+            pass
+        deadline = time.monotonic() + COMPACT_STOP_WAIT
+        while compactor.is_alive() and time.monotonic() < deadline:
+            if self._spark is not None:   # again while it runs: a job started after a cancellation is not one
+                self._spark.sparkContext.cancelJobGroup(COMPACT_JOB_GROUP)
+            compactor.join(0.2)
+        if compactor.is_alive():
+            log.info("the background compaction is left unfinished, uncommitted: the next one removes its files")
+
     def _retry_delay(self) -> float:
         return min(self.compact_retry_after * 2.0 ** (self._compact_failures - 1), COMPACT_RETRY_MAX)
 
@@ -429,8 +453,17 @@ class SparkTarget:
         from replicator.targets.spark.compaction import compact
         from replicator.targets.spark.errors import error_line
         try:
-            compact(self.spark(), self.warehouse.path, tables=names)
-        except Exception as exc:   # the consumer goes on; the logs only grow until a retry succeeds
+            spark = self.spark()
+            # this thread's jobs (PySpark pins a JVM thread to it): _stop_compaction cancels them
+            spark.sparkContext.setJobGroup(COMPACT_JOB_GROUP, "replicator: background compaction",
+                                           interruptOnCancel=True)
+            compact(spark, self.warehouse.path, tables=names, stop=self._compact_stop)
+        except Exception as exc:
+            if self._compact_stop.is_set():   # CompactionStopped, or the cancelled job's error
+                log.info("compaction of %s stopped: the consumer is stopping (the warehouse is as it was)",
+                         ", ".join(names))
+                return
+            # the consumer goes on; the logs only grow until a retry succeeds
             self._compact_error = exc
             self._compact_failures += 1
             self._compact_failed_at = time.monotonic()
