@@ -50,7 +50,7 @@ from rich.table import Table
 from replicator.structure import Column, TableStructure
 from replicator.targets.protocol import TargetTable
 from replicator.targets.spark.target import BASE_FILE_ROWS, SparkTarget
-from replicator.targets.spark.warehouse import Warehouse, physical_schema
+from replicator.targets.spark.warehouse import Warehouse, entry_schema
 
 console = Console()
 if not console.is_terminal:
@@ -83,7 +83,7 @@ def make_warehouse(path: Path, rows: int) -> None:
     target.commit()
     target.close()
     entry = target.manifest["tables"]["public.bench"]
-    schema = physical_schema(STRUCTURE)
+    schema = entry_schema(entry)
     files: list[str] = []
     rng = np.random.default_rng(1)
     for start in range(0, rows, BASE_FILE_ROWS):
@@ -94,7 +94,7 @@ def make_warehouse(path: Path, rows: int) -> None:
             pa.array(rng.integers(0, 1000, n, dtype=np.int32)),
             pc.binary_join_element_wise("label-", pa.array(ids).cast(pa.string()), ""),
             pa.array(rng.random(n)),
-            pa.array((ids % 100000).astype(str).astype(object) + ".50"),
+            pa.array((ids % 100000).astype(str).astype(object) + ".50").cast(schema.field("c5").type),
             pa.array(np.full(n, 1_700_000_000_000_000, dtype=np.int64)).cast(pa.timestamp("us", "UTC")),
         ], schema=schema)
         relative = f"{entry['generation']}/base-{len(files):05d}.parquet"
@@ -149,7 +149,7 @@ def rewrite_table(path: Path, upserts: list[Row], deletes: list[Row]) -> float:
     data = pq.read_table([str(path / f) for f in entry["base"]])
     keys = pa.array([u[0] for u in upserts] + [d[0] for d in deletes], pa.int64())
     kept = data.filter(pc.invert(pc.is_in(data.column("c1"), value_set=keys)))
-    out = pa.concat_tables([kept, arrow_table(STRUCTURE, upserts)])
+    out = pa.concat_tables([kept, arrow_table(STRUCTURE, upserts, decimals=True)])
     target = path / "rewrite.parquet"
     pq.write_table(out, target, row_group_size=131072)
     seconds = time.perf_counter() - started
@@ -171,15 +171,18 @@ def read_state(spark: Any, path: Path) -> tuple[float, int]:
 def spark_log_write(spark: Any, workdir: Path, repeat: int, name: str) -> float:
     """The alternative to pyarrow for a batch: the same 10k-change log written by a Spark job
     (into workdir/NAME-<i>: the warm-up and the measured run write apart)."""
-    from replicator.targets.spark.reader import _physical_struct
+    from pyspark.sql import types as T
+
+    from replicator.targets.spark.reader import spark_type
     from replicator.targets.spark.warehouse import arrow_table
     rnd = random.Random(7)
     times = []
     for i in range(repeat):
         upserts, _ = change_batch(1_000_000, 10000, rnd, [1_000_000])
-        data = arrow_table(STRUCTURE, upserts, seq=i + 1)
+        data = arrow_table(STRUCTURE, upserts, decimals=True, seq=i + 1)
+        schema = T.StructType([T.StructField(f.name, spark_type(f.type), True) for f in data.schema])
         started = time.perf_counter()
-        spark.createDataFrame(data, schema=_physical_struct(STRUCTURE, log=True)).coalesce(1).write.parquet(
+        spark.createDataFrame(data, schema=schema).coalesce(1).write.parquet(
             str(workdir / f"{name}-{i}"))
         times.append(time.perf_counter() - started)
     return statistics.median(times)

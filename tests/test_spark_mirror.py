@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from consumer_helpers import REPLICATOR, cli_env, run_cli
+from consumer_helpers import REPLICATOR, Daemon, cli_env, run_cli, wait_until
 from replicator.consumer import Consumer
 from replicator.shutdown import StopFlag
 from replicator.spark import compact, read_table, register_views
@@ -72,7 +72,7 @@ def warehouse_rows(spark, path: Path, table: str, key: list[str]) -> dict[tuple,
         name = field.name
         if field.dataType.typeName() == "timestamp":
             cols.append(F.date_format(F.col(name), "yyyy-MM-dd HH:mm:ss.SSSSSS").alias(name))
-        elif field.dataType.typeName() == "date":
+        elif field.dataType.typeName() in ("date", "decimal"):   # as PostgreSQL prints them
             cols.append(F.col(name).cast("string").alias(name))
         else:
             cols.append(F.col(name))
@@ -418,7 +418,7 @@ def test_parallel_initial_copy_reads_one_snapshot_while_the_table_changes(dsn, c
     reported: list[int] = []
     real_copy_parallel = parallel_copy.copy_parallel
 
-    def copy_parallel_with_writes(conn_, dsn_, select, structure, ranges, prefix, progress):
+    def copy_parallel_with_writes(conn_, dsn_, select, structure, ranges, prefix, progress, **kwargs):
         writer.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
 
         def report(rows: int) -> None:
@@ -430,7 +430,7 @@ def test_parallel_initial_copy_reads_one_snapshot_while_the_table_changes(dsn, c
             reported.append(rows)
             progress(rows)
 
-        return real_copy_parallel(conn_, dsn_, select, structure, ranges, prefix, report)
+        return real_copy_parallel(conn_, dsn_, select, structure, ranges, prefix, report, **kwargs)
 
     monkeypatch.setattr(parallel_copy, "copy_parallel", copy_parallel_with_writes)
     path = tmp_path / "wh"
@@ -473,6 +473,31 @@ def _hide_first_log(path: Path) -> tuple[Path, Path]:
     """Moves the table's oldest change log file away: Spark then fails to read the table."""
     first = path / Warehouse(path).read()["tables"]["public.t"]["logs"][0]["file"]
     return first, first.rename(first.with_name("hidden-" + first.name))
+
+
+def test_spark_commands_start_spark_without_the_jvms_incubator_warning(dsn, conn, source, tmp_path, spark):
+    # Spark's launcher adds the jdk.incubator.vector module, and the JVM announces it on
+    # every start: replicator's own Spark sessions leave that line out, and nothing else
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    target = SparkTarget(path, compact_after_logs=0)
+    try:
+        consume(dsn, target)
+        conn.execute("INSERT INTO t VALUES (1, 1)")
+        consume(dsn, target)
+    finally:
+        target.close()
+    done = run_cli(dsn, "spark", "compact", "--target", f"spark:{path}", timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("public.t: 1 log file folded into 1 row"), done
+    # replicator's own log lines (compacting..., compacted...), and nothing of the JVM's
+    assert done.stderr and all(re.match(r"\d{4}-\d\d-\d\d [\d:,]+ INFO (compacting|compacted) public\.t", line)
+                               for line in done.stderr.splitlines()), done.stderr
+    # what the JVM writes otherwise reaches stderr: Spark's own log, asked for with -v
+    verbose = run_cli(dsn, "-v", "spark", "compact", "--target", f"spark:{path}", timeout=300)
+    assert verbose.returncode == 0 and "WARN" in verbose.stderr, verbose.stderr
+    assert "incubator" not in verbose.stderr, verbose.stderr
 
 
 def test_compact_command_reports_a_damaged_manifest_and_a_spark_failure_in_one_line(dsn, conn, source, tmp_path,
@@ -701,3 +726,63 @@ def test_a_compaction_removes_only_its_own_leftovers_and_follows_no_link(tmp_pat
     assert not unfinished.exists()
     assert (victim / "g-0123456789ab" / "compact-0123456789ab" / "part-00000.parquet").read_text() == "kept"
     assert (generation / "hidden-log.parquet").exists()
+
+
+def test_sigterm_stops_the_consumer_during_a_background_compaction_and_the_warehouse_stays_exact(
+        dsn, conn, source, tmp_path, spark):
+    conn.execute("CREATE TABLE big (id int PRIMARY KEY, v text, n numeric(12,2))")
+    conn.execute(f"INSERT INTO big SELECT g, md5(g::text), g / 100.0 FROM generate_series(1, {BIG_ROWS}) g")
+    source.create_queue("q")
+    source.add_table("q", "big")
+    path = tmp_path / "wh"
+    target = SparkTarget(path, compact_after_logs=0)
+    try:
+        consume(dsn, target)   # the copy
+        # 70 log files, past the 64 that make the consumer compact: rows written again as they are
+        table = target.tables()["public.big"]
+        for (row,) in zip(conn.execute("SELECT id, v, n::text FROM big WHERE id % 1000 = 1 ORDER BY id LIMIT 70")):
+            target.begin()
+            target.upsert(table, "U", [row])
+            target.commit()
+    finally:
+        target.close()
+    logs = len(Warehouse(path).read()["tables"]["public.big"]["logs"])
+    assert logs == 70
+    daemon = Daemon(dsn, "consume", "q", "--target", f"spark:{path}", "--poll-interval", "0.05",
+                    log=tmp_path / "consume.log")
+    try:
+        conn.execute("DELETE FROM big WHERE id = 2")   # the daemon's batch: after its commit, a compaction starts
+        source.tick("q", force=True)
+        wait_until(lambda: "compacting public.big" in daemon.log(), 600, "the background compaction to start",
+                   check=lambda: assert_alive(daemon))
+        asked = time.monotonic()
+        assert daemon.terminate(timeout=120) == 0, daemon.log()
+        took = time.monotonic() - asked
+    finally:
+        daemon.stop()
+    log = daemon.log()
+    # stopped (its Spark job cancelled), or left uncommitted while Spark was still planning it
+    assert ("compaction of public.big stopped: the consumer is stopping" in log
+            or "background compaction is left unfinished, uncommitted" in log), log
+    assert "compacted public.big" not in log, log
+    # nothing of the compaction was committed, and what the manifest names reads as the source
+    assert len(Warehouse(path).read()["tables"]["public.big"]["logs"]) == logs + 1
+    assert_same(conn, spark, path, "big", "big", ["id"])
+    # the next compaction removes what the stopped one may have left, and commits; it takes
+    # far longer than the stopped one took to stop
+    [done] = compact(spark, path)
+    assert done.committed
+    assert took < min(STOP_BOUND, done.seconds / 2), f"{took:.1f}s from SIGTERM to exit, a compaction takes " \
+                                                     f"{done.seconds:.1f}s"
+    entry = Warehouse(path).read()["tables"]["public.big"]
+    generation = path / entry["generation"]
+    assert {p.name for p in generation.glob("compact-*")} == {Path(entry["base"][0]).parent.name}
+    assert_same(conn, spark, path, "big", "big", ["id"])
+
+
+BIG_ROWS = 1_000_000   # a compaction of it takes far longer than STOP_BOUND here
+STOP_BOUND = 10.0      # seconds from SIGTERM to exit (before: the whole compaction, ~40 s)
+
+
+def assert_alive(daemon: Daemon) -> None:
+    assert daemon.alive(), daemon.log()

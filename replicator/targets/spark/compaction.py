@@ -6,11 +6,17 @@ writers' lock, committed only if the table is still in the same generation
 and still begins with the same log files; logs appended meanwhile by the
 consumer stay. The replaced base and logs become garbage, deleted by a later
 commit once readers that listed them are done.
+
+A compaction asked to stop (the consumer's, when the consumer stops: see
+SparkTarget.close) commits nothing more: the caller cancels its Spark job, it
+removes the base it was writing, and the manifest stays as it was.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,9 +39,15 @@ class Compacted:
     committed: bool     # False: the table changed meanwhile (new generation), nothing done
 
 
-def compact(spark: Any, path: Path | str, *, tables: list[str] | None = None,
-            min_logs: int = 1) -> list[Compacted]:
-    """Compacts the tables (all by default) that have at least `min_logs` log files."""
+class CompactionStopped(Exception):
+    """A compaction stopped before it committed, as asked: the warehouse is as it was."""
+
+
+def compact(spark: Any, path: Path | str, *, tables: list[str] | None = None, min_logs: int = 1,
+            stop: threading.Event | None = None) -> list[Compacted]:
+    """Compacts the tables (all by default) that have at least `min_logs` log files.
+    Once `stop` is set it commits nothing more and raises CompactionStopped (the
+    caller cancels the Spark job running then)."""
     warehouse = Warehouse(path)
     if not warehouse.exists():
         raise UserError(f"{warehouse.path} is not a replicator Spark warehouse (no manifest)")
@@ -49,22 +61,46 @@ def compact(spark: Any, path: Path | str, *, tables: list[str] | None = None,
             entry = manifest["tables"].get(name)
             if entry is None or len(entry["logs"]) < min_logs:
                 continue
-            done.append(_compact_table(spark, warehouse, name, entry))
+            done.append(_compact_table(spark, warehouse, name, entry, stop or threading.Event()))
         return done
 
 
-def _compact_table(spark: Any, warehouse: Warehouse, name: str, entry: dict[str, Any]) -> Compacted:
+def _compact_table(spark: Any, warehouse: Warehouse, name: str, entry: dict[str, Any],
+                   stop: threading.Event) -> Compacted:
     started = time.monotonic()
-    relative = f"{entry['generation']}/compact-{new_id()}"
-    target = warehouse.file(relative)
-    merged = merged_physical(spark, warehouse, entry)
-    merged.write.mode("errorifexists").parquet(str(target))
-    parts = sorted(target.glob("part-*.parquet"))
-    make_durable(parts, warehouse.path)   # Spark does not fsync; the manifest will name them
-    files = [warehouse.relative(p) for p in parts]
-    rows = spark.read.parquet(str(target)).count() if files else 0
     folded = [log_["file"] for log_ in entry["logs"]]
+    target = warehouse.file(f"{entry['generation']}/compact-{new_id()}")
+    committed = False
+    try:
+        _check(stop, name)
+        log.info("compacting %s: %s", name, counted(len(folded), "log file"))
+        merged_physical(spark, warehouse, entry).write.mode("errorifexists").parquet(str(target))
+        _check(stop, name)
+        parts = sorted(target.glob("part-*.parquet"))
+        make_durable(parts, warehouse.path)   # Spark does not fsync; the manifest will name them
+        files = [warehouse.relative(p) for p in parts]
+        rows = spark.read.parquet(str(target)).count() if files else 0
+        committed = _commit(warehouse, name, entry, folded, files, rows, stop)
+    finally:
+        if not committed:   # stopped, failed, or the table changed meanwhile: the new base is nobody's
+            shutil.rmtree(target, ignore_errors=True)
+    seconds = time.monotonic() - started
+    log.info("compacted %s: %s into %s in %.1fs%s", name, counted(len(folded), "log file"), counted(rows, "row"),
+             seconds, "" if committed else " (not committed: the table changed meanwhile)")
+    return Compacted(table=name, logs=len(folded), rows=rows, seconds=seconds, committed=committed)
+
+
+def _check(stop: threading.Event, name: str) -> None:
+    if stop.is_set():
+        raise CompactionStopped(f"compaction of {name} stopped before it committed")
+
+
+def _commit(warehouse: Warehouse, name: str, entry: dict[str, Any], folded: list[str], files: list[str], rows: int,
+            stop: threading.Event) -> bool:
+    """Makes the new base the table's if the table is still in the generation and log the
+    compaction read (and no stop was asked); returns whether it did."""
     with warehouse.lock():
+        _check(stop, name)
         manifest = warehouse.read()
         current = manifest["tables"].get(name)
         committed = (current is not None and current["generation"] == entry["generation"]
@@ -78,10 +114,4 @@ def _compact_table(spark: Any, warehouse: Warehouse, name: str, entry: dict[str,
             current["logs"] = current["logs"][len(folded):]
             warehouse.collect_garbage(manifest)
             warehouse.write(manifest)
-    if not committed:
-        import shutil
-        shutil.rmtree(target, ignore_errors=True)
-    seconds = time.monotonic() - started
-    log.info("compacted %s: %s into %s in %.1fs%s", name, counted(len(folded), "log file"), counted(rows, "row"),
-             seconds, "" if committed else " (not committed: the table changed meanwhile)")
-    return Compacted(table=name, logs=len(folded), rows=rows, seconds=seconds, committed=committed)
+    return committed

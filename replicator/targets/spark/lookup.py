@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from replicator.structure import TableStructure
-from replicator.targets.spark.warehouse import DELETED, SEQ, Warehouse, physical_name, physical_schema, table_files
+from replicator.targets.spark.warehouse import DELETED, SEQ, Warehouse, entry_schema, physical_name, table_files
 
 Columns = Sequence[pa.Array | pa.ChunkedArray]
 
@@ -221,7 +221,7 @@ def _matching(path: Path, key_names: list[str], schema: pa.Schema, wanted: KeySe
 def key_columns(warehouse: Warehouse, entry: dict[str, Any], files: Sequence[str]) -> pa.Table:
     """The key columns (physical names) of some of a table entry's files."""
     structure = TableStructure.from_json(entry["structure"])
-    schema = physical_schema(structure)
+    schema = entry_schema(entry)
     keys = pa.schema([schema.field(physical_name(c)) for c in structure.key_columns()])
     tables = [_read(path, keys) for path in parquet_files(warehouse, files)]
     return pa.concat_tables(tables) if tables else keys.empty_table()
@@ -312,7 +312,7 @@ def old_rows(warehouse: Warehouse, entry: dict[str, Any], keys: Columns) -> pa.T
     """The rows a manifest table entry holds for these keys (key columns in the
     structure's key order), in its physical schema."""
     structure = TableStructure.from_json(entry["structure"])
-    schema = physical_schema(structure)
+    schema = entry_schema(entry)
     key_names = [physical_name(c) for c in structure.key_columns()]
     wanted = KeySet(keys)
     base_files, log_files = table_files(entry)
@@ -334,7 +334,7 @@ def logged_rows_and_keys(warehouse: Warehouse, entry: dict[str, Any],
     """logged_rows, and the key columns of all the files' rows (as key_columns has
     them: a key in two files is there twice), each file read once."""
     structure = TableStructure.from_json(entry["structure"])
-    schema = physical_schema(structure)
+    schema = entry_schema(entry)
     key_names = [physical_name(c) for c in structure.key_columns()]
     log = _log_of(warehouse, log_files, schema, key_names)
     keys = pa.schema([schema.field(k) for k in key_names])
@@ -396,7 +396,7 @@ def rows_matching(warehouse: Warehouse, entry: dict[str, Any], columns: list[str
     when there are more than limit. Only those columns are read from the base,
     then its row groups holding a match."""
     structure = TableStructure.from_json(entry["structure"])
-    schema = physical_schema(structure)
+    schema = entry_schema(entry)
     key_names = [physical_name(c) for c in structure.key_columns()]
     base_files, log_files = table_files(entry)
     # every row of the log hides the base's row of its key, matching or not

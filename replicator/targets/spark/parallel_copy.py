@@ -62,10 +62,11 @@ def block_ranges(conn: psycopg.Connection, oid: int, workers: int) -> list[tuple
 
 def copy_parallel(conn: psycopg.Connection, dsn: str, select: sql.Composable, structure: TableStructure,
                   ranges: list[tuple[int | None, int | None]], prefix: Path,
-                  progress: Callable[[int], None]) -> list[tuple[Path, int]]:
+                  progress: Callable[[int], None], *, decimals: bool) -> list[tuple[Path, int]]:
     """Runs the copy's SELECT (the capture encoding of a table aliased t) over
     the block ranges in worker processes; returns the Parquet files written
-    and their row counts. `conn` holds the copy's snapshot (open transaction)."""
+    and their row counts (numerics as decimals or text: the generation's flag).
+    `conn` holds the copy's snapshot (open transaction)."""
     exported = conn.execute("SELECT pg_export_snapshot()").fetchone()
     assert exported is not None   # a function call: one row
     snapshot_id = exported[0]
@@ -75,7 +76,7 @@ def copy_parallel(conn: psycopg.Connection, dsn: str, select: sql.Composable, st
     with ProcessPoolExecutor(max_workers=len(ranges), mp_context=context, initializer=_init,
                              initargs=(counter,)) as pool:
         futures = [pool.submit(_copy_range, dsn, snapshot_id, query, lo, hi, structure.to_json(),
-                               f"{prefix}-w{i:02d}") for i, (lo, hi) in enumerate(ranges)]
+                               decimals, f"{prefix}-w{i:02d}") for i, (lo, hi) in enumerate(ranges)]
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
@@ -92,7 +93,7 @@ def _init(counter: Any) -> None:
 
 
 def _copy_range(dsn: str, snapshot_id: str, query: str, lo: int | None, hi: int | None, structure_json: str,
-                prefix: str) -> list[tuple[str, int]]:
+                decimals: bool, prefix: str) -> list[tuple[str, int]]:
     structure = TableStructure.from_json(structure_json)
     decode = structure.rows_decoder()
     where = []
@@ -113,11 +114,11 @@ def _copy_range(dsn: str, snapshot_id: str, query: str, lo: int | None, hi: int 
             return
         if writer is None:
             path = f"{prefix}-{len(files):03d}.parquet"
-            writer = pq.ParquetWriter(path, physical_schema(structure), compression="snappy")
+            writer = pq.ParquetWriter(path, physical_schema(structure, decimals=decimals), compression="snappy")
             in_file = 0
         from replicator.structure import parse_json
         rows = decode([parse_json(t) for t in texts])
-        writer.write_table(arrow_table(structure, rows), row_group_size=ROW_GROUP)
+        writer.write_table(arrow_table(structure, rows, decimals=decimals), row_group_size=ROW_GROUP)
         in_file += len(texts)
         if _progress is not None:
             with _progress.get_lock():

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from replicator.errors import UserError
 from replicator.structure import TableStructure, target_table_name
-from replicator.targets.spark.warehouse import DELETED, SEQ, Warehouse, arrow_type, physical_name, table_files
+from replicator.targets.spark.warehouse import DELETED, SEQ, Warehouse, entry_schema, physical_name, table_files
 
 
 def spark_type(typ: pa.DataType) -> Any:
@@ -41,15 +41,15 @@ def spark_type(typ: pa.DataType) -> Any:
         return T.DateType()
     if pa.types.is_timestamp(typ):
         return T.TimestampType() if typ.tz else T.TimestampNTZType()
+    if pa.types.is_decimal(typ):
+        return T.DecimalType(typ.precision, typ.scale)
     return T.StringType()
 
 
-def _physical_struct(structure: TableStructure, *, log: bool = False) -> Any:
+def physical_struct(entry: dict[str, Any], *, log: bool = False) -> Any:
+    """The Spark schema of a manifest table entry's files (physical column names)."""
     from pyspark.sql import types as T
-    fields = [T.StructField(physical_name(c), spark_type(arrow_type(c)), True) for c in structure.columns]
-    if log:
-        fields += [T.StructField(SEQ, T.LongType(), True), T.StructField(DELETED, T.BooleanType(), True)]
-    return T.StructType(fields)
+    return T.StructType([T.StructField(f.name, spark_type(f.type), True) for f in entry_schema(entry, log=log)])
 
 
 def table_names(path: Path | str) -> dict[str, str]:
@@ -134,9 +134,9 @@ def merged_physical(spark: Any, warehouse: Warehouse, entry: dict[str, Any]) -> 
     """The current rows of a manifest table entry, with physical column names."""
     structure = TableStructure.from_json(entry["structure"])
     base_files, log_files = table_files(entry)
-    base = read_parquet(spark, [str(warehouse.file(f)) for f in base_files], _physical_struct(structure))
+    base = read_parquet(spark, [str(warehouse.file(f)) for f in base_files], physical_struct(entry))
     return merge_on_read(spark, base, [str(warehouse.file(f)) for f in log_files],
-                         _physical_struct(structure, log=True), [physical_name(c) for c in structure.key_columns()])
+                         physical_struct(entry, log=True), [physical_name(c) for c in structure.key_columns()])
 
 
 def logged_rows(spark: Any, warehouse: Warehouse, entry: dict[str, Any], log_files: list[str]) -> Any:
@@ -146,7 +146,7 @@ def logged_rows(spark: Any, warehouse: Warehouse, entry: dict[str, Any], log_fil
     from pyspark.sql import functions as F
 
     structure = TableStructure.from_json(entry["structure"])
-    changes = latest_changes(spark, [str(warehouse.file(f)) for f in log_files], _physical_struct(structure, log=True),
+    changes = latest_changes(spark, [str(warehouse.file(f)) for f in log_files], physical_struct(entry, log=True),
                              [physical_name(c) for c in structure.key_columns()])
     return current_names(changes.where(~F.col(DELETED)), structure)
 

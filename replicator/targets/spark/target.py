@@ -16,6 +16,7 @@ resumes from the manifest's position, exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fcntl
 import logging
@@ -36,6 +37,7 @@ from replicator.targets.protocol import Row, TargetTable, queue_positions
 from replicator.targets.spark.views import SparkViews
 from replicator.targets.spark.warehouse import (
     COMPACT_LOCK,
+    DECIMALS,
     LOCK,
     MANIFEST,
     MANIFEST_TMP_SUFFIX,
@@ -47,6 +49,7 @@ from replicator.targets.spark.warehouse import (
     new_id,
     physical_schema,
     retire,
+    stores_decimals,
 )
 
 log = logging.getLogger("replicator")
@@ -57,6 +60,8 @@ LOG_SPILL_ROWS = 200_000      # distinct keys buffered per table before a log fi
 COMPACT_AFTER_LOGS = 64
 COMPACT_RETRY_AFTER = 60.0    # seconds before a failed compaction is tried again, doubled per failure
 COMPACT_RETRY_MAX = 3600.0
+COMPACT_JOB_GROUP = "replicator-compaction"   # the background compaction's Spark jobs, cancelled at close
+COMPACT_STOP_WAIT = 2.0       # seconds close() gives a stopped compaction to remove its files
 
 
 def _check_warehouse_path(warehouse: Warehouse) -> None:
@@ -130,6 +135,7 @@ class SparkTarget:
         self._ops: list[tuple[Any, ...]] = []
         self._pending: dict[str, _Pending] = {}
         self._compactor: threading.Thread | None = None
+        self._compact_stop = threading.Event()
         self._compact_error: Exception | None = None   # the last compaction's, None once one succeeds
         self._compact_failures = 0                        # in a row: the retry delay doubles with each
         self._compact_failed_at = 0.0                     # time.monotonic() of the last failure
@@ -220,8 +226,7 @@ class SparkTarget:
 
     def close(self) -> None:
         self.rollback()
-        if self._compactor is not None:
-            self._compactor.join()
+        self._stop_compaction()
         if self._owner >= 0:
             os.close(self._owner)
             self._owner = -1
@@ -241,7 +246,7 @@ class SparkTarget:
         table_dir = old["dir"] if old else f"{_dir_name(table.structure)}-{new_id()}"
         self._discard(self._pending.pop(name, None))
         self._op("generation", name, {"dir": table_dir, "generation": f"{table_dir}/g-{new_id()}",
-                                      "base": [], "base_rows": 0, "logs": [], **_meta(table)})
+                                      "base": [], "base_rows": 0, "logs": [], DECIMALS: True, **_meta(table)})
         self._pending[name] = _Pending()
 
     def drop_table(self, table: TargetTable) -> None:
@@ -321,7 +326,7 @@ class SparkTarget:
         prefix = directory / f"base-{new_id()}"
         try:
             files = parallel_copy.copy_parallel(snap.conn, snap.dsn, select, table.structure, ranges, prefix,
-                                                progress)
+                                                progress, decimals=stores_decimals(self._entry(name)))
         finally:   # written files are the transaction's, whatever happens
             pending.files.extend(prefix.parent.glob(prefix.name + "-*.parquet"))
         for path, rows in files:
@@ -349,8 +354,8 @@ class SparkTarget:
         self.work["next_seq"] = seq + 1
         changes = list(pending.buffer.values())
         pending.buffer = {}
-        data = arrow_table(self._structure(name), [row for _, row in changes], seq=seq,
-                           deleted=[deleted for deleted, _ in changes])
+        data = arrow_table(self._structure(name), [row for _, row in changes], decimals=stores_decimals(entry),
+                           seq=seq, deleted=[deleted for deleted, _ in changes])
         path = self.warehouse.file(f"{entry['generation']}/log-{seq:012d}-{new_id()}.parquet")
         path.parent.mkdir(parents=True, exist_ok=True)
         pending.files.append(path)
@@ -367,10 +372,12 @@ class SparkTarget:
             path = self.warehouse.file(f"{entry['generation']}/base-{len(entry['base']):05d}.parquet")
             path.parent.mkdir(parents=True, exist_ok=True)
             pending.files.append(path)
-            pending.writer = pq.ParquetWriter(path, physical_schema(structure), compression="snappy")
+            pending.writer = pq.ParquetWriter(path, physical_schema(structure, decimals=stores_decimals(entry)),
+                                              compression="snappy")
             pending.writer_path = path
             pending.writer_rows = 0
-        pending.writer.write_table(arrow_table(structure, pending.rows), row_group_size=BASE_ROW_GROUP)
+        pending.writer.write_table(arrow_table(structure, pending.rows, decimals=stores_decimals(entry)),
+                                   row_group_size=BASE_ROW_GROUP)
         pending.writer_rows += len(pending.rows)
         pending.rows = []
         if pending.writer_rows >= BASE_FILE_ROWS:
@@ -418,6 +425,27 @@ class SparkTarget:
                                            daemon=True)
         self._compactor.start()
 
+    def _stop_compaction(self) -> None:
+        """Stops a running background compaction, promptly: it commits nothing from now on
+        (it checks the stop under the writers' lock, which this takes once, so a commit
+        under way is over) and its Spark jobs are cancelled. It gets COMPACT_STOP_WAIT
+        seconds to remove what it wrote; Spark may be busy planning a job for longer
+        (which cannot be cancelled), and then the compaction is left to the process's
+        exit: the manifest names none of its files, and the next compaction removes them."""
+        compactor = self._compactor
+        if compactor is None or not compactor.is_alive():
+            return
+        self._compact_stop.set()
+        with contextlib.suppress(OSError), self.warehouse.lock():   # (a warehouse deleted meanwhile: no commit either)
+            pass
+        deadline = time.monotonic() + COMPACT_STOP_WAIT
+        while compactor.is_alive() and time.monotonic() < deadline:
+            if self._spark is not None:   # again while it runs: a job started after a cancellation is not one
+                self._spark.sparkContext.cancelJobGroup(COMPACT_JOB_GROUP)
+            compactor.join(0.2)
+        if compactor.is_alive():
+            log.info("the background compaction is left unfinished, uncommitted: the next one removes its files")
+
     def _retry_delay(self) -> float:
         return min(self.compact_retry_after * 2.0 ** (self._compact_failures - 1), COMPACT_RETRY_MAX)
 
@@ -425,8 +453,17 @@ class SparkTarget:
         from replicator.targets.spark.compaction import compact
         from replicator.targets.spark.errors import error_line
         try:
-            compact(self.spark(), self.warehouse.path, tables=names)
-        except Exception as exc:   # the consumer goes on; the logs only grow until a retry succeeds
+            spark = self.spark()
+            # this thread's jobs (PySpark pins a JVM thread to it): _stop_compaction cancels them
+            spark.sparkContext.setJobGroup(COMPACT_JOB_GROUP, "replicator: background compaction",
+                                           interruptOnCancel=True)
+            compact(spark, self.warehouse.path, tables=names, stop=self._compact_stop)
+        except Exception as exc:
+            if self._compact_stop.is_set():   # CompactionStopped, or the cancelled job's error
+                log.info("compaction of %s stopped: the consumer is stopping (the warehouse is as it was)",
+                         ", ".join(names))
+                return
+            # the consumer goes on; the logs only grow until a retry succeeds
             self._compact_error = exc
             self._compact_failures += 1
             self._compact_failed_at = time.monotonic()

@@ -69,11 +69,11 @@ from replicator.structure import TableStructure, target_table_name
 from replicator.targets.spark import lookup
 from replicator.targets.spark.lookup import KeySet
 from replicator.targets.spark.reader import (
-    _physical_struct,
     current_names,
     entry_frame,
     logged_rows,
     merge_frames,
+    physical_struct,
     read_parquet,
     storage_frame,
     storage_schema,
@@ -84,10 +84,10 @@ from replicator.targets.spark.warehouse import (
     SEQ,
     VIEWS_DIR,
     Warehouse,
+    entry_schema,
     make_durable,
     new_id,
     physical_name,
-    physical_schema,
     retire,
     table_files,
 )
@@ -334,9 +334,9 @@ class _Changes:
         small enough to be read again by each query."""
         if source_name not in self._keys:
             from pyspark.sql import functions as F
-            structure = self._structure(source_name)
             files = [str(self.warehouse.file(f)) for f in self.logs[source_name]]
-            self._keys[source_name] = read_parquet(self.spark, files, _physical_struct(structure, log=True)).select(
+            log_schema = physical_struct(self.after["tables"][source_name], log=True)
+            self._keys[source_name] = read_parquet(self.spark, files, log_schema).select(
                 *[F.col(p).alias(f"c{j}") for j, p in enumerate(self._key_physical(source_name))])
         return self._keys[source_name]
 
@@ -399,7 +399,8 @@ class _Changes:
             structure = self._structure(source_name)
             if driver:
                 frame = current_names(self.spark.createDataFrame(self.delta_rows(source_name),
-                                                                 schema=_physical_struct(structure)), structure)
+                                                                 schema=physical_struct(self.after["tables"][source_name])),
+                                     structure)
             else:
                 keys = self.keys(source_name)
                 pairs = [(k, f"c{j}") for j, k in enumerate(structure.key)]
@@ -501,7 +502,7 @@ class SparkViews:
         structure = TableStructure.from_json(entry["structure"])
         keys = [physical_name(c) for c in structure.key_columns()]
         base_files, log_files = table_files(entry)
-        schema = _physical_struct(structure)
+        schema = physical_struct(entry)
         base = read_parquet(self.spark, [str(self.warehouse.file(f)) for f in base_files], schema)
         latest_rows, touched = lookup.logged_rows_and_keys(self.warehouse, entry, log_files)
         latest = self.spark.createDataFrame(latest_rows, schema=schema)
@@ -978,7 +979,8 @@ class SparkViews:
         after = changes.after
         structures = [TableStructure.from_json(after["tables"][s]["structure"]) for s in occurrence_source]
         columns = [{c.name: c for c in st.columns} for st in structures]
-        types = [physical_schema(st) for st in structures]
+        entries = [after["tables"][s] for s in occurrence_source]
+        types = [entry_schema(e) for e in entries]
         pairs = [(x, y) for x, y in a.equi] + [(y, x) for x, y in a.equi]
         held = 0
         branches = []
@@ -1016,7 +1018,7 @@ class SparkViews:
             names = {}
             for j, rows in found.items():
                 names[j] = f"_replicator_r{i}_{j}"
-                current_names(self.spark.createDataFrame(rows, schema=_physical_struct(structures[j])),
+                current_names(self.spark.createDataFrame(rows, schema=physical_struct(entries[j])),
                               structures[j]).createOrReplaceTempView(names[j])
             branches.append(plan.select(relations=names))
             combinations_bound += bound

@@ -37,6 +37,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import logging
 import os
 import re
 import shutil
@@ -44,8 +45,9 @@ import signal
 import stat
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +91,32 @@ _crash_counts: dict[str, int] = {}
 _INT_TYPES = {"smallint": pa.int16(), "integer": pa.int32(), "bigint": pa.int64(),
               "oid": pa.int64(), "xid": pa.int64(), "cid": pa.int64()}
 _TIMESTAMP_MAX = datetime(9999, 12, 31, 23, 59, 59, 999999)
+DECIMAL_MAX_PRECISION = 38   # Spark's DecimalType
+DECIMALS = "decimals"   # a manifest table entry's flag: its generation stores numeric(p,s) as DECIMAL(p,s)
+
+log = logging.getLogger("replicator")
 
 
-def arrow_type(column: Column) -> pa.DataType:
+def decimal_type(column: Column) -> pa.DataType | None:
+    """DECIMAL(p,s) for a numeric(p,s) column whose type Spark has (p <= 38, 0 <= s <= p);
+    None for unconstrained numeric (any precision and scale, NaN, infinities), larger
+    precisions, negative scales, and a domain (its typmod is not recorded)."""
+    if column.base_type != "numeric" or column.category == "A":
+        return None
+    declared = re.fullmatch(r"numeric\((\d+),(-?\d+)\)", column.type)
+    if declared is None:
+        return None
+    precision, scale = int(declared[1]), int(declared[2])
+    if not (1 <= precision <= DECIMAL_MAX_PRECISION and 0 <= scale <= precision):
+        return None
+    return pa.decimal128(precision, scale)
+
+
+def arrow_type(column: Column, *, decimals: bool = True) -> pa.DataType:
     """The Parquet/Spark type of a PostgreSQL column (see docs/spark.md, "Type mapping").
-    Numerics stay text (exact digits, NaN); json, arrays, intervals, uuids... stay text."""
+    numeric(p,s) is DECIMAL(p,s) where Spark has it (decimals=False: text, as a table
+    copied before replicator stored decimals keeps it); json, arrays, intervals, uuids...
+    stay text."""
     base = column.base_type
     if column.category == "A":
         return pa.string()
@@ -113,6 +136,8 @@ def arrow_type(column: Column) -> pa.DataType:
         return pa.timestamp("us")
     if base == "timestamp with time zone":
         return pa.timestamp("us", tz="UTC")
+    if decimals:
+        return decimal_type(column) or pa.string()
     return pa.string()
 
 
@@ -120,11 +145,22 @@ def physical_name(column: Column) -> str:
     return f"c{column.attnum}" if column.attnum else "n_" + column.name
 
 
-def physical_schema(structure: TableStructure, *, log: bool = False) -> pa.Schema:
-    fields = [pa.field(physical_name(c), arrow_type(c)) for c in structure.columns]
+def physical_schema(structure: TableStructure, *, decimals: bool, log: bool = False) -> pa.Schema:
+    fields = [pa.field(physical_name(c), arrow_type(c, decimals=decimals)) for c in structure.columns]
     if log:
         fields += [pa.field(SEQ, pa.int64()), pa.field(DELETED, pa.bool_())]
     return pa.schema(fields)
+
+
+def stores_decimals(entry: Mapping[str, Any]) -> bool:
+    """Whether a manifest table entry's generation stores numeric(p,s) as DECIMAL(p,s): one
+    copied by a replicator before that keeps its text until it is copied again."""
+    return bool(entry.get(DECIMALS))
+
+
+def entry_schema(entry: Mapping[str, Any], *, log: bool = False) -> pa.Schema:
+    """The physical schema of a manifest table entry's files."""
+    return physical_schema(TableStructure.from_json(entry["structure"]), decimals=stores_decimals(entry), log=log)
 
 
 _FLOATS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
@@ -149,8 +185,9 @@ def _temporal(value: str | None, typ: pa.DataType) -> Any:
     return parsed.astimezone(UTC) if typ.tz else parsed
 
 
-def arrow_array(values: Sequence[Any], typ: pa.DataType) -> pa.Array:
-    """Decoded consumer values (replicator.structure decoders) as an Arrow array."""
+def arrow_array(values: Sequence[Any], typ: pa.DataType, *, label: str = "") -> pa.Array:
+    """Decoded consumer values (replicator.structure decoders) as an Arrow array (label:
+    the table and column, named in a warning about NaN in a decimal column)."""
     if pa.types.is_floating(typ):
         try:
             return pa.array(values, type=typ)
@@ -166,6 +203,11 @@ def arrow_array(values: Sequence[Any], typ: pa.DataType) -> pa.Array:
             return pa.array(values, type=pa.string()).cast(typ)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return pa.array([_temporal(v, typ) for v in values], type=typ)
+    if pa.types.is_decimal(typ):
+        try:   # PostgreSQL's text of a numeric(p,s) has the scale's digits: the cast is exact
+            return pa.array(values, type=pa.string()).cast(typ)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):   # NaN, or values decoded otherwise
+            return pa.array([_decimal(v, label) for v in values], type=typ)   # a value it would change raises
     if pa.types.is_string(typ):
         try:
             return pa.array(values, type=typ)
@@ -174,13 +216,31 @@ def arrow_array(values: Sequence[Any], typ: pa.DataType) -> pa.Array:
     return pa.array(values, type=typ)
 
 
-def arrow_table(structure: TableStructure, rows: Sequence[Sequence[Any]], *,
+_nan_warned: set[str] = set()
+
+
+def _decimal(value: Any, label: str) -> Decimal | None:
+    """One numeric value for a DECIMAL column: NaN, which a decimal cannot hold, is NULL
+    (a warning per column and process); anything else must fit exactly."""
+    if value is None:
+        return None
+    number = value if isinstance(value, Decimal) else Decimal(str(value))
+    if number.is_nan():
+        if label not in _nan_warned:
+            _nan_warned.add(label)
+            log.warning("%s: NaN in a numeric column is NULL in the Spark warehouse (a DECIMAL has no NaN)", label)
+        return None
+    return number
+
+
+def arrow_table(structure: TableStructure, rows: Sequence[Sequence[Any]], *, decimals: bool,
                 seq: int | None = None, deleted: Sequence[bool] | None = None) -> pa.Table:
-    """Rows (tuples in the structure's column order) as an Arrow table with physical names;
-    with seq, a change log table."""
-    schema = physical_schema(structure, log=seq is not None)
+    """Rows (tuples in the structure's column order) as an Arrow table with physical names,
+    numerics as decimals or text (the generation's DECIMALS flag); with seq, a change log table."""
+    schema = physical_schema(structure, decimals=decimals, log=seq is not None)
     columns = list(zip(*rows)) if rows else [() for _ in structure.columns]
-    arrays = [arrow_array(values, field.type) for values, field in zip(columns, schema)]
+    arrays = [arrow_array(values, field.type, label=f"{structure.qualified_name}.{column.name}")
+              for values, field, column in zip(columns, schema, structure.columns)]
     if seq is not None:
         arrays.append(pa.array([seq] * len(rows), type=pa.int64()))
         arrays.append(pa.array(deleted if deleted is not None else [False] * len(rows), type=pa.bool_()))
