@@ -370,6 +370,7 @@ class SqliteTarget:
         if not self._stopped and self.db.in_transaction:
             self.db.execute("ROLLBACK")
         self.views.rolled_back()
+        self._changed()   # an ALTER rolled back: the tables are in their layouts before it
 
     def close(self) -> None:
         if not self._stopped:
