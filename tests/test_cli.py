@@ -343,3 +343,17 @@ def test_verbose_works_after_the_command_as_before_it(app, tmp_path):
     quiet = run("consume", "q", "--target", f"jsonl:{tmp_path / 'quiet.jsonl'}", "--until-caught-up", dsn=app)
     assert quiet.returncode == 0 and " DEBUG " not in quiet.stderr, quiet.stderr
 
+
+
+def test_names_with_brackets_are_printed_as_they_are_not_read_as_markup(app):
+    with psycopg.connect(app, autocommit=True) as c:
+        c.execute('CREATE TABLE "[b]t[/b]" (id int PRIMARY KEY)')
+        c.execute("""SELECT replicator.add_table('q', '"[b]t[/b]"')""")
+        c.execute("SELECT replicator.register_consumer('q', 'feed[b]eu')")
+        c.execute("SELECT replicator.register_consumer('q', '[/x]')")
+    for args in (["status"], ["table", "list", "q"], ["queue", "list"]):
+        result = run(*args, dsn=app)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert args == ["queue", "list"] or "[b]t[/b]" in result.stdout, (args, result.stdout)
+    status = run("status", dsn=app).stdout
+    assert "feed[b]eu" in status and "[/x]" in status, status
