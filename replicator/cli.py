@@ -451,6 +451,10 @@ def table_alter(ctx: Context, queue_name: str, table_name: str, mode: str | None
         raise UserError("--where and --no-where exclude each other")
     if ignore is not None and no_ignore:
         raise UserError("--ignore and --no-ignore exclude each other")
+    if ignore is not None and not _split(ignore):
+        raise UserError("--ignore needs one or more column names (--no-ignore captures every column again)")
+    if key is not None and not _split(key):
+        raise UserError("--key needs one or more column names")
     if mode is None and key is None and ignore is None and not no_ignore and where is None and not no_where:
         raise UserError("nothing to change: give --mode, --key, --ignore, --no-ignore, --where or --no-where")
     new_ignore = [] if no_ignore else None if ignore is None else _split(ignore)
