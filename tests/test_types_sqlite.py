@@ -375,12 +375,21 @@ def test_a_replica_of_the_previous_version_keeps_its_forms_until_a_table_is_copi
     # a table added since is the new version's
     assert sqlite_rows(replica, "fresh", ["id"]) == {(1,): {"id": 1, "amount": 1.5, "ts": "2024-01-02T03:04:05.000000"}}
 
+    # a column added in place follows its table's forms: TEXT beside the old table's numerics
+    conn.execute("ALTER TABLE old ADD COLUMN extra numeric(12,2); ALTER TABLE fresh ADD COLUMN extra numeric(12,2);"
+                 " INSERT INTO old (id, extra) VALUES (5, 4.75); INSERT INTO fresh VALUES (2, 1, now(), 4.75)")
+    consume(dsn, replica)
+    assert (sqlite_types(replica, "old")["extra"], sqlite_types(replica, "fresh")["extra"]) == ("TEXT", "NUMERIC")
+    assert sqlite_rows(replica, "old", ["id"])[(5,)]["extra"] == "4.75"
+    assert sqlite_rows(replica, "fresh", ["id"])[(2,)]["extra"] == 4.75
+
     conn.execute("ALTER TABLE old ALTER COLUMN amount TYPE numeric(14,2)")   # copied again
     consume(dsn, replica)
     assert sqlite_types(replica, "old")["amount"] == "NUMERIC"
     assert sqlite_rows(replica, "old", ["id"])[(1,)] == {
         "id": 1, "amount": 1.5, "ts": "2024-01-02T03:04:05.000000", "tstz": "2024-01-02T03:04:05.000000+00:00",
-        "t": "03:04:05.000000"}
+        "t": "03:04:05.000000", "extra": None}
+    assert sqlite_types(replica, "old")["extra"] == "NUMERIC"
 
 
 # views ---------------------------------------------------------------------------------------

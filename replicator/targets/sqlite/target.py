@@ -523,8 +523,11 @@ class SqliteTarget:
                 self.db.execute(f"ALTER TABLE {name} DROP COLUMN {quote(change.name)}")
             elif change.action == "add_column":
                 assert change.column is not None
+                # a table of an earlier version keeps its forms (numeric as TEXT) in new columns too
+                legacy = self.db.execute(f"SELECT 1 FROM {_FORMS} WHERE table_name = ?",
+                                         (self.table_name(new),)).fetchone() is None
                 self.db.execute(f"ALTER TABLE {name} ADD COLUMN {quote(change.name)} "
-                                f"{sqlite_type(change.column, numeric=self.numeric)}")
+                                f"{sqlite_type(change.column, numeric='text' if legacy else self.numeric)}")
         if old.source_name != new.source_name:
             self.db.execute(f"DELETE FROM {_TABLES} WHERE source_name = ?", (old.source_name,))
         self.save_table(new)
