@@ -7,7 +7,8 @@ LANGUAGE plpgsql STABLE AS $$
 --      Looks up a table captured by a queue. p_table is 'schema.table' or
 --      'table' in SQL syntax, or the name as `table list` shows it
 --      (unquoted: 'public.Mixed Case'); a table that was dropped since is
---      still found by its recorded name.
+--      still found by its recorded name. Where both match different tables
+--      (tables orders and "Orders", p_table 'Orders'), the SQL meaning wins.
 --
 -- Returns:
 --      the captured_table row; raises when the queue does not capture it
@@ -26,7 +27,9 @@ BEGIN
     WHERE ct.queue_id = q.queue_id
       AND (to_regclass(quote_ident(ct.table_schema) || '.' || quote_ident(ct.table_name)) = v_oid
            OR ct.table_schema || '.' || ct.table_name = p_table
-           OR (ct.table_name = p_table AND ct.table_schema = 'public'));
+           OR (ct.table_name = p_table AND ct.table_schema = 'public'))
+    ORDER BY to_regclass(quote_ident(ct.table_schema) || '.' || quote_ident(ct.table_name)) = v_oid DESC NULLS LAST
+    LIMIT 1;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'table % is not in queue "%"', p_table, p_queue_name;
     END IF;

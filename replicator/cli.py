@@ -21,6 +21,7 @@ import click
 import psycopg
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from replicator.errors import UserError
 from replicator.shutdown import StopFlag
@@ -67,13 +68,14 @@ def _print_rows(rows: list[dict[str, Any]], title: str | None = None) -> None:
     terminal, cells too wide for it wrap (names must stay whole: they are typed back
     into commands such as `queue unregister`)."""
     if not rows:
-        console.print(f"(no {title or 'rows'})")
+        console.print(Text(f"(no {title or 'rows'})"))
         return
-    table = Table(title=title, title_justify="left")
+    # Cells are Text, never markup: names come from the database ("feed[b]eu", "[/x]").
+    table = Table(title=Text(title) if title else None, title_justify="left")
     for column in rows[0]:
-        table.add_column(column, overflow="fold")
+        table.add_column(Text(column), overflow="fold")
     for row in rows:
-        table.add_row(*("" if v is None else ", ".join(map(str, v)) if isinstance(v, list) else str(v)
+        table.add_row(*(Text("" if v is None else ", ".join(map(str, v)) if isinstance(v, list) else str(v))
                         for v in row.values()))
     if console.is_terminal:
         console.print(table)
@@ -449,6 +451,10 @@ def table_alter(ctx: Context, queue_name: str, table_name: str, mode: str | None
         raise UserError("--where and --no-where exclude each other")
     if ignore is not None and no_ignore:
         raise UserError("--ignore and --no-ignore exclude each other")
+    if ignore is not None and not _split(ignore):
+        raise UserError("--ignore needs one or more column names (--no-ignore captures every column again)")
+    if key is not None and not _split(key):
+        raise UserError("--key needs one or more column names")
     if mode is None and key is None and ignore is None and not no_ignore and where is None and not no_where:
         raise UserError("nothing to change: give --mode, --key, --ignore, --no-ignore, --where or --no-where")
     new_ignore = [] if no_ignore else None if ignore is None else _split(ignore)

@@ -542,27 +542,30 @@ class Consumer:
                 run.add(table, ev_type, decode[ev_type == "D"](items))
                 continue
             run.flush()
-            # S: PK-only keys pending are read back later in the new layout (by attnum).
-            event = parse_json(data)
-            if event.get("kind") == "dropped":
+            # S: PK-only keys pending are read back later in the new layout, by attnum (a
+            # change in place keeps the key: reconcile). A table copied again holds the rows
+            # of its copy, newer than those keys, which may have another key's shape: they go.
+            if not self._apply_schema_change(table, ev_id, parse_json(data)):
                 pending.keys.pop(table.table_id, None)
-            self._apply_schema_change(table, ev_id, event)
             decoders.pop(table_id, None)
         run.flush()
         for table in following.values():
             self._join_back(table, pending, stats)
 
-    def _apply_schema_change(self, table: TargetTable, ev_id: int, event: dict[str, Any]) -> None:
+    def _apply_schema_change(self, table: TargetTable, ev_id: int, event: dict[str, Any]) -> bool:
         """Reconciles the target table with the structure an S event carries:
         in place where no value changed, else by copying the table again (in
-        this transaction, within the snapshot rules of the initial copy)."""
+        this transaction, within the snapshot rules of the initial copy).
+        True when the table was altered in place, with its key unchanged (the
+        keys of earlier events still name its rows); False when it was copied
+        again, dropped or left behind."""
         kind = event.get("kind")
         if kind == "dropped":
             self.target.schema_event(table, event)
             self.target.drop_table(table)
             del self._following[table.table_id]
             log.info("event %s: %s dropped (%s)", ev_id, table.source_name, event.get("tag"))
-            return
+            return False
         if kind == "suspended":
             # A DDL run without event triggers took what its capture needs (replicator.suspend_capture)
             assert self.source is not None
@@ -572,7 +575,7 @@ class Consumer:
             # removed since, as the event said to: the table added again is copied anew
             del self._following[table.table_id]
             log.info("event %s: %s left behind (its capture was suspended, then removed)", ev_id, table.source_name)
-            return
+            return False
         if kind not in ("created", "altered"):
             raise UserError(f"event {ev_id} is a schema change of kind {kind!r} on {table.source_name}, which "
                             f"this version of replicator cannot apply: upgrade the consumer, or remove the table "
@@ -581,6 +584,8 @@ class Consumer:
         # "copy": rows changed without row triggers (a rewrite; a descendant attached, detached, dropped or truncated)
         changes = None if event.get("copy") else reconcile(table.structure, new_structure)
         if changes is not None:
+            # reconcile copies a table whose key changed: pending keys still name its rows
+            assert [c.attnum for c in new_structure.key_columns()] == [c.attnum for c in table.structure.key_columns()]
             self.target.schema_event(table, event)
             # `table alter --mode` changes no row: later events are applied in the new mode
             new_table = TargetTable(source_name=new_structure.qualified_name, table_id=table.table_id,
@@ -589,7 +594,7 @@ class Consumer:
             self.target.alter_table(table, new_table, changes)
             self._following[table.table_id] = new_table
             log.info("event %s: %s altered in place (%s)", ev_id, new_table.source_name, event.get("tag"))
-            return
+            return True
         assert self.source is not None
         current = next((t for t in self.source.tables(self.queue) if t.table_id == table.table_id), None)
         if current is None or current.structure is None:
@@ -599,7 +604,7 @@ class Consumer:
                                              "schema": table.structure.schema, "name": table.structure.name})
             self.target.drop_table(table)
             del self._following[table.table_id]
-            return
+            return False
         self._captured[table.table_id] = current
         # The copy replaces every row: a stream says so (T) before the change and the copied
         # rows. The copy is in the table's current structure (later S events are in the copy):
@@ -612,6 +617,7 @@ class Consumer:
             self.target.drop_table(table)
         self._following[table.table_id] = self.copy_table(current)
         log.info("event %s: %s copied again after %s", ev_id, current.name, event.get("tag"))
+        return False
 
     def _join_back(self, table: TargetTable, pending: _PendingKeys, stats: BatchStats) -> None:
         """Applies the current source rows of the table's pending keys: upsert

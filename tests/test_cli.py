@@ -343,3 +343,40 @@ def test_verbose_works_after_the_command_as_before_it(app, tmp_path):
     quiet = run("consume", "q", "--target", f"jsonl:{tmp_path / 'quiet.jsonl'}", "--until-caught-up", dsn=app)
     assert quiet.returncode == 0 and " DEBUG " not in quiet.stderr, quiet.stderr
 
+
+
+def test_names_with_brackets_are_printed_as_they_are_not_read_as_markup(app):
+    with psycopg.connect(app, autocommit=True) as c:
+        c.execute('CREATE TABLE "[b]t[/b]" (id int PRIMARY KEY)')
+        c.execute("""SELECT replicator.add_table('q', '"[b]t[/b]"')""")
+        c.execute("SELECT replicator.register_consumer('q', 'feed[b]eu')")
+        c.execute("SELECT replicator.register_consumer('q', '[/x]')")
+    for args in (["status"], ["table", "list", "q"], ["queue", "list"]):
+        result = run(*args, dsn=app)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert args == ["queue", "list"] or "[b]t[/b]" in result.stdout, (args, result.stdout)
+    status = run("status", dsn=app).stdout
+    assert "feed[b]eu" in status and "[/x]" in status, status
+
+
+def test_table_alter_refuses_an_empty_ignore_or_key_list_in_one_line(app):
+    assert run("table", "add", "q", "orders", "--ignore", "v", dsn=app).returncode == 0
+    assert_user_error(run("table", "alter", "q", "orders", "--ignore", "", dsn=app),
+                      "--ignore needs one or more column names", "--no-ignore")
+    assert_user_error(run("table", "alter", "q", "orders", "--ignore", " , ", dsn=app), "--ignore needs")
+    assert_user_error(run("table", "alter", "q", "orders", "--key", "", dsn=app), "--key needs")
+    assert json.loads(run("table", "list", "q", "--json", dsn=app).stdout)[0]["ignore"] == ["v"]   # unchanged
+
+
+def test_a_name_that_means_two_captured_tables_names_the_one_sql_means(app):
+    # "Orders" as SQL is orders; as `table list` shows names, it is "Orders": SQL wins
+    with psycopg.connect(app, autocommit=True) as c:
+        c.execute('CREATE TABLE "Orders" (id int PRIMARY KEY)')
+    assert run("table", "add", "q", '"Orders"', "orders", dsn=app).returncode == 0
+    for _ in range(3):
+        assert run("table", "alter", "q", "Orders", "--mode", "pk", dsn=app).returncode == 0
+        modes = {t["table"]: t["mode"] for t in json.loads(run("table", "list", "q", "--json", dsn=app).stdout)}
+        assert modes == {"public.orders": "pk", "public.Orders": "full"}
+        assert run("table", "alter", "q", "Orders", "--mode", "full", dsn=app).returncode == 0
+    assert run("table", "remove", "q", "Orders", dsn=app).returncode == 0
+    assert [t["table"] for t in json.loads(run("table", "list", "q", "--json", dsn=app).stdout)] == ["public.Orders"]

@@ -32,6 +32,7 @@ from replicator.errors import UserError
 from replicator.source.execute import execute_script
 from replicator.source.install import EVENT_TRIGGERS
 from replicator.targets import open_target
+from replicator.targets.sqlite.target import SqliteTarget
 
 
 class Replicas:
@@ -610,3 +611,38 @@ def test_a_key_dropped_where_no_event_trigger_sees_it_suspends_the_capture_not_t
         assert_sqlite_equals_source(conn, replicas.sqlite_path, "added again")
     finally:
         replicas.close()
+
+
+class SqliteTargetLosingTheSourceOnce(SqliteTarget):
+    """A SQLite replica whose first position write after `fail` is set finds the
+    source gone, as when it stops between a batch's events and its end."""
+
+    fail = False
+
+    def set_position(self, queue: str, consumer: str, tick: int) -> None:
+        if self.fail:
+            self.fail = False
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        super().set_position(queue, consumer, tick)
+
+
+def test_a_batch_that_altered_a_table_and_failed_is_applied_again_in_the_old_layout(dsn, conn, source, tmp_path):
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, a numeric(10,2))")
+    conn.execute("INSERT INTO t VALUES (1, 1.5)")
+    source.add_table("q", "t")
+    target = SqliteTargetLosingTheSourceOnce(tmp_path / "replica.db")
+    consumer = Consumer(dsn, "q", target)
+    try:
+        consumer.run(until_caught_up=True)
+        # one batch: a row in the old layout, a column added in place, a row in the new one
+        conn.execute("INSERT INTO t VALUES (2, 2.5)")
+        conn.execute("ALTER TABLE t ADD COLUMN b numeric(10,2)")
+        conn.execute("INSERT INTO t VALUES (3, 3.5, 3.25)")
+        target.fail = True
+        consumer.run(until_caught_up=True)   # rolled back, then the batch again after reconnecting
+        assert not target.fail
+    finally:
+        consumer.close()
+        target.close()
+    assert sqlite_rows(tmp_path / "replica.db", "t") == source_rows(conn, "t")

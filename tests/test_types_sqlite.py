@@ -8,7 +8,9 @@ incremental views over numeric columns equal their full recompute."""
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
+from contextlib import closing
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -90,6 +92,31 @@ def test_numeric_queries_in_sqlite_give_postgresqls_answers(dsn, conn, source, t
                 assert value == float(Decimal(text)) and isinstance(value, int | float), (row_id, text, value)
     assert stored[(1,)]["amount"] == 6250 and isinstance(stored[(1,)]["amount"], int)
     assert stored[(0,)]["ratio"] == 0.1 and stored[(1,)]["ratio"] == 0.12345678901234568
+
+
+def test_numeric_values_beyond_the_double_range_are_infinite_or_zero_and_their_digits_kept_as_text(
+        dsn, conn, source, tmp_path):
+    # SQLite turns any number-like text in a NUMERIC column into a number: such values
+    # cannot stay TEXT there (README, "SQLite type mapping"); ?numeric=text keeps them.
+    huge, tiny = "1" + "0" * 400, "0." + "0" * 400 + "1"
+    values = {1: huge, 2: "-" + huge, 3: tiny, 4: "Infinity", 5: "1e308"}
+    conn.execute("CREATE TABLE big (id int PRIMARY KEY, v numeric)")
+    conn.execute("INSERT INTO big VALUES (1, %s), (2, %s)", (values[1], values[2]))        # copied
+    source.create_queue("q")
+    source.add_table("q", "big")
+    consume(dsn, tmp_path / "r.db")
+    consume(dsn, tmp_path / "t.db", numeric="text")
+    conn.cursor().executemany("INSERT INTO big VALUES (%s, %s)", [(k, v) for k, v in values.items() if k > 2])
+    consume(dsn, tmp_path / "r.db")
+    consume(dsn, tmp_path / "t.db", numeric="text")
+    printed = dict(conn.execute("SELECT id, v::text FROM big").fetchall())
+    with closing(sqlite3.connect(tmp_path / "r.db")) as db:
+        assert dict((k, (v, t)) for k, v, t in db.execute("SELECT id, v, typeof(v) FROM big")) == {
+            1: (math.inf, "real"), 2: (-math.inf, "real"), 3: (0, "integer"), 4: ("Infinity", "text"),
+            5: (1e308, "real")}
+    with closing(sqlite3.connect(tmp_path / "t.db")) as db:
+        assert dict(db.execute("SELECT id, v FROM big")) == printed
+    assert printed[1] == huge and printed[3] == tiny
 
 
 def test_numeric_keys_beyond_fifteen_digits_stay_text_and_keep_rows_apart(dsn, conn, source, tmp_path):
@@ -348,12 +375,21 @@ def test_a_replica_of_the_previous_version_keeps_its_forms_until_a_table_is_copi
     # a table added since is the new version's
     assert sqlite_rows(replica, "fresh", ["id"]) == {(1,): {"id": 1, "amount": 1.5, "ts": "2024-01-02T03:04:05.000000"}}
 
+    # a column added in place follows its table's forms: TEXT beside the old table's numerics
+    conn.execute("ALTER TABLE old ADD COLUMN extra numeric(12,2); ALTER TABLE fresh ADD COLUMN extra numeric(12,2);"
+                 " INSERT INTO old (id, extra) VALUES (5, 4.75); INSERT INTO fresh VALUES (2, 1, now(), 4.75)")
+    consume(dsn, replica)
+    assert (sqlite_types(replica, "old")["extra"], sqlite_types(replica, "fresh")["extra"]) == ("TEXT", "NUMERIC")
+    assert sqlite_rows(replica, "old", ["id"])[(5,)]["extra"] == "4.75"
+    assert sqlite_rows(replica, "fresh", ["id"])[(2,)]["extra"] == 4.75
+
     conn.execute("ALTER TABLE old ALTER COLUMN amount TYPE numeric(14,2)")   # copied again
     consume(dsn, replica)
     assert sqlite_types(replica, "old")["amount"] == "NUMERIC"
     assert sqlite_rows(replica, "old", ["id"])[(1,)] == {
         "id": 1, "amount": 1.5, "ts": "2024-01-02T03:04:05.000000", "tstz": "2024-01-02T03:04:05.000000+00:00",
-        "t": "03:04:05.000000"}
+        "t": "03:04:05.000000", "extra": None}
+    assert sqlite_types(replica, "old")["extra"] == "NUMERIC"
 
 
 # views ---------------------------------------------------------------------------------------

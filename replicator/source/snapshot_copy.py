@@ -17,6 +17,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
@@ -161,7 +162,7 @@ class CopyProgress:
         self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                              _RowsPerSecond(), TimeRemainingColumn(), console=Console(stderr=True),
                              disable=not sys.stderr.isatty())
-        self._task = self._bar.add_task(f"copy {table}", total=estimated_rows or None)
+        self._task = self._bar.add_task(escape(f"copy {table}"), total=estimated_rows or None)
 
     def __enter__(self) -> CopyProgress:
         self._bar.start()

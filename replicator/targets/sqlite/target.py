@@ -370,6 +370,7 @@ class SqliteTarget:
         if not self._stopped and self.db.in_transaction:
             self.db.execute("ROLLBACK")
         self.views.rolled_back()
+        self._changed()   # an ALTER rolled back: the tables are in their layouts before it
 
     def close(self) -> None:
         if not self._stopped:
@@ -522,8 +523,11 @@ class SqliteTarget:
                 self.db.execute(f"ALTER TABLE {name} DROP COLUMN {quote(change.name)}")
             elif change.action == "add_column":
                 assert change.column is not None
+                # a table of an earlier version keeps its forms (numeric as TEXT) in new columns too
+                legacy = self.db.execute(f"SELECT 1 FROM {_FORMS} WHERE table_name = ?",
+                                         (self.table_name(new),)).fetchone() is None
                 self.db.execute(f"ALTER TABLE {name} ADD COLUMN {quote(change.name)} "
-                                f"{sqlite_type(change.column, numeric=self.numeric)}")
+                                f"{sqlite_type(change.column, numeric='text' if legacy else self.numeric)}")
         if old.source_name != new.source_name:
             self.db.execute(f"DELETE FROM {_TABLES} WHERE source_name = ?", (old.source_name,))
         self.save_table(new)
