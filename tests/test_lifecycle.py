@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 from datetime import timedelta
@@ -203,6 +204,21 @@ def test_the_maint_daemon_logs_an_idle_consumer_once_per_idle_episode(conn, q, c
     _unseen_for_two_hours(conn, "c")                                # ... and idle again: said again
     maint(q)
     assert len([r for r in caplog.records if "idle" in r.getMessage()]) == 2
+
+
+def test_two_temporary_consumers_of_one_host_and_process_have_names_of_their_own_that_fit_application_name():
+    """Two containers may both run as pid 1 under the same host name; a killed run's
+    consumer must not be taken over by the next run with its pid."""
+    from replicator.consumer import Consumer
+    from replicator.targets import open_target
+
+    first, second = (Consumer("", "q", open_target("jsonl:-")), Consumer("", "q", open_target("tsv:-")))
+    assert first.temporary and second.temporary
+    assert first.name.split("_")[:4] == second.name.replace("tsv_", "jsonl_", 1).split("_")[:4]   # host, pid
+    assert len({first.name.replace("jsonl_", "", 1), second.name.replace("tsv_", "", 1)}) == 2
+    # the longest: scheme jsonl and a pid of 7 digits (pid_max is 2**22 at most)
+    longest = len(first.name.encode()) - len(str(os.getpid())) + len(str(2 ** 22))
+    assert len(b"replicator consumer ") + longest <= 63
 
 
 # rotation and the ticker --------------------------------------------------------------------
