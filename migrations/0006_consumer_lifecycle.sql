@@ -13,6 +13,13 @@
 
 ALTER TABLE replicator.consumer ADD COLUMN consumer_temporary boolean NOT NULL DEFAULT false;
 
+-- The session that registered the consumer last (its daemon registers it at every connect):
+-- while that session is connected, the consumer is not idle (replicator.consumer_connected).
+-- pid, session user and application_name are what pg_stat_activity shows every role.
+ALTER TABLE replicator.consumer ADD COLUMN consumer_pid integer;
+ALTER TABLE replicator.consumer ADD COLUMN consumer_usesysid oid;
+ALTER TABLE replicator.consumer ADD COLUMN consumer_application_name text;
+
 ALTER TABLE replicator.queue ADD COLUMN queue_consumer_idle_limit interval NOT NULL DEFAULT '1 hour';
 
 CREATE TABLE replicator.ticker_heartbeat (

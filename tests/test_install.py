@@ -88,7 +88,8 @@ def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, c
                  " DROP COLUMN key_is_auto, DROP COLUMN table_catalog_xmins, DROP COLUMN table_catalog_tids,"
                  " DROP COLUMN table_storage, DROP COLUMN table_guarded, DROP COLUMN table_suspended")
     conn.execute("ALTER TABLE replicator.consumer DROP COLUMN consumer_owner")
-    conn.execute("ALTER TABLE replicator.consumer DROP COLUMN consumer_temporary")
+    conn.execute("ALTER TABLE replicator.consumer DROP COLUMN consumer_temporary, DROP COLUMN consumer_pid,"
+                 " DROP COLUMN consumer_usesysid, DROP COLUMN consumer_application_name")
     conn.execute("ALTER TABLE replicator.queue DROP COLUMN queue_consumer_idle_limit")
     conn.execute("DROP TABLE replicator.ticker_heartbeat")
     conn.execute("DROP TABLE replicator.consumer_copy")

@@ -45,7 +45,8 @@ def _unseen_for_two_hours(conn, consumer: str) -> None:
 
 
 def _connected(conn, consumer: str) -> bool:
-    return conn.execute("SELECT replicator.consumer_connected(%s)", (consumer,)).fetchone()[0]
+    return conn.execute("SELECT replicator.consumer_connected(c) FROM replicator.consumer c WHERE consumer_name = %s",
+                        (consumer,)).fetchone()[0]
 
 
 # a stream to stdout ------------------------------------------------------------------------
@@ -176,7 +177,7 @@ def test_a_named_stdout_consumer_stays_registered_and_is_reported_idle_never_unr
 
 
 def test_the_consumer_idle_limit_is_a_queue_setting(dsn, conn, q):
-    q.register_consumer("q", "c")
+    _gone(conn, _register_from_a_session(dsn, "q", "c"))           # its daemon stopped
     conn.execute("UPDATE replicator.consumer SET active_time = now() - interval '3 hours'")
     assert _consumers(q)["c"]["idle"]
     changed = run_cli(dsn, "queue", "config", "q", "--consumer-idle-limit", "1d")
@@ -189,8 +190,8 @@ def test_the_consumer_idle_limit_is_a_queue_setting(dsn, conn, q):
     assert bad.returncode == 1 and bad.stderr.startswith("error: consumer_idle_limit must be positive"), bad.stderr
 
 
-def test_the_maint_daemon_logs_an_idle_consumer_once_per_idle_episode(conn, q, caplog):
-    q.register_consumer("q", "c")
+def test_the_maint_daemon_logs_an_idle_consumer_once_per_idle_episode(dsn, conn, q, caplog):
+    _gone(conn, _register_from_a_session(dsn, "q", "c"))           # its daemon stopped
     maint = jobs.Maint()
     caplog.set_level(logging.INFO, logger="replicator")
     _unseen_for_two_hours(conn, "c")
@@ -219,6 +220,64 @@ def test_two_temporary_consumers_of_one_host_and_process_have_names_of_their_own
     # the longest: scheme jsonl and a pid of 7 digits (pid_max is 2**22 at most)
     longest = len(first.name.encode()) - len(str(os.getpid())) + len(str(2 ** 22))
     assert len(b"replicator consumer ") + longest <= 63
+
+
+def _register_from_a_session(dsn: str, queue: str, consumer: str, *, temporary: bool = False,
+                             application_name: str | None = None) -> psycopg.Connection:
+    """A session that registers the consumer as its daemon does, and stays connected."""
+    from replicator.source import Source
+
+    session = psycopg.connect(dsn, autocommit=True,
+                              application_name=application_name or f"replicator consumer {consumer}")
+    Source(session).register_consumer(queue, consumer, temporary=temporary)
+    return session
+
+
+def _gone(conn, session: psycopg.Connection) -> None:
+    pid = session.info.backend_pid
+    session.close()
+    wait_until(lambda: not conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0],
+               30, "the closed session to end")
+
+
+def test_a_consumer_name_on_two_queues_is_idle_on_the_one_whose_daemon_is_gone(dsn, conn, q):
+    q.create_queue("other")
+    running = _register_from_a_session(dsn, "q", "c")
+    _gone(conn, _register_from_a_session(dsn, "other", "c"))       # the daemon of queue other, dead
+    try:
+        conn.execute("UPDATE replicator.consumer SET active_time = now() - interval '2 hours'")
+        idle = {(c["queue"], c["consumer"]): c["idle"] for c in status(q)["consumers"]}
+        assert idle == {("q", "c"): False, ("other", "c"): True}
+    finally:
+        running.close()
+
+
+def test_a_connected_consumer_with_a_long_utf8_name_is_not_idle(dsn, conn, q):
+    name = "réplique_" + "é" * 40                                  # 'replicator consumer NAME': over 63 bytes
+    running = _register_from_a_session(dsn, "q", name)
+    try:
+        _unseen_for_two_hours(conn, name)
+        assert not _consumers(q)[name]["idle"]
+        assert _connected(conn, name)
+    finally:
+        running.close()
+
+
+def test_maint_keeps_a_connected_temporary_consumer_and_drops_one_whose_session_is_gone(dsn, conn, q):
+    """Its registering session counts, not its name: a session of another pid setting the
+    same application_name does not keep it."""
+    running = _register_from_a_session(dsn, "q", "jsonl_stdout_1_2_kept", temporary=True)
+    _gone(conn, _register_from_a_session(dsn, "q", "jsonl_stdout_1_3_gone", temporary=True))
+    impostor = psycopg.connect(dsn, autocommit=True, application_name="replicator consumer jsonl_stdout_1_3_gone")
+    try:
+        conn.execute("UPDATE replicator.consumer SET active_time = now() - interval '2 hours'")
+        maint = run_cli(dsn, "maint", "--once")
+        assert maint.returncode == 0, maint.stderr
+        assert "temporary consumer jsonl_stdout_1_3_gone unregistered" in maint.stdout, maint.stdout
+        assert list(_consumers(q)) == ["jsonl_stdout_1_2_kept"]
+    finally:
+        running.close()
+        impostor.close()
 
 
 # rotation and the ticker --------------------------------------------------------------------
