@@ -70,7 +70,11 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 --      belongs to the calling role (replicator.session_role()).
 --      Registering a name another role owns is refused
 --      (replicator.check_consumer_owner()). Registering again keeps the
---      position. Every registration records the calling session
+--      position; a durable registration of a temporary consumer (a name
+--      copied from status, given to --consumer) makes it durable, and a
+--      temporary registration of a durable consumer is refused (a temporary
+--      run's name has a random token of its own: it never meets a durable
+--      one by accident). Every registration records the calling session
 --      (pid, session user, application_name): while it is connected, the
 --      consumer is not idle (replicator.consumer_connected); a daemon
 --      registers at every connect.
@@ -98,8 +102,13 @@ BEGIN
     WHERE queue_id = q.queue_id AND consumer_name = p_consumer_name FOR UPDATE;
     IF FOUND THEN
         PERFORM replicator.check_consumer_owner(c);
+        IF coalesce(p_temporary, false) AND NOT c.consumer_temporary THEN
+            RAISE EXCEPTION 'consumer "%" of queue "%" is durable: a run for once cannot take it; give it to '
+                            '--consumer to resume it', p_consumer_name, p_queue_name;
+        END IF;
         UPDATE replicator.consumer
-        SET consumer_pid = pg_backend_pid(), consumer_usesysid = v_usesysid,
+        SET consumer_temporary = consumer_temporary AND coalesce(p_temporary, false),
+            consumer_pid = pg_backend_pid(), consumer_usesysid = v_usesysid,
             consumer_application_name = v_application_name
         WHERE consumer_id = c.consumer_id;
         RETURN c.last_tick;

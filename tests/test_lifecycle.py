@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from consumer_helpers import REPLICATOR, Daemon, cli_env, run_cli, wait_until
+from replicator.errors import UserError
 from replicator.source import jobs
 from replicator.source.status import status
 
@@ -278,6 +279,23 @@ def test_maint_keeps_a_connected_temporary_consumer_and_drops_one_whose_session_
     finally:
         running.close()
         impostor.close()
+
+
+def test_registering_a_temporary_consumer_durably_makes_it_durable_and_a_durable_one_is_never_made_temporary(
+        dsn, conn, q):
+    q.register_consumer("q", "jsonl_stdout_1_2_copied", temporary=True)
+    result = run_cli(dsn, "consume", "q", "--target", "jsonl:-", "--consumer", "jsonl_stdout_1_2_copied",
+                     "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    assert _consumers(q)["jsonl_stdout_1_2_copied"]["temporary"] is False
+    _unseen_for_two_hours(conn, "jsonl_stdout_1_2_copied")
+    assert "unregistered" not in run_cli(dsn, "maint", "--once").stdout
+    assert list(_consumers(q)) == ["jsonl_stdout_1_2_copied"]
+
+    with pytest.raises(UserError, match='consumer "jsonl_stdout_1_2_copied" of queue "q" is durable: '
+                                        'a run for once cannot take it'):
+        q.register_consumer("q", "jsonl_stdout_1_2_copied", temporary=True)
+    assert _consumers(q)["jsonl_stdout_1_2_copied"]["temporary"] is False
 
 
 # rotation and the ticker --------------------------------------------------------------------
