@@ -112,6 +112,35 @@ def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, c
     db.close()
 
 
+def _back_to_version_5(conn) -> None:
+    """The tables of version 5, as a database installed by that version has them."""
+    conn.execute("ALTER TABLE replicator.consumer DROP COLUMN consumer_temporary, DROP COLUMN consumer_pid,"
+                 " DROP COLUMN consumer_usesysid, DROP COLUMN consumer_application_name")
+    conn.execute("ALTER TABLE replicator.queue DROP COLUMN queue_consumer_idle_limit")
+    conn.execute("DROP TABLE replicator.ticker_heartbeat")
+    conn.execute("DROP TABLE replicator.consumer_copy")
+    conn.execute("DELETE FROM replicator.schema_version WHERE version > 5")
+
+
+def test_the_upgrade_makes_the_durable_stdout_consumers_of_the_previous_version_temporary(dsn, conn, source):
+    """That version's stream to stdout registered `jsonl_stdout_HASH8` durably; nothing resumes it now."""
+    from consumer_helpers import run_cli
+
+    source.create_queue("q")
+    for name in ("jsonl_stdout_0123abcd", "tsv_stdout_89abcdef", "jsonl_stdout_0123abcd_1", "feed"):
+        source.register_consumer("q", name)
+    _back_to_version_5(conn)
+    install(conn)
+    temporary = dict(conn.execute("SELECT consumer_name, consumer_temporary FROM replicator.consumer").fetchall())
+    assert temporary == {"jsonl_stdout_0123abcd": True, "tsv_stdout_89abcdef": True,
+                         "jsonl_stdout_0123abcd_1": False, "feed": False}
+    conn.execute("UPDATE replicator.consumer SET active_time = now() - interval '2 hours'")
+    maint = run_cli(dsn, "maint", "--once")
+    assert maint.returncode == 0, maint.stderr
+    assert sorted(name for (name,) in conn.execute("SELECT consumer_name FROM replicator.consumer")) == [
+        "feed", "jsonl_stdout_0123abcd_1"]
+
+
 def test_install_keeps_a_users_view_over_a_replicator_function_and_says_so(dsn, conn):
     conn.execute("CREATE VIEW queue_health AS SELECT * FROM replicator.queue_info()")
     with pytest.raises(psycopg.errors.DependentObjectsStillExist, match="queue_health"):
