@@ -141,6 +141,20 @@ def test_the_upgrade_makes_the_durable_stdout_consumers_of_the_previous_version_
         "feed", "jsonl_stdout_0123abcd_1"]
 
 
+def test_a_schema_of_an_older_version_is_named_with_the_versions_and_replicator_install(dsn, conn):
+    from consumer_helpers import run_cli
+
+    conn.execute("DROP FUNCTION replicator.ticker_info()")           # version 5 had no ticker heartbeat
+    _back_to_version_5(conn)
+    latest = migrations()[-1]
+    result = run_cli(dsn, "status")
+    assert (result.returncode, result.stderr.splitlines()) == (1, [
+        f"error: this database has an older version of replicator's schema (version 5) than this replicator needs "
+        f"(version {latest.version}, {latest.name}): run `replicator install` to upgrade it"])
+    install(conn)
+    assert run_cli(dsn, "status").returncode == 0
+
+
 def test_install_keeps_a_users_view_over_a_replicator_function_and_says_so(dsn, conn):
     conn.execute("CREATE VIEW queue_health AS SELECT * FROM replicator.queue_info()")
     with pytest.raises(psycopg.errors.DependentObjectsStillExist, match="queue_health"):
