@@ -352,6 +352,33 @@ def test_a_stopped_ticker_is_the_blocker_and_status_says_no_ticker_runs(dsn, con
     assert q.tickers() == []                                        # a ticker that stops says so
 
 
+def test_after_a_switch_with_a_ticker_running_the_queue_waits_for_its_next_tick_and_the_ticker_is_not_blamed(
+        conn, q):
+    """On an idle queue, the first tick after a switch comes up to the idle period later."""
+    q.register_consumer("q", "c")
+    _due(conn)
+    assert "rotated" in q.maint()["q"]
+    conn.execute("SELECT replicator.ticker_heartbeat('ticker-host', 4242, now(), interval '10 seconds')")
+    assert status(q)["queues"][0]["ticker_running"]
+    assert q.rotation_blockers("q") == []                         # not due: nothing to say
+    _due(conn)
+    (blocker,) = q.rotation_blockers("q")
+    assert (blocker["kind"], blocker["name"]) == ("tick", "q")
+    assert blocker["detail"].startswith("waiting for the next tick after the switch at "), blocker["detail"]
+    assert "replicator ticker" not in blocker["detail"]
+    assert "rotated" not in q.maint()["q"]                       # still blocked until that tick
+
+
+def test_a_running_ticker_is_blamed_when_the_last_tick_is_older_than_the_idle_period_and_a_minute(conn, q):
+    q.register_consumer("q", "c")
+    _due(conn)
+    assert "rotated" in q.maint()["q"]
+    conn.execute("SELECT replicator.ticker_heartbeat('ticker-host', 4242, now(), interval '10 seconds')")
+    conn.execute("UPDATE replicator.tick SET tick_time = now() - interval '2 minutes 1 second'")   # idle period 1min
+    (blocker,) = q.rotation_blockers("q")
+    assert blocker["kind"] == "tick" and blocker["detail"].endswith("is `replicator ticker` running?"), blocker
+
+
 # output --------------------------------------------------------------------------------------
 
 def test_piped_text_output_never_cuts_a_name_and_json_keys_are_the_same_everywhere(dsn, q):
