@@ -13,6 +13,20 @@
 
 ALTER TABLE replicator.consumer ADD COLUMN consumer_temporary boolean NOT NULL DEFAULT false;
 
+-- The session that registered the consumer last (its daemon registers it at every connect):
+-- while that session is connected, the consumer is not idle (replicator.consumer_connected).
+-- pid, session user and application_name are what pg_stat_activity shows every role.
+ALTER TABLE replicator.consumer ADD COLUMN consumer_pid integer;
+ALTER TABLE replicator.consumer ADD COLUMN consumer_usesysid oid;
+ALTER TABLE replicator.consumer ADD COLUMN consumer_application_name text;
+
+-- A stream to stdout of the previous version registered a durable consumer named after its
+-- target (`jsonl_stdout_HASH8`, `tsv_stdout_HASH8`): that command now registers a temporary
+-- consumer of its own per run, so nothing resumes these any more. Temporary, they are
+-- unregistered by maint once idle instead of holding back rotation forever.
+UPDATE replicator.consumer SET consumer_temporary = true
+WHERE consumer_name ~ '^(jsonl|tsv)_stdout_[0-9a-f]{8}$';
+
 ALTER TABLE replicator.queue ADD COLUMN queue_consumer_idle_limit interval NOT NULL DEFAULT '1 hour';
 
 CREATE TABLE replicator.ticker_heartbeat (

@@ -1,3 +1,19 @@
+CREATE OR REPLACE FUNCTION replicator.table_write_holders(p_table regclass)
+RETURNS integer[]
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.table_write_holders(p_table)
+--
+--      The sessions (pids) other than this one holding a lock on the table
+--      that keeps writes out (a writer's, a DDL's; not a reader's).
+-- ----------------------------------------------------------------------
+    SELECT coalesce(array_agg(DISTINCT l.pid ORDER BY l.pid), '{}')
+    FROM pg_locks l
+    WHERE l.locktype = 'relation' AND l.relation = p_table AND l.granted AND l.pid <> pg_backend_pid()
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.mode NOT IN ('AccessShareLock', 'RowShareLock');
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.alter_table(
     p_queue_name text,
     p_table text,
@@ -7,7 +23,7 @@ CREATE OR REPLACE FUNCTION replicator.alter_table(
     p_where text DEFAULT NULL,
     p_set_where boolean DEFAULT false)
 RETURNS jsonb
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET lock_timeout = '5s' AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.alter_table(p_queue_name, p_table, p_mode, p_key, p_ignore, p_where, p_set_where)
 --
@@ -29,7 +45,12 @@ LANGUAGE plpgsql AS $$
 --      (SHARE ROW EXCLUSIVE; readers go on) first: a transaction writing it
 --      commits before, its events before the S event, or waits and is
 --      captured with the new settings. The triggers stay: only the capture
---      function is replaced.
+--      function is replaced. The lock is waited for 5 seconds at most
+--      (lock_timeout, for this function only): the application's writes
+--      queue behind the waiting request, and must not wait longer, nor fail
+--      on a statement_timeout of theirs, because a long transaction holds
+--      the table. Past that, it is refused naming the sessions holding the
+--      table; nothing is changed.
 --
 -- Parameters:
 --      p_queue_name - queue
@@ -55,6 +76,7 @@ DECLARE
     v_pk text[];
     v_changed text[] := '{}';
     v_copy boolean;
+    v_holders integer[];
 BEGIN
     IF t.table_suspended IS NOT NULL THEN
         RAISE EXCEPTION 'the capture of %.% is suspended (%): remove the table from the queue and add it again',
@@ -64,7 +86,25 @@ BEGIN
     IF v_oid IS NULL THEN
         RAISE EXCEPTION 'table %.% does not exist any more', t.table_schema, t.table_name;
     END IF;
-    EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', v_oid);
+    -- the sessions holding the table when the alter starts to wait: those a refusal names
+    -- (not the application's writes that queue behind the alter's request meanwhile)
+    BEGIN
+        EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE NOWAIT', v_oid);
+    EXCEPTION WHEN lock_not_available THEN
+        v_holders := replicator.table_write_holders(v_oid);
+        BEGIN
+            EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', v_oid);
+        EXCEPTION WHEN lock_not_available THEN
+            v_holders := ARRAY(SELECT unnest(v_holders) INTERSECT SELECT unnest(replicator.table_write_holders(v_oid))
+                               ORDER BY 1);
+            RAISE EXCEPTION USING MESSAGE = format(
+                'table %s.%s is held by a transaction writing it (%s) for more than %s: nothing was changed; '
+                'retry once it has ended', t.table_schema, t.table_name,
+                coalesce(CASE WHEN cardinality(v_holders) > 1 THEN 'pids ' ELSE 'pid ' END
+                         || nullif(array_to_string(v_holders, ', '), ''), 'a session that ended meanwhile'),
+                current_setting('lock_timeout'));
+        END;
+    END;
     -- read again under the lock: a DDL committed meanwhile changed the record
     t := replicator.find_table(p_queue_name, p_table);
     v_mode := coalesce(p_mode, t.table_mode);

@@ -42,7 +42,7 @@ LANGUAGE sql STABLE AS $$
         'replicator.event_id_seq(integer)',
         'replicator.consumer_info()',
         'replicator.consumer_idle(replicator.consumer)',
-        'replicator.consumer_connected(text)',
+        'replicator.consumer_connected(replicator.consumer)',
         'replicator.ticker_info()',
         'replicator.consumer_copy_info()',
         'replicator.schema_info(text)',

@@ -54,7 +54,7 @@ LANGUAGE sql STABLE AS $$
            c.active_time,
            extract(epoch FROM clock_timestamp() - c.active_time)::double precision,
            replicator.consumer_idle(c),
-           replicator.consumer_connected(c.consumer_name),
+           replicator.consumer_connected(c),
            c.consumer_temporary
     FROM replicator.consumer c
     JOIN replicator.queue q ON q.queue_id = c.queue_id

@@ -11,8 +11,11 @@ LANGUAGE plpgsql STABLE AS $$
 -- Returns:
 --      rows of (kind, name, detail): kind 'switch' (the last switch is not
 --      complete), 'tick' (no tick since the switch, so no consumer can get
---      past its transactions: the ticker is the blocker, and the consumers
---      are not named), 'consumer' (a consumer's
+--      past its transactions, and the consumers are not named: the ticker
+--      is blamed when none runs (replicator.ticker_info) or the last tick
+--      is older than the queue's idle period and a minute; else, as after
+--      every switch on an idle queue, the queue is waiting for its next
+--      tick, which is said only once rotation is due), 'consumer' (a consumer's
 --      last tick does not see every such transaction) or 'transaction' (a
 --      session still running one)
 -- ----------------------------------------------------------------------
@@ -30,10 +33,19 @@ BEGIN
     IF txid_snapshot_xmax(v_last.tick_snapshot) <= q.queue_switch_step2
        AND EXISTS (SELECT 1 FROM replicator.consumer c WHERE c.queue_id = q.queue_id)
     THEN
-        RETURN QUERY SELECT 'tick'::text, q.queue_name,
-            format('no tick since the switch at %s (the last, tick %s, was taken %s ago): is `replicator ticker` '
-                   'running?', date_trunc('second', q.queue_switch_time), v_last.tick_id,
-                   date_trunc('second', now() - v_last.tick_time));
+        IF NOT EXISTS (SELECT 1 FROM replicator.ticker_info() ti WHERE ti.running)
+           OR now() - v_last.tick_time > q.queue_ticker_idle_period + interval '1 minute'
+        THEN
+            RETURN QUERY SELECT 'tick'::text, q.queue_name,
+                format('no tick since the switch at %s (the last, tick %s, was taken %s ago): is `replicator ticker` '
+                       'running?', date_trunc('second', q.queue_switch_time), v_last.tick_id,
+                       date_trunc('second', now() - v_last.tick_time));
+        ELSIF now() - q.queue_switch_time >= q.queue_rotation_period THEN
+            RETURN QUERY SELECT 'tick'::text, q.queue_name,
+                format('waiting for the next tick after the switch at %s (the last, tick %s, was taken %s ago; '
+                       'an idle queue ticks every %s)', date_trunc('second', q.queue_switch_time), v_last.tick_id,
+                       date_trunc('second', now() - v_last.tick_time), q.queue_ticker_idle_period);
+        END IF;
     ELSE
         RETURN QUERY
             SELECT 'consumer'::text, c.consumer_name,

@@ -68,8 +68,16 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 --      queue's latest tick (a tick is made if the queue has none): it
 --      receives the events of transactions not visible in that tick, and
 --      belongs to the calling role (replicator.session_role()).
---      Registering again changes nothing; registering a name another role
---      owns is refused (replicator.check_consumer_owner()).
+--      Registering a name another role owns is refused
+--      (replicator.check_consumer_owner()). Registering again keeps the
+--      position; a durable registration of a temporary consumer (a name
+--      copied from status, given to --consumer) makes it durable, and a
+--      temporary registration of a durable consumer is refused (a temporary
+--      run's name has a random token of its own: it never meets a durable
+--      one by accident). Every registration records the calling session
+--      (pid, session user, application_name): while it is connected, the
+--      consumer is not idle (replicator.consumer_connected); a daemon
+--      registers at every connect.
 --
 -- Parameters:
 --      p_temporary - a consumer for one run (a stream to stdout): its
@@ -83,13 +91,26 @@ DECLARE
     q replicator.queue := replicator.find_queue(p_queue_name);
     c replicator.consumer;
     v_tick bigint;
+    v_usesysid oid := (SELECT oid FROM pg_roles WHERE rolname = session_user);
+    v_application_name text;
 BEGIN
     IF p_consumer_name IS NULL OR p_consumer_name = '' THEN
         RAISE EXCEPTION 'consumer name must not be empty';
     END IF;
-    SELECT * INTO c FROM replicator.consumer WHERE queue_id = q.queue_id AND consumer_name = p_consumer_name;
+    SELECT application_name INTO v_application_name FROM pg_stat_activity WHERE pid = pg_backend_pid();
+    SELECT * INTO c FROM replicator.consumer
+    WHERE queue_id = q.queue_id AND consumer_name = p_consumer_name FOR UPDATE;
     IF FOUND THEN
         PERFORM replicator.check_consumer_owner(c);
+        IF coalesce(p_temporary, false) AND NOT c.consumer_temporary THEN
+            RAISE EXCEPTION 'consumer "%" of queue "%" is durable: a run for once cannot take it; give it to '
+                            '--consumer to resume it', p_consumer_name, p_queue_name;
+        END IF;
+        UPDATE replicator.consumer
+        SET consumer_temporary = consumer_temporary AND coalesce(p_temporary, false),
+            consumer_pid = pg_backend_pid(), consumer_usesysid = v_usesysid,
+            consumer_application_name = v_application_name
+        WHERE consumer_id = c.consumer_id;
         RETURN c.last_tick;
     END IF;
     SELECT max(tick_id) INTO v_tick FROM replicator.tick WHERE tick_queue = q.queue_id;
@@ -104,8 +125,10 @@ BEGIN
             v_tick := replicator.ticker(p_queue_name, true);
         END IF;
     END IF;
-    INSERT INTO replicator.consumer (queue_id, consumer_name, last_tick, consumer_owner, consumer_temporary)
-    VALUES (q.queue_id, p_consumer_name, v_tick, replicator.session_role(), coalesce(p_temporary, false))
+    INSERT INTO replicator.consumer (queue_id, consumer_name, last_tick, consumer_owner, consumer_temporary,
+                                     consumer_pid, consumer_usesysid, consumer_application_name)
+    VALUES (q.queue_id, p_consumer_name, v_tick, replicator.session_role(), coalesce(p_temporary, false),
+            pg_backend_pid(), v_usesysid, v_application_name)
     ON CONFLICT (queue_id, consumer_name) DO NOTHING;
     -- another session may have registered the name meanwhile: the owner check decides
     c := replicator.find_consumer(p_queue_name, p_consumer_name);

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import secrets
 import shlex
 import socket
 import time
@@ -68,12 +69,15 @@ def streams_to_stdout(target: Target) -> bool:
 
 
 def temporary_consumer_name(target: Target) -> str:
-    """The name of a stream to stdout run without --consumer: one of its own per run
-    (host and process), short enough for application_name (63 bytes), which tells
-    maint that its process is still connected."""
+    """The name of a stream to stdout run without --consumer: one of its own per run.
+    Host and process tell a reader where it runs; the random token makes it its own:
+    two containers have the same pid (1) and may have the same host name, and a
+    killed run's consumer must not be taken over by the next run with its pid. Short
+    enough (at most 38 bytes: pids have 7 digits at most) for application_name ('replicator consumer NAME',
+    63 bytes), which status shows."""
     scheme = target.name.partition(":")[0]
     host = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
-    return f"{scheme}_stdout_{host}_{os.getpid()}"
+    return f"{scheme}_stdout_{host}_{os.getpid()}_{secrets.token_hex(4)}"
 
 
 def consumer_name(target: Target, queue: str, name: str | None) -> str:

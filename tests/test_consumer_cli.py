@@ -187,11 +187,11 @@ def test_default_consumer_names_differ_between_hosts_and_targets(monkeypatch, tm
             assert default_consumer_name(target) == names[host, path.name]    # stable
             target.close()
     assert len(set(names.values())) == 4, names
-    # a stream to stdout without --consumer is a consumer for one run, of its host and process
+    # a stream to stdout without --consumer is a consumer for one run, of its host and process, with a random token
     for host in ("cache-1", "cache-2"):
         monkeypatch.setattr("socket.gethostname", lambda host=host: host)
-        assert temporary_consumer_name(StreamTarget("-", "jsonl")) == \
-            f"jsonl_stdout_{hashlib.sha1(host.encode()).hexdigest()[:8]}_{os.getpid()}"
+        assert re.fullmatch(f"jsonl_stdout_{hashlib.sha1(host.encode()).hexdigest()[:8]}_{os.getpid()}_[0-9a-f]{{8}}",
+                            temporary_consumer_name(StreamTarget("-", "jsonl")))
 
 
 def test_status_shows_each_consumer_lag_in_ticks_events_and_seconds(dsn, conn, source, queue_q, tmp_path):

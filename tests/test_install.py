@@ -88,7 +88,8 @@ def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, c
                  " DROP COLUMN key_is_auto, DROP COLUMN table_catalog_xmins, DROP COLUMN table_catalog_tids,"
                  " DROP COLUMN table_storage, DROP COLUMN table_guarded, DROP COLUMN table_suspended")
     conn.execute("ALTER TABLE replicator.consumer DROP COLUMN consumer_owner")
-    conn.execute("ALTER TABLE replicator.consumer DROP COLUMN consumer_temporary")
+    conn.execute("ALTER TABLE replicator.consumer DROP COLUMN consumer_temporary, DROP COLUMN consumer_pid,"
+                 " DROP COLUMN consumer_usesysid, DROP COLUMN consumer_application_name")
     conn.execute("ALTER TABLE replicator.queue DROP COLUMN queue_consumer_idle_limit")
     conn.execute("DROP TABLE replicator.ticker_heartbeat")
     conn.execute("DROP TABLE replicator.consumer_copy")
@@ -109,6 +110,49 @@ def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, c
     assert db.execute("SELECT id, v, n FROM t ORDER BY id").fetchall() == [
         (1, "before the upgrade", 1), (2, "queued by version 2", 2), (3, "after", 3)]
     db.close()
+
+
+def _back_to_version_5(conn) -> None:
+    """The tables of version 5, as a database installed by that version has them."""
+    conn.execute("ALTER TABLE replicator.consumer DROP COLUMN consumer_temporary, DROP COLUMN consumer_pid,"
+                 " DROP COLUMN consumer_usesysid, DROP COLUMN consumer_application_name")
+    conn.execute("ALTER TABLE replicator.queue DROP COLUMN queue_consumer_idle_limit")
+    conn.execute("DROP TABLE replicator.ticker_heartbeat")
+    conn.execute("DROP TABLE replicator.consumer_copy")
+    conn.execute("DELETE FROM replicator.schema_version WHERE version > 5")
+
+
+def test_the_upgrade_makes_the_durable_stdout_consumers_of_the_previous_version_temporary(dsn, conn, source):
+    """That version's stream to stdout registered `jsonl_stdout_HASH8` durably; nothing resumes it now."""
+    from consumer_helpers import run_cli
+
+    source.create_queue("q")
+    for name in ("jsonl_stdout_0123abcd", "tsv_stdout_89abcdef", "jsonl_stdout_0123abcd_1", "feed"):
+        source.register_consumer("q", name)
+    _back_to_version_5(conn)
+    install(conn)
+    temporary = dict(conn.execute("SELECT consumer_name, consumer_temporary FROM replicator.consumer").fetchall())
+    assert temporary == {"jsonl_stdout_0123abcd": True, "tsv_stdout_89abcdef": True,
+                         "jsonl_stdout_0123abcd_1": False, "feed": False}
+    conn.execute("UPDATE replicator.consumer SET active_time = now() - interval '2 hours'")
+    maint = run_cli(dsn, "maint", "--once")
+    assert maint.returncode == 0, maint.stderr
+    assert sorted(name for (name,) in conn.execute("SELECT consumer_name FROM replicator.consumer")) == [
+        "feed", "jsonl_stdout_0123abcd_1"]
+
+
+def test_a_schema_of_an_older_version_is_named_with_the_versions_and_replicator_install(dsn, conn):
+    from consumer_helpers import run_cli
+
+    conn.execute("DROP FUNCTION replicator.ticker_info()")           # version 5 had no ticker heartbeat
+    _back_to_version_5(conn)
+    latest = migrations()[-1]
+    result = run_cli(dsn, "status")
+    assert (result.returncode, result.stderr.splitlines()) == (1, [
+        f"error: this database has an older version of replicator's schema (version 5) than this replicator needs "
+        f"(version {latest.version}, {latest.name}): run `replicator install` to upgrade it"])
+    install(conn)
+    assert run_cli(dsn, "status").returncode == 0
 
 
 def test_install_keeps_a_users_view_over_a_replicator_function_and_says_so(dsn, conn):

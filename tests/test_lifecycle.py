@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 from datetime import timedelta
@@ -15,6 +16,7 @@ import psycopg
 import pytest
 
 from consumer_helpers import REPLICATOR, Daemon, cli_env, run_cli, wait_until
+from replicator.errors import UserError
 from replicator.source import jobs
 from replicator.source.status import status
 
@@ -44,7 +46,8 @@ def _unseen_for_two_hours(conn, consumer: str) -> None:
 
 
 def _connected(conn, consumer: str) -> bool:
-    return conn.execute("SELECT replicator.consumer_connected(%s)", (consumer,)).fetchone()[0]
+    return conn.execute("SELECT replicator.consumer_connected(c) FROM replicator.consumer c WHERE consumer_name = %s",
+                        (consumer,)).fetchone()[0]
 
 
 # a stream to stdout ------------------------------------------------------------------------
@@ -175,7 +178,7 @@ def test_a_named_stdout_consumer_stays_registered_and_is_reported_idle_never_unr
 
 
 def test_the_consumer_idle_limit_is_a_queue_setting(dsn, conn, q):
-    q.register_consumer("q", "c")
+    _gone(conn, _register_from_a_session(dsn, "q", "c"))           # its daemon stopped
     conn.execute("UPDATE replicator.consumer SET active_time = now() - interval '3 hours'")
     assert _consumers(q)["c"]["idle"]
     changed = run_cli(dsn, "queue", "config", "q", "--consumer-idle-limit", "1d")
@@ -188,8 +191,8 @@ def test_the_consumer_idle_limit_is_a_queue_setting(dsn, conn, q):
     assert bad.returncode == 1 and bad.stderr.startswith("error: consumer_idle_limit must be positive"), bad.stderr
 
 
-def test_the_maint_daemon_logs_an_idle_consumer_once_per_idle_episode(conn, q, caplog):
-    q.register_consumer("q", "c")
+def test_the_maint_daemon_logs_an_idle_consumer_once_per_idle_episode(dsn, conn, q, caplog):
+    _gone(conn, _register_from_a_session(dsn, "q", "c"))           # its daemon stopped
     maint = jobs.Maint()
     caplog.set_level(logging.INFO, logger="replicator")
     _unseen_for_two_hours(conn, "c")
@@ -203,6 +206,96 @@ def test_the_maint_daemon_logs_an_idle_consumer_once_per_idle_episode(conn, q, c
     _unseen_for_two_hours(conn, "c")                                # ... and idle again: said again
     maint(q)
     assert len([r for r in caplog.records if "idle" in r.getMessage()]) == 2
+
+
+def test_two_temporary_consumers_of_one_host_and_process_have_names_of_their_own_that_fit_application_name():
+    """Two containers may both run as pid 1 under the same host name; a killed run's
+    consumer must not be taken over by the next run with its pid."""
+    from replicator.consumer import Consumer
+    from replicator.targets import open_target
+
+    first, second = (Consumer("", "q", open_target("jsonl:-")), Consumer("", "q", open_target("tsv:-")))
+    assert first.temporary and second.temporary
+    assert first.name.split("_")[:4] == second.name.replace("tsv_", "jsonl_", 1).split("_")[:4]   # host, pid
+    assert len({first.name.replace("jsonl_", "", 1), second.name.replace("tsv_", "", 1)}) == 2
+    # the longest: scheme jsonl and a pid of 7 digits (pid_max is 2**22 at most)
+    longest = len(first.name.encode()) - len(str(os.getpid())) + len(str(2 ** 22))
+    assert len(b"replicator consumer ") + longest <= 63
+
+
+def _register_from_a_session(dsn: str, queue: str, consumer: str, *, temporary: bool = False,
+                             application_name: str | None = None) -> psycopg.Connection:
+    """A session that registers the consumer as its daemon does, and stays connected."""
+    from replicator.source import Source
+
+    session = psycopg.connect(dsn, autocommit=True,
+                              application_name=application_name or f"replicator consumer {consumer}")
+    Source(session).register_consumer(queue, consumer, temporary=temporary)
+    return session
+
+
+def _gone(conn, session: psycopg.Connection) -> None:
+    pid = session.info.backend_pid
+    session.close()
+    wait_until(lambda: not conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0],
+               30, "the closed session to end")
+
+
+def test_a_consumer_name_on_two_queues_is_idle_on_the_one_whose_daemon_is_gone(dsn, conn, q):
+    q.create_queue("other")
+    running = _register_from_a_session(dsn, "q", "c")
+    _gone(conn, _register_from_a_session(dsn, "other", "c"))       # the daemon of queue other, dead
+    try:
+        conn.execute("UPDATE replicator.consumer SET active_time = now() - interval '2 hours'")
+        idle = {(c["queue"], c["consumer"]): c["idle"] for c in status(q)["consumers"]}
+        assert idle == {("q", "c"): False, ("other", "c"): True}
+    finally:
+        running.close()
+
+
+def test_a_connected_consumer_with_a_long_utf8_name_is_not_idle(dsn, conn, q):
+    name = "réplique_" + "é" * 40                                  # 'replicator consumer NAME': over 63 bytes
+    running = _register_from_a_session(dsn, "q", name)
+    try:
+        _unseen_for_two_hours(conn, name)
+        assert not _consumers(q)[name]["idle"]
+        assert _connected(conn, name)
+    finally:
+        running.close()
+
+
+def test_maint_keeps_a_connected_temporary_consumer_and_drops_one_whose_session_is_gone(dsn, conn, q):
+    """Its registering session counts, not its name: a session of another pid setting the
+    same application_name does not keep it."""
+    running = _register_from_a_session(dsn, "q", "jsonl_stdout_1_2_kept", temporary=True)
+    _gone(conn, _register_from_a_session(dsn, "q", "jsonl_stdout_1_3_gone", temporary=True))
+    impostor = psycopg.connect(dsn, autocommit=True, application_name="replicator consumer jsonl_stdout_1_3_gone")
+    try:
+        conn.execute("UPDATE replicator.consumer SET active_time = now() - interval '2 hours'")
+        maint = run_cli(dsn, "maint", "--once")
+        assert maint.returncode == 0, maint.stderr
+        assert "temporary consumer jsonl_stdout_1_3_gone unregistered" in maint.stdout, maint.stdout
+        assert list(_consumers(q)) == ["jsonl_stdout_1_2_kept"]
+    finally:
+        running.close()
+        impostor.close()
+
+
+def test_registering_a_temporary_consumer_durably_makes_it_durable_and_a_durable_one_is_never_made_temporary(
+        dsn, conn, q):
+    q.register_consumer("q", "jsonl_stdout_1_2_copied", temporary=True)
+    result = run_cli(dsn, "consume", "q", "--target", "jsonl:-", "--consumer", "jsonl_stdout_1_2_copied",
+                     "--until-caught-up")
+    assert result.returncode == 0, result.stderr
+    assert _consumers(q)["jsonl_stdout_1_2_copied"]["temporary"] is False
+    _unseen_for_two_hours(conn, "jsonl_stdout_1_2_copied")
+    assert "unregistered" not in run_cli(dsn, "maint", "--once").stdout
+    assert list(_consumers(q)) == ["jsonl_stdout_1_2_copied"]
+
+    with pytest.raises(UserError, match='consumer "jsonl_stdout_1_2_copied" of queue "q" is durable: '
+                                        'a run for once cannot take it'):
+        q.register_consumer("q", "jsonl_stdout_1_2_copied", temporary=True)
+    assert _consumers(q)["jsonl_stdout_1_2_copied"]["temporary"] is False
 
 
 # rotation and the ticker --------------------------------------------------------------------
@@ -257,6 +350,33 @@ def test_a_stopped_ticker_is_the_blocker_and_status_says_no_ticker_runs(dsn, con
     finally:
         ticker.stop()
     assert q.tickers() == []                                        # a ticker that stops says so
+
+
+def test_after_a_switch_with_a_ticker_running_the_queue_waits_for_its_next_tick_and_the_ticker_is_not_blamed(
+        conn, q):
+    """On an idle queue, the first tick after a switch comes up to the idle period later."""
+    q.register_consumer("q", "c")
+    _due(conn)
+    assert "rotated" in q.maint()["q"]
+    conn.execute("SELECT replicator.ticker_heartbeat('ticker-host', 4242, now(), interval '10 seconds')")
+    assert status(q)["queues"][0]["ticker_running"]
+    assert q.rotation_blockers("q") == []                         # not due: nothing to say
+    _due(conn)
+    (blocker,) = q.rotation_blockers("q")
+    assert (blocker["kind"], blocker["name"]) == ("tick", "q")
+    assert blocker["detail"].startswith("waiting for the next tick after the switch at "), blocker["detail"]
+    assert "replicator ticker" not in blocker["detail"]
+    assert "rotated" not in q.maint()["q"]                       # still blocked until that tick
+
+
+def test_a_running_ticker_is_blamed_when_the_last_tick_is_older_than_the_idle_period_and_a_minute(conn, q):
+    q.register_consumer("q", "c")
+    _due(conn)
+    assert "rotated" in q.maint()["q"]
+    conn.execute("SELECT replicator.ticker_heartbeat('ticker-host', 4242, now(), interval '10 seconds')")
+    conn.execute("UPDATE replicator.tick SET tick_time = now() - interval '2 minutes 1 second'")   # idle period 1min
+    (blocker,) = q.rotation_blockers("q")
+    assert blocker["kind"] == "tick" and blocker["detail"].endswith("is `replicator ticker` running?"), blocker
 
 
 # output --------------------------------------------------------------------------------------

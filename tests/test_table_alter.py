@@ -254,3 +254,41 @@ def test_a_ddl_changing_the_key_or_adding_a_column_amid_writes_leaves_the_replic
     replicas.catch_up()
     assert_replicas_hold_the_capture(conn, replicas, "t", "a new primary key")
     assert replicas.consumers[0].target.tables()["public.t"].structure.key == ("n", "id")
+
+
+def test_table_alter_held_by_a_long_writer_gives_up_after_5s_naming_it_and_the_applications_writes_go_on(
+        conn, source, dsn):
+    """The application's writes queue behind the alter's lock request: it waits 5 s at
+    most, so a write never waits longer than that (nor fails on a statement_timeout
+    longer than that), and the alter is refused naming the writer, nothing changed."""
+    import subprocess
+    import time
+
+    from consumer_helpers import REPLICATOR, cli_env
+
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, n int)")
+    source.add_table("q", "t")
+    with psycopg.connect(dsn) as writer, psycopg.connect(dsn, autocommit=True) as application:
+        writer.execute("INSERT INTO t VALUES (1, 1)")                # a long transaction, not committed
+        writer_pid = writer.info.backend_pid
+        started = time.monotonic()
+        altering = subprocess.Popen([REPLICATOR, "table", "alter", "q", "t", "--where", "n > 0"],
+                                    env=cli_env(dsn), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: conn.execute("SELECT count(*) FROM pg_locks WHERE relation = 't'::regclass"
+                                            " AND NOT granted").fetchone()[0], 30, "the alter to wait for the lock")
+            application.execute("SET statement_timeout = '10s'")
+            application.execute("INSERT INTO t VALUES (2, 2)")     # queued behind the alter's request, then goes on
+            assert time.monotonic() - started < 9
+            _, stderr = altering.communicate(timeout=60)
+        finally:
+            altering.kill()
+            altering.wait()
+        assert altering.returncode == 1 and stderr.splitlines() == [
+            f"error: table public.t is held by a transaction writing it (pid {writer_pid}) for more than 5s: "
+            f"nothing was changed; retry once it has ended"], stderr
+        writer.commit()
+    assert conn.execute("SELECT table_where FROM replicator.captured_table").fetchone() == (None,)
+    assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 2
+    assert conn.execute("SELECT count(*) FROM replicator.event_1 WHERE ev_type = 'S'").fetchone()[0] == 0

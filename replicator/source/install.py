@@ -63,8 +63,16 @@ def installed_versions(conn: psycopg.Connection) -> list[int]:
 
 
 def require_installed(conn: psycopg.Connection) -> None:
-    if not installed_versions(conn):
+    """Refuses a database without schema replicator, or with an older version of it
+    than this replicator's (its functions would be missing or differ)."""
+    installed = installed_versions(conn)
+    if not installed:
         raise UserError("replicator is not installed in this database: run `replicator install`")
+    needed = migrations()[-1]
+    if installed[-1] < needed.version:
+        raise UserError(f"this database has an older version of replicator's schema (version {installed[-1]}) than "
+                        f"this replicator needs (version {needed.version}, {needed.name}): run `replicator install` "
+                        f"to upgrade it")
 
 
 @dataclass(frozen=True)
