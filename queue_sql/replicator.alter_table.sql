@@ -23,7 +23,7 @@ CREATE OR REPLACE FUNCTION replicator.alter_table(
     p_where text DEFAULT NULL,
     p_set_where boolean DEFAULT false)
 RETURNS jsonb
-LANGUAGE plpgsql SET lock_timeout = '5s' AS $$
+LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.alter_table(p_queue_name, p_table, p_mode, p_key, p_ignore, p_where, p_set_where)
 --
@@ -45,11 +45,11 @@ LANGUAGE plpgsql SET lock_timeout = '5s' AS $$
 --      (SHARE ROW EXCLUSIVE; readers go on) first: a transaction writing it
 --      commits before, its events before the S event, or waits and is
 --      captured with the new settings. The triggers stay: only the capture
---      function is replaced. The lock is waited for 5 seconds at most
---      (lock_timeout, for this function only): the application's writes
---      queue behind the waiting request, and must not wait longer, nor fail
---      on a statement_timeout of theirs, because a long transaction holds
---      the table. Past that, it is refused naming the sessions holding the
+--      function is replaced. The lock is taken without waiting (NOWAIT),
+--      tried again every 20 ms for 5 seconds: a waiting lock request would
+--      queue the application's writes behind it, where a statement_timeout
+--      of theirs could fail them, because a long transaction holds the
+--      table. Past that, it is refused naming the sessions holding the
 --      table; nothing is changed.
 --
 -- Parameters:
@@ -77,6 +77,7 @@ DECLARE
     v_changed text[] := '{}';
     v_copy boolean;
     v_holders integer[];
+    v_deadline timestamptz;
 BEGIN
     IF t.table_suspended IS NOT NULL THEN
         RAISE EXCEPTION 'the capture of %.% is suspended (%): remove the table from the queue and add it again',
@@ -86,25 +87,24 @@ BEGIN
     IF v_oid IS NULL THEN
         RAISE EXCEPTION 'table %.% does not exist any more', t.table_schema, t.table_name;
     END IF;
-    -- the sessions holding the table when the alter starts to wait: those a refusal names
-    -- (not the application's writes that queue behind the alter's request meanwhile)
-    BEGIN
-        EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE NOWAIT', v_oid);
-    EXCEPTION WHEN lock_not_available THEN
-        v_holders := replicator.table_write_holders(v_oid);
+    -- Never a waiting lock request: the application's writes would queue behind it.
+    v_deadline := clock_timestamp() + interval '5 seconds';
+    LOOP
         BEGIN
-            EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', v_oid);
+            EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE NOWAIT', v_oid);
+            EXIT;
         EXCEPTION WHEN lock_not_available THEN
-            v_holders := ARRAY(SELECT unnest(v_holders) INTERSECT SELECT unnest(replicator.table_write_holders(v_oid))
-                               ORDER BY 1);
-            RAISE EXCEPTION USING MESSAGE = format(
-                'table %s.%s is held by a transaction writing it (%s) for more than %s: nothing was changed; '
-                'retry once it has ended', t.table_schema, t.table_name,
-                coalesce(CASE WHEN cardinality(v_holders) > 1 THEN 'pids ' ELSE 'pid ' END
-                         || nullif(array_to_string(v_holders, ', '), ''), 'a session that ended meanwhile'),
-                current_setting('lock_timeout'));
+            IF clock_timestamp() >= v_deadline THEN
+                v_holders := replicator.table_write_holders(v_oid);
+                RAISE EXCEPTION USING MESSAGE = format(
+                    'table %s.%s is held by a transaction writing it (%s) for more than 5s: nothing was changed; '
+                    'retry once it has ended', t.table_schema, t.table_name,
+                    coalesce(CASE WHEN cardinality(v_holders) > 1 THEN 'pids ' ELSE 'pid ' END
+                             || nullif(array_to_string(v_holders, ', '), ''), 'a session that ended meanwhile'));
+            END IF;
+            PERFORM pg_sleep(0.02);
         END;
-    END;
+    END LOOP;
     -- read again under the lock: a DDL committed meanwhile changed the record
     t := replicator.find_table(p_queue_name, p_table);
     v_mode := coalesce(p_mode, t.table_mode);
