@@ -16,6 +16,8 @@ import psycopg
 import pytest
 
 from consumer_helpers import Daemon, cli_env, run_cli, set_fast_ticks, wait_until
+from replicator.consumer import Consumer
+from replicator.targets.stream import StreamTarget
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -297,3 +299,54 @@ def test_a_second_consumer_of_one_stream_file_is_refused(tmp_path):
     finally:
         first.close()
     StreamTarget(str(out), "jsonl").close()
+
+
+class StreamLosingTheSourceOnce(StreamTarget):
+    """A file stream whose next set_position fails as a lost source connection does:
+    the consumer rolls the batch back and applies it again after reconnecting."""
+    fail = False
+
+    def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
+        if self.fail:
+            self.fail = False
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        super().set_position(queue, consumer, tick_id)
+
+
+def _replayed(path: Path) -> dict[str, dict[str, object]]:
+    """The table's rows as a reader of the stream rebuilds them, by key."""
+    rows: dict[str, dict[str, object]] = {}
+    for record in map(json.loads, path.read_text().splitlines()):
+        if record["op"] == "T":
+            rows.clear()
+        elif record["op"] == "D":
+            rows.pop(json.dumps(record["key"]), None)
+        elif record["op"] in ("R", "I", "U"):
+            rows[json.dumps(record["key"])] = record["row"]
+    return rows
+
+
+@pytest.mark.parametrize("ddl", ["ALTER TABLE t ADD COLUMN b text", "ALTER TABLE t ALTER COLUMN a TYPE numeric(12,2)"],
+                         ids=["altered in place", "copied again"])
+def test_a_batch_that_changed_a_table_and_failed_is_written_again_whole_to_the_file(dsn, conn, source, tmp_path, ddl):
+    source.create_queue("q")
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, a numeric(10,2))")
+    conn.execute("INSERT INTO t VALUES (1, 1.5)")
+    source.add_table("q", "t")
+    path = tmp_path / "out.jsonl"
+    target = StreamLosingTheSourceOnce(str(path), "jsonl")
+    consumer = Consumer(dsn, "q", target, name="c")
+    try:
+        consumer.run(until_caught_up=True)
+        # one batch: a row, the schema change, a row after it
+        conn.execute("INSERT INTO t VALUES (2, 2.5)")
+        conn.execute(ddl)
+        conn.execute("INSERT INTO t VALUES (3, 3.5)")
+        target.fail = True
+        consumer.run(until_caught_up=True)   # rolled back, then the batch again after reconnecting
+        assert not target.fail
+    finally:
+        consumer.close()
+        target.close()
+    assert sorted(row["id"] for row in _replayed(path).values()) == [1, 2, 3]
+    assert [op for op in (json.loads(line)["op"] for line in path.read_text().splitlines())].count("S") == 1

@@ -41,12 +41,21 @@ def _tsv_escape(value: Any) -> str:
             .replace("\n", "\\n").replace("\r", "\\r"))
 
 
+def _committed_tables(state: dict[str, Any]) -> dict[str, TargetTable]:
+    return {name: TargetTable(source_name=name, table_id=t["table_id"], mode=t["mode"],
+                              structure=TableStructure.from_json(t["structure"]), copy_snapshot=t["copy_snapshot"])
+            for name, t in state["tables"].items()}
+
+
 class StreamTarget:
     def __init__(self, where: str, fmt: str) -> None:
         self.format = fmt
         self.name = f"{fmt}:{where}"
+        # _state is what the last commit recorded; _tables and _positions are the open
+        # batch's, set back to it by a rollback (a retried batch starts from the commit)
         self._tables: dict[str, TargetTable] = {}
         self._state: dict[str, Any] = {"positions": {}, "tables": {}, "length": 0}
+        self._positions: dict[str, int] = {}
         if where == "-":
             self.exactly_once = False
             self.path: Path | None = None
@@ -65,10 +74,8 @@ class StreamTarget:
             try:
                 if self._state_path.exists():
                     self._state = json.loads(self._state_path.read_text())
-                self._tables = {name: TargetTable(source_name=name, table_id=t["table_id"], mode=t["mode"],
-                                                  structure=TableStructure.from_json(t["structure"]),
-                                                  copy_snapshot=t["copy_snapshot"])
-                                for name, t in self._state["tables"].items()}
+                self._tables = _committed_tables(self._state)
+                self._positions = dict(self._state["positions"])
                 length = int(self._state["length"])
                 self._check_existing(length)
                 self.out = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (open while the target is)
@@ -124,13 +131,13 @@ class StreamTarget:
     # state -----------------------------------------------------------------------
 
     def positions(self, queue: str) -> dict[str, int]:
-        return queue_positions(self._state["positions"], queue)
+        return queue_positions(self._positions, queue)
 
     def queues(self) -> set[str]:
-        return {key.partition("/")[0] for key in self._state["positions"]}
+        return {key.partition("/")[0] for key in self._positions}
 
     def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
-        self._state["positions"][f"{queue}/{consumer}"] = tick_id
+        self._positions[f"{queue}/{consumer}"] = tick_id
 
     def tables(self) -> dict[str, TargetTable]:
         return dict(self._tables)
@@ -146,23 +153,27 @@ class StreamTarget:
 
     def commit(self) -> None:
         self.out.flush()
-        if self.path is None:
-            return
-        self._check_file()
-        os.fsync(self.out.fileno())
-        self._state["length"] = self.out.tell()
-        self._state["tables"] = {name: {"table_id": t.table_id, "mode": t.mode,
-                                        "structure": t.structure.to_json(), "copy_snapshot": t.copy_snapshot}
-                                 for name, t in self._tables.items()}
-        tmp = self._state_path.with_name(self._state_path.name + ".tmp")
-        tmp.write_text(json.dumps(self._state))
-        os.replace(tmp, self._state_path)
+        state = {"positions": dict(self._positions),
+                 "tables": {name: {"table_id": t.table_id, "mode": t.mode, "structure": t.structure.to_json(),
+                                   "copy_snapshot": t.copy_snapshot} for name, t in self._tables.items()},
+                 "length": self._state["length"]}
+        if self.path is not None:
+            self._check_file()
+            os.fsync(self.out.fileno())
+            state["length"] = self.out.tell()
+            tmp = self._state_path.with_name(self._state_path.name + ".tmp")
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, self._state_path)
+        self._state = state
 
     def rollback(self) -> None:
+        """Back to the last commit: the file's length, and the tables and positions it
+        recorded (a table copied or altered by the batch is not, so a retry does it again)."""
         if self.path is not None:
             self.out.truncate(self._state["length"])
             self.out.seek(self._state["length"])
-            self._tables = {name: t for name, t in self._tables.items() if name in self._state["tables"]}
+        self._tables = _committed_tables(self._state)
+        self._positions = dict(self._state["positions"])
 
     def close(self) -> None:
         if self.path is not None:
