@@ -45,12 +45,11 @@ LANGUAGE plpgsql AS $$
 --      (SHARE ROW EXCLUSIVE; readers go on) first: a transaction writing it
 --      commits before, its events before the S event, or waits and is
 --      captured with the new settings. The triggers stay: only the capture
---      function is replaced. The lock is taken without waiting (NOWAIT),
---      tried again every 20 ms for 5 seconds: a waiting lock request would
---      queue the application's writes behind it, where a statement_timeout
---      of theirs could fail them, because a long transaction holds the
---      table. Past that, it is refused naming the sessions holding the
---      table; nothing is changed.
+--      function is replaced. The lock is tried for 20 ms at a time, for 5
+--      seconds: the application's writes queue behind a try for 20 ms at
+--      most, never behind a long transaction holding the table, where a
+--      statement_timeout of theirs could fail them. Past that, it is
+--      refused naming the sessions holding the table; nothing is changed.
 --
 -- Parameters:
 --      p_queue_name - queue
@@ -78,6 +77,7 @@ DECLARE
     v_copy boolean;
     v_holders integer[];
     v_deadline timestamptz;
+    v_lock_timeout text;
 BEGIN
     IF t.table_suspended IS NOT NULL THEN
         RAISE EXCEPTION 'the capture of %.% is suspended (%): remove the table from the queue and add it again',
@@ -87,24 +87,30 @@ BEGIN
     IF v_oid IS NULL THEN
         RAISE EXCEPTION 'table %.% does not exist any more', t.table_schema, t.table_name;
     END IF;
-    -- Never a waiting lock request: the application's writes would queue behind it.
+    -- Tries of 20 ms each: the application's writes queue behind a try for 20 ms at most
+    -- (never behind a long transaction), and a table written without a pause still
+    -- frees its lock between two writes, which a NOWAIT alone would seldom catch.
+    v_lock_timeout := current_setting('lock_timeout');
     v_deadline := clock_timestamp() + interval '5 seconds';
     LOOP
         BEGIN
-            EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE NOWAIT', v_oid);
+            PERFORM set_config('lock_timeout', '20ms', true);
+            EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', v_oid);
             EXIT;
         EXCEPTION WHEN lock_not_available THEN
             IF clock_timestamp() >= v_deadline THEN
                 v_holders := replicator.table_write_holders(v_oid);
                 RAISE EXCEPTION USING MESSAGE = format(
-                    'table %s.%s is held by a transaction writing it (%s) for more than 5s: nothing was changed; '
-                    'retry once it has ended', t.table_schema, t.table_name,
+                    'table %s.%s was held by writers at every try for 5s (%s): nothing was changed; retry once a '
+                    'long transaction among them has ended, or when the table is written less', t.table_schema,
+                    t.table_name,
                     coalesce(CASE WHEN cardinality(v_holders) > 1 THEN 'pids ' ELSE 'pid ' END
-                             || nullif(array_to_string(v_holders, ', '), ''), 'a session that ended meanwhile'));
+                             || nullif(array_to_string(v_holders, ', '), ''), 'sessions that ended meanwhile'));
             END IF;
-            PERFORM pg_sleep(0.02);
+            PERFORM pg_sleep(0.01);   -- a clear window for the writes that queued behind the try
         END;
     END LOOP;
+    PERFORM set_config('lock_timeout', v_lock_timeout, true);
     -- read again under the lock: a DDL committed meanwhile changed the record
     t := replicator.find_table(p_queue_name, p_table);
     v_mode := coalesce(p_mode, t.table_mode);
