@@ -21,11 +21,12 @@ ALTER TABLE replicator.consumer ADD COLUMN consumer_usesysid oid;
 ALTER TABLE replicator.consumer ADD COLUMN consumer_application_name text;
 
 -- A stream to stdout of the previous version registered a durable consumer named after its
--- target (`jsonl_stdout_HASH8`, `tsv_stdout_HASH8`): that command now registers a temporary
--- consumer of its own per run, so nothing resumes these any more. Temporary, they are
--- unregistered by maint once idle instead of holding back rotation forever.
+-- target, `jsonl:-` or `tsv:-` (the first 8 hex digits of its SHA-1): that command now registers
+-- a temporary consumer of its own per run, so nothing resumes these any more. Temporary, they
+-- are unregistered by maint once idle instead of holding back rotation forever. Only those two
+-- names: a file target named `stdout` has a name of the same shape and stays durable.
 UPDATE replicator.consumer SET consumer_temporary = true
-WHERE consumer_name ~ '^(jsonl|tsv)_stdout_[0-9a-f]{8}$';
+WHERE consumer_name IN ('jsonl_stdout_9a4232c3', 'tsv_stdout_78816dd4');
 
 ALTER TABLE replicator.queue ADD COLUMN queue_consumer_idle_limit interval NOT NULL DEFAULT '1 hour';
 

@@ -75,7 +75,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 --      temporary registration of a durable consumer is refused (a temporary
 --      run's name has a random token of its own: it never meets a durable
 --      one by accident). Every registration records the calling session
---      (pid, session user, application_name): while it is connected, the
+--      (pid, role, application_name, as pg_stat_activity shows them): while it is connected, the
 --      consumer is not idle (replicator.consumer_connected); a daemon
 --      registers at every connect.
 --
@@ -91,13 +91,15 @@ DECLARE
     q replicator.queue := replicator.find_queue(p_queue_name);
     c replicator.consumer;
     v_tick bigint;
-    v_usesysid oid := (SELECT oid FROM pg_roles WHERE rolname = session_user);
+    v_usesysid oid;
     v_application_name text;
 BEGIN
     IF p_consumer_name IS NULL OR p_consumer_name = '' THEN
         RAISE EXCEPTION 'consumer name must not be empty';
     END IF;
-    SELECT application_name INTO v_application_name FROM pg_stat_activity WHERE pid = pg_backend_pid();
+    -- as pg_stat_activity shows this session to others (after SET SESSION AUTHORIZATION too)
+    SELECT usesysid, application_name INTO v_usesysid, v_application_name
+    FROM pg_stat_activity WHERE pid = pg_backend_pid();
     SELECT * INTO c FROM replicator.consumer
     WHERE queue_id = q.queue_id AND consumer_name = p_consumer_name FOR UPDATE;
     IF FOUND THEN

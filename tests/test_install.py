@@ -123,22 +123,26 @@ def _back_to_version_5(conn) -> None:
 
 
 def test_the_upgrade_makes_the_durable_stdout_consumers_of_the_previous_version_temporary(dsn, conn, source):
-    """That version's stream to stdout registered `jsonl_stdout_HASH8` durably; nothing resumes it now."""
+    """That version's stream to stdout registered `jsonl_stdout_HASH8` durably (the hash of
+    `jsonl:-`); nothing resumes it now. A file target named `stdout` has a name of the same
+    shape (the hash of its path and host) and stays durable."""
+    import hashlib
+
     from consumer_helpers import run_cli
 
+    stdout_names = [f"{fmt}_stdout_{hashlib.sha1(f'{fmt}:-'.encode()).hexdigest()[:8]}" for fmt in ("jsonl", "tsv")]
     source.create_queue("q")
-    for name in ("jsonl_stdout_0123abcd", "tsv_stdout_89abcdef", "jsonl_stdout_0123abcd_1", "feed"):
+    for name in [*stdout_names, "jsonl_stdout_0123abcd", "feed"]:
         source.register_consumer("q", name)
     _back_to_version_5(conn)
     install(conn)
     temporary = dict(conn.execute("SELECT consumer_name, consumer_temporary FROM replicator.consumer").fetchall())
-    assert temporary == {"jsonl_stdout_0123abcd": True, "tsv_stdout_89abcdef": True,
-                         "jsonl_stdout_0123abcd_1": False, "feed": False}
+    assert temporary == {stdout_names[0]: True, stdout_names[1]: True, "jsonl_stdout_0123abcd": False, "feed": False}
     conn.execute("UPDATE replicator.consumer SET active_time = now() - interval '2 hours'")
     maint = run_cli(dsn, "maint", "--once")
     assert maint.returncode == 0, maint.stderr
     assert sorted(name for (name,) in conn.execute("SELECT consumer_name FROM replicator.consumer")) == [
-        "feed", "jsonl_stdout_0123abcd_1"]
+        "feed", "jsonl_stdout_0123abcd"]
 
 
 def test_a_schema_of_an_older_version_is_named_with_the_versions_and_replicator_install(dsn, conn):
