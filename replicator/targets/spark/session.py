@@ -16,6 +16,7 @@ passed on as it is.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -99,8 +100,11 @@ def _start_jvm(master: str, app_name: str, settings: Mapping[str, str]) -> None:
 
 
 def _forward_stderr(read_fd: int) -> None:
-    """Copies the JVM's stderr to replicator's, line by line, less the incubator warning."""
-    with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+    """Copies the JVM's stderr to replicator's, line by line, less the incubator warning.
+    It drains the pipe to its end whatever happens to a write (a closed stderr), so the
+    JVM never blocks on a full pipe."""
+    with os.fdopen(read_fd, "rb") as pipe:   # buffered: a line is still forwarded once it is whole
         for line in pipe:
             if not line.startswith(INCUBATOR_WARNING):
-                os.write(2, line)
+                with contextlib.suppress(OSError):
+                    os.write(2, line)
