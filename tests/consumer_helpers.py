@@ -352,3 +352,17 @@ def assert_replica_equals_source(conn: psycopg.Connection, sqlite_path: Path,
     problems = [p for qualified, replica, key in tables
                 for p in diff_replica(conn, sqlite_path, qualified, replica, key, numeric)]
     assert not problems, f"{len(problems)} differences:\n" + "\n".join(problems[:40])
+
+
+class LosesTheSourceOnce:
+    """A target mixin whose next set_position after `fail` is set finds the source
+    gone, as when it stops between a batch's events and its end: the consumer rolls
+    the batch back and applies it again after reconnecting."""
+
+    fail = False
+
+    def set_position(self, queue: str, consumer: str, tick: int) -> None:
+        if self.fail:
+            self.fail = False
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        super().set_position(queue, consumer, tick)  # type: ignore[misc]

@@ -23,6 +23,8 @@ import psycopg
 from psycopg import sql
 
 from consumer_helpers import sqlite_numeric
+from replicator.consumer import Consumer
+from replicator.targets import open_target
 
 # the oracle ----------------------------------------------------------------------------
 
@@ -281,3 +283,26 @@ class Writers:
         for thread in self._threads:
             thread.join(30)
 
+
+class Replicas:
+    """A SQLite replica and a JSON-lines stream of queue q, each applied by its own
+    long-lived consumer (as a daemon would), brought up to date on demand."""
+
+    def __init__(self, dsn: str, tmp_path: Path) -> None:
+        self.dsn = dsn
+        self.sqlite_path = tmp_path / "replica.db"
+        self.stream_path = tmp_path / "changes.jsonl"
+        self.consumers = [Consumer(dsn, "q", open_target(f"sqlite:{self.sqlite_path}")),
+                          Consumer(dsn, "q", open_target(f"jsonl:{self.stream_path}"))]
+
+    def catch_up(self) -> None:
+        for consumer in self.consumers:
+            consumer.run(until_caught_up=True)
+
+    def close(self) -> None:
+        for consumer in self.consumers:
+            consumer.close()
+            consumer.target.close()
+
+    def stream(self) -> list[dict]:
+        return stream_lines(self.stream_path)

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from consumer_helpers import Daemon, cli_env, run_cli, set_fast_ticks, wait_until
+from consumer_helpers import Daemon, LosesTheSourceOnce, cli_env, run_cli, set_fast_ticks, wait_until
 from replicator.consumer import Consumer
 from replicator.targets.stream import StreamTarget
 
@@ -301,16 +301,8 @@ def test_a_second_consumer_of_one_stream_file_is_refused(tmp_path):
     StreamTarget(str(out), "jsonl").close()
 
 
-class StreamLosingTheSourceOnce(StreamTarget):
-    """A file stream whose next set_position fails as a lost source connection does:
-    the consumer rolls the batch back and applies it again after reconnecting."""
-    fail = False
-
-    def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
-        if self.fail:
-            self.fail = False
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
-        super().set_position(queue, consumer, tick_id)
+class StreamLosingTheSourceOnce(LosesTheSourceOnce, StreamTarget):
+    pass
 
 
 def _replayed(path: Path) -> dict[str, dict[str, object]]:

@@ -8,14 +8,14 @@ behind several DDLs; pgcapture's known failures are regression cases.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 
-from consumer_helpers import run_cli
+from consumer_helpers import LosesTheSourceOnce, run_cli
 from ddl_helpers import (
+    Replicas,
     StreamReplay,
     Writers,
     assert_sqlite_equals_source,
@@ -33,27 +33,6 @@ from replicator.source.execute import execute_script
 from replicator.source.install import EVENT_TRIGGERS
 from replicator.targets import open_target
 from replicator.targets.sqlite.target import SqliteTarget
-
-
-class Replicas:
-    """A SQLite replica and a JSON-lines stream of queue q, each applied by its own
-    long-lived consumer (as a daemon would), brought up to date on demand."""
-
-    def __init__(self, dsn: str, tmp_path: Path) -> None:
-        self.dsn = dsn
-        self.sqlite_path = tmp_path / "replica.db"
-        self.stream_path = tmp_path / "changes.jsonl"
-        self.consumers = [Consumer(dsn, "q", open_target(f"sqlite:{self.sqlite_path}")),
-                          Consumer(dsn, "q", open_target(f"jsonl:{self.stream_path}"))]
-
-    def catch_up(self) -> None:
-        for consumer in self.consumers:
-            consumer.run(until_caught_up=True)
-
-    def close(self) -> None:
-        for consumer in self.consumers:
-            consumer.close()
-            consumer.target.close()
 
 
 class Oracle:
@@ -613,17 +592,8 @@ def test_a_key_dropped_where_no_event_trigger_sees_it_suspends_the_capture_not_t
         replicas.close()
 
 
-class SqliteTargetLosingTheSourceOnce(SqliteTarget):
-    """A SQLite replica whose first position write after `fail` is set finds the
-    source gone, as when it stops between a batch's events and its end."""
-
-    fail = False
-
-    def set_position(self, queue: str, consumer: str, tick: int) -> None:
-        if self.fail:
-            self.fail = False
-            raise psycopg.OperationalError("server closed the connection unexpectedly")
-        super().set_position(queue, consumer, tick)
+class SqliteTargetLosingTheSourceOnce(LosesTheSourceOnce, SqliteTarget):
+    pass
 
 
 def test_a_batch_that_altered_a_table_and_failed_is_applied_again_in_the_old_layout(dsn, conn, source, tmp_path):

@@ -9,40 +9,15 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter
-from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from consumer_helpers import run_cli, wait_until
-from ddl_helpers import StreamReplay, attnums, diff, replica_value, sqlite_rows, stream_lines
-from replicator.consumer import Consumer
+from ddl_helpers import Replicas, StreamReplay, attnums, diff, replica_value, sqlite_rows
 from replicator.errors import UserError
 from replicator.source.install import EVENT_TRIGGERS
-from replicator.targets import open_target
-
-
-class Replicas:
-    """A SQLite replica and a JSON-lines stream of queue q, each applied by a consumer of its own."""
-
-    def __init__(self, dsn: str, tmp_path: Path) -> None:
-        self.sqlite_path = tmp_path / "replica.db"
-        self.stream_path = tmp_path / "changes.jsonl"
-        self.consumers = [Consumer(dsn, "q", open_target(f"sqlite:{self.sqlite_path}")),
-                          Consumer(dsn, "q", open_target(f"jsonl:{self.stream_path}"))]
-
-    def catch_up(self) -> None:
-        for consumer in self.consumers:
-            consumer.run(until_caught_up=True)
-
-    def close(self) -> None:
-        for consumer in self.consumers:
-            consumer.close()
-            consumer.target.close()
-
-    def stream(self) -> list[dict]:
-        return stream_lines(self.stream_path)
 
 
 def expected_rows(conn: psycopg.Connection, table: str) -> Counter:
