@@ -366,3 +366,23 @@ class LosesTheSourceOnce:
             self.fail = False
             raise psycopg.OperationalError("server closed the connection unexpectedly")
         super().set_position(queue, consumer, tick)  # type: ignore[misc]
+
+
+def apply_losing_the_source_once(dsn: str, conn: psycopg.Connection, target: LosesTheSourceOnce,
+                                 statements: list[str]) -> None:
+    """Brings `target` up to date with queue q, then runs `statements` (queued as one batch)
+    and applies that batch with the source lost at its end: rolled back, then applied
+    again after reconnecting. Closes the target."""
+    from replicator.consumer import Consumer
+
+    consumer = Consumer(dsn, "q", target, name="c")  # type: ignore[arg-type]
+    try:
+        consumer.run(until_caught_up=True)
+        for statement in statements:
+            conn.execute(statement)
+        target.fail = True
+        consumer.run(until_caught_up=True)
+        assert not target.fail, "the batch did not reach its position"
+    finally:
+        consumer.close()
+        target.close()  # type: ignore[attr-defined]

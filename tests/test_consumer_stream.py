@@ -15,7 +15,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from consumer_helpers import Daemon, LosesTheSourceOnce, cli_env, run_cli, set_fast_ticks, wait_until
+from consumer_helpers import (
+    Daemon,
+    LosesTheSourceOnce,
+    apply_losing_the_source_once,
+    cli_env,
+    run_cli,
+    set_fast_ticks,
+    wait_until,
+)
 from replicator.consumer import Consumer
 from replicator.targets.stream import StreamTarget
 
@@ -261,7 +269,6 @@ def test_writes_concurrent_with_the_copy_reach_the_stream_exactly_once(dsn, conn
 @pytest.mark.parametrize("how", ["deleted", "replaced by another file"])
 def test_a_stream_file_deleted_under_the_running_consumer_stops_it_at_the_next_batch(dsn, conn, queue_t, source,
                                                                                       tmp_path, how):
-    from replicator.consumer import Consumer
     from replicator.errors import UserError
     from replicator.targets.stream import StreamTarget
     out = tmp_path / "changes.jsonl"
@@ -326,19 +333,8 @@ def test_a_batch_that_changed_a_table_and_failed_is_written_again_whole_to_the_f
     conn.execute("INSERT INTO t VALUES (1, 1.5)")
     source.add_table("q", "t")
     path = tmp_path / "out.jsonl"
-    target = StreamLosingTheSourceOnce(str(path), "jsonl")
-    consumer = Consumer(dsn, "q", target, name="c")
-    try:
-        consumer.run(until_caught_up=True)
-        # one batch: a row, the schema change, a row after it
-        conn.execute("INSERT INTO t VALUES (2, 2.5)")
-        conn.execute(ddl)
-        conn.execute("INSERT INTO t VALUES (3, 3.5)")
-        target.fail = True
-        consumer.run(until_caught_up=True)   # rolled back, then the batch again after reconnecting
-        assert not target.fail
-    finally:
-        consumer.close()
-        target.close()
+    # one batch: a row, the schema change, a row after it
+    apply_losing_the_source_once(dsn, conn, StreamLosingTheSourceOnce(str(path), "jsonl"),
+                                 ["INSERT INTO t VALUES (2, 2.5)", ddl, "INSERT INTO t VALUES (3, 3.5)"])
     assert sorted(row["id"] for row in _replayed(path).values()) == [1, 2, 3]
     assert [op for op in (json.loads(line)["op"] for line in path.read_text().splitlines())].count("S") == 1
