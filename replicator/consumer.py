@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import math
 import os
 import re
 import secrets
@@ -46,7 +45,6 @@ MAX_BATCH_EVENTS = 100000
 BATCH_ROWS = 200000
 RUN_ROWS = 5000  # rows of consecutive same-kind events applied in one call, at most
 RECORD_COPY_SECONDS = 5.0   # a running copy's row on the source (for `status`) is written this often, at most
-LAG_REFRESH_SECONDS = 5.0   # the lag metrics and health are read from the source this often, at most
 
 
 def batch_event_limit(max_events: int, rows_per_event: float) -> int:
@@ -201,8 +199,7 @@ class _CopyWatch:
         self.consumer = consumer
         self.table = table
         self.estimated_rows = estimated_rows
-        self.every = min(RECORD_COPY_SECONDS, consumer.progress_interval)
-        self._recorded = -math.inf
+        self._record_due = monitoring.Every(min(RECORD_COPY_SECONDS, consumer.progress_interval))
         self.update(0)
 
     def _record(self, table: str | None, rows: int) -> None:
@@ -215,9 +212,7 @@ class _CopyWatch:
 
     def update(self, rows: int) -> None:
         self.consumer.metrics.copy_progress(self.table, rows, self.estimated_rows)
-        now = time.monotonic()
-        if now - self._recorded >= self.every:
-            self._recorded = now
+        if self._record_due.due():
             self._record(self.table, rows)
 
     def ended(self) -> None:
@@ -245,7 +240,7 @@ class Consumer:
         self.max_batch_events = max_batch_events
         self.progress_interval = progress_interval
         self.metrics = ConsumerMetrics(queue, self.name, health_max_lag)
-        self._lag_read = -math.inf
+        self._lag_due = monitoring.Every(monitoring.READ_EVERY_SECONDS)
         self.rows_per_event = 1000.0  # until a batch shows the queue's
         self.source: Source | None = None
         self._table_ids: list[int] | None = None
@@ -699,12 +694,10 @@ class Consumer:
 
     def _read_lag(self) -> None:
         """Reads the lag from the source for the metrics and health, every
-        LAG_REFRESH_SECONDS at most: a query per batch would cost more than a small batch."""
+        monitoring.READ_EVERY_SECONDS at most: a query per batch would cost more than a small batch."""
         assert self.source is not None
-        now = time.monotonic()
-        if now - self._lag_read < LAG_REFRESH_SECONDS:
+        if not self._lag_due.due():
             return
-        self._lag_read = now
         lag = monitoring.consumer_lag(self.source, self.queue, self.name)
         if lag is not None:
             self.metrics.lag(lag["lag_ticks"], lag["lag_events"], lag["lag_seconds"], lag["last_tick_age"])

@@ -174,9 +174,12 @@ class TickerMetrics(DaemonMetrics):
                                ["queue"], registry=self.registry)
         self._queues: set[str] = set()
 
-    def ticked(self, ticks: int, last_tick_ages: Mapping[str, float | None]) -> None:
+    def ticked(self, ticks: int, last_tick_ages: Mapping[str, float | None] | None) -> None:
+        """A pass made `ticks` ticks; the queues' latest tick ages when they were read (None: not this pass)."""
         self.ticks.inc(ticks)
-        _set_per_queue(self._tick_age, {q: a for q, a in last_tick_ages.items() if a is not None}, self._queues)
+        if last_tick_ages is not None:
+            _set_per_queue(self._tick_age, {q: a for q, a in last_tick_ages.items() if a is not None},
+                           self._queues)
         self.ran()
 
 

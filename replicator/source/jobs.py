@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
@@ -74,13 +73,11 @@ class Ticker:
         self.pid = os.getpid()
         self.started = datetime.now(UTC)
         self.every = timedelta(seconds=max(HEARTBEAT_EVERY, interval))
-        self._last_heartbeat: float | None = None
+        self._heartbeat_due = monitoring.Every(self.every.total_seconds())
 
     def __call__(self, source: Source) -> int:
-        now = time.monotonic()
-        if self._last_heartbeat is None or now - self._last_heartbeat >= self.every.total_seconds():
+        if self._heartbeat_due.due():
             source.ticker_heartbeat(self.host, self.pid, self.started, self.every)
-            self._last_heartbeat = now
         return source.tick() or 0
 
     def stopped(self, source: Source) -> None:
@@ -114,9 +111,10 @@ def run_ticker(connect: Callable[[], Source], interval: float, stop: StopFlag,
 
     ticker = Ticker(interval)
     watched = metrics or TickerMetrics(interval)
+    ages_due = monitoring.Every(monitoring.READ_EVERY_SECONDS)   # not a queue_info() at every pass
 
     def step(source: Source) -> None:
-        watched.ticked(ticker(source), monitoring.last_tick_ages(source))
+        watched.ticked(ticker(source), monitoring.last_tick_ages(source) if ages_due.due() else None)
 
     run_forever(step, connect, interval, stop, "ticker", watched, finish=ticker.stopped)
 

@@ -4,11 +4,30 @@ cheap query, run every few seconds at most (replicator.metrics, `status`)."""
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 from psycopg.rows import dict_row
 
 from replicator.source import Source, db
+
+READ_EVERY_SECONDS = 5.0   # what a daemon reads for its metrics (lag, tick ages) is read this often, at most
+
+
+class Every:
+    """Says when something done at most once every `seconds` is due (the first time: at once)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._last = -math.inf
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
 
 
 def record_copy(source: Source, queue: str, consumer: str, table: str | None, rows: int = 0,
