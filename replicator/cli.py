@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from replicator.errors import UserError
+from replicator.errors import UserError, first_line
 from replicator.shutdown import StopFlag
 from replicator.source import Source, db, format_duration, jobs, parse_duration
 from replicator.source import install as installer
@@ -1044,7 +1044,7 @@ def main() -> None:
         sys.exit(1)
     except psycopg.Error as exc:
         message = (exc.diag.message_primary if getattr(exc, "diag", None) and exc.diag.message_primary
-                   else str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+                   else first_line(exc))
         click.echo(f"error: database: {message}", err=True)
         sys.exit(1)
     except sqlite3.Error as exc:

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from replicator.errors import UserError
+from replicator.errors import UserError, first_line
 from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.source import BatchInfo, CapturedTable, Source, monitoring
@@ -362,7 +362,7 @@ class Consumer:
             log.debug("temporary consumer %s unregistered from queue %s", self.name, self.queue)
         except (psycopg.Error, UserError) as exc:
             log.warning("temporary consumer %s left registered on queue %s (%s): maint unregisters it once it is"
-                        " idle", self.name, self.queue, str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
+                        " idle", self.name, self.queue, first_line(exc))
 
     # tables --------------------------------------------------------------------------
 
@@ -684,7 +684,7 @@ class Consumer:
                 if stats is None:
                     stop.wait(self.poll_interval)
             except psycopg.OperationalError as exc:
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                reason = first_line(exc)
                 log.warning("source unavailable (%s); reconnecting in %.1fs", reason, backoff)
                 self.metrics.source_unavailable(reason)
                 self._disconnect()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from replicator.errors import UserError
+from replicator.errors import UserError, first_line
 from replicator.shutdown import StopFlag
 from replicator.source import Source, monitoring
 from replicator.source.status import idle_line
@@ -43,7 +43,7 @@ def run_forever(step: Callable[[Source], object], connect: Callable[[], Source],
             step(source)
         except (psycopg.OperationalError, UserError) as exc:
             # UserError: connect() could not reach the source (db.connect turns that into one line).
-            reason = str(exc).strip().splitlines()[0]
+            reason = first_line(exc)
             log.warning("%s: source unavailable (%s); retrying in %.0fs", name, reason, backoff)
             metrics.source_unavailable(reason)
             if source is not None:
@@ -58,7 +58,7 @@ def run_forever(step: Callable[[Source], object], connect: Callable[[], Source],
             try:
                 finish(source)
             except (psycopg.Error, UserError) as exc:
-                log.warning("%s: %s", name, str(exc).strip().splitlines()[0])
+                log.warning("%s: %s", name, first_line(exc))
         source.close()
 
 
