@@ -197,12 +197,17 @@ def main() -> int:
             console.line()   # off a terminal, Live leaves its last table without a line end
 
         console.print(f"[bold]5.[/] {transactions} transactions written; letting the replica catch up")
-        subprocess.run([REPLICATOR, "--dsn", dsn, "consume", "flights", "--target", f"sqlite:{replica}",
-                        "--until-caught-up"], check=True, stderr=subprocess.DEVNULL)
-        for daemon in daemons:
+        # The consumer daemon stops first: two consumers of one replica at once would move
+        # each other's position, which each refuses. Its run to now then applies the rest.
+        for daemon in reversed(daemons):
             daemon.send_signal(signal.SIGTERM)
-        for daemon in daemons:
             daemon.wait(timeout=30)
+        caught_up = subprocess.run([REPLICATOR, "--dsn", dsn, "consume", "flights", "--target", f"sqlite:{replica}",
+                                    "--until-caught-up"], stderr=subprocess.PIPE, text=True)
+        if caught_up.returncode:
+            last = caught_up.stderr.strip().splitlines() or [f"exit status {caught_up.returncode}"]
+            console.print(f"the replica did not catch up: {last[-1]}", markup=False)
+            return 1
 
         show_result(conn, replica)
         console.print(f"\nThe replica stays in [bold]{replica}[/]; open it with: sqlite3 {replica}", soft_wrap=True)
