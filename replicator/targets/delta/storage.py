@@ -1,0 +1,161 @@
+"""Where a Delta warehouse lives: a local directory or an object store.
+
+The Delta log needs one primitive beyond reading and writing files: put if
+absent (a commit is the file ``_delta_log/<version>.json``, and two writers
+of the same version must not both succeed). A local directory has it as a
+hard link of a fully written temporary file; an object store as a
+conditional PUT (``If-None-Match: *``), which S3, GCS and Azure honour.
+
+Paths are relative to the warehouse's root, with ``/`` separators.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str            # relative to the root
+    size: int
+    modified: float      # seconds since the epoch
+
+
+class Storage(Protocol):
+    url: str             # the warehouse as the user named it, for messages
+
+    def read(self, path: str) -> bytes:
+        """The whole file; FileNotFoundError when there is none."""
+        ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def write(self, path: str, data: bytes) -> None:
+        """Writes (or replaces) a file, durably."""
+        ...
+
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        """Writes a file that must not exist yet, atomically: False when it exists (nothing written)."""
+        ...
+
+    @contextlib.contextmanager
+    def open_write(self, path: str) -> Iterator[IO[bytes]]:
+        """A file being written (a large Parquet file), durable and visible once the block ends
+        without error; nothing at path when it fails."""
+        ...
+
+    def open_read(self, path: str) -> IO[bytes]:
+        """A seekable file to read (Parquet's footer is at its end)."""
+        ...
+
+    def list(self, prefix: str) -> list[Entry]:
+        """Every file under the directory prefix ('' for all), recursively."""
+        ...
+
+    def delete(self, path: str) -> None:
+        """Removes a file; none there is not an error."""
+        ...
+
+    def delta_rs(self) -> tuple[str, dict[str, str]]:
+        """The table URI root and storage options for delta-rs (the deltalake package)."""
+        ...
+
+
+def open_storage(url: str) -> Storage:
+    """A local path (or file:// URL), or an object-store URL (s3://, gs://, az://, abfss://)."""
+    if "://" in url and not url.startswith("file://"):
+        from replicator.targets.delta.object_storage import ObjectStorage
+        return ObjectStorage(url)
+    return LocalStorage(Path(url.removeprefix("file://")))
+
+
+class LocalStorage:
+    """A directory on a local (or POSIX-mounted) filesystem."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.expanduser().resolve()
+        self.url = str(self.root)
+
+    def _path(self, path: str) -> Path:
+        return self.root / path
+
+    def read(self, path: str) -> bytes:
+        return self._path(path).read_bytes()
+
+    def exists(self, path: str) -> bool:
+        return self._path(path).exists()
+
+    def write(self, path: str, data: bytes) -> None:
+        with self.open_write(path) as f:
+            f.write(data)
+
+    def put_if_absent(self, path: str, data: bytes) -> bool:
+        target = self._path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, target)   # fails if target exists: the commit is atomic and exclusive
+            except FileExistsError:
+                return False
+            _fsync_dir(target.parent)
+            return True
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def open_write(self, path: str) -> Iterator[IO[bytes]]:
+        target = self._path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+            _fsync_dir(target.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def open_read(self, path: str) -> IO[bytes]:
+        return open(self._path(path), "rb")
+
+    def list(self, prefix: str) -> list[Entry]:
+        base = self._path(prefix) if prefix else self.root
+        entries = []
+        for directory, _, files in os.walk(base):
+            for name in files:
+                full = Path(directory) / name
+                with contextlib.suppress(FileNotFoundError):
+                    st = full.stat()
+                    entries.append(Entry(full.relative_to(self.root).as_posix(), st.st_size, st.st_mtime))
+        return entries
+
+    def delete(self, path: str) -> None:
+        self._path(path).unlink(missing_ok=True)
+
+    def delta_rs(self) -> tuple[str, dict[str, str]]:
+        return str(self.root), {}
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:   # a filesystem that cannot sync directories
+            raise
+    finally:
+        os.close(fd)
