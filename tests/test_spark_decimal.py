@@ -147,7 +147,7 @@ def test_a_table_copied_as_text_keeps_its_text_until_a_type_change_copies_it_as_
 def test_a_value_a_decimal_would_change_is_refused_not_rounded():
     import pyarrow as pa
 
-    from replicator.targets.spark.warehouse import arrow_array
+    from replicator.targets.arrow import arrow_array
 
     typ = pa.decimal128(12, 2)
     assert arrow_array(["1.50", None, "-0.01"], typ).to_pylist() == [Decimal("1.50"), None, Decimal("-0.01")]
@@ -158,7 +158,7 @@ def test_a_value_a_decimal_would_change_is_refused_not_rounded():
 
 def test_decimal_types_follow_the_declared_precision_and_scale():
     from replicator.structure import Column
-    from replicator.targets.spark.warehouse import arrow_type
+    from replicator.targets.arrow import arrow_type
 
     def typ(declared: str, base: str = "numeric", *, decimals: bool = True) -> str:
         return str(arrow_type(Column("x", declared, base, "N", False, 1), decimals=decimals))

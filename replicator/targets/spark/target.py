@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from replicator.errors import UserError
 from replicator.structure import Change, TableStructure, target_table_name
+from replicator.targets.crash import crash_point
 from replicator.targets.files import file_changed
 from replicator.targets.protocol import Row, TargetTable, queue_positions
 from replicator.targets.spark.views import SparkViews
@@ -44,7 +45,6 @@ from replicator.targets.spark.warehouse import (
     OWNER_LOCK,
     Warehouse,
     arrow_table,
-    crash_point,
     make_durable,
     new_id,
     physical_schema,
