@@ -17,7 +17,7 @@ from replicator.views.store import ViewStore
 def open_target(url: str, *, spark_master: str | None = None,
                 spark_conf: dict[str, str] | None = None) -> Target:
     """sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), jsonl:-, jsonl:PATH,
-    tsv:-, tsv:PATH, spark:PATH (a warehouse directory; Spark, with the given master and
+    tsv:-, tsv:PATH, delta:PATH or delta:s3://BUCKET/PREFIX (Delta Lake tables), spark:PATH (a warehouse directory; Spark, with the given master and
     settings, only for compaction)."""
     scheme, rest = _parse(url)
     if scheme == "sqlite":
@@ -27,6 +27,9 @@ def open_target(url: str, *, spark_master: str | None = None,
     if scheme in ("jsonl", "tsv"):
         from replicator.targets.stream import StreamTarget
         return StreamTarget(rest, scheme)
+    if scheme == "delta":
+        from replicator.targets.delta.target import DeltaTarget
+        return DeltaTarget(rest)
     from replicator.targets.spark.target import SparkTarget
     return SparkTarget(Path(rest), master=spark_master, conf=spark_conf)
 
@@ -34,9 +37,10 @@ def open_target(url: str, *, spark_master: str | None = None,
 def _parse(url: str) -> tuple[str, str]:
     scheme, sep, rest = url.partition(":")
     if not sep or not rest:
-        raise UserError(f"invalid target {url!r}: use sqlite:PATH, spark:PATH, jsonl:PATH|- or tsv:PATH|-")
-    if scheme not in ("sqlite", "jsonl", "tsv", "spark"):
-        raise UserError(f"unknown target scheme {scheme!r}: use sqlite:, spark:, jsonl: or tsv:")
+        raise UserError(f"invalid target {url!r}: use sqlite:PATH, delta:PATH|URI, spark:PATH, jsonl:PATH|- or "
+                        f"tsv:PATH|-")
+    if scheme not in ("sqlite", "jsonl", "tsv", "spark", "delta"):
+        raise UserError(f"unknown target scheme {scheme!r}: use sqlite:, delta:, spark:, jsonl: or tsv:")
     return scheme, rest
 
 

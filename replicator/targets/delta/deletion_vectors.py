@@ -1,0 +1,132 @@
+"""Deletion vectors: which rows of a Delta data file are deleted, without rewriting it.
+
+A batch that updates or deletes rows of a large file marks their positions in the
+file's deletion vector and appends the new rows in a new file (merge-on-read): its
+cost is the batch's, not the file's. Format (Delta protocol, "Deletion Vector
+Format"): a RoaringBitmapArray in its portable serialization — magic 1681511377
+(int32 LE), the number of 32-bit bitmaps (int64 LE), then per bitmap its high 32 bits
+(int32 LE) and the bitmap (Roaring's portable format) — stored in a file
+``deletion_vector_<uuid>.bin`` that starts with a version byte (1) and holds, per
+vector, its size (int32 BE), its data and the data's CRC-32 (int32 BE). A file's
+descriptor names the file by its UUID in Z85 (storage type ``u``), the vector's
+offset (of its size field) and size, and the count of deleted rows.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+import zlib
+from collections.abc import Iterable
+from typing import Any
+
+from pyroaring import BitMap
+
+from replicator.errors import UserError
+
+MAGIC = 1681511377
+FORMAT_VERSION = 1
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+_Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
+
+
+def z85_encode(data: bytes) -> str:
+    """Z85 (ZeroMQ's base-85) of data whose length is a multiple of 4."""
+    out: list[str] = []
+    for i in range(0, len(data), 4):
+        value = int.from_bytes(data[i:i + 4], "big")
+        chunk = []
+        for _ in range(5):
+            value, digit = divmod(value, 85)
+            chunk.append(_Z85[digit])
+        out.extend(reversed(chunk))
+    return "".join(out)
+
+
+def z85_decode(text: str) -> bytes:
+    out = bytearray()
+    for i in range(0, len(text), 5):
+        value = 0
+        for ch in text[i:i + 5]:
+            value = value * 85 + _Z85_VALUE[ch]
+        out += value.to_bytes(4, "big")
+    return bytes(out)
+
+
+def file_name(file_id: uuid.UUID) -> str:
+    return f"deletion_vector_{file_id}.bin"
+
+
+def serialize(positions: BitMap) -> bytes:
+    """A bitmap of row positions (below 2**32: a data file replicator writes holds fewer rows)
+    as a RoaringBitmapArray."""
+    return struct.pack("<iqi", MAGIC, 1, 0) + positions.serialize() if positions else struct.pack("<iq", MAGIC, 0)
+
+
+def deserialize(data: bytes) -> BitMap:
+    magic, count = struct.unpack_from("<iq", data)
+    if magic != MAGIC:
+        raise ValueError(f"not a deletion vector (magic {magic})")
+    positions = BitMap()
+    offset = 12
+    for _ in range(count):
+        (high,) = struct.unpack_from("<i", data, offset)
+        bitmap = BitMap.deserialize(data[offset + 4:])
+        if high:
+            raise UserError("a deletion vector marks rows past 2**32 of one file: replicator does not read such files")
+        positions |= bitmap
+        offset += 4 + len(bitmap.serialize())
+    return positions
+
+
+class VectorFile:
+    """The deletion vectors of one commit, gathered into one file."""
+
+    def __init__(self) -> None:
+        self.id = uuid.uuid4()
+        self.data = bytearray([FORMAT_VERSION])
+
+    @property
+    def name(self) -> str:
+        return file_name(self.id)
+
+    def add(self, positions: BitMap) -> dict[str, Any]:
+        """Appends a vector; returns its descriptor (the ``deletionVector`` of an add action)."""
+        vector = serialize(positions)
+        offset = len(self.data)
+        self.data += struct.pack(">i", len(vector)) + vector + struct.pack(">I", zlib.crc32(vector))
+        return {"storageType": "u", "pathOrInlineDv": z85_encode(self.id.bytes), "offset": offset,
+                "sizeInBytes": len(vector), "cardinality": len(positions)}
+
+
+def descriptor_file(descriptor: dict[str, Any]) -> str | None:
+    """The file (relative to the table) a descriptor's vector is stored in; None for an inline one."""
+    kind, where = descriptor["storageType"], descriptor["pathOrInlineDv"]
+    if kind == "i":
+        return None
+    if kind != "u":
+        raise UserError(f"a deletion vector stored by absolute path ({where}): replicator reads only those stored "
+                        f"beside the table; run OPTIMIZE on the table to purge it")
+    prefix, encoded = where[:-20], where[-20:]
+    return (f"{prefix}/" if prefix else "") + file_name(uuid.UUID(bytes=z85_decode(encoded)))
+
+
+def read(descriptor: dict[str, Any], read_file: Any) -> BitMap:
+    """The positions a descriptor marks; read_file(relative path) -> bytes reads a vector file."""
+    path = descriptor_file(descriptor)
+    if path is None:
+        return deserialize(z85_decode(descriptor["pathOrInlineDv"]))
+    data = read_file(path)
+    offset = int(descriptor.get("offset") or 1)
+    (size,) = struct.unpack_from(">i", data, offset)
+    vector = data[offset + 4:offset + 4 + size]
+    (checksum,) = struct.unpack_from(">I", data, offset + 4 + size)
+    if zlib.crc32(vector) != checksum:
+        raise ValueError(f"deletion vector in {path} at {offset} fails its checksum")
+    return deserialize(vector)
+
+
+def union(old: BitMap | None, positions: Iterable[int]) -> BitMap:
+    new = BitMap(old) if old is not None else BitMap()
+    new.update(positions)
+    return new

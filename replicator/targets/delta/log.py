@@ -1,0 +1,196 @@
+"""A Delta table's transaction log: its state at a version, and new commits.
+
+The state of a table is the replay of its log (``_delta_log/``): the last
+checkpoint (Parquet), then the commits after it (JSON, one action per line).
+What replicator needs of it: the live files (add actions, with their deletion
+vectors), the schema and configuration (metaData), the protocol, and the
+application transactions (txn: the last version each writer committed, which
+makes a retried batch a no-op).
+
+A commit is the next version's JSON file, written only if absent
+(Storage.put_if_absent): of two writers of one version, one wins and the other
+gets CommitConflict, re-reads the log and tries again. Checkpoints are written
+by delta-rs (the deltalake package), every CHECKPOINT_EVERY commits.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import re
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from replicator.targets.delta.storage import Storage
+
+LOG_DIR = "_delta_log"
+CHECKPOINT_EVERY = 20
+ENGINE = "replicator"
+_COMMIT = re.compile(r"(\d{20})\.json")
+
+
+class CommitConflict(Exception):
+    """Another writer committed the version this commit was for."""
+
+
+def commit_path(table: str, version: int) -> str:
+    return f"{table}/{LOG_DIR}/{version:020d}.json"
+
+
+@dataclass
+class Snapshot:
+    """A table's state at a version (-1: no table yet)."""
+    table: str                                        # its directory, relative to the warehouse
+    version: int = -1
+    protocol: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)   # path → add action
+    txns: dict[str, int] = field(default_factory=dict)              # appId → version
+    commits_since_checkpoint: int = 0
+
+    @property
+    def exists(self) -> bool:
+        return self.version >= 0
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        schema: dict[str, Any] = json.loads(self.metadata["schemaString"])
+        return schema
+
+    @property
+    def configuration(self) -> dict[str, str]:
+        configuration: dict[str, str] = self.metadata.get("configuration") or {}
+        return configuration
+
+    def apply(self, actions: Iterable[dict[str, Any]]) -> None:
+        """One commit's actions (removes before adds: a commit may remove a file and add it
+        again with a new deletion vector)."""
+        actions = list(actions)
+        for action in actions:
+            if "remove" in action:
+                self.files.pop(action["remove"]["path"], None)
+        for action in actions:
+            if "add" in action:
+                self.files[action["add"]["path"]] = action["add"]
+            elif "txn" in action:
+                self.txns[action["txn"]["appId"]] = int(action["txn"]["version"])
+            elif "metaData" in action:
+                self.metadata = action["metaData"]
+            elif "protocol" in action:
+                self.protocol = action["protocol"]
+
+
+def load(storage: Storage, table: str) -> Snapshot:
+    """The table's latest state (a Snapshot of version -1 when it has no log)."""
+    snapshot = Snapshot(table)
+    log_dir = f"{table}/{LOG_DIR}"
+    versions = sorted(int(m[1]) for entry in storage.list(log_dir)
+                      if (m := _COMMIT.fullmatch(entry.path.rsplit("/", 1)[-1])))
+    start = 0
+    try:
+        last = json.loads(storage.read(f"{log_dir}/_last_checkpoint"))
+    except FileNotFoundError:
+        last = None
+    if last is not None:
+        _read_checkpoint(storage, snapshot, log_dir, last)
+        start = int(last["version"]) + 1
+        snapshot.version = int(last["version"])
+    for version in versions:
+        if version < start:
+            continue
+        if version != snapshot.version + 1:
+            raise ValueError(f"{log_dir} lacks version {snapshot.version + 1} (it has {version}): the table's log "
+                             f"is incomplete")
+        snapshot.apply(_actions(storage.read(commit_path(table, version))))
+        snapshot.version = version
+        snapshot.commits_since_checkpoint += 1
+    return snapshot
+
+
+def refresh(storage: Storage, snapshot: Snapshot) -> list[list[dict[str, Any]]]:
+    """Brings a snapshot to the latest version; returns the actions of each commit read."""
+    commits: list[list[dict[str, Any]]] = []
+    while True:
+        try:
+            data = storage.read(commit_path(snapshot.table, snapshot.version + 1))
+        except FileNotFoundError:
+            return commits
+        actions = _actions(data)
+        snapshot.apply(actions)
+        snapshot.version += 1
+        snapshot.commits_since_checkpoint += 1
+        commits.append(actions)
+
+
+def _actions(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in data.splitlines() if line.strip()]
+
+
+def _read_checkpoint(storage: Storage, snapshot: Snapshot, log_dir: str, last: dict[str, Any]) -> None:
+    version = int(last["version"])
+    parts = int(last.get("parts") or 0)
+    names = ([f"{version:020d}.checkpoint.parquet"] if not parts else
+             [f"{version:020d}.checkpoint.{i:010d}.{parts:010d}.parquet" for i in range(1, parts + 1)])
+    for name in names:
+        with storage.open_read(f"{log_dir}/{name}") as f:
+            rows = pq.read_table(io.BytesIO(f.read())).to_pylist()
+        for row in rows:
+            if row.get("add"):
+                snapshot.files[row["add"]["path"]] = _checkpoint_add(row["add"])
+            elif row.get("txn"):
+                snapshot.txns[row["txn"]["appId"]] = int(row["txn"]["version"])
+            elif row.get("metaData"):
+                snapshot.metadata = _maps_as_dicts(row["metaData"])
+            elif row.get("protocol"):
+                snapshot.protocol = {k: v for k, v in row["protocol"].items() if v is not None}
+
+
+def _maps_as_dicts(value: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's struct as the JSON action it stands for: pyarrow reads a Parquet map as
+    a list of (key, value) pairs, and absent fields as None."""
+    out = {}
+    for key, item in value.items():
+        if item is None:
+            continue
+        if isinstance(item, list) and all(isinstance(p, tuple) and len(p) == 2 for p in item):
+            item = dict(item)
+        elif isinstance(item, dict):
+            item = _maps_as_dicts(item)
+        out[key] = item
+    return out
+
+
+def _checkpoint_add(add: dict[str, Any]) -> dict[str, Any]:
+    action = _maps_as_dicts({k: v for k, v in add.items() if k not in ("stats_parsed", "partitionValues_parsed")})
+    action.setdefault("partitionValues", {})
+    return action
+
+
+def commit(storage: Storage, snapshot: Snapshot, actions: Sequence[dict[str, Any]], *, operation: str,
+           parameters: dict[str, Any] | None = None) -> int:
+    """Writes actions as the snapshot's next version and applies them to it; CommitConflict
+    when another writer took that version (the snapshot is left as it was)."""
+    info = {"commitInfo": {"timestamp": now_ms(), "operation": operation,
+                           "operationParameters": parameters or {}, "readVersion": snapshot.version,
+                           "isolationLevel": "Serializable", "isBlindAppend": False,
+                           "engineInfo": ENGINE, "txnId": str(uuid.uuid4())}}
+    if snapshot.version < 0:
+        info["commitInfo"].pop("readVersion")
+    body = "\n".join(json.dumps(action, separators=(",", ":")) for action in [info, *actions]) + "\n"
+    version = snapshot.version + 1
+    if not storage.put_if_absent(commit_path(snapshot.table, version), body.encode()):
+        raise CommitConflict(f"version {version} of {snapshot.table} was committed by another writer")
+    snapshot.apply(copy.deepcopy(list(actions)))
+    snapshot.version = version
+    snapshot.commits_since_checkpoint += 1
+    return version
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,112 @@
+"""A replicated table's Delta schema, protocol and configuration.
+
+Columns use column mapping by name: each field has a stable id and a physical
+name (the column's name inside the Parquet files), so renaming or dropping a
+column is a metadata commit that rewrites no file, and a column added later is
+NULL in the files written before. Fields carry the source column's attnum
+(``replicator.attnum``), which identifies a column through renames, and its
+PostgreSQL type as the column comment.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+
+from replicator.structure import Column, TableStructure
+from replicator.targets.arrow import arrow_type
+
+ATTNUM = "replicator.attnum"
+FIELD_ID = "delta.columnMapping.id"
+PHYSICAL_NAME = "delta.columnMapping.physicalName"
+MAX_COLUMN_ID = "delta.columnMapping.maxColumnId"
+TABLE_META = "replicator.table"   # configuration key: the TargetTable replicator keeps of it (JSON)
+
+
+def delta_type(typ: pa.DataType) -> str:
+    """The Delta (Spark) type name of an Arrow type replicator.targets.arrow produces."""
+    if pa.types.is_int16(typ):
+        return "short"
+    if pa.types.is_int32(typ):
+        return "integer"
+    if pa.types.is_int64(typ):
+        return "long"
+    if pa.types.is_boolean(typ):
+        return "boolean"
+    if pa.types.is_float32(typ):
+        return "float"
+    if pa.types.is_float64(typ):
+        return "double"
+    if pa.types.is_binary(typ):
+        return "binary"
+    if pa.types.is_date(typ):
+        return "date"
+    if pa.types.is_timestamp(typ):
+        return "timestamp" if typ.tz else "timestamp_ntz"
+    if pa.types.is_decimal(typ):
+        return f"decimal({typ.precision},{typ.scale})"
+    return "string"
+
+
+def _field(column: Column, field_id: int, physical: str, key: bool) -> dict[str, Any]:
+    return {"name": column.name, "type": delta_type(arrow_type(column)),
+            "nullable": not (key and column.not_null),
+            "metadata": {FIELD_ID: field_id, PHYSICAL_NAME: physical, ATTNUM: column.attnum,
+                         "comment": f"PostgreSQL {column.type}"}}
+
+
+def table_schema(structure: TableStructure, old: dict[str, Any] | None, max_column_id: int,
+                 *, fresh: bool) -> tuple[dict[str, Any], int]:
+    """The schema of a table of this structure, and the new maxColumnId. A column keeps the
+    id and physical name it has in the old schema (found by attnum, its type unchanged)
+    unless fresh (a table copied anew: every column new)."""
+    kept = {} if fresh or old is None else {f["metadata"].get(ATTNUM): f for f in old["fields"]}
+    fields = []
+    for column in structure.columns:
+        previous = kept.get(column.attnum)
+        if previous is not None and previous["type"] == delta_type(arrow_type(column)):
+            field = _field(column, previous["metadata"][FIELD_ID], previous["metadata"][PHYSICAL_NAME],
+                           column.name in structure.key)
+        else:
+            max_column_id += 1
+            field = _field(column, max_column_id, f"col-{uuid.uuid4()}", column.name in structure.key)
+        fields.append(field)
+    return {"type": "struct", "fields": fields}, max_column_id
+
+
+def physical_names(schema: dict[str, Any]) -> list[str]:
+    return [f["metadata"][PHYSICAL_NAME] for f in schema["fields"]]
+
+
+def arrow_schema(structure: TableStructure, schema: dict[str, Any]) -> pa.Schema:
+    """The Parquet schema of the table's data files: physical names and field ids."""
+    return pa.schema([pa.field(f["metadata"][PHYSICAL_NAME], arrow_type(column),
+                               metadata={b"PARQUET:field_id": str(f["metadata"][FIELD_ID]).encode()})
+                      for column, f in zip(structure.columns, schema["fields"])])
+
+
+def protocol(schema: dict[str, Any]) -> dict[str, Any]:
+    features = ["columnMapping", "deletionVectors"]
+    if any(f["type"] == "timestamp_ntz" for f in schema["fields"]):
+        features.append("timestampNtz")
+    return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features, "writerFeatures": features}
+
+
+def metadata(old: dict[str, Any] | None, schema: dict[str, Any], max_column_id: int, meta: dict[str, Any],
+             description: str) -> dict[str, Any]:
+    """A metaData action: the table's id and creation time kept from the old one."""
+    configuration = dict((old or {}).get("configuration") or {})
+    configuration.update({"delta.columnMapping.mode": "name", MAX_COLUMN_ID: str(max_column_id),
+                          "delta.enableDeletionVectors": "true", TABLE_META: json.dumps(meta, sort_keys=True)})
+    return {"id": (old or {}).get("id") or str(uuid.uuid4()), "name": None, "description": description,
+            "format": {"provider": "parquet", "options": {}}, "schemaString": json.dumps(schema),
+            "partitionColumns": [], "configuration": configuration,
+            "createdTime": (old or {}).get("createdTime") or time.time_ns() // 1_000_000}
+
+
+def max_column_id(metadata: dict[str, Any] | None) -> int:
+    return int(((metadata or {}).get("configuration") or {}).get(MAX_COLUMN_ID, 0))

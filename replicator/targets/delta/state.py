@@ -1,0 +1,108 @@
+"""The warehouse's own Delta table, ``_replicator``: consumer positions, and which version
+of each table every tick left.
+
+A batch changes several tables, each with a commit of its own; the batch is
+complete when this table's commit records it:
+
+- its application transactions are the consumers' positions (appId
+  ``QUEUE/CONSUMER``, version = the last tick applied);
+- its rows say, per tick, the version each table changed by the batch was left
+  at (consumer, tick, table, directory, version, committed_at): reading every
+  table at its version as of one tick gives them all as of that tick
+  (replicator.targets.delta.reader.tables_as_of);
+- its configuration ``replicator.tables`` names the directory of each table.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from replicator.targets.delta import log as delta_log
+from replicator.targets.delta.storage import Storage
+
+DIRECTORY = "_replicator"
+TABLES = "replicator.tables"
+SCHEMA = pa.schema([pa.field("consumer", pa.string()), pa.field("tick", pa.int64()),
+                    pa.field("table", pa.string()), pa.field("directory", pa.string()),
+                    pa.field("version", pa.int64()), pa.field("committed_at", pa.timestamp("us", tz="UTC"))])
+_DELTA_SCHEMA = {"type": "struct", "fields": [
+    {"name": "consumer", "type": "string", "nullable": False, "metadata": {}},
+    {"name": "tick", "type": "long", "nullable": False, "metadata": {}},
+    {"name": "table", "type": "string", "nullable": False, "metadata": {}},
+    {"name": "directory", "type": "string", "nullable": False, "metadata": {}},
+    {"name": "version", "type": "long", "nullable": False, "metadata": {}},
+    {"name": "committed_at", "type": "timestamp", "nullable": False, "metadata": {}}]}
+
+
+class WarehouseState:
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self.snapshot = delta_log.load(storage, DIRECTORY)
+
+    @property
+    def exists(self) -> bool:
+        return self.snapshot.exists
+
+    def positions(self) -> dict[str, int]:
+        """{"QUEUE/CONSUMER": tick}."""
+        return dict(self.snapshot.txns)
+
+    def directories(self) -> dict[str, str]:
+        """{directory: source table name} of the tables replicator keeps."""
+        if not self.snapshot.exists:
+            return {}
+        directories: dict[str, str] = json.loads(self.snapshot.configuration.get(TABLES, "{}"))
+        return directories
+
+    def commit(self, position: tuple[str, int] | None, versions: Iterable[tuple[str, str, int]],
+               directories: dict[str, str]) -> None:
+        """Records a transaction: the position (consumer, tick), the (table, directory, version) of
+        each table it committed, and the directories of the tables as it leaves them."""
+        actions: list[dict[str, Any]] = []
+        if not self.snapshot.exists:
+            actions.append({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}})
+        if not self.snapshot.exists or directories != self.directories():
+            configuration = {**self.snapshot.configuration, TABLES: json.dumps(directories, sort_keys=True)}
+            actions.append({"metaData": {
+                "id": self.snapshot.metadata.get("id") or str(uuid.uuid4()), "name": None,
+                "description": "replicator: consumer positions and the table versions of each tick",
+                "format": {"provider": "parquet", "options": {}}, "schemaString": json.dumps(_DELTA_SCHEMA),
+                "partitionColumns": [], "configuration": configuration,
+                "createdTime": self.snapshot.metadata.get("createdTime") or delta_log.now_ms()}})
+        rows = [(table, directory, version) for table, directory, version in versions]
+        if rows and position is not None:
+            actions.append({"add": self._write_rows(position, rows)})
+        if position is not None:
+            actions.append({"txn": {"appId": position[0], "version": position[1], "lastUpdated": delta_log.now_ms()}})
+        if not actions:
+            return
+        while True:
+            try:
+                delta_log.commit(self.storage, self.snapshot, actions, operation="WRITE")
+                return
+            except delta_log.CommitConflict:
+                # another consumer of the warehouse (another queue) committed first: its
+                # positions and rows are its own; the directories are re-read on the next start
+                delta_log.refresh(self.storage, self.snapshot)
+
+    def _write_rows(self, position: tuple[str, int], rows: list[tuple[str, str, int]]) -> dict[str, Any]:
+        now = datetime.now(UTC)
+        data = pa.Table.from_pylist([{"consumer": position[0], "tick": position[1], "table": table,
+                                      "directory": directory, "version": version, "committed_at": now}
+                                     for table, directory, version in rows], schema=SCHEMA)
+        buffer = io.BytesIO()
+        pq.write_table(data, buffer, compression="snappy")
+        path = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        self.storage.write(f"{DIRECTORY}/{path}", buffer.getvalue())
+        stats = {"numRecords": data.num_rows, "minValues": {"tick": position[1]}, "maxValues": {"tick": position[1]},
+                 "nullCount": {}}
+        return {"path": path, "partitionValues": {}, "size": buffer.tell(), "modificationTime": delta_log.now_ms(),
+                "dataChange": True, "stats": json.dumps(stats)}

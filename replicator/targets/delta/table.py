@@ -1,0 +1,504 @@
+"""One replicated table as a Delta table: its changes staged in the open transaction,
+then committed as one Delta commit.
+
+Merge-on-read with deletion vectors: a batch's upserts are appended as one new
+data file, and the rows they replace and the rows deleted are marked in the
+deletion vectors of their files (replicator.targets.delta.index finds them by
+key). Nothing is rewritten, so a batch costs what it holds, however large the
+table. Compaction (replicator.targets.delta.maintenance) folds small files and
+purges deletion vectors later.
+
+The commit carries the transaction id ``txn(appId=QUEUE/CONSUMER, version=TICK)``:
+a table whose recorded version is at or past a batch's tick has that batch
+already, and the batch is skipped for it (a retry after a crash is a no-op).
+Replaying a batch over a table that holds part of it is harmless: a change sets
+a key's whole row, so the end state is the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyroaring import BitMap
+
+from replicator.errors import UserError
+from replicator.structure import TableStructure
+from replicator.targets.arrow import arrow_array
+from replicator.targets.delta import deletion_vectors as dv
+from replicator.targets.delta import log as delta_log
+from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.index import KeyIndex, canonical_keys, is_integer_key
+from replicator.targets.delta.storage import Storage
+
+FILE_ROWS = 1 << 20          # rows per data file of a copy (Spark reads a file per task: large files read fastest)
+ROW_GROUP = 131072
+SPILL_KEYS = 500_000         # changed keys staged per table before they are written out mid-transaction
+COMMIT_ATTEMPTS = 5
+
+
+@dataclass
+class _Writing:
+    """A data file being written (a copy's rows)."""
+    path: str
+    stack: contextlib.ExitStack
+    writer: pq.ParquetWriter
+    counter: _Counting
+    rows: int = 0
+    stats: list[dict[str, Any]] = field(default_factory=list)   # per row group
+
+
+@dataclass
+class Staged:
+    """What the open transaction does to the table."""
+    meta: dict[str, Any] | None = None              # the TargetTable's record, when it changes
+    structure: TableStructure | None = None          # the table's structure as the transaction leaves it
+    schema: dict[str, Any] | None = None             # a new schema (metaData)
+    max_column_id: int = 0
+    reset: bool = False                              # every committed file removed (a copy, TRUNCATE, drop)
+    dropped: bool = False
+    copy_rows: list[Sequence[Any]] = field(default_factory=list)
+    writing: _Writing | None = None
+    new_files: dict[str, dict[str, Any]] = field(default_factory=dict)   # path → add action, written
+    changes: dict[Any, tuple[bool, Sequence[Any]]] = field(default_factory=dict)   # key → (deleted, row)
+    touched: set[str] = field(default_factory=set)   # committed files whose deletion vector grows
+    spilled: bool = False
+
+
+class _Counting(io.RawIOBase):
+    """Counts the bytes written through it (a data file's size, for its add action)."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self.out, self.size = out, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.size += len(data)
+        self.out.write(data)
+        return len(data)
+
+
+class ReplicaTable:
+    """A Delta table at `directory` of the warehouse; see the module docstring."""
+
+    def __init__(self, storage: Storage, directory: str, snapshot: delta_log.Snapshot | None = None) -> None:
+        self.storage = storage
+        self.directory = directory
+        self.snapshot = snapshot or delta_log.load(storage, directory)
+        self.index: KeyIndex | None = None
+        self.staged: Staged | None = None
+        self._vectors: dict[str, bytes] = {}   # deletion vector files read
+
+    # what is committed -------------------------------------------------------------------
+
+    @property
+    def meta(self) -> dict[str, Any] | None:
+        """The TargetTable record (None: not a table replicator keeps, or dropped)."""
+        if not self.snapshot.exists:
+            return None
+        text = self.snapshot.configuration.get(delta_schema.TABLE_META)
+        return json.loads(text) if text else None
+
+    def structure(self) -> TableStructure:
+        if self.staged is not None and self.staged.structure is not None:
+            return self.staged.structure
+        meta = self.meta
+        assert meta is not None, f"{self.directory} is not a replicated table"
+        return TableStructure.from_json(meta["structure"])
+
+    def schema(self) -> dict[str, Any]:
+        if self.staged is not None and self.staged.schema is not None:
+            return self.staged.schema
+        return self.snapshot.schema
+
+    def applied(self, app: str) -> int | None:
+        """The last tick of consumer `app` ("QUEUE/CONSUMER") the table holds."""
+        return self.snapshot.txns.get(app)
+
+    def deletion_vector(self, add: dict[str, Any]) -> BitMap | None:
+        descriptor = add.get("deletionVector")
+        if not descriptor:
+            return None
+        return dv.read(descriptor, self._read_vector_file)
+
+    def _read_vector_file(self, relative: str) -> bytes:
+        data = self._vectors.get(relative)
+        if data is None:
+            data = self._vectors[relative] = self.storage.read(f"{self.directory}/{relative}")
+        return data
+
+    # the transaction ----------------------------------------------------------------------
+
+    def _stage(self) -> Staged:
+        if self.staged is None:
+            self.staged = Staged(max_column_id=delta_schema.max_column_id(self.snapshot.metadata or None))
+        return self.staged
+
+    def reset(self, meta: dict[str, Any], structure: TableStructure) -> None:
+        """The table anew (a copy follows, or TRUNCATE): every row removed, the schema the
+        structure's (fresh column ids when the structure is not the table's)."""
+        staged = self._stage()
+        self._discard_files(staged)
+        same = self.snapshot.exists and not staged.reset and structure == self.structure()
+        schema, staged.max_column_id = delta_schema.table_schema(
+            structure, None if not self.snapshot.exists else self.schema(), staged.max_column_id, fresh=not same)
+        staged.schema, staged.structure, staged.meta = schema, structure, meta
+        staged.reset, staged.dropped = True, False
+        staged.changes, staged.touched, staged.copy_rows = {}, set(), []
+        self.index = KeyIndex(self._integer_key(structure, schema))
+
+    def truncate(self) -> None:
+        staged = self._stage()
+        structure = self.structure()
+        meta = staged.meta if staged.meta is not None else self.meta
+        assert meta is not None
+        self.reset(meta, structure)
+
+    def drop(self) -> None:
+        """Removes every row, and the table from what replicator keeps (its log stays: time travel)."""
+        self.truncate()
+        staged = self._stage()
+        staged.dropped = True
+
+    def alter(self, meta: dict[str, Any], structure: TableStructure) -> None:
+        """A new structure in place (columns added, dropped, renamed): a metadata commit; the
+        staged rows follow the new column order."""
+        staged = self._stage()
+        self._close_copy_file(staged)
+        old = self.structure()
+        if old != structure:
+            positions = {c.attnum: i for i, c in enumerate(old.columns)}
+            def moved(row: Sequence[Any]) -> list[Any]:
+                return [row[positions[c.attnum]] if c.attnum in positions else None for c in structure.columns]
+            staged.changes = {k: (deleted, moved(row)) for k, (deleted, row) in staged.changes.items()}
+            staged.copy_rows = [moved(row) for row in staged.copy_rows]
+        schema, staged.max_column_id = delta_schema.table_schema(structure, self.schema(), staged.max_column_id,
+                                                                 fresh=False)
+        staged.schema, staged.structure, staged.meta = schema, structure, meta
+
+    def set_meta(self, meta: dict[str, Any]) -> None:
+        staged = self._stage()
+        staged.meta = meta
+        if staged.schema is None:
+            staged.schema = self.snapshot.schema
+
+    def copy(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Rows of a copy (after reset): written into large data files as they come."""
+        staged = self._stage()
+        staged.copy_rows.extend(rows)
+        if len(staged.copy_rows) >= ROW_GROUP:
+            self._write_copy_rows(staged)
+
+    def change(self, key: Any, deleted: bool, row: Sequence[Any]) -> None:
+        staged = self._stage()
+        staged.changes[key] = (deleted, row)
+        if len(staged.changes) >= SPILL_KEYS:
+            self._apply_changes(staged)
+            staged.spilled = True
+
+    def rollback(self) -> None:
+        staged, self.staged = self.staged, None
+        if staged is None:
+            return
+        self._discard_files(staged)
+        self.index = None   # it holds the transaction's deletions and files: built again when needed
+
+    def _discard_files(self, staged: Staged) -> None:
+        """Deletes the data files the transaction wrote (none is committed yet)."""
+        writing, staged.writing = staged.writing, None
+        if writing is not None:
+            with contextlib.suppress(Exception):
+                writing.writer.close()
+            with contextlib.suppress(Exception):
+                writing.stack.close()
+            self.storage.delete(f"{self.directory}/{writing.path}")
+        for path in staged.new_files:
+            self.storage.delete(f"{self.directory}/{path}")
+        staged.new_files = {}
+
+    # writing ------------------------------------------------------------------------------
+
+    def _integer_key(self, structure: TableStructure, schema: dict[str, Any]) -> bool:
+        types = [f.type for f in delta_schema.arrow_schema(structure, schema)]
+        return is_integer_key([types[i] for i in structure.key_positions()])
+
+    def _arrow(self, rows: Sequence[Sequence[Any]]) -> pa.Table:
+        structure, schema = self.structure(), self.schema()
+        target = delta_schema.arrow_schema(structure, schema)
+        columns = list(zip(*rows)) if rows else [() for _ in structure.columns]
+        arrays = [arrow_array(values, f.type, label=f"{structure.qualified_name}.{column.name}")
+                  for values, f, column in zip(columns, target, structure.columns)]
+        return pa.Table.from_arrays(arrays, schema=target)
+
+    def _new_path(self) -> str:
+        return f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+
+    def _write_copy_rows(self, staged: Staged) -> None:
+        if not staged.copy_rows:
+            return
+        data = self._arrow(staged.copy_rows)
+        staged.copy_rows = []
+        if staged.writing is None:
+            path = self._new_path()
+            stack = contextlib.ExitStack()
+            try:
+                out = stack.enter_context(self.storage.open_write(f"{self.directory}/{path}"))
+                counter = _Counting(out)
+                writer = pq.ParquetWriter(counter, data.schema, compression="snappy")
+            except BaseException:
+                stack.close()
+                raise
+            staged.writing = _Writing(path, stack, writer, counter)
+        writing = staged.writing
+        writing.writer.write_table(data, row_group_size=ROW_GROUP)
+        writing.rows += data.num_rows
+        writing.stats.append(_stats(data))
+        if self.index is not None:
+            self._register(writing, data)
+        if writing.rows >= FILE_ROWS:
+            self._close_copy_file(staged)
+
+    def _register(self, writing: _Writing, data: pa.Table) -> None:
+        """A copy file's keys into the index, as they are written (row numbers go on across row groups)."""
+        assert self.index is not None
+        number = self.index.number.get(writing.path)
+        keys = self._keys_of(data)
+        if number is None:
+            self.index.add_file(writing.path, keys)
+            return
+        # more rows of a file being written: as a file of its own rows, offset
+        offset = writing.rows - data.num_rows
+        base = number << 32
+        values = keys.tolist() if hasattr(keys, "tolist") else keys
+        for row, key in enumerate(values):
+            self.index._recent[key] = base | (offset + row)
+
+    def _close_copy_file(self, staged: Staged) -> None:
+        self._write_copy_rows(staged)
+        writing, staged.writing = staged.writing, None
+        if writing is None:
+            return
+        writing.writer.close()
+        writing.stack.close()
+        staged.new_files[writing.path] = self._add_action(writing.path, writing.counter.size,
+                                                           _merged(writing.stats, writing.rows))
+
+    def _write_file(self, data: pa.Table) -> str:
+        path = self._new_path()
+        with self.storage.open_write(f"{self.directory}/{path}") as out:
+            counter = _Counting(out)
+            pq.write_table(data, counter, compression="snappy", row_group_size=ROW_GROUP)
+        staged = self._stage()
+        staged.new_files[path] = self._add_action(path, counter.size, _stats(data))
+        return path
+
+    def _add_action(self, path: str, size: int, stats: dict[str, Any]) -> dict[str, Any]:
+        return {"path": path, "partitionValues": {}, "size": size, "modificationTime": delta_log.now_ms(),
+                "dataChange": True, "stats": json.dumps(stats)}
+
+    def _keys_of(self, data: pa.Table) -> Any:
+        positions = self.structure().key_positions()
+        assert self.index is not None
+        return canonical_keys([data.column(i) for i in positions], self.index.integer)
+
+    def ensure_index(self) -> KeyIndex:
+        """The index of the live rows: committed files (less a reset's) and the transaction's."""
+        if self.index is not None:
+            return self.index
+        structure, schema = self.structure(), self.schema()
+        index = KeyIndex(self._integer_key(structure, schema))
+        key_fields = [schema["fields"][i] for i in structure.key_positions()]
+        staged = self.staged
+        files: list[tuple[str, Any, BitMap | None]] = []
+        committed = {} if staged is not None and staged.reset else self.snapshot.files
+        for path, add in committed.items():
+            files.append((path, self._file_keys(path, key_fields, index.integer), self.deletion_vector(add)))
+        for path in (staged.new_files if staged is not None else {}):
+            files.append((path, self._file_keys(path, key_fields, index.integer), None))
+        index.build(files)
+        self.index = index
+        return index
+
+    def _file_keys(self, path: str, key_fields: list[dict[str, Any]], integer: bool) -> Any:
+        """The key columns of a data file, by their physical names (a file written before a key
+        column existed has none: NULL)."""
+        with self.storage.open_read(f"{self.directory}/{path}") as f:
+            parquet = pq.ParquetFile(f)
+            names = set(parquet.schema_arrow.names)
+            wanted = [k["metadata"][delta_schema.PHYSICAL_NAME] for k in key_fields]
+            table = parquet.read(columns=[n for n in wanted if n in names])
+            rows = parquet.metadata.num_rows
+        columns = [table.column(n) if n in names else pa.nulls(rows) for n in wanted]
+        return canonical_keys(columns, integer)
+
+    def _apply_changes(self, staged: Staged) -> None:
+        """The staged changes into files and deletion vectors: the rows they replace or delete
+        marked deleted, the new rows written as one data file."""
+        self._close_copy_file(staged)
+        if not staged.changes:
+            return
+        index = self.ensure_index()
+        changes, staged.changes = list(staged.changes.values()), {}
+        structure = self.structure()
+        positions = structure.key_positions()
+        data = self._arrow([row for _, row in changes])
+        keys = canonical_keys([data.column(i) for i in positions], index.integer)
+        located = [location for location in index.locate(keys) if location >= 0]
+        for number in index.mark_deleted(located):
+            path = index.paths[number]
+            if path not in staged.new_files:
+                staged.touched.add(path)
+        upserts = data.filter(pa.array([not deleted for deleted, _ in changes], type=pa.bool_()))
+        if upserts.num_rows:
+            path = self._write_file(upserts)
+            index.add_file(path, canonical_keys([upserts.column(i) for i in positions], index.integer))
+
+    def _actions(self, staged: Staged, app: str | None, tick: int | None) -> list[dict[str, Any]]:
+        self._apply_changes(staged)
+        actions: list[dict[str, Any]] = []
+        if staged.schema is not None or staged.meta is not None:
+            schema = staged.schema or self.snapshot.schema
+            protocol = delta_schema.protocol(schema)
+            if protocol != self.snapshot.protocol:
+                actions.append({"protocol": protocol})
+            meta = staged.meta if staged.meta is not None else self.meta
+            assert meta is not None
+            metadata = delta_schema.metadata(self.snapshot.metadata or None, schema, staged.max_column_id, meta,
+                                             f"PostgreSQL table {meta.get('source_name', '')}, replicated by "
+                                             f"replicator")
+            if staged.dropped:
+                metadata["configuration"].pop(delta_schema.TABLE_META, None)
+            actions.append({"metaData": metadata})
+        now = delta_log.now_ms()
+        index = self.index
+        if staged.reset:
+            actions += [{"remove": _remove(add, now)} for add in self.snapshot.files.values()]
+        for path in sorted(staged.touched):
+            add = self.snapshot.files[path]
+            assert index is not None
+            actions.append({"remove": _remove(add, now)})
+        vectors = dv.VectorFile()
+        for path in sorted(staged.touched):
+            add = dict(self.snapshot.files[path])
+            assert index is not None
+            add["deletionVector"] = vectors.add(index.deleted[index.number[path]])
+            add["dataChange"] = True
+            add["stats"] = _loose(add.get("stats"))
+            actions.append({"add": add})
+        for path, add in staged.new_files.items():
+            deleted = index.deleted[index.number[path]] if index is not None and path in index.number else None
+            if deleted:
+                add = {**add, "deletionVector": vectors.add(deleted), "stats": _loose(add.get("stats"))}
+            actions.append({"add": add})
+        if len(vectors.data) > 1:
+            self.storage.write(f"{self.directory}/{vectors.name}", bytes(vectors.data))
+            self._vectors[vectors.name] = bytes(vectors.data)
+        if app is not None and tick is not None:
+            actions.append({"txn": {"appId": app, "version": tick, "lastUpdated": now}})
+        return actions
+
+    def commit(self, app: str | None, tick: int | None) -> int | None:
+        """Commits the staged work (with the transaction id when tick is given); returns the
+        new version, None when there was nothing to commit."""
+        staged = self.staged
+        if staged is None:
+            return None
+        for attempt in range(COMMIT_ATTEMPTS):
+            actions = self._actions(staged, app, tick)
+            if not actions:
+                self.staged = None
+                return None
+            operation = ("CREATE OR REPLACE TABLE" if staged.reset and not self.snapshot.exists else
+                         "WRITE" if staged.reset else "MERGE" if staged.touched or staged.new_files else
+                         "SET TBLPROPERTIES")
+            try:
+                version = delta_log.commit(self.storage, self.snapshot, actions, operation=operation)
+            except delta_log.CommitConflict:
+                self._after_conflict(staged, app, attempt)
+                continue
+            self.staged = None
+            return version
+        raise UserError(f"{self.directory}: {COMMIT_ATTEMPTS} commits in a row lost to other writers of the table")
+
+    def _after_conflict(self, staged: Staged, app: str | None, attempt: int) -> None:
+        """Another writer committed first: read what it did, and stage the work again over it
+        (the transaction's files are kept; its deletion vectors are recomputed)."""
+        commits = delta_log.refresh(self.storage, self.snapshot)
+        if app is not None and any("txn" in a and a["txn"]["appId"] == app for c in commits for a in c):
+            raise UserError(f"another consumer {app} writes {self.storage.url}/{self.directory}: one consumer "
+                            f"writes a warehouse's tables; stop the other one")
+        if staged.spilled:
+            raise UserError(f"{self.directory} was changed by another writer during a large batch; the batch is "
+                            f"applied again when the consumer is started again")
+        # the deletions staged so far were located in files that may be gone: start over from the changes
+        self.index = None
+        staged.touched = set()
+
+
+def _remove(add: dict[str, Any], now: int) -> dict[str, Any]:
+    remove = {"path": add["path"], "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
+              "partitionValues": add.get("partitionValues", {}), "size": add.get("size")}
+    if add.get("deletionVector"):
+        remove["deletionVector"] = add["deletionVector"]
+    return remove
+
+
+def _loose(stats: str | None) -> str | None:
+    """A file's statistics once rows of it are deleted: its bounds may no longer be reached."""
+    if not stats:
+        return stats
+    parsed = json.loads(stats)
+    parsed["tightBounds"] = False
+    return json.dumps(parsed)
+
+
+def _has_bounds(typ: pa.DataType) -> bool:
+    """Whether a column's bounds are kept in statistics (numbers and dates: they compare as Spark's)."""
+    return bool(pa.types.is_integer(typ) or pa.types.is_date(typ)
+            or (pa.types.is_decimal(typ) and typ.precision <= 15))
+
+
+def _stats(data: pa.Table) -> dict[str, Any]:
+    """A data file's statistics (keyed by physical names, as column mapping has them)."""
+    minimum, maximum, nulls = {}, {}, {}
+    for name, column in zip(data.column_names, data.columns):
+        nulls[name] = column.null_count
+        if _has_bounds(column.type):
+            bounds = pc.min_max(column).as_py()
+            if bounds["min"] is not None:
+                minimum[name], maximum[name] = _json(bounds["min"]), _json(bounds["max"])
+    return {"numRecords": data.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls}
+
+
+def _merged(parts: list[dict[str, Any]], rows: int) -> dict[str, Any]:
+    """The statistics of a file written in parts."""
+    merged: dict[str, Any] = {"numRecords": rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+    for part in parts:
+        for name, count in part["nullCount"].items():
+            merged["nullCount"][name] = merged["nullCount"].get(name, 0) + count
+        for name, value in part["minValues"].items():
+            old = merged["minValues"].get(name)
+            merged["minValues"][name] = value if old is None else min(old, value)
+        for name, value in part["maxValues"].items():
+            old = merged["maxValues"].get(name)
+            merged["maxValues"][name] = value if old is None else max(old, value)
+    return merged
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return float(value)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value

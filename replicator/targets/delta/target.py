@@ -1,0 +1,269 @@
+"""Delta target: every replicated table a Delta Lake table, on a local path or object storage.
+
+``--target delta:URI`` keeps, under URI, one Delta table per replicated table
+(``URI/<schema>.<table>``) that Spark (``spark.read.format("delta")``),
+delta-rs, Polars, DuckDB, Trino... read as they are, and the warehouse's own
+table ``URI/_replicator`` (replicator.targets.delta.state) with the consumer
+positions and the versions each tick left.
+
+No JVM: the consumer writes Parquet files, deletion vectors and the Delta log
+itself (replicator.targets.delta.table). A batch is one commit per table it
+changed, each with the transaction id (consumer, tick), then one commit of
+``_replicator`` that moves the position. A crash between them leaves tables
+that hold the batch and a position before it: the batch is applied again, and
+the tables that hold it skip it.
+
+One consumer process writes a local warehouse at a time (a lock file). On
+object storage, commits are conditional writes: a second writer loses its
+commit and retries or stops, and never overwrites one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from replicator.errors import UserError
+from replicator.structure import Change, TableStructure
+from replicator.targets.crash import crash_point
+from replicator.targets.delta import log as delta_log
+from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
+from replicator.targets.delta.state import WarehouseState
+from replicator.targets.delta.storage import LocalStorage, Storage, open_storage
+from replicator.targets.delta.table import ReplicaTable
+from replicator.targets.protocol import Row, TargetTable, queue_positions
+
+log = logging.getLogger("replicator")
+
+LOCK = ".replicator.lock"   # local warehouses: held by the consumer writing it (a dot file: readers skip it)
+
+
+def table_meta(table: TargetTable) -> dict[str, Any]:
+    return {"source_name": table.source_name, "table_id": table.table_id, "mode": table.mode,
+            "structure": table.structure.to_json(), "copy_snapshot": table.copy_snapshot}
+
+
+def target_table(meta: dict[str, Any]) -> TargetTable:
+    return TargetTable(source_name=meta["source_name"], table_id=meta["table_id"], mode=meta["mode"],
+                       structure=TableStructure.from_json(meta["structure"]), copy_snapshot=meta["copy_snapshot"])
+
+
+def directory_name(source_name: str) -> str:
+    """A table's directory: its schema-qualified name, characters other than letters, digits,
+    '.', '_' and '-' replaced (object stores and Hadoop paths take these as they are)."""
+    return re.sub(r"[^\w.-]", "_", source_name)[:120] or "table"
+
+
+class DeltaTarget:
+    exactly_once = True
+
+    def __init__(self, url: str) -> None:
+        self.storage: Storage = open_storage(url)
+        self.name = f"delta:{self.storage.url}"
+        self._lock_fd = -1
+        try:
+            if isinstance(self.storage, LocalStorage):
+                self._lock_local(self.storage.root)
+            self.state = WarehouseState(self.storage)
+            if not self.state.exists:
+                self._check_new_warehouse()
+            self._tables: dict[str, ReplicaTable] = {}
+            for directory in self.state.directories():
+                self._open(directory)
+        except (OSError, ValueError) as exc:
+            self.close()
+            raise UserError(f"cannot use {self.storage.url} as a Delta warehouse: {exc}") from None
+        except BaseException:
+            self.close()
+            raise
+        self._position: tuple[str, int] | None = None
+        self._directories: dict[str, str] | None = None   # as the open transaction leaves them
+
+    # the warehouse ----------------------------------------------------------------------
+
+    def _lock_local(self, root: Path) -> None:
+        if not root.parent.is_dir():
+            raise UserError(f"cannot create {root}: directory {root.parent} does not exist")
+        if root.exists() and not root.is_dir():
+            raise UserError(f"{root} is not a directory: give the warehouse another path")
+        root.mkdir(exist_ok=True)
+        self._lock_fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"another consumer is writing the Delta warehouse {root}") from None
+
+    def _check_new_warehouse(self) -> None:
+        """Refuses a place that holds files and is not a warehouse: replicator writes only its own
+        tables, and a directory of the same name there would be someone else's."""
+        foreign = sorted({entry.path.split("/", 1)[0] for entry in self.storage.list("")} - {LOCK})
+        if foreign:
+            raise UserError(f"{self.storage.url} holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''} "
+                            f"and is not a replicator Delta warehouse (no {STATE_DIRECTORY}): give the warehouse "
+                            f"another path, or an empty one")
+
+    def _open(self, directory: str) -> ReplicaTable:
+        table = self._tables.get(directory)
+        if table is None:
+            table = self._tables[directory] = ReplicaTable(self.storage, directory)
+        return table
+
+    def _table(self, source_name: str) -> ReplicaTable:
+        directories = self._directories if self._directories is not None else self.state.directories()
+        for directory, name in directories.items():
+            if name == source_name:
+                return self._open(directory)
+        raise KeyError(source_name)
+
+    # state ---------------------------------------------------------------------------
+
+    def positions(self, queue: str) -> dict[str, int]:
+        return queue_positions(self.state.positions(), queue)
+
+    def queues(self) -> set[str]:
+        return {key.partition("/")[0] for key in self.state.positions()}
+
+    def tables(self) -> dict[str, TargetTable]:
+        """The tables as committed: each table's own record, which commits with its rows."""
+        tables = {}
+        for directory in self.state.directories():
+            meta = self._open(directory).meta
+            if meta is not None:
+                tables[meta["source_name"]] = target_table(meta)
+        return tables
+
+    # transactions --------------------------------------------------------------------
+
+    def begin(self) -> None:
+        self._position = None
+        self._directories = dict(self.state.directories())
+
+    def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
+        self._position = (f"{queue}/{consumer}", tick_id)
+
+    def commit(self) -> None:
+        assert self._directories is not None, "no open transaction: call begin() first"
+        app, tick = self._position if self._position is not None else (None, None)
+        versions = []
+        for directory, table in self._tables.items():
+            if table.staged is None:
+                continue
+            applied = table.applied(app) if app is not None else None
+            if applied is not None and tick is not None and applied >= tick:
+                log.debug("%s holds tick %s already: the batch is skipped for it", directory, applied)
+                table.rollback()
+                continue
+            version = table.commit(app, tick)
+            crash_point("delta-table-committed")
+            if version is not None:
+                versions.append((self._directories.get(directory, directory), directory, version))
+        self.state.commit(self._position, versions, self._directories)
+        crash_point("delta-committed")
+        self._directories = None
+        self._position = None
+        self._checkpoint([t for t in self._tables.values()])
+
+    def _checkpoint(self, tables: list[ReplicaTable]) -> None:
+        """A checkpoint of each log that grew by CHECKPOINT_EVERY commits since the last
+        (delta-rs writes it): readers and the next start replay no more than that."""
+        due = [t.snapshot for t in tables if t.snapshot.commits_since_checkpoint >= delta_log.CHECKPOINT_EVERY]
+        if self.state.snapshot.commits_since_checkpoint >= delta_log.CHECKPOINT_EVERY:
+            due.append(self.state.snapshot)
+        for snapshot in due:
+            try:
+                from deltalake import DeltaTable
+                root, options = self.storage.delta_rs()
+                DeltaTable(f"{root}/{snapshot.table}", storage_options=options).create_checkpoint()
+                snapshot.commits_since_checkpoint = 0
+            except Exception as exc:   # a checkpoint only saves reading: the consumer goes on
+                log.warning("checkpoint of %s failed: %s", snapshot.table, str(exc).strip().splitlines()[0])
+                snapshot.commits_since_checkpoint = 0
+
+    def rollback(self) -> None:
+        for table in self._tables.values():
+            table.rollback()
+        self._directories = None
+        self._position = None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if getattr(self, "_tables", None):
+                self.rollback()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    # tables --------------------------------------------------------------------------
+
+    def create_table(self, table: TargetTable) -> None:
+        """A new table, or a table copied anew: a new version of the same Delta table."""
+        assert self._directories is not None
+        try:
+            replica = self._table(table.source_name)
+        except KeyError:
+            directory = self._free_directory(directory_name(table.source_name))
+            self._directories[directory] = table.source_name
+            replica = self._open(directory)
+        replica.reset(table_meta(table), table.structure)
+
+    def _free_directory(self, wanted: str) -> str:
+        """wanted, or wanted-2, -3...: a directory no kept table has (a dropped table's is reused)."""
+        assert self._directories is not None
+        candidate, n = wanted, 1
+        while candidate in self._directories or candidate == STATE_DIRECTORY or (
+                self._open(candidate).meta is not None):
+            n += 1
+            candidate = f"{wanted}-{n}"
+        return candidate
+
+    def save_table(self, table: TargetTable) -> None:
+        self._table(table.source_name).set_meta(table_meta(table))
+
+    def drop_table(self, table: TargetTable) -> None:
+        assert self._directories is not None
+        replica = self._table(table.source_name)
+        replica.drop()
+        self._directories.pop(replica.directory, None)
+
+    def alter_table(self, old: TargetTable, new: TargetTable, changes: list[Change]) -> None:
+        """In place: a metadata commit (columns by id: renames and drops rewrite no file)."""
+        assert self._directories is not None
+        replica = self._table(old.source_name)
+        replica.alter(table_meta(new), new.structure)
+        self._directories[replica.directory] = new.source_name
+
+    def schema_event(self, table: TargetTable, event: dict[str, Any]) -> None:
+        """Nothing to record: the table's schema and record are the record."""
+
+    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+        replica = self._table(table.source_name)
+        if op == "R":
+            replica.copy(rows if isinstance(rows, list) else list(rows))
+            return
+        positions = table.structure.key_positions()
+        change = replica.change
+        for row in rows:
+            change(tuple(row[i] for i in positions), False, row)
+
+    def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
+        replica = self._table(table.source_name)
+        positions = table.structure.key_positions()
+        width = len(table.structure.columns)
+        for key in keys:
+            key = tuple(key)
+            row: list[Any] = [None] * width
+            for i, value in zip(positions, key):
+                row[i] = value
+            replica.change(key, True, row)
+
+    def truncate(self, table: TargetTable) -> None:
+        self._table(table.source_name).truncate()
+
+    def copy_from(self, table: TargetTable, snap: Any, progress: Callable[[int], None]) -> int | None:
+        return None
