@@ -614,8 +614,9 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @cli.command()
 @click.argument("queue_name", metavar="QUEUE")
 @click.option("--target", "target_url", required=True,
-              help="sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), spark:PATH (warehouse "
-                   "directory), jsonl:PATH, jsonl:- (stdout), tsv:PATH or tsv:-.")
+              help="sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), delta:PATH or "
+                   "delta:s3://BUCKET/PREFIX (Delta Lake tables), spark:PATH (warehouse directory), jsonl:PATH, "
+                   "jsonl:- (stdout), tsv:PATH or tsv:-.")
 @click.option("--consumer", "consumer_name",
               help="Consumer name; default derived from the target. A stream to stdout (jsonl:-, tsv:-) without it "
                    "is a temporary consumer, unregistered when the command ends.")
@@ -654,7 +655,8 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         replicator consume main --target sqlite:replica.db
         replicator consume main --target jsonl:- --until-caught-up
         replicator consume main --target jsonl:- --consumer audit_feed
-        replicator consume main --target spark:/data/warehouse
+        replicator consume main --target delta:/data/warehouse
+        replicator consume main --target delta:s3://lake/replica
         replicator consume main --target sqlite:replica.db --recopy --until-caught-up
         replicator consume main --target sqlite:replica.db --metrics-port 9700 --health-max-lag 10min
     """
@@ -736,6 +738,101 @@ def spark_compact(target_url: str, tables: tuple[str, ...], min_logs: int, spark
                    + ("" if c.committed else " (not committed: the table changed meanwhile; run again)"))
     if not done:
         click.echo("nothing to compact")
+
+
+@cli.group()
+def delta() -> None:
+    """Delta warehouse maintenance and inspection (targets delta:PATH or delta:URI)."""
+
+
+def _delta_storage(target_url: str) -> Any:
+    scheme, _, where = target_url.partition(":")
+    if scheme != "delta" or not where:
+        raise UserError(f"invalid target {target_url!r}: use delta:PATH or delta:s3://BUCKET/PREFIX")
+    from replicator.targets.delta.storage import open_storage
+    return open_storage(where)
+
+
+@delta.command("tables")
+@click.option("--target", "target_url", required=True, help="delta:PATH or delta:URI, the warehouse.")
+@click.option("--tick", type=click.IntRange(min=1), help="The versions tick N left (time travel), instead of now.")
+@click.option("--consumer", "consumer_name", metavar="QUEUE/CONSUMER",
+              help="With --tick: whose ticks, when several consumers write the warehouse.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def delta_tables(target_url: str, tick: int | None, consumer_name: str | None, as_json: bool) -> None:
+    """List the warehouse's tables and where they are: each a Delta table any Delta
+    reader opens. With --tick, the version of each as tick N left it: read them at
+    those versions (versionAsOf) to see every table as of that tick.
+
+    \b
+    Example:
+        replicator delta tables --target delta:/data/warehouse
+        replicator delta tables --target delta:/data/warehouse --tick 1200 --json
+    """
+    from replicator.targets.delta import reader
+
+    _delta_storage(target_url)
+    rows: list[dict[str, Any]]
+    if tick is None:
+        rows = [{"table": name, "uri": uri} for name, uri in reader.table_uris(target_url).items()]
+    else:
+        rows = [{"table": name, "uri": uri, "version": version}
+                for name, (uri, version) in reader.versions_as_of(target_url, tick, consumer_name).items()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        _print_rows(rows)
+
+
+@delta.command("optimize")
+@click.option("--target", "target_url", required=True, help="delta:PATH or delta:URI, the warehouse.")
+@click.option("--table", "tables", multiple=True, help="Only this table (schema.table); repeatable.")
+@click.option("--purge", is_flag=True, help="Also rewrite every file with deleted rows (not only those past 20%).")
+def delta_optimize(target_url: str, tables: tuple[str, ...], purge: bool) -> None:
+    """Rewrite the small files batches append, and the files with many deleted rows,
+    into large files (Delta OPTIMIZE; readers see the same rows throughout). The
+    consumer does this by itself as files accumulate; safe while it runs.
+
+    \b
+    Example:
+        replicator delta optimize --target delta:/data/warehouse
+        replicator delta optimize --target delta:s3://lake/replica --table public.orders --purge
+    """
+    from replicator.targets.delta import maintenance
+
+    done = maintenance.optimize(_delta_storage(target_url), list(tables) or None, everything=purge)
+    for d in done:
+        click.echo(f"{d.table}: {counted(d.files, 'file')} into {counted(d.written, 'file')} "
+                   f"({counted(d.rows, 'row')}) in {d.seconds:.1f}s"
+                   + ("" if d.committed else " (not committed: the consumer changed them meanwhile; run again)"))
+    if not done:
+        click.echo("nothing to optimize")
+
+
+@delta.command("vacuum")
+@click.option("--target", "target_url", required=True, help="delta:PATH or delta:URI, the warehouse.")
+@click.option("--retain", default="7d", show_default=True,
+              help="Keep files replaced less than this long ago (time travel within it still works).")
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted, delete nothing.")
+def delta_vacuum(target_url: str, retain: str, dry_run: bool) -> None:
+    """Delete the files no current table version uses, once older than --retain, and old
+    log entries (Delta VACUUM). Only files of the names Delta writers give, in the
+    tables' directories, are deleted.
+
+    \b
+    Example:
+        replicator delta vacuum --target delta:/data/warehouse --dry-run
+        replicator delta vacuum --target delta:s3://lake/replica --retain 2d
+    """
+    from replicator.targets.delta import maintenance
+
+    retention = parse_duration(retain).total_seconds()
+    done = maintenance.vacuum(_delta_storage(target_url), retention=retention, dry_run=dry_run)
+    for d in done:
+        click.echo(f"{d.table}: {counted(d.files, 'file')} ({d.bytes:,} bytes) "
+                   f"{'would be ' if dry_run else ''}deleted")
+    if not done:
+        click.echo("nothing to delete")
 
 
 @cli.command()

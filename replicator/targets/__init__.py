@@ -17,7 +17,8 @@ from replicator.views.store import ViewStore
 def open_target(url: str, *, spark_master: str | None = None,
                 spark_conf: dict[str, str] | None = None) -> Target:
     """sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), jsonl:-, jsonl:PATH,
-    tsv:-, tsv:PATH, delta:PATH or delta:s3://BUCKET/PREFIX (Delta Lake tables), spark:PATH (a warehouse directory; Spark, with the given master and
+    tsv:-, tsv:PATH, delta:PATH or delta:s3://BUCKET/PREFIX (Delta Lake tables), spark:PATH
+    (a warehouse directory; Spark, with the given master and
     settings, only for compaction)."""
     scheme, rest = _parse(url)
     if scheme == "sqlite":

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow.compute as pc
+
 from replicator.errors import UserError
 from replicator.structure import target_table_name
 from replicator.targets.delta.state import DIRECTORY, WarehouseState
@@ -70,7 +72,8 @@ def versions_as_of(url: str, tick: int, consumer: str | None = None) -> dict[str
         raise UserError(f"tick {tick} is past the warehouse's position (tick {positions[consumer]} of {consumer})")
     root, options = storage.delta_rs()
     rows = DeltaTable(f"{root}/{DIRECTORY}", storage_options=options).to_pyarrow_table(
-        filters=[("consumer", "=", consumer), ("tick", "<=", tick)], columns=["tick", "table", "directory", "version"])
+        columns=["consumer", "tick", "table", "directory", "version"])
+    rows = rows.filter(pc.and_(pc.equal(rows["consumer"], consumer), pc.less_equal(rows["tick"], tick)))
     latest: dict[str, tuple[int, str, int]] = {}
     for row in rows.to_pylist():
         seen = latest.get(row["directory"])

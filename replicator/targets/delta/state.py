@@ -65,7 +65,9 @@ class WarehouseState:
     def commit(self, position: tuple[str, int] | None, versions: Iterable[tuple[str, str, int]],
                directories: dict[str, str]) -> None:
         """Records a transaction: the position (consumer, tick), the (table, directory, version) of
-        each table it committed, and the directories of the tables as it leaves them."""
+        each table it committed, and the directories of the tables as it leaves them. A
+        transaction without a position (a table's copy) records its versions at the
+        positions the consumers have."""
         actions: list[dict[str, Any]] = []
         if not self.snapshot.exists:
             actions.append({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}})
@@ -77,9 +79,11 @@ class WarehouseState:
                 "format": {"provider": "parquet", "options": {}}, "schemaString": json.dumps(_DELTA_SCHEMA),
                 "partitionColumns": [], "configuration": configuration,
                 "createdTime": self.snapshot.metadata.get("createdTime") or delta_log.now_ms()}})
-        rows = [(table, directory, version) for table, directory, version in versions]
-        if rows and position is not None:
-            actions.append({"add": self._write_rows(position, rows)})
+        rows = [(consumer, tick, table, directory, version)
+                for consumer, tick in ([position] if position is not None else self.positions().items())
+                for table, directory, version in versions]
+        if rows:
+            actions.append({"add": self._write_rows(rows)})
         if position is not None:
             actions.append({"txn": {"appId": position[0], "version": position[1], "lastUpdated": delta_log.now_ms()}})
         if not actions:
@@ -93,16 +97,17 @@ class WarehouseState:
                 # positions and rows are its own; the directories are re-read on the next start
                 delta_log.refresh(self.storage, self.snapshot)
 
-    def _write_rows(self, position: tuple[str, int], rows: list[tuple[str, str, int]]) -> dict[str, Any]:
+    def _write_rows(self, rows: list[tuple[str, int, str, str, int]]) -> dict[str, Any]:
         now = datetime.now(UTC)
-        data = pa.Table.from_pylist([{"consumer": position[0], "tick": position[1], "table": table,
-                                      "directory": directory, "version": version, "committed_at": now}
-                                     for table, directory, version in rows], schema=SCHEMA)
+        data = pa.Table.from_pylist([{"consumer": consumer, "tick": tick, "table": table, "directory": directory,
+                                      "version": version, "committed_at": now}
+                                     for consumer, tick, table, directory, version in rows], schema=SCHEMA)
         buffer = io.BytesIO()
         pq.write_table(data, buffer, compression="snappy")
         path = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         self.storage.write(f"{DIRECTORY}/{path}", buffer.getvalue())
-        stats = {"numRecords": data.num_rows, "minValues": {"tick": position[1]}, "maxValues": {"tick": position[1]},
+        ticks = [tick for _, tick, _, _, _ in rows]
+        stats = {"numRecords": data.num_rows, "minValues": {"tick": min(ticks)}, "maxValues": {"tick": max(ticks)},
                  "nullCount": {}}
         return {"path": path, "partitionValues": {}, "size": buffer.tell(), "modificationTime": delta_log.now_ms(),
                 "dataChange": True, "stats": json.dumps(stats)}

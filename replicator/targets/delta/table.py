@@ -52,7 +52,7 @@ class _Writing:
     path: str
     stack: contextlib.ExitStack
     writer: pq.ParquetWriter
-    counter: _Counting
+    counter: CountingWriter
     rows: int = 0
     stats: list[dict[str, Any]] = field(default_factory=list)   # per row group
 
@@ -74,7 +74,7 @@ class Staged:
     spilled: bool = False
 
 
-class _Counting(io.RawIOBase):
+class CountingWriter(io.RawIOBase):
     """Counts the bytes written through it (a data file's size, for its add action)."""
 
     def __init__(self, out: IO[bytes]) -> None:
@@ -254,7 +254,7 @@ class ReplicaTable:
             stack = contextlib.ExitStack()
             try:
                 out = stack.enter_context(self.storage.open_write(f"{self.directory}/{path}"))
-                counter = _Counting(out)
+                counter = CountingWriter(out)
                 writer = pq.ParquetWriter(counter, data.schema, compression="snappy")
             except BaseException:
                 stack.close()
@@ -263,7 +263,7 @@ class ReplicaTable:
         writing = staged.writing
         writing.writer.write_table(data, row_group_size=ROW_GROUP)
         writing.rows += data.num_rows
-        writing.stats.append(_stats(data))
+        writing.stats.append(file_stats(data))
         if self.index is not None:
             self._register(writing, data)
         if writing.rows >= FILE_ROWS:
@@ -297,10 +297,10 @@ class ReplicaTable:
     def _write_file(self, data: pa.Table) -> str:
         path = self._new_path()
         with self.storage.open_write(f"{self.directory}/{path}") as out:
-            counter = _Counting(out)
+            counter = CountingWriter(out)
             pq.write_table(data, counter, compression="snappy", row_group_size=ROW_GROUP)
         staged = self._stage()
-        staged.new_files[path] = self._add_action(path, counter.size, _stats(data))
+        staged.new_files[path] = self._add_action(path, counter.size, file_stats(data))
         return path
 
     def _add_action(self, path: str, size: int, stats: dict[str, Any]) -> dict[str, Any]:
@@ -469,7 +469,7 @@ def _has_bounds(typ: pa.DataType) -> bool:
             or (pa.types.is_decimal(typ) and typ.precision <= 15))
 
 
-def _stats(data: pa.Table) -> dict[str, Any]:
+def file_stats(data: pa.Table) -> dict[str, Any]:
     """A data file's statistics (keyed by physical names, as column mapping has them)."""
     minimum, maximum, nulls = {}, {}, {}
     for name, column in zip(data.column_names, data.columns):

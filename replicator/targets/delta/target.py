@@ -29,15 +29,17 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from replicator.errors import UserError
+from replicator.errors import UserError, first_line
 from replicator.structure import Change, TableStructure
 from replicator.targets.crash import crash_point
 from replicator.targets.delta import log as delta_log
+from replicator.targets.delta import maintenance
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import LocalStorage, Storage, open_storage
 from replicator.targets.delta.table import ReplicaTable
 from replicator.targets.protocol import Row, TargetTable, queue_positions
+from replicator.wording import counted
 
 log = logging.getLogger("replicator")
 
@@ -151,6 +153,7 @@ class DeltaTarget:
         assert self._directories is not None, "no open transaction: call begin() first"
         app, tick = self._position if self._position is not None else (None, None)
         versions = []
+        committed = []
         for directory, table in self._tables.items():
             if table.staged is None:
                 continue
@@ -163,11 +166,29 @@ class DeltaTarget:
             crash_point("delta-table-committed")
             if version is not None:
                 versions.append((self._directories.get(directory, directory), directory, version))
+                committed.append(table)
         self.state.commit(self._position, versions, self._directories)
         crash_point("delta-committed")
         self._directories = None
         self._position = None
-        self._checkpoint([t for t in self._tables.values()])
+        self._maintain(committed)
+
+    def _maintain(self, committed: list[ReplicaTable]) -> None:
+        """After a commit: OPTIMIZE of the tables it left with many small files or many deleted
+        rows, and checkpoints. A failure here costs only speed: logged, and the consumer goes on."""
+        try:
+            for table in committed:
+                if table.meta is not None and maintenance.due(table):
+                    done = maintenance.optimize_table(table)
+                    if done is not None:
+                        log.info("optimized %s: %s into %s (%s) in %.1fs%s", table.directory,
+                                 counted(done.files, "file"), counted(done.written, "file"), counted(done.rows, "row"),
+                                 done.seconds, "" if done.committed else " (not committed: another writer changed it)")
+            maintenance.compact_state(self.state)
+        except Exception as exc:
+            log.warning("optimize after the commit failed (the consumer goes on; `replicator delta optimize` runs "
+                        "it): %s", first_line(exc))
+        self._checkpoint(list(self._tables.values()))
 
     def _checkpoint(self, tables: list[ReplicaTable]) -> None:
         """A checkpoint of each log that grew by CHECKPOINT_EVERY commits since the last
@@ -182,8 +203,11 @@ class DeltaTarget:
                 DeltaTable(f"{root}/{snapshot.table}", storage_options=options).create_checkpoint()
                 snapshot.commits_since_checkpoint = 0
             except Exception as exc:   # a checkpoint only saves reading: the consumer goes on
-                log.warning("checkpoint of %s failed: %s", snapshot.table, str(exc).strip().splitlines()[0])
+                log.warning("checkpoint of %s failed: %s", snapshot.table, first_line(exc))
                 snapshot.commits_since_checkpoint = 0
+                continue
+            if snapshot is self.state.snapshot:   # a log that grows by a commit per batch
+                maintenance.clean_log(self.storage, snapshot)
 
     def rollback(self) -> None:
         for table in self._tables.values():

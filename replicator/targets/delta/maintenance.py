@@ -1,0 +1,268 @@
+"""Keeping a Delta warehouse fast to read and small on disk: OPTIMIZE and VACUUM.
+
+OPTIMIZE rewrites, per table, what makes reads slow: the small files batches
+append (one per batch that changed the table) and the large files many of whose
+rows their deletion vectors mark. Their live rows are written into large files,
+committed with ``dataChange: false`` (readers of changes skip it: no row
+changed). It costs what it rewrites, not the table. The consumer runs it on a
+table after a commit leaves it with SMALL_FILES_DUE small files or a file past
+PURGE_RATIO deleted; ``replicator delta optimize`` runs it on demand, also
+while a consumer writes: the second of the two to commit re-reads the log (the
+consumer then rebuilds its index; an OPTIMIZE whose files changed meanwhile
+gives up and says so).
+
+VACUUM deletes the files no current version names, once older than the
+retention (7 days, Delta's default: readers time-travelling within it still
+find theirs), and log entries before the last checkpoint past the log
+retention. Only files of the names Delta writers give data and deletion
+vector files are deleted, and only in the tables' own directories.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyroaring import BitMap
+
+from replicator.errors import UserError
+from replicator.targets.delta import deletion_vectors as dv
+from replicator.targets.delta import log as delta_log
+from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
+from replicator.targets.delta.state import SCHEMA as STATE_SCHEMA
+from replicator.targets.delta.state import WarehouseState
+from replicator.targets.delta.storage import Storage
+from replicator.targets.delta.table import FILE_ROWS, ROW_GROUP, CountingWriter, ReplicaTable, file_stats
+
+log = logging.getLogger("replicator")
+
+SMALL_FILE_BYTES = 32 << 20    # a file smaller than this is folded with the others
+SMALL_FILES_DUE = 32           # small files of a table before the consumer folds them
+PURGE_RATIO = 0.2              # share of a file's rows deleted before it is rewritten
+RETENTION_SECONDS = 7 * 24 * 3600
+LOG_RETENTION_SECONDS = 2 * 24 * 3600
+_DATA_FILE = re.compile(r"(?:.*/)?(part-[^/]*\.parquet|deletion_vector_[0-9a-f-]{36}\.bin|\.[^/]*\.tmp)")
+_LOG_FILE = re.compile(r"(\d{20})\.(?:json|checkpoint(?:\.\d{10}\.\d{10})?\.parquet|crc)")
+
+
+@dataclass
+class Optimized:
+    table: str
+    files: int            # files rewritten
+    rows: int             # live rows written
+    written: int          # files written
+    seconds: float
+    committed: bool       # False: the files changed meanwhile (run again)
+
+
+def due(table: ReplicaTable) -> bool:
+    """Whether the consumer should OPTIMIZE the table after its last commit."""
+    small = sum(1 for add in table.snapshot.files.values() if add.get("size", 0) < SMALL_FILE_BYTES)
+    return small >= SMALL_FILES_DUE or any(_purge(add) for add in table.snapshot.files.values())
+
+
+def _purge(add: dict[str, Any]) -> bool:
+    vector = add.get("deletionVector")
+    if not vector:
+        return False
+    records = _records(add)
+    return records > 0 and vector["cardinality"] / records >= PURGE_RATIO
+
+
+def _records(add: dict[str, Any]) -> int:
+    stats = add.get("stats")
+    if not stats:
+        return 0
+    return int(json.loads(stats).get("numRecords", 0))
+
+
+def optimize_table(table: ReplicaTable, *, everything: bool = False) -> Optimized | None:
+    """Rewrites the table's small files and its files past PURGE_RATIO deleted (everything:
+    every file with deletions too) into large files. None when nothing needs it."""
+    files = table.snapshot.files
+    small = [p for p, add in files.items() if add.get("size", 0) < SMALL_FILE_BYTES]
+    chosen = set(small) if len(small) >= 2 else set()
+    chosen |= {p for p, add in files.items() if _purge(add) or (everything and add.get("deletionVector"))}
+    if not chosen:
+        return None
+    result = _rewrite(table.storage, table.snapshot, chosen,
+                      delta_schema.arrow_schema(table.structure(), table.snapshot.schema), table.deletion_vector)
+    table.index = None   # rows moved: the consumer's index is built again when next needed
+    return result
+
+
+def compact_state(state: WarehouseState) -> Optimized | None:
+    """Folds _replicator's small files (one per batch that changed tables) once SMALL_FILES_DUE."""
+    small = {p for p, add in state.snapshot.files.items() if add.get("size", 0) < SMALL_FILE_BYTES}
+    if len(small) < SMALL_FILES_DUE:
+        return None
+    return _rewrite(state.storage, state.snapshot, small, STATE_SCHEMA, lambda add: None)
+
+
+def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], target: pa.Schema,
+             deletion_vector: Callable[[dict[str, Any]], BitMap | None]) -> Optimized:
+    """Writes the live rows of the chosen files into large files, and commits the swap."""
+    started = time.monotonic()
+    originals = {path: snapshot.files[path] for path in sorted(chosen)}
+    written: list[dict[str, Any]] = []
+    pending: list[pa.Table] = []
+    pending_rows = rows = 0
+
+    def flush() -> None:
+        nonlocal pending, pending_rows
+        if not pending:
+            return
+        data = pa.concat_tables(pending)
+        pending, pending_rows = [], 0
+        path = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        with storage.open_write(f"{snapshot.table}/{path}") as out:
+            counter = CountingWriter(out)
+            pq.write_table(data, counter, compression="snappy", row_group_size=ROW_GROUP)
+        written.append({"path": path, "partitionValues": {}, "size": counter.size,
+                        "modificationTime": delta_log.now_ms(), "dataChange": False,
+                        "stats": json.dumps(file_stats(data))})
+
+    try:
+        for path, add in originals.items():
+            live = _live_rows(storage, snapshot.table, path, deletion_vector(add), target)
+            rows += live.num_rows
+            pending.append(live)
+            pending_rows += live.num_rows
+            if pending_rows >= FILE_ROWS:
+                flush()
+        flush()
+    except BaseException:
+        for add in written:
+            storage.delete(f"{snapshot.table}/{add['path']}")
+        raise
+    now = delta_log.now_ms()
+    actions: list[dict[str, Any]] = []
+    for add in originals.values():
+        remove = {"path": add["path"], "deletionTimestamp": now, "dataChange": False, "extendedFileMetadata": True,
+                  "partitionValues": {}, "size": add.get("size")}
+        if add.get("deletionVector"):
+            remove["deletionVector"] = add["deletionVector"]
+        actions.append({"remove": remove})
+    actions += [{"add": add} for add in written]
+    committed = _commit(storage, snapshot, originals, actions)
+    if not committed:
+        for add in written:
+            storage.delete(f"{snapshot.table}/{add['path']}")
+    return Optimized(snapshot.table, len(originals), rows, len(written), time.monotonic() - started, committed)
+
+
+def _commit(storage: Storage, snapshot: delta_log.Snapshot, originals: dict[str, dict[str, Any]],
+            actions: list[dict[str, Any]]) -> bool:
+    """Commits the rewrite, over commits of other writers that left its files as they were."""
+    for _ in range(5):
+        try:
+            delta_log.commit(storage, snapshot, actions, operation="OPTIMIZE",
+                             parameters={"predicate": "[]", "zOrderBy": "[]"})
+            return True
+        except delta_log.CommitConflict:
+            delta_log.refresh(storage, snapshot)
+            if any(snapshot.files.get(path) != add for path, add in originals.items()):
+                return False
+    return False
+
+
+def _live_rows(storage: Storage, directory: str, path: str, deleted: BitMap | None, target: pa.Schema) -> pa.Table:
+    """A file's rows less those its deletion vector marks, in the table's current schema (columns
+    added since it was written are NULL, dropped ones left out)."""
+    with storage.open_read(f"{directory}/{path}") as f:
+        data = pq.read_table(f)
+    if deleted:
+        keep = np.ones(data.num_rows, dtype=bool)
+        keep[np.fromiter(deleted, dtype=np.int64, count=len(deleted))] = False
+        data = data.filter(pa.array(keep))
+    columns = [data.column(f.name).cast(f.type) if f.name in data.column_names else pa.nulls(data.num_rows, f.type)
+               for f in target]
+    return pa.Table.from_arrays(columns, schema=target)
+
+
+def optimize(storage: Storage, tables: list[str] | None = None, *, everything: bool = False) -> list[Optimized]:
+    """OPTIMIZE of the warehouse's tables (tables: source names; None: all)."""
+    state = WarehouseState(storage)
+    if not state.exists:
+        raise UserError(f"{storage.url} is not a replicator Delta warehouse (no {STATE_DIRECTORY} table)")
+    directories = state.directories()
+    unknown = sorted(set(tables or ()) - set(directories.values()))
+    if unknown:
+        raise UserError(f"no table {', '.join(unknown)} in {storage.url} (it has "
+                        f"{', '.join(sorted(directories.values())) or 'none'})")
+    done = []
+    for directory, name in sorted(directories.items()):
+        if tables and name not in tables:
+            continue
+        result = optimize_table(ReplicaTable(storage, directory), everything=everything)
+        if result is not None:
+            result.table = name
+            done.append(result)
+    return done
+
+
+@dataclass
+class Vacuumed:
+    table: str
+    files: int
+    bytes: int
+
+
+def vacuum(storage: Storage, *, retention: float = RETENTION_SECONDS, dry_run: bool = False) -> list[Vacuumed]:
+    """VACUUM of every table and of _replicator (see the module docstring)."""
+    state = WarehouseState(storage)
+    if not state.exists:
+        raise UserError(f"{storage.url} is not a replicator Delta warehouse (no {STATE_DIRECTORY} table)")
+    done = []
+    now = time.time()
+    for directory in [*sorted(state.directories()), STATE_DIRECTORY]:
+        snapshot = delta_log.load(storage, directory)
+        referenced = set(snapshot.files)
+        for add in snapshot.files.values():
+            vector = add.get("deletionVector")
+            if vector:
+                file = dv.descriptor_file(vector)
+                if file:
+                    referenced.add(file)
+        deleted = size = 0
+        for entry in storage.list(directory):
+            relative = entry.path[len(directory) + 1:]
+            if relative.startswith(f"{delta_log.LOG_DIR}/") or relative in referenced:
+                continue
+            if not _DATA_FILE.fullmatch(relative) or now - entry.modified < retention:
+                continue
+            if not dry_run:
+                storage.delete(entry.path)
+            deleted += 1
+            size += entry.size
+        deleted += clean_log(storage, snapshot, dry_run=dry_run)
+        if deleted:
+            done.append(Vacuumed(directory, deleted, size))
+    return done
+
+
+def clean_log(storage: Storage, snapshot: delta_log.Snapshot, *, retention: float = LOG_RETENTION_SECONDS,
+              dry_run: bool = False) -> int:
+    """Deletes log entries before the last checkpoint once older than the log retention."""
+    try:
+        last = int(json.loads(storage.read(f"{snapshot.table}/{delta_log.LOG_DIR}/_last_checkpoint"))["version"])
+    except FileNotFoundError:
+        return 0
+    now, deleted = time.time(), 0
+    for entry in storage.list(f"{snapshot.table}/{delta_log.LOG_DIR}"):
+        match = _LOG_FILE.fullmatch(entry.path.rsplit("/", 1)[-1])
+        if match and int(match[1]) < last and now - entry.modified >= retention:
+            if not dry_run:
+                storage.delete(entry.path)
+            deleted += 1
+    return deleted
