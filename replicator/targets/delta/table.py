@@ -156,7 +156,7 @@ class ReplicaTable:
         staged.schema, staged.structure, staged.meta = schema, structure, meta
         staged.reset, staged.dropped = True, False
         staged.changes, staged.touched, staged.copy_rows = {}, set(), []
-        self.index = KeyIndex(self._integer_key(structure, schema))
+        self.index = None   # built from the transaction's files when a change needs it
 
     def truncate(self) -> None:
         staged = self._stage()
@@ -264,25 +264,8 @@ class ReplicaTable:
         writing.writer.write_table(data, row_group_size=ROW_GROUP)
         writing.rows += data.num_rows
         writing.stats.append(file_stats(data))
-        if self.index is not None:
-            self._register(writing, data)
         if writing.rows >= FILE_ROWS:
             self._close_copy_file(staged)
-
-    def _register(self, writing: _Writing, data: pa.Table) -> None:
-        """A copy file's keys into the index, as they are written (row numbers go on across row groups)."""
-        assert self.index is not None
-        number = self.index.number.get(writing.path)
-        keys = self._keys_of(data)
-        if number is None:
-            self.index.add_file(writing.path, keys)
-            return
-        # more rows of a file being written: as a file of its own rows, offset
-        offset = writing.rows - data.num_rows
-        base = number << 32
-        values = keys.tolist() if hasattr(keys, "tolist") else keys
-        for row, key in enumerate(values):
-            self.index._recent[key] = base | (offset + row)
 
     def _close_copy_file(self, staged: Staged) -> None:
         self._write_copy_rows(staged)
