@@ -26,7 +26,7 @@ from pyspark.sql.pandas.types import from_arrow_type, to_arrow_schema
 from pyspark.sql.types import StructField, StructType
 
 from replicator.structure import Column, RowsDecoder, TableStructure, decoder_for, identity, parse_json, rows_decoder
-from replicator.targets.spark.warehouse import arrow_array, arrow_type
+from replicator.targets.arrow import arrow_array, arrow_type
 
 ATTNUM = "replicator.attnum"   # field metadata: the column's attnum
 CHANGE_TYPES = {"I": "insert", "U": "update_postimage", "D": "delete", "T": "truncate"}
