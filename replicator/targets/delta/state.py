@@ -19,7 +19,7 @@ import io
 import json
 import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -102,7 +102,23 @@ class WarehouseState:
         pq.write_table(data, buffer, compression="snappy")
         path = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         self.storage.write(f"{DIRECTORY}/{path}", buffer.getvalue())
-        stats = {"numRecords": data.num_rows, "minValues": {"tick": position[1]}, "maxValues": {"tick": position[1]},
-                 "nullCount": {}}
+        # every column's bounds: delta-rs's pyarrow dataset (to_pyarrow_table(filters=...)) drops a
+        # file whose statistics lack a filtered column's
+        versions = [version for _, _, version in rows]
+        floor = now.replace(microsecond=now.microsecond // 1000 * 1000)   # bounds in milliseconds
+        ceiling = floor if floor == now else floor + timedelta(milliseconds=1)
+        stats = {"numRecords": data.num_rows,
+                 "minValues": {"consumer": position[0], "tick": position[1], "table": min(r[0] for r in rows),
+                               "directory": min(r[1] for r in rows), "version": min(versions),
+                               "committed_at": _timestamp(floor)},
+                 "maxValues": {"consumer": position[0], "tick": position[1], "table": max(r[0] for r in rows),
+                               "directory": max(r[1] for r in rows), "version": max(versions),
+                               "committed_at": _timestamp(ceiling)},
+                 "nullCount": {name: 0 for name in SCHEMA.names}}
         return {"path": path, "partitionValues": {}, "size": buffer.tell(), "modificationTime": delta_log.now_ms(),
                 "dataChange": True, "stats": json.dumps(stats)}
+
+
+def _timestamp(value: datetime) -> str:
+    """A timestamp as Delta statistics write it (UTC, milliseconds)."""
+    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")
