@@ -72,6 +72,7 @@ class Staged:
     changes: dict[Any, tuple[bool, Sequence[Any]]] = field(default_factory=dict)   # key → (deleted, row)
     touched: set[str] = field(default_factory=set)   # committed files whose deletion vector grows
     spilled: bool = False
+    vector_file: str | None = None                   # the deletion vectors of the commit being made
 
 
 class _Counting(io.RawIOBase):
@@ -404,6 +405,7 @@ class ReplicaTable:
         if len(vectors.data) > 1:
             self.storage.write(f"{self.directory}/{vectors.name}", bytes(vectors.data))
             self._vectors[vectors.name] = bytes(vectors.data)
+            staged.vector_file = vectors.name
         if app is not None and tick is not None:
             actions.append({"txn": {"appId": app, "version": tick, "lastUpdated": now}})
         return actions
@@ -414,7 +416,9 @@ class ReplicaTable:
         staged = self.staged
         if staged is None:
             return None
+        self._close_copy_file(staged)
         for attempt in range(COMMIT_ATTEMPTS):
+            changes, files = dict(staged.changes), dict(staged.new_files)
             actions = self._actions(staged, app, tick)
             if not actions:
                 self.staged = None
@@ -425,11 +429,25 @@ class ReplicaTable:
             try:
                 version = delta_log.commit(self.storage, self.snapshot, actions, operation=operation)
             except delta_log.CommitConflict:
+                self._discard_attempt(staged, files)
                 self._after_conflict(staged, app, attempt)
+                # the changes are located again over the other writer's commit
+                staged.changes = changes
                 continue
             self.staged = None
             return version
         raise UserError(f"{self.directory}: {COMMIT_ATTEMPTS} commits in a row lost to other writers of the table")
+
+    def _discard_attempt(self, staged: Staged, files: dict[str, dict[str, Any]]) -> None:
+        """Deletes what a commit that lost its version wrote: its deletion vectors, and the data
+        file of the changes it applied (files: the transaction's files before it)."""
+        if staged.vector_file is not None:
+            self.storage.delete(f"{self.directory}/{staged.vector_file}")
+            self._vectors.pop(staged.vector_file, None)
+            staged.vector_file = None
+        for path in staged.new_files.keys() - files.keys():
+            self.storage.delete(f"{self.directory}/{path}")
+        staged.new_files = files
 
     def _after_conflict(self, staged: Staged, app: str | None, attempt: int) -> None:
         """Another writer committed first: read what it did, and stage the work again over it
