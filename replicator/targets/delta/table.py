@@ -151,7 +151,9 @@ class ReplicaTable:
         structure's (fresh column ids when the structure is not the table's)."""
         staged = self._stage()
         self._discard_files(staged)
-        same = self.snapshot.exists and not staged.reset and structure == self.structure()
+        # a dropped table's directory, taken again, has a log but no structure: every column new
+        same = (self.snapshot.exists and self.meta is not None and not staged.reset
+                and structure == self.structure())
         schema, staged.max_column_id = delta_schema.table_schema(
             structure, None if not self.snapshot.exists else self.schema(), staged.max_column_id, fresh=not same)
         staged.schema, staged.structure, staged.meta = schema, structure, meta
