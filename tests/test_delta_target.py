@@ -832,3 +832,31 @@ def test_a_consumer_started_again_reads_the_logs_from_delta_rs_checkpoints(dsn, 
     for directory in ("public.t", "public.u", "_replicator"):
         assert (path / directory / "_delta_log" / "_last_checkpoint").exists(), directory
     assert conn.execute("SELECT sum(cnt) FROM t").fetchone()[0] > 0
+
+
+def test_a_dropped_table_leaves_the_warehouse_and_one_created_again_takes_its_directory(dsn, conn, source, tmp_path):
+    conn.execute(CRASH_DDL)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    source.add_table("q", "u")
+    path = tmp_path / "wh"
+    target = DeltaTarget(str(path))
+    try:
+        consume(dsn, target)
+        [dropped_at] = target.positions("q").values()
+        conn.execute("DROP TABLE u")
+        consume(dsn, target)
+        assert sorted(table_uris(str(path))) == ["public.t"]
+        assert DeltaTable(str(path / "public.u")).count() == 0   # its log stays: time travel
+        conn.execute("CREATE TABLE u (k text PRIMARY KEY, other int)")
+        conn.execute("INSERT INTO u VALUES ('again', 1)")
+        source.add_table("q", "u")
+        consume(dsn, target)
+        conn.execute("UPDATE u SET other = 2")
+        consume(dsn, target)
+    finally:
+        target.close()
+    assert table_uris(str(path))["public.u"] == str(path / "public.u")
+    assert_equal_to_source(conn, path, ["t", "u"])
+    uri, version = versions_as_of(str(path), dropped_at)["public.u"]
+    assert len(delta_rows(uri, ["k"], version)[1]) == 50   # the table before the drop
