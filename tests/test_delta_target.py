@@ -860,3 +860,40 @@ def test_a_dropped_table_leaves_the_warehouse_and_one_created_again_takes_its_di
     assert_equal_to_source(conn, path, ["t", "u"])
     uri, version = versions_as_of(str(path), dropped_at)["public.u"]
     assert len(delta_rows(uri, ["k"], version)[1]) == 50   # the table before the drop
+
+
+@pytest.mark.parametrize("batch", ["a copy again", "a batch written out in parts"])
+def test_another_writer_before_a_copy_or_a_spilled_batch(dsn, conn, source, tmp_path, monkeypatch, batch):
+    import replicator.targets.delta.table as delta_table
+
+    monkeypatch.setattr(delta_table, "SPILL_KEYS", 40)
+    conn.execute(CRASH_DDL)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    source.add_table("q", "u")
+    path = tmp_path / "wh"
+    target = DeltaTarget(str(path))
+    try:
+        consume(dsn, target)
+        uri = table_uris(str(path))["public.t"]
+        assert DeltaTable(uri).delete("id = 9")["num_deleted_rows"] == 1
+        conn.execute("DELETE FROM t WHERE id = 9")
+        if batch == "a copy again":
+            conn.execute("ALTER TABLE t ALTER COLUMN cnt TYPE bigint")
+            conn.execute("UPDATE t SET cnt = 5 WHERE id < 20")
+            consume(dsn, target)
+        else:   # taken in only when it commits: the batch stops, and is applied again by the next run
+            conn.execute("UPDATE t SET cnt = cnt + 1")
+            with pytest.raises(UserError, match=r"public\.t was changed by another writer during a large batch") as e:
+                consume(dsn, target)
+            assert "\n" not in str(e.value)
+    finally:
+        target.close()
+    if batch != "a copy again":
+        target = DeltaTarget(str(path))
+        try:
+            consume(dsn, target)
+        finally:
+            target.close()
+    assert_equal_to_source(conn, path, ["t", "u"])
+    assert table_files(Path(uri)) == referenced_files(Path(uri))
