@@ -19,7 +19,7 @@ import io
 import json
 import uuid
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -106,8 +106,21 @@ class WarehouseState:
         pq.write_table(data, buffer, compression="snappy")
         path = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         self.storage.write(f"{DIRECTORY}/{path}", buffer.getvalue())
-        ticks = [tick for _, tick, _, _, _ in rows]
-        stats = {"numRecords": data.num_rows, "minValues": {"tick": min(ticks)}, "maxValues": {"tick": max(ticks)},
-                 "nullCount": {}}
+        # every column's bounds: delta-rs's pyarrow dataset (to_pyarrow_table(filters=...)) drops a
+        # file whose statistics lack a filtered column's
+        floor = now.replace(microsecond=now.microsecond // 1000 * 1000)   # bounds in milliseconds
+        ceiling = floor if floor == now else floor + timedelta(milliseconds=1)
+        columns = list(zip(*rows))
+        stats = {"numRecords": data.num_rows,
+                 "minValues": {**{name: min(values) for name, values in zip(SCHEMA.names, columns)},
+                               "committed_at": _timestamp(floor)},
+                 "maxValues": {**{name: max(values) for name, values in zip(SCHEMA.names, columns)},
+                               "committed_at": _timestamp(ceiling)},
+                 "nullCount": {name: 0 for name in SCHEMA.names}}
         return {"path": path, "partitionValues": {}, "size": buffer.tell(), "modificationTime": delta_log.now_ms(),
                 "dataChange": True, "stats": json.dumps(stats)}
+
+
+def _timestamp(value: datetime) -> str:
+    """A timestamp as Delta statistics write it (UTC, milliseconds)."""
+    return value.isoformat(timespec="milliseconds").replace("+00:00", "Z")

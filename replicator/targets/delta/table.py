@@ -23,6 +23,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 from typing import IO, Any
 
@@ -72,6 +73,7 @@ class Staged:
     changes: dict[Any, tuple[bool, Sequence[Any]]] = field(default_factory=dict)   # key → (deleted, row)
     touched: set[str] = field(default_factory=set)   # committed files whose deletion vector grows
     spilled: bool = False
+    vector_file: str | None = None                   # the deletion vectors of the commit being made
 
 
 class CountingWriter(io.RawIOBase):
@@ -150,7 +152,9 @@ class ReplicaTable:
         structure's (fresh column ids when the structure is not the table's)."""
         staged = self._stage()
         self._discard_files(staged)
-        same = self.snapshot.exists and not staged.reset and structure == self.structure()
+        # a dropped table's directory, taken again, has a log but no structure: every column new
+        same = (self.snapshot.exists and self.meta is not None and not staged.reset
+                and structure == self.structure())
         schema, staged.max_column_id = delta_schema.table_schema(
             structure, None if not self.snapshot.exists else self.schema(), staged.max_column_id, fresh=not same)
         staged.schema, staged.structure, staged.meta = schema, structure, meta
@@ -387,6 +391,7 @@ class ReplicaTable:
         if len(vectors.data) > 1:
             self.storage.write(f"{self.directory}/{vectors.name}", bytes(vectors.data))
             self._vectors[vectors.name] = bytes(vectors.data)
+            staged.vector_file = vectors.name
         if app is not None and tick is not None:
             actions.append({"txn": {"appId": app, "version": tick, "lastUpdated": now}})
         return actions
@@ -397,7 +402,9 @@ class ReplicaTable:
         staged = self.staged
         if staged is None:
             return None
+        self._close_copy_file(staged)
         for attempt in range(COMMIT_ATTEMPTS):
+            changes, files = dict(staged.changes), dict(staged.new_files)
             actions = self._actions(staged, app, tick)
             if not actions:
                 self.staged = None
@@ -408,11 +415,25 @@ class ReplicaTable:
             try:
                 version = delta_log.commit(self.storage, self.snapshot, actions, operation=operation)
             except delta_log.CommitConflict:
+                self._discard_attempt(staged, files)
                 self._after_conflict(staged, app, attempt)
+                # the changes are located again over the other writer's commit
+                staged.changes = changes
                 continue
             self.staged = None
             return version
         raise UserError(f"{self.directory}: {COMMIT_ATTEMPTS} commits in a row lost to other writers of the table")
+
+    def _discard_attempt(self, staged: Staged, files: dict[str, dict[str, Any]]) -> None:
+        """Deletes what a commit that lost its version wrote: its deletion vectors, and the data
+        file of the changes it applied (files: the transaction's files before it)."""
+        if staged.vector_file is not None:
+            self.storage.delete(f"{self.directory}/{staged.vector_file}")
+            self._vectors.pop(staged.vector_file, None)
+            staged.vector_file = None
+        for path in staged.new_files.keys() - files.keys():
+            self.storage.delete(f"{self.directory}/{path}")
+        staged.new_files = files
 
     def _after_conflict(self, staged: Staged, app: str | None, attempt: int) -> None:
         """Another writer committed first: read what it did, and stage the work again over it
@@ -446,22 +467,43 @@ def _loose(stats: str | None) -> str | None:
     return json.dumps(parsed)
 
 
-def _has_bounds(typ: pa.DataType) -> bool:
-    """Whether a column's bounds are kept in statistics (numbers and dates: they compare as Spark's)."""
-    return bool(pa.types.is_integer(typ) or pa.types.is_date(typ)
-            or (pa.types.is_decimal(typ) and typ.precision <= 15))
+STRING_BOUND_MAX = 64   # longer strings get no bounds (a truncated maximum would not be one)
 
 
 def file_stats(data: pa.Table) -> dict[str, Any]:
-    """A data file's statistics (keyed by physical names, as column mapping has them)."""
+    """A data file's statistics (keyed by physical names, as column mapping has them): row and null
+    counts, and the bounds of the columns whose values compare in Spark as in Arrow."""
     minimum, maximum, nulls = {}, {}, {}
     for name, column in zip(data.column_names, data.columns):
         nulls[name] = column.null_count
-        if _has_bounds(column.type):
-            bounds = pc.min_max(column).as_py()
-            if bounds["min"] is not None:
-                minimum[name], maximum[name] = _json(bounds["min"]), _json(bounds["max"])
+        bounds = _bounds(column)
+        if bounds is not None:
+            minimum[name], maximum[name] = bounds
     return {"numRecords": data.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls}
+
+
+def _bounds(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
+    typ = column.type
+    if not (pa.types.is_integer(typ) or pa.types.is_date(typ) or pa.types.is_timestamp(typ)
+            or pa.types.is_string(typ) or (pa.types.is_decimal(typ) and typ.precision <= 15)):
+        return None
+    found = pc.min_max(column).as_py()
+    low, high = found["min"], found["max"]
+    if low is None:
+        return None
+    if pa.types.is_string(typ):
+        return (low, high) if max(len(low), len(high)) <= STRING_BOUND_MAX else None
+    if pa.types.is_timestamp(typ):   # statistics hold milliseconds: the bounds widen to them
+        floor = high.replace(microsecond=high.microsecond // 1000 * 1000)
+        try:
+            ceiling = floor if floor == high else floor + timedelta(milliseconds=1)
+        except OverflowError:   # within a millisecond of year 9999's end: no upper bound to give
+            return None
+        low = low.replace(microsecond=low.microsecond // 1000 * 1000)
+        suffix = "Z" if typ.tz else ""
+        return (low.replace(tzinfo=None).isoformat(timespec="milliseconds") + suffix,
+                ceiling.replace(tzinfo=None).isoformat(timespec="milliseconds") + suffix)
+    return _json(low), _json(high)
 
 
 def _merged(parts: list[dict[str, Any]], rows: int) -> dict[str, Any]:

@@ -94,6 +94,8 @@ class DeltaTarget:
             raise UserError(f"cannot create {root}: directory {root.parent} does not exist")
         if root.exists() and not root.is_dir():
             raise UserError(f"{root} is not a directory: give the warehouse another path")
+        if root.is_dir() and not (root / STATE_DIRECTORY).exists():
+            self._check_new_warehouse()   # before the lock file: a refused directory is left as it was
         root.mkdir(exist_ok=True)
         self._lock_fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
