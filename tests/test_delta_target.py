@@ -607,9 +607,11 @@ def test_each_table_read_at_the_version_a_tick_left_equals_the_source_at_that_ti
 # 5. a transaction larger than the keys a table stages ------------------------------------------
 
 def test_a_batch_past_spill_keys_is_one_commit_per_table_and_stays_exact(dsn, conn, source, tmp_path, monkeypatch):
+    import replicator.targets.delta.maintenance as maintenance
     import replicator.targets.delta.table as delta_table
 
     monkeypatch.setattr(delta_table, "SPILL_KEYS", 100)
+    monkeypatch.setattr(maintenance, "due", lambda table: False)   # the batch's own commits only: no OPTIMIZE after
     conn.execute(CRASH_DDL)
     conn.execute("INSERT INTO t SELECT g, 'v' || g, 0 FROM generate_series(301, 1500) g")
     source.create_queue("q")
@@ -754,7 +756,8 @@ def test_another_writer_between_two_batches_is_taken_in_and_the_table_stays_exac
         conn.execute("UPDATE u SET cnt = cnt + 1")
         consume(dsn, target)
         operations = [c[0]["commitInfo"].get("operation") for c in log_commits(Path(uri))]
-        assert len(operations) == version + 3 and operations[-1] == "MERGE", operations
+        # the batch's one commit after the other writer's (then, maybe, the consumer's OPTIMIZE)
+        assert operations[version + 2] == "MERGE" and set(operations[version + 3:]) <= {"OPTIMIZE"}, operations
         assert_equal_to_source(conn, path, ["t", "u"])
         # the commit that lost its version to the other writer left none of its files
         assert table_files(Path(uri)) == referenced_files(Path(uri))
