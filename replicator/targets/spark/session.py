@@ -91,8 +91,8 @@ def s3a_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def session_settings(conf: Mapping[str, str] | None, environ: Mapping[str, str] | None = None,
                      jars: Path | None = None) -> dict[str, str]:
-    """replicator's settings (DEFAULTS, DELTA, the jars of the cache directory jars, s3a),
-    under the user's conf."""
+    """replicator's settings (DEFAULTS, DELTA, the jars in or for the cache directory `jars`,
+    s3a) under the user's conf."""
     ours = {**DEFAULTS, **DELTA, **jar_settings(jars or cache_dir(environ)), **s3a_settings(environ)}
     theirs = dict(conf or {})
     settings = {**ours, **theirs}
@@ -130,7 +130,8 @@ def get_session(master: str | None = None, conf: Mapping[str, str] | None = None
         hint = f" (Spark's first start downloads Delta Lake's jars from Maven Central into {jars})" if resolving else ""
         raise UserError(f"cannot start Spark ({master or 'local'}): {str(exc).strip().splitlines()[0]}{hint}") from None
     if resolving:
-        record_resolution(jars)
+        with contextlib.suppress(OSError):   # a cache it cannot write: the next start resolves again
+            record_resolution(jars)
     return spark
 
 
