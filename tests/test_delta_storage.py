@@ -194,6 +194,15 @@ def test_a_missing_bucket_is_one_line_saying_to_create_it(s3_url, s3_server):
                                 f"{s3_server.endpoint}: create it, or correct the warehouse URL")
 
 
+def test_a_bucket_removed_under_an_open_warehouse_is_one_line_at_the_next_write(s3_url):
+    storage = open_storage(s3_url)
+    boto3.client("s3").delete_bucket(Bucket=s3_url.removeprefix("s3://").split("/")[0])
+    with pytest.raises(UserError, match=r"^s3://\S+: the bucket '\S+' does not exist at http://127.0.0.1:\d+: create it"):
+        storage.write("t/a.json", b"1")
+    with pytest.raises(UserError, match="does not exist"), storage.open_write("t/part-0.parquet") as f:
+        f.write(b"x")   # the upload is sent when the block ends
+
+
 @pytest.fixture(scope="module")
 def checking_s3_server(tmp_path_factory: pytest.TempPathFactory):
     """A moto server that checks credentials: it knows none, so every key is refused."""

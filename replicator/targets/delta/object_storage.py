@@ -99,8 +99,13 @@ class ObjectStorage:
     def open_write(self, path: str) -> Iterator[IO[bytes]]:
         with self._errors(path):
             upload = obstore.open_writer(self._store, path)
-        with upload:   # completes the upload at the end of the block, aborts it on an exception
+        try:
             yield cast("IO[bytes]", _Writer(upload, self, path))
+        except BaseException as exc:
+            upload.__exit__(type(exc), exc, exc.__traceback__)   # aborts the upload
+            raise
+        with self._errors(path):
+            upload.close()   # completes it: the file appears whole
 
     def open_read(self, path: str) -> IO[bytes]:
         with self._errors(path):
