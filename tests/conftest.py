@@ -1,5 +1,6 @@
 """Shared fixtures: one throwaway PostgreSQL cluster per test session, a fresh
-database per test, replicator installed in it."""
+database per test, replicator installed in it; one S3-compatible server (moto) per
+test session, a fresh bucket per test; one Spark session."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pg_helpers import drop_database
 from pgserver import PgServer
 from replicator.source import Source
 from replicator.source.install import install
+from s3_helpers import MotoServer
 
 _db_counter = itertools.count()
 
@@ -65,15 +67,35 @@ def source(dsn: str) -> Iterator[Source]:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_url(s3_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A warehouse URL in a new bucket of the test server, with the environment that
+    points obstore, delta-rs and boto3 at it (the Spark session's JVM has it from its start)."""
+    s3_server.apply_env(monkeypatch)
+    return f"s3://{s3_server.create_bucket()}/warehouse"
+
+
+@pytest.fixture(scope="session")
+def spark(s3_server: MotoServer) -> Iterator[object]:
     """One local Spark session for the whole test run (starting one takes ~10 s);
-    the streaming source is registered in it."""
+    the streaming source is registered in it. Its JVM starts with the test S3
+    server's environment, so its s3a reaches the buckets of s3_url."""
     pytest.importorskip("pyspark")
     from replicator.spark import get_session
 
-    session = get_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
-                                       "spark.driver.memory": "2g", "spark.ui.enabled": "false"},
-                          app_name="replicator tests")
+    with pytest.MonkeyPatch.context() as env:
+        s3_server.apply_env(env)
+        session = get_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
+                                           "spark.driver.memory": "2g", "spark.ui.enabled": "false"},
+                              app_name="replicator tests")
     try:
         yield session
     finally:

@@ -41,6 +41,10 @@ def test_the_built_wheel_installs_into_a_clean_venv_and_captures(dsn, tmp_path):
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
     _run(venv / "bin" / "pip", "install", "-q", wheel, cwd=tmp_path)
+    # the Delta warehouse is written without Spark: the base install has what it needs, and no PySpark
+    _run(venv / "bin" / "python", "-c", "import replicator.targets.delta.object_storage, deltalake, pyroaring, numpy",
+         cwd=tmp_path)
+    assert subprocess.run([venv / "bin" / "python", "-c", "import pyspark"], capture_output=True).returncode != 0
     replicator = venv / "bin" / "replicator"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP SCHEMA replicator CASCADE")             # the fixture's install, from the checkout

@@ -1,10 +1,21 @@
-"""A Spark session with defaults that work on a single machine.
+"""A Spark session with defaults that work on a single machine, that reads and writes Delta tables.
 
 Local mode unless a master is given. Executors' Python is the running
 interpreter (so they import the same replicator and pyarrow), the driver
 binds to the loopback address, the UI is off unless asked for. Settings that
 size the JVM (spark.driver.memory) only take effect before the JVM starts,
 i.e. in the first session of a process.
+
+Delta Lake is in every session (its SQL extension and catalog, and its jars:
+replicator.targets.spark.jars), with partition counts for a few cores: Spark's
+200 shuffle partitions and Delta's 50 for reading a table's log made every first
+read of a small table take tens of seconds on 2 cores. s3:// and s3a:// paths go
+through Hadoop's s3a, at the endpoint the environment names (AWS_ENDPOINT_URL, as
+for replicator's own S3 clients: replicator.targets.s3_endpoint); s3a reads the
+credentials from the environment itself (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+The user's --spark-conf settings win over all of these, except that the lists
+spark.jars, spark.jars.packages, spark.jars.excludes and spark.sql.extensions
+are added to ours rather than replacing them (a jar of one's own keeps Delta's).
 
 The JVM replicator starts writes to a pipe that replicator forwards to its own
 stderr, less one line: Spark's launcher always adds the incubator module
@@ -26,17 +37,26 @@ from pathlib import Path
 from typing import Any
 
 from replicator.errors import UserError
+from replicator.targets.s3_endpoint import s3_endpoint
+from replicator.targets.spark.jars import PACKAGES, cache_dir, jar_settings, record_resolution
 
+_CORES = os.cpu_count() or 2
 DEFAULTS = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.shuffle.partitions": str(max(4, 2 * _CORES)),
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.compression.codec": "snappy",
     "spark.driver.memory": "2g",
 }
+DELTA = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.databricks.delta.snapshotPartitions": str(min(max(2, _CORES), 4)),
+}
+APPENDED = ("spark.jars", "spark.jars.packages", "spark.jars.excludes", "spark.sql.extensions")
 
 
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
@@ -54,9 +74,37 @@ def parse_conf(pairs: list[str] | tuple[str, ...] | None) -> dict[str, str]:
     return conf
 
 
+def s3a_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """s3:// paths as s3a ones (the URL replicator and delta-rs are given works in Spark too),
+    at the environment's endpoint (path-style, as S3-compatible servers want it)."""
+    settings = {"spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+                "spark.hadoop.fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A"}
+    endpoint = s3_endpoint(environ)
+    if endpoint.url:
+        settings.update({"spark.hadoop.fs.s3a.endpoint": endpoint.url,
+                         "spark.hadoop.fs.s3a.path.style.access": "true",
+                         "spark.hadoop.fs.s3a.connection.ssl.enabled": str(not endpoint.plain_http).lower()})
+    if endpoint.region:
+        settings["spark.hadoop.fs.s3a.endpoint.region"] = endpoint.region
+    return settings
+
+
+def session_settings(conf: Mapping[str, str] | None, environ: Mapping[str, str] | None = None,
+                     jars: Path | None = None) -> dict[str, str]:
+    """replicator's settings (DEFAULTS, DELTA, the jars in or for the cache directory `jars`,
+    s3a) under the user's conf."""
+    ours = {**DEFAULTS, **DELTA, **jar_settings(jars or cache_dir(environ)), **s3a_settings(environ)}
+    theirs = dict(conf or {})
+    settings = {**ours, **theirs}
+    for key in APPENDED:
+        if ours.get(key) and theirs.get(key):
+            settings[key] = f"{ours[key]},{theirs[key]}"
+    return settings
+
+
 def get_session(master: str | None = None, conf: Mapping[str, str] | None = None,
                 app_name: str = "replicator") -> Any:
-    """The process's Spark session, created with the defaults above on first use."""
+    """The process's Spark session, created with the settings above on first use."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -65,7 +113,8 @@ def get_session(master: str | None = None, conf: Mapping[str, str] | None = None
     except ImportError:
         raise UserError("the Spark target needs PySpark: pip install 'replicator[spark]'") from None
     builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("SPARK_MASTER", "local[*]"))
-    settings = {**DEFAULTS, **(conf or {})}
+    jars = cache_dir()
+    settings = session_settings(conf, jars=jars)
     if not logging.getLogger("replicator").isEnabledFor(logging.DEBUG):
         # the JVM's start-up lines and log records (a failing query's stack trace, twice) would
         # surround replicator's one-line errors; -v keeps them
@@ -73,11 +122,16 @@ def get_session(master: str | None = None, conf: Mapping[str, str] | None = None
         logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)   # PySpark's JSON records of them
     for key, value in settings.items():
         builder = builder.config(key, value)
+    resolving = PACKAGES[0] in settings.get("spark.jars.packages", "")
     try:
         _start_jvm(master or os.environ.get("SPARK_MASTER", "local[*]"), app_name, settings)
         spark = builder.getOrCreate()
-    except Exception as exc:  # the JVM did not start: no Java, bad master
-        raise UserError(f"cannot start Spark ({master or 'local'}): {str(exc).strip().splitlines()[0]}") from None
+    except Exception as exc:  # the JVM did not start: no Java, bad master, no Maven Central
+        hint = f" (Spark's first start downloads Delta Lake's jars from Maven Central into {jars})" if resolving else ""
+        raise UserError(f"cannot start Spark ({master or 'local'}): {str(exc).strip().splitlines()[0]}{hint}") from None
+    if resolving:
+        with contextlib.suppress(OSError):   # a cache it cannot write: the next start resolves again
+            record_resolution(jars)
     return spark
 
 
