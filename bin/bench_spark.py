@@ -1,27 +1,22 @@
-"""The Spark benchmark: batch apply, compaction, reads and the initial copy of
-the Spark mirror target. Run it through ``bin/bench-spark``.
+"""The Spark benchmark: the Delta warehouse (``--target delta:``) side by side, in one run, with the
+Spark warehouse it replaces (``spark:``, run from the commit given by --anchor) and with a plain Spark
+``MERGE INTO`` of each batch as a foreachBatch user writes it. Run it through ``bin/bench-spark``.
 
-1. Apply. For each table size (1M and 10M rows by default) a warehouse table
-   is made by writing its base Parquet directly with pyarrow (not through the
-   queue: copying 10M rows through PostgreSQL would take most of the run and
-   measure the copy, which 4. measures). Then batches of 1k and 10k changes
-   (80% updates of random existing keys, 10% inserts, 10% deletes) are applied
-   through the SparkTarget as the consumer drives it: begin, upsert/delete,
-   set_position, commit (change log written, fsynced, manifest replaced).
-   Side by side: the copy-on-write alternative, rewriting the table with
-   pyarrow for one 10k batch (read, anti-join the batch's keys, append, write).
-2. Compaction of each table after the apply batches (Spark, local mode).
-3. Read of the current state (Spark: count and aggregates over every column),
-   merge-on-read with the logs and again after compaction.
-4. Initial copy: a PostgreSQL table of --copy-rows rows copied by the real
-   consumer into a new warehouse (snapshot, binary COPY, decode, Arrow, Parquet).
-5. Incremental views (--view-rows, 0 to skip): on the 1M-row table and a
-   1,000-row dimension, batches changing 1 % of both refreshed incrementally
-   in their commit, against a full recompute of the same view: a GROUP BY
-   view (100,000 groups of about 10 rows) and a two-table join view. Each
-   batch's incremental refresh is followed by a full recompute of each view,
-   so that both are measured as warm; the refreshes of the first
-   --view-warmup batches are not counted (they pay for compiling code paths).
+1. Apply. For each table size (1M and 10M rows by default) a Delta table is made by writing its data
+   files directly with pyarrow (copying 10M rows through PostgreSQL would measure the copy, which 4.
+   measures). Then batches of 1k and 10k changes (80% updates of random existing keys, 10% inserts,
+   10% deletes) are applied through the DeltaTarget as the consumer drives it: begin, upsert/delete,
+   set_position, commit (deletion vectors, one data file, the table's commit, _replicator's commit).
+   The first batch after opening the table also builds the key index: it is reported on its own.
+2. Read of the current state (Spark, ``format("delta")``: count and aggregates over every column) after
+   the batches (their small files and deletion vectors), and after OPTIMIZE (one scan of large files):
+   the ratio is what a reader pays for batches not yet folded.
+3. The same 10k-change batches with Spark ``MERGE INTO`` into a Delta table with deletion vectors (a
+   copy of the same table written by Spark), the session warm.
+4. Initial copy: a PostgreSQL table of --copy-rows rows copied by the real consumer into a new Delta
+   warehouse, and a batch of 10k row changes end to end through the queue.
+The anchor: the same apply and read measurements of the ``spark:`` warehouse, by the benchmark of the
+--anchor commit (its own bin/bench_spark.py, in a subprocess, on the same sizes).
 """
 
 from __future__ import annotations
@@ -33,6 +28,7 @@ import platform
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,14 +44,18 @@ from rich.console import Console
 from rich.table import Table
 
 from replicator.structure import Column, TableStructure
+from replicator.targets.delta import log as delta_log
+from replicator.targets.delta import maintenance
+from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.table import FILE_ROWS, ROW_GROUP, CountingWriter, file_stats
+from replicator.targets.delta.target import DeltaTarget
 from replicator.targets.protocol import TargetTable
-from replicator.targets.spark.target import BASE_FILE_ROWS, SparkTarget
-from replicator.targets.spark.warehouse import Warehouse, entry_schema
 
 console = Console()
 if not console.is_terminal:
     console.width = 120
 
+ANCHOR = "50a2e27"   # the last commit whose warehouse was spark:PATH (manifest, base and change log files)
 STRUCTURE = TableStructure(schema="public", name="bench", key=("id",), columns=(
     Column("id", "bigint", "bigint", "N", True, 1),
     Column("k", "integer", "integer", "N", False, 2),
@@ -65,51 +65,40 @@ STRUCTURE = TableStructure(schema="public", name="bench", key=("id",), columns=(
     Column("updated_at", "timestamp with time zone", "timestamp with time zone", "D", False, 6),
 ))
 TABLE = TargetTable(source_name="public.bench", table_id=1, mode="full", structure=STRUCTURE, copy_snapshot=None)
-DIM = TargetTable(source_name="public.dim", table_id=2, mode="full", copy_snapshot=None,
-                  structure=TableStructure(schema="public", name="dim", key=("k",), columns=(
-                      Column("k", "integer", "integer", "N", True, 1), Column("name", "text", "text", "S", False, 2))))
-VIEWS = {"GROUP BY": "SELECT amount, count(*) AS n, sum(score) AS total, min(score) AS lo, max(score) AS hi"
-                     " FROM bench GROUP BY amount",
-         "join": "SELECT b.id, b.score, d.name FROM bench b JOIN dim d ON d.k = b.k"}
+Row = tuple[Any, ...]
 
 
-def make_warehouse(path: Path, rows: int) -> None:
-    """A warehouse holding public.bench with `rows` rows, base written directly with pyarrow."""
-    path.mkdir(parents=True)
-    target = SparkTarget(path, compact_after_logs=0)
+def make_table(path: Path, rows: int) -> None:
+    """A warehouse holding public.bench with `rows` rows, its data files written directly with pyarrow."""
+    target = DeltaTarget(str(path))
     target.begin()
     target.create_table(TABLE)
     target.set_position("bench", "bench", 1)
     target.commit()
-    target.close()
-    entry = target.manifest["tables"]["public.bench"]
-    schema = entry_schema(entry)
-    files: list[str] = []
+    table = target._table("public.bench")
+    schema = delta_schema.arrow_schema(STRUCTURE, table.snapshot.schema)
     rng = np.random.default_rng(1)
-    for start in range(0, rows, BASE_FILE_ROWS):
-        n = min(BASE_FILE_ROWS, rows - start)
+    actions = []
+    for start in range(0, rows, FILE_ROWS):
+        n = min(FILE_ROWS, rows - start)
         ids = np.arange(start, start + n, dtype=np.int64)
         data = pa.Table.from_arrays([
             pa.array(ids),
             pa.array(rng.integers(0, 1000, n, dtype=np.int32)),
             pc.binary_join_element_wise("label-", pa.array(ids).cast(pa.string()), ""),
             pa.array(rng.random(n)),
-            pa.array((ids % 100000).astype(str).astype(object) + ".50").cast(schema.field("c5").type),
+            pa.array((ids % 100000).astype(str).astype(object) + ".50").cast(schema.field(4).type),
             pa.array(np.full(n, 1_700_000_000_000_000, dtype=np.int64)).cast(pa.timestamp("us", "UTC")),
         ], schema=schema)
-        relative = f"{entry['generation']}/base-{len(files):05d}.parquet"
-        (path / relative).parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(data, path / relative, row_group_size=131072)
-        files.append(relative)
-    warehouse = Warehouse(path)
-    with warehouse.lock():
-        manifest = warehouse.read()
-        manifest["tables"]["public.bench"]["base"] = files
-        manifest["tables"]["public.bench"]["base_rows"] = rows
-        warehouse.write(manifest)
-
-
-Row = tuple[Any, ...]
+        name = f"part-00000-{start:012d}-c000.snappy.parquet"
+        with table.storage.open_write(f"{table.directory}/{name}") as out:
+            counter = CountingWriter(out)
+            pq.write_table(data, counter, row_group_size=ROW_GROUP, compression="snappy")
+        actions.append({"add": {"path": name, "partitionValues": {}, "size": counter.size,
+                                "modificationTime": delta_log.now_ms(), "dataChange": True,
+                                "stats": json.dumps(file_stats(data))}})
+    delta_log.commit(table.storage, table.snapshot, actions, operation="WRITE")
+    target.close()
 
 
 def change_batch(rows: int, size: int, rnd: random.Random, next_id: list[int]) -> tuple[list[Row], list[Row]]:
@@ -130,7 +119,7 @@ def change_batch(rows: int, size: int, rnd: random.Random, next_id: list[int]) -
     return upserts, deletes
 
 
-def apply_batch(target: SparkTarget, upserts: list[Row], deletes: list[Row], tick: int) -> float:
+def apply_batch(target: DeltaTarget, upserts: list[Row], deletes: list[Row], tick: int) -> float:
     started = time.perf_counter()
     target.begin()
     table = target.tables()["public.bench"]
@@ -141,63 +130,65 @@ def apply_batch(target: SparkTarget, upserts: list[Row], deletes: list[Row], tic
     return time.perf_counter() - started
 
 
-def rewrite_table(path: Path, upserts: list[Row], deletes: list[Row]) -> float:
-    """Copy-on-write: the whole table read and written again for one batch (pyarrow)."""
-    from replicator.targets.spark.warehouse import arrow_table
-    entry = Warehouse(path).read()["tables"]["public.bench"]
-    started = time.perf_counter()
-    data = pq.read_table([str(path / f) for f in entry["base"]])
-    keys = pa.array([u[0] for u in upserts] + [d[0] for d in deletes], pa.int64())
-    kept = data.filter(pc.invert(pc.is_in(data.column("c1"), value_set=keys)))
-    out = pa.concat_tables([kept, arrow_table(STRUCTURE, upserts, decimals=True)])
-    target = path / "rewrite.parquet"
-    pq.write_table(out, target, row_group_size=131072)
-    seconds = time.perf_counter() - started
-    target.unlink()
-    return seconds
-
-
-def read_state(spark: Any, path: Path) -> tuple[float, int]:
+def read_state(spark: Any, location: str) -> tuple[float, int]:
     from pyspark.sql import functions as F
-
-    from replicator.targets.spark.reader import read_table
     started = time.perf_counter()
-    row = read_table(spark, path, "bench").agg(
+    row = spark.read.format("delta").load(location).agg(
         F.count("*").alias("n"), F.sum("k"), F.max(F.length("label")), F.sum("score"),
         F.max("amount"), F.max("updated_at")).collect()[0]
     return time.perf_counter() - started, row["n"]
 
 
-def spark_log_write(spark: Any, workdir: Path, repeat: int, name: str) -> float:
-    """The alternative to pyarrow for a batch: the same 10k-change log written by a Spark job
-    (into workdir/NAME-<i>: the warm-up and the measured run write apart)."""
+def merge_batches(spark: Any, location: str, rows: int, repeat: int, figures: dict[str, Any]) -> None:
+    """The same batches as a foreachBatch user applies them: MERGE INTO a Delta table (deletion vectors
+    on) that Spark wrote from the same rows."""
     from pyspark.sql import types as T
-
-    from replicator.targets.spark.reader import spark_type
-    from replicator.targets.spark.warehouse import arrow_table
-    rnd = random.Random(7)
+    copy = f"{location}-merge"
+    spark.read.format("delta").load(location).write.format("delta").option(
+        "delta.enableDeletionVectors", "true").save(copy)
+    spark.sql(f"ALTER TABLE delta.`{copy}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("k", T.IntegerType()),
+                           T.StructField("label", T.StringType()), T.StructField("score", T.DoubleType()),
+                           T.StructField("amount", T.StringType()), T.StructField("updated_at", T.StringType()),
+                           T.StructField("op", T.StringType())])
+    rnd = random.Random(rows + 1)
+    next_id = [rows * 2]
     times = []
-    for i in range(repeat):
-        upserts, _ = change_batch(1_000_000, 10000, rnd, [1_000_000])
-        data = arrow_table(STRUCTURE, upserts, decimals=True, seq=i + 1)
-        schema = T.StructType([T.StructField(f.name, spark_type(f.type), True) for f in data.schema])
+    for _ in range(repeat + 1):
+        upserts, deletes = change_batch(rows, 10000, rnd, next_id)
+        batch = spark.createDataFrame([(*u, "u") for u in upserts] + [(d[0], None, None, None, None, None, "d")
+                                                                      for d in deletes], schema)
+        batch = batch.selectExpr("id", "k", "label", "score", "CAST(amount AS DECIMAL(12,2)) AS amount",
+                                 "CAST(updated_at AS TIMESTAMP) AS updated_at", "op")
+        batch.createOrReplaceTempView("batch")
         started = time.perf_counter()
-        spark.createDataFrame(data, schema=schema).coalesce(1).write.parquet(
-            str(workdir / f"{name}-{i}"))
+        spark.sql(f"""MERGE INTO delta.`{copy}` t USING batch s ON t.id = s.id
+                      WHEN MATCHED AND s.op = 'd' THEN DELETE
+                      WHEN MATCHED THEN UPDATE SET k = s.k, label = s.label, score = s.score, amount = s.amount,
+                                                   updated_at = s.updated_at
+                      WHEN NOT MATCHED AND s.op <> 'd' THEN INSERT (id, k, label, score, amount, updated_at)
+                           VALUES (s.id, s.k, s.label, s.score, s.amount, s.updated_at)""")
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    figures["merge_10000"] = statistics.median(times[1:])   # the first pays for planning and code generation
+    console.print(f"  Spark MERGE INTO, 10k changes: median {figures['merge_10000']:.2f}s of {repeat} "
+                  f"(first {times[0]:.1f}s)")
 
 
 def bench_table(args: argparse.Namespace, spark: Any, workdir: Path, rows: int, figures: dict[str, Any]) -> None:
     path = workdir / f"wh-{rows}"
     started = time.perf_counter()
-    make_warehouse(path, rows)
-    console.print(f"[bold]{rows:,} rows[/]: base written with pyarrow in {time.perf_counter() - started:.1f}s")
-    target = SparkTarget(path, compact_after_logs=0)
+    make_table(path, rows)
+    console.print(f"[bold]{rows:,} rows[/]: data files written with pyarrow in {time.perf_counter() - started:.1f}s")
+    location = str(path / "public.bench")
+    out: dict[str, Any] = {"rows": rows}
+    target = DeltaTarget(str(path))
     rnd = random.Random(rows)
     next_id = [rows]
-    out: dict[str, Any] = {"rows": rows}
     tick = 2
+    upserts, deletes = change_batch(rows, 10000, rnd, next_id)
+    out["first_batch_10000"] = apply_batch(target, upserts, deletes, tick)
+    tick += 1
+    console.print(f"  first batch of 10k changes (builds the key index): {out['first_batch_10000']:.2f}s")
     for size in (1000, 10000):
         times = []
         for _ in range(args.repeat):
@@ -206,23 +197,23 @@ def bench_table(args: argparse.Namespace, spark: Any, workdir: Path, rows: int, 
             tick += 1
         out[f"apply_{size}"] = statistics.median(times)
         console.print(f"  apply {size:,} changes: median {out[f'apply_{size}']:.3f}s of {args.repeat}")
-    upserts, deletes = change_batch(rows, 10000, rnd, next_id)
-    out["rewrite_10000"] = rewrite_table(path, upserts, deletes)
-    console.print(f"  copy-on-write of one 10k batch (pyarrow): {out['rewrite_10000']:.2f}s")
     target.close()
-    logs = len(Warehouse(path).read()["tables"]["public.bench"]["logs"])
-    read_state(spark, path)   # warm-up: JIT, file listing caches
-    out["read_with_logs"], count = read_state(spark, path)
-    console.print(f"  read current state ({logs} log files): {out['read_with_logs']:.2f}s ({count:,} rows)")
-    from replicator.targets.spark.compaction import compact
+    files = len(delta_log.load(target.storage, "public.bench").files)
+    read_state(spark, location)   # warm-up: JIT, file listing caches
+    out["read_after_batches"], count = read_state(spark, location)
+    console.print(f"  read current state ({files} files, deletion vectors): {out['read_after_batches']:.2f}s "
+                  f"({count:,} rows)")
     started = time.perf_counter()
-    compact(spark, path)
-    out["compact"] = time.perf_counter() - started
-    console.print(f"  compaction of {logs} log files: {out['compact']:.1f}s")
-    out["read_compacted"], count2 = read_state(spark, path)
+    maintenance.optimize(target.storage, everything=True)
+    out["optimize"] = time.perf_counter() - started
+    read_state(spark, location)
+    out["read_optimized"], count2 = read_state(spark, location)
     assert count2 == count, (count, count2)
-    console.print(f"  read current state (compacted): {out['read_compacted']:.2f}s")
-    out["logs"] = logs
+    out["files"] = files
+    console.print(f"  OPTIMIZE: {out['optimize']:.1f}s; read current state after it: {out['read_optimized']:.2f}s "
+                  f"(ratio {out['read_after_batches'] / out['read_optimized']:.2f})")
+    if args.merge_repeat:
+        merge_batches(spark, location, rows, args.merge_repeat, out)
     figures.setdefault("tables", []).append(out)
     shutil.rmtree(path, ignore_errors=True)
 
@@ -245,7 +236,7 @@ def bench_copy(args: argparse.Namespace, workdir: Path, figures: dict[str, Any])
             with Source(conn) as source:
                 source.create_queue("bench")
                 source.add_table("bench", "public.bench")
-        target = SparkTarget(workdir / "copy", compact_after_logs=0)
+        target = DeltaTarget(str(workdir / "copy"))
         consumer = Consumer(dsn, "bench", target)
         started = time.perf_counter()
         consumer.connect()
@@ -254,10 +245,9 @@ def bench_copy(args: argparse.Namespace, workdir: Path, figures: dict[str, Any])
         figures["copy"] = {"rows": args.copy_rows, "seconds": seconds, "rows_per_s": args.copy_rows / seconds}
         console.print(f"[bold]initial copy[/]: {args.copy_rows:,} rows in {seconds:.1f}s = "
                       f"{args.copy_rows / seconds:,.0f} rows/s")
-        # End to end: one batch of 10k row changes through the queue (fetch, decode, apply, commit).
         times = []
         with psycopg.connect(dsn, autocommit=True) as conn:
-            for i in range(args.repeat):
+            for i in range(args.repeat + 1):
                 with conn.transaction():
                     conn.execute("UPDATE bench SET k = k + 1, updated_at = now() WHERE id %% 125 = %s", (i,))
                     conn.execute("INSERT INTO bench SELECT g, 0, 'new', 0, 0, now()"
@@ -269,85 +259,55 @@ def bench_copy(args: argparse.Namespace, workdir: Path, figures: dict[str, Any])
                 stats = consumer.step()
                 assert stats is not None
                 times.append((stats.seconds, stats.rows))
+        times = times[1:]   # the first batch builds the key index
         figures["batch_end_to_end"] = {"seconds": statistics.median(t for t, _ in times),
                                        "rows": statistics.median(r for _, r in times)}
         console.print(f"[bold]end to end[/]: a batch of {figures['batch_end_to_end']['rows']:,.0f} row changes "
                       f"on the {args.copy_rows:,}-row table applied in {figures['batch_end_to_end']['seconds']:.3f}s"
-                      f" (median of {args.repeat}: fetch, decode, change log, manifest)")
+                      f" (median of {args.repeat}: fetch, decode, deletion vectors, data file, commits)")
         consumer.close()
         target.close()
 
 
-def bench_views(args: argparse.Namespace, spark: Any, workdir: Path, figures: dict[str, Any]) -> None:
-    from replicator.targets.spark.views import SparkViews
-
-    rows = args.view_rows
-    path = workdir / "views"
-    make_warehouse(path, rows)
-    target = SparkTarget(path, spark=spark, compact_after_logs=0)
-    target.begin()
-    target.create_table(DIM)
-    target.upsert(DIM, "R", [(k, f"name-{k}") for k in range(1000)])
-    target.commit()
-    views = SparkViews(target.warehouse, lambda: spark)
-    names = {shape: f"v{i}" for i, shape in enumerate(VIEWS)}
-    for shape, sql in VIEWS.items():
-        views.create(names[shape], sql, "incremental")
-    rnd = random.Random(11)
-    next_id = [rows]
-    tick = 2
-    warm: dict[str, int] = {}
-    for n in range(args.view_warmup + args.repeat):   # each batch: 1 % of the table, 1 % of the dimension
-        if n == args.view_warmup:
-            # the first refreshes of a process compile code paths (JIT, Spark's codegen):
-            # they are left out
-            warm = {shape: views.refreshes(names[shape], 1)[0]["seq"] for shape in VIEWS}
-        upserts, deletes = change_batch(rows, rows // 100, rnd, next_id)
-        target.begin()
-        target.upsert(target.tables()["public.bench"], "U", upserts)
-        target.delete(target.tables()["public.bench"], deletes)
-        target.upsert(target.tables()["public.dim"], "U",
-                      [(k, f"name-{k}-{tick}") for k in rnd.sample(range(1000), 10)])
-        target.set_position("bench", "bench", tick)
-        target.commit()
-        tick += 1
-        # the full recompute of the same state, after each batch rather than after all
-        # of them: both kinds are measured as warm (the JVM keeps getting faster over
-        # the first refreshes of a process)
-        for shape in VIEWS:
-            views.refresh_now(names[shape], full=True)
-    target.close()
-    out = {}
-    for shape in VIEWS:
-        log = [r for r in views.refreshes(names[shape], 100) if r["seq"] > warm.get(shape, 0)]
-        incremental = [r["seconds"] for r in log if r["kind"] == "incremental"]
-        full = [r["seconds"] for r in log if r["kind"] == "full" and r["reason"] == "MANUAL"]
-        out[shape] = {"incremental": statistics.median(incremental), "full": statistics.median(full),
-                      "keys": statistics.median(r["keys"] for r in log if r["kind"] == "incremental"),
-                      "view_rows": views.info(names[shape])["rows"]}
-        console.print(f"  view {shape}: incremental {out[shape]['incremental']:.2f}s, full recompute "
-                      f"{out[shape]['full']:.2f}s ({out[shape]['full'] / out[shape]['incremental']:.1f}x), "
-                      f"{out[shape]['keys']:,.0f} keys, {out[shape]['view_rows']:,} view rows")
-    figures["views"] = {"rows": rows, **out}
-    shutil.rmtree(path, ignore_errors=True)
+def run_anchor(args: argparse.Namespace, workdir: Path) -> dict[str, Any] | None:
+    """The spark: warehouse measured by the anchor commit's own benchmark, on the same sizes."""
+    root = Path(__file__).resolve().parent.parent
+    tree = workdir / "anchor"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(root), "archive", args.anchor], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    for folder in ("migrations", "queue_sql"):   # mapped into the package by its pyproject (an editable install)
+        (tree / "replicator" / folder).symlink_to(tree / folder)
+    out = workdir / "anchor.json"
+    console.print(f"[bold]anchor[/]: the spark: warehouse, by the benchmark of {args.anchor}")
+    env = {**os.environ, "PYTHONPATH": f"{tree}:{tree / 'bin'}"}
+    done = subprocess.run([sys.executable, str(tree / "bin" / "bench_spark.py"), "--sizes", args.sizes,
+                           "--repeat", str(args.repeat), "--skip-copy", "--view-rows", "0", "--json", str(out)],
+                          env=env, cwd=tree)
+    if done.returncode != 0:
+        console.print(f"[red]the anchor's benchmark failed (exit {done.returncode})[/]")
+        return None
+    figures: dict[str, Any] = json.loads(out.read_text())
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench-spark", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000000,10000000", help="table sizes in rows (default 1M,10M)")
     parser.add_argument("--repeat", type=int, default=5, help="batches of each size, the median is reported")
+    parser.add_argument("--merge-repeat", type=int, default=3,
+                        help="Spark MERGE INTO batches per size, the median is reported (0 skips them)")
     parser.add_argument("--copy-rows", type=int, default=1_000_000, help="rows of the initial copy (default 1M)")
     parser.add_argument("--skip-copy", action="store_true")
-    parser.add_argument("--view-rows", type=int, default=1_000_000,
-                        help="rows of the base table of the views benchmark (default 1M; 0 skips it)")
-    parser.add_argument("--view-warmup", type=int, default=1,
-                        help="batches refreshed before the views benchmark measures (default 1)")
+    parser.add_argument("--anchor", default=ANCHOR, help=f"the commit whose spark: warehouse is measured beside "
+                                                         f"(default {ANCHOR}); 'none' skips it")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     figures: dict[str, Any] = {"python": platform.python_version(), "cpus": os.cpu_count(),
                                "pyarrow": pa.__version__}
     workdir = Path(tempfile.mkdtemp(prefix="replicator-bench-spark-"))
     try:
+        anchor = run_anchor(args, workdir) if args.anchor != "none" else None
         from replicator.targets.spark.session import get_session
         started = time.perf_counter()
         spark = get_session(None, {"spark.driver.memory": "6g", "spark.sql.shuffle.partitions": "4"},
@@ -355,38 +315,32 @@ def main(argv: list[str] | None = None) -> int:
         figures["spark"] = spark.version
         figures["spark_start"] = time.perf_counter() - started
         console.print(f"Spark {spark.version} local session started in {figures['spark_start']:.1f}s")
-        spark_log_write(spark, workdir, 1, "warm-up")
-        figures["spark_log_write_10000"] = spark_log_write(spark, workdir, args.repeat, "spark-log")
-        console.print(f"a 10k-change log written by a Spark job instead of pyarrow: "
-                      f"median {figures['spark_log_write_10000']:.3f}s (the table size does not matter)")
         for rows in (int(s) for s in args.sizes.split(",") if s.strip()):
             bench_table(args, spark, workdir, rows, figures)
         if not args.skip_copy:
             bench_copy(args, workdir, figures)
-        if args.view_rows:
-            console.print(f"[bold]incremental views[/] on {args.view_rows:,} rows, 1 % changed per batch")
-            bench_views(args, spark, workdir, figures)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    table = Table(title="Spark mirror target (seconds unless noted)")
-    for col in ("table rows", "apply 1k", "apply 10k", "rewrite 10k (CoW)", "log files", "read (logs)",
-                "compact", "read (compacted)"):
+    old = {t["rows"]: t for t in (anchor or {}).get("tables", [])}
+    table = Table(title=f"Delta warehouse, side by side with spark: ({args.anchor}) and Spark MERGE INTO "
+                        f"(seconds)")
+    for col in ("table rows", "apply 1k", "apply 10k", "10k: spark:", "10k: MERGE INTO", "first 10k (index)",
+                "read after batches", "read optimized", "ratio", "read spark: (logs)", "read spark: (compacted)"):
         table.add_column(col, justify="right")
     for t in figures.get("tables", []):
+        o = old.get(t["rows"], {})
         table.add_row(f"{t['rows']:,}", f"{t['apply_1000']:.3f}", f"{t['apply_10000']:.3f}",
-                      f"{t['rewrite_10000']:.2f}", str(t["logs"]), f"{t['read_with_logs']:.2f}",
-                      f"{t['compact']:.1f}", f"{t['read_compacted']:.2f}")
+                      f"{o['apply_10000']:.3f}" if o else "-",
+                      f"{t['merge_10000']:.2f}" if "merge_10000" in t else "-", f"{t['first_batch_10000']:.2f}",
+                      f"{t['read_after_batches']:.2f}", f"{t['read_optimized']:.2f}",
+                      f"{t['read_after_batches'] / t['read_optimized']:.2f}",
+                      f"{o['read_with_logs']:.2f}" if o else "-", f"{o['read_compacted']:.2f}" if o else "-")
     console.print(table)
     if "copy" in figures:
         console.print(f"initial copy: {figures['copy']['rows_per_s']:,.0f} rows/s "
                       f"({figures['copy']['rows']:,} rows in {figures['copy']['seconds']:.1f}s)")
-    if "views" in figures:
-        for shape in VIEWS:
-            v = figures["views"][shape]
-            console.print(f"view {shape}: incremental {v['incremental']:.2f}s against full {v['full']:.2f}s "
-                          f"= {v['full'] / v['incremental']:.1f}x")
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+        args.json.write_text(json.dumps({**figures, "anchor": anchor}, indent=2) + "\n")
     return 0
 
 

@@ -90,10 +90,13 @@ def arrow_schema(structure: TableStructure, schema: dict[str, Any]) -> pa.Schema
 
 
 def protocol(schema: dict[str, Any]) -> dict[str, Any]:
+    """Reader 3 / writer 7 with the table features the schema uses (NOT NULL columns are
+    the writer feature "invariants")."""
     features = ["columnMapping", "deletionVectors"]
     if any(f["type"] == "timestamp_ntz" for f in schema["fields"]):
         features.append("timestampNtz")
-    return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features, "writerFeatures": features}
+    writer = features + (["invariants"] if any(not f["nullable"] for f in schema["fields"]) else [])
+    return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features, "writerFeatures": writer}
 
 
 def metadata(old: dict[str, Any] | None, schema: dict[str, Any], max_column_id: int, meta: dict[str, Any],
