@@ -1,15 +1,16 @@
 """Keeping a Delta warehouse fast to read and small on disk: OPTIMIZE and VACUUM.
 
 OPTIMIZE rewrites, per table, what makes reads slow: the small files batches
-append (one per batch that changed the table) and the large files many of whose
-rows their deletion vectors mark. Their live rows are written into large files,
-committed with ``dataChange: false`` (readers of changes skip it: no row
-changed). It costs what it rewrites, not the table. The consumer runs it on a
-table after a commit leaves it with SMALL_FILES_DUE small files or a file past
-PURGE_RATIO deleted; ``replicator delta optimize`` runs it on demand, also
-while a consumer writes: the second of the two to commit re-reads the log (the
-consumer then rebuilds its index; an OPTIMIZE whose files changed meanwhile
-gives up and says so).
+append (one per batch that changed the table) and the files whose deletion
+vectors mark rows (Spark reads those markedly slower). Their live rows are
+written into large files, committed with ``dataChange: false`` (readers of
+changes skip it: no row changed). It costs what it rewrites, not the table. The
+consumer runs it on a table after a commit leaves it with SMALL_FILES_DUE small
+files or a file past PURGE_RATIO deleted, and while idle (a batch that changed
+nothing) rewrites one file with deletions at a time (purge_next);
+``replicator delta optimize`` runs it on demand, also while a consumer writes:
+the second of the two to commit re-reads the log (the consumer then rebuilds its
+index; an OPTIMIZE whose files changed meanwhile gives up and says so).
 
 VACUUM deletes the files no current version names, once older than the
 retention (7 days, Delta's default: readers time-travelling within it still
@@ -47,8 +48,9 @@ from replicator.targets.delta.table import FILE_ROWS, ROW_GROUP, CountingWriter,
 log = logging.getLogger("replicator")
 
 SMALL_FILE_BYTES = 32 << 20    # a file smaller than this is folded with the others
-SMALL_FILES_DUE = 32           # small files of a table before the consumer folds them
-PURGE_RATIO = 0.2              # share of a file's rows deleted before it is rewritten
+SMALL_FILES_DUE = 8            # small files of a table before the consumer folds them (cheap: they are small)
+PURGE_RATIO = 0.2              # share of a file's rows deleted before it is rewritten after a commit
+IDLE_PURGE_RATIO = 0.01        # ... while the consumer is idle (below it a rewrite would cost more than it saves)
 RETENTION_SECONDS = 7 * 24 * 3600
 LOG_RETENTION_SECONDS = 2 * 24 * 3600
 _DATA_FILE = re.compile(r"(?:.*/)?(part-[^/]*\.parquet|deletion_vector_[0-9a-f-]{36}\.bin|\.[^/]*\.tmp)")
@@ -98,6 +100,31 @@ def optimize_table(table: ReplicaTable, *, everything: bool = False) -> Optimize
     result = _rewrite(table.storage, table.snapshot, chosen,
                       delta_schema.arrow_schema(table.structure(), table.snapshot.schema), table.deletion_vector)
     table.index = None   # rows moved: the consumer's index is built again when next needed
+    return result
+
+
+def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
+    """While the consumer is idle (a batch that changed no table): the one file of all the tables
+    whose deletion vector marks the largest share of its rows, at least IDLE_PURGE_RATIO, is
+    rewritten without them (with its table's small files). Spark reads a file with a deletion vector markedly slower than one
+    without (docs/benchmarks.md): a file at a time, between batches, brings reads back to a scan
+    without delaying a batch by more than one file's rewrite."""
+    best: tuple[float, ReplicaTable, str] | None = None
+    for table in tables:
+        if table.meta is None:
+            continue
+        for path, add in table.snapshot.files.items():
+            vector = add.get("deletionVector")
+            share = vector["cardinality"] / max(_records(add), 1) if vector else 0.0
+            if share >= IDLE_PURGE_RATIO and share > (best[0] if best else 0):
+                best = (share, table, path)
+    if best is None:
+        return None
+    _, table, path = best
+    small = {p for p, add in table.snapshot.files.items() if add.get("size", 0) < SMALL_FILE_BYTES}
+    result = _rewrite(table.storage, table.snapshot, small | {path},
+                      delta_schema.arrow_schema(table.structure(), table.snapshot.schema), table.deletion_vector)
+    table.index = None
     return result
 
 

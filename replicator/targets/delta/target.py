@@ -179,6 +179,11 @@ class DeltaTarget:
         """After a commit: OPTIMIZE of the tables it left with many small files or many deleted
         rows, and checkpoints. A failure here costs only speed: logged, and the consumer goes on."""
         try:
+            if not committed:   # idle: a file with deletions at a time
+                done = maintenance.purge_next(list(self._tables.values()))
+                if done is not None:
+                    log.debug("purged deleted rows of %s: %s rewritten (%s) in %.1fs", done.table,
+                              counted(done.files, "file"), counted(done.rows, "row"), done.seconds)
             for table in committed:
                 if table.meta is not None and maintenance.due(table):
                     done = maintenance.optimize_table(table)
