@@ -106,9 +106,9 @@ def optimize_table(table: ReplicaTable, *, everything: bool = False) -> Optimize
 def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
     """While the consumer is idle (a batch that changed no table): the one file of all the tables
     whose deletion vector marks the largest share of its rows, at least IDLE_PURGE_RATIO, is
-    rewritten without them (with its table's small files). Spark reads a file with a deletion vector markedly slower than one
-    without (docs/benchmarks.md): a file at a time, between batches, brings reads back to a scan
-    without delaying a batch by more than one file's rewrite."""
+    rewritten without them (with its table's small files). Spark reads a file with a deletion
+    vector markedly slower than one without (docs/benchmarks.md): a file at a time, between
+    batches, brings reads back to a scan without delaying a batch by more than one file's rewrite."""
     best: tuple[float, ReplicaTable, str] | None = None
     for table in tables:
         if table.meta is None:
