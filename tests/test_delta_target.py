@@ -526,7 +526,9 @@ def test_kill_9_at_each_commit_step_then_a_restart_applies_each_change_once(dsn,
             # a table that held the batch skipped it; the others took it: each its commit once
             assert txn_commits(Path(uri), app).count(batch_tick) == 1, (name, batch_tick, txn_commits(Path(uri), app))
             if name in holding:
-                assert DeltaTable(uri).version() == after[name], name
+                # nothing committed for it since, but an OPTIMIZE of the idle consumer (no row changed)
+                since = [c[0]["commitInfo"]["operation"] for c in log_commits(Path(uri))][after[name] + 1:]
+                assert set(since) <= {"OPTIMIZE"}, (name, since)
         assert_equal_to_source(conn, path, ["t", "u"])
         restarted = consume_cli(dsn, path)
         assert restarted.returncode == 0, restarted.stderr
