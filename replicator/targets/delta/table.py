@@ -294,11 +294,6 @@ class ReplicaTable:
         return {"path": path, "partitionValues": {}, "size": size, "modificationTime": delta_log.now_ms(),
                 "dataChange": True, "stats": json.dumps(stats)}
 
-    def _keys_of(self, data: pa.Table) -> Any:
-        positions = self.structure().key_positions()
-        assert self.index is not None
-        return canonical_keys([data.column(i) for i in positions], self.index.integer)
-
     def ensure_index(self) -> KeyIndex:
         """The index of the live rows: committed files (less a reset's) and the transaction's."""
         if self.index is not None:
