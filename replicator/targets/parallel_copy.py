@@ -9,21 +9,27 @@ worker sees exactly the rows of the copy's snapshot, so the catch-up rules of
 the initial copy hold unchanged. Decoding is what bounds a copy, so processes
 (not threads) share it out over the cores.
 
-The files a worker wrote are handed back when it ends (``taken``), for the
-target to put in its open transaction, which commits them or, rolled back,
-deletes them. A failing worker stops the others at their next chunk; a worker
-that fails or is stopped deletes what it wrote itself, and so does one whose
-consumer is gone (killed): a kill leaves at most a partly written file, which
-no commit names.
+The files a worker wrote are handed back once every worker has ended
+(``taken``), for the target to put in its open transaction, which commits
+them or, rolled back, deletes them. A failing worker stops the others at
+their next chunk; a worker that fails or is stopped deletes what it wrote,
+and so does one whose consumer is gone (killed), which then ends: what a
+kill leaves is at most a partly written file, or the files of a range the
+consumer had taken, which no commit names. The workers are plain processes
+with a pipe each, not a pool, whose idle workers would outlive a killed
+consumer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
+import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
@@ -110,42 +116,78 @@ def copy_parallel(snap: source_copy.SnapshotCopy, ranges: list[tuple[int | None,
     context = multiprocessing.get_context("spawn")   # the consumer may run threads (compaction, a JVM)
     counter = context.Value("q", 0)
     stop = context.Event()
-    with ProcessPoolExecutor(max_workers=len(ranges), mp_context=context, initializer=_init,
-                             initargs=(counter, stop, os.getpid())) as pool:
-        futures = [pool.submit(_copy_range, _Range(snap.dsn, exported[0], query, lo, hi, snap.structure.to_json(),
-                                                   files, i)) for i, (lo, hi) in enumerate(ranges)]
-        try:
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
-                progress(counter.value)
-                for future in done:
-                    future.result()   # raises a worker's error here
-        except BrokenProcessPool:
-            raise UserError(f"copying {snap.table.name}: a worker process of the parallel copy ended abruptly "
-                            f"(killed? out of memory?); REPLICATOR_COPY_WORKERS=1 copies in the consumer "
-                            f"process alone") from None
-        finally:
-            stop.set()   # the others stop at their next chunk (done: a no-op)
-            pool.shutdown(wait=True)
-            for future in futures:
-                if not future.cancelled() and future.exception() is None:
-                    taken(future.result())
+    workers: list[_Worker[F]] = []
+    try:
+        for i, (lo, hi) in enumerate(ranges):
+            task = _Range(snap.dsn, exported[0], query, lo, hi, snap.structure.to_json(), files, i)
+            reader, writer = context.Pipe(duplex=False)
+            process = context.Process(target=_copy_range, args=(task, writer, counter, stop, os.getpid()),
+                                      name=f"replicator copy worker {i}", daemon=True)
+            process.start()
+            writer.close()   # the worker's end only in the worker: its death is an end of file here
+            workers.append(_Worker(i, process, reader))
+        error = _collect(workers, lambda: progress(counter.value), stop)
+    finally:
+        stop.set()   # the others stop at their next chunk (all ended: a no-op)
+        _collect(workers, lambda: None, stop)   # an exception above: the workers' ends still awaited
+        for worker in workers:
+            if worker.files is not None:
+                taken(worker.files)
+    if error is not None:
+        if isinstance(error, _Died):
+            raise UserError(f"copying {snap.table.name}: {error}; REPLICATOR_COPY_WORKERS=1 copies in the "
+                            f"consumer process alone") from None
+        raise error
     progress(counter.value)
     return int(counter.value)
 
 
+class _Worker(Generic[F]):
+    def __init__(self, number: int, process: BaseProcess, reader: Connection) -> None:
+        self.number, self.process, self.reader = number, process, reader
+        self.ended = False
+        self.files: Sequence[F] | None = None   # what it wrote, when it completed its range
+
+
+class _Died(Exception):
+    """A worker process that ended without a word (killed)."""
+
+
+def _collect(workers: list[_Worker[F]], tick: Callable[[], None], stop: Any) -> BaseException | None:
+    """Waits for every worker's end (its files, or its error), calling tick every half second;
+    returns the first error, once every worker has ended (the first error stops the others)."""
+    error: BaseException | None = None
+    while running := [w for w in workers if not w.ended]:
+        ready = wait([w.reader for w in running], timeout=0.5)
+        tick()
+        for worker in running:
+            if worker.reader not in ready:
+                continue
+            try:
+                outcome, value = worker.reader.recv()
+            except EOFError:
+                worker.process.join()
+                outcome, value = "error", _Died(f"copy worker {worker.number} ended abruptly "
+                                                f"({_how(worker.process.exitcode)})")
+            worker.ended = True
+            worker.reader.close()
+            worker.process.join()
+            if outcome == "files":
+                worker.files = value
+            elif error is None:
+                error = value
+                stop.set()
+    return error
+
+
+def _how(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        return f"killed by {name}: out of memory?" if exitcode == -signal.SIGKILL else f"killed by {name}"
+    return f"exit status {exitcode}"
+
+
 # the workers ------------------------------------------------------------------------------
-
-_progress: Any = None
-_stop: Any = None
-_parent = 0
-
-
-def _init(counter: Any, stop: Any, parent: int) -> None:
-    global _progress, _stop, _parent
-    _progress, _stop, _parent = counter, stop, parent
-
 
 class _Range(Generic[F]):
     """One worker's task."""
@@ -156,14 +198,40 @@ class _Range(Generic[F]):
         self.structure, self.files, self.worker = structure, files, worker
 
 
-def _check_stop() -> None:
-    if _stop is not None and _stop.is_set():
-        raise CopyStopped("stopped: another worker of the copy failed")
-    if _parent and os.getppid() != _parent:
-        raise CopyStopped("stopped: the consumer that started the copy is gone")
+class _Stop:
+    """Whether a worker should stop: another failed (the shared event), or its consumer is gone."""
+
+    def __init__(self, event: Any, parent: int) -> None:
+        self.event, self.parent = event, parent
+
+    def check(self) -> None:
+        if self.event.is_set():
+            raise CopyStopped("stopped: another worker of the copy failed")
+        if os.getppid() != self.parent:
+            raise CopyStopped("stopped: the consumer that started the copy is gone")
 
 
-def _copy_range(task: _Range[F]) -> Sequence[F]:
+def _copy_range(task: _Range[F], out: Connection, counter: Any, event: Any, parent: int) -> None:
+    """A worker process: copies its range, then sends ("files", what it wrote) or ("error", exception)."""
+    stop = _Stop(event, parent)
+    writer: RangeWriter[F] | None = None
+    try:
+        writer = task.files.writer(task.worker)   # opens the storage: may fail too
+        outcome: tuple[str, Any] = ("files", _write_range(task, writer, counter, stop))
+    except BaseException as exc:
+        exc.add_note(f"in copy worker {task.worker}:\n{''.join(traceback.format_tb(exc.__traceback__))}")
+        outcome = ("error", exc)
+    try:
+        out.send(outcome)
+    except Exception as exc:
+        if writer is not None and outcome[0] == "files":   # its consumer is gone: nobody takes the files
+            writer.abort(exc)
+            return
+        with contextlib.suppress(Exception):   # an error that does not pickle: its text
+            out.send(("error", RuntimeError(f"{type(outcome[1]).__name__}: {outcome[1]} ({exc})")))
+
+
+def _write_range(task: _Range[F], writer: RangeWriter[F], counter: Any, stop: _Stop) -> Sequence[F]:
     decode = TableStructure.from_json(task.structure).rows_decoder()
     where = []
     if task.lo is not None:
@@ -171,18 +239,16 @@ def _copy_range(task: _Range[F]) -> Sequence[F]:
     if task.hi is not None:
         where.append(f"t.ctid < '({task.hi},0)'::tid")
     copy_sql = f"COPY ({task.query}{' AND ' + ' AND '.join(where) if where else ''}) TO STDOUT (FORMAT binary)"
-    writer = task.files.writer(task.worker)
     texts: list[str] = []
 
     def flush() -> None:
         nonlocal texts
-        _check_stop()
+        stop.check()
         if not texts:
             return
         writer.write(source_copy.decode_rows(texts, decode))
-        if _progress is not None:
-            with _progress.get_lock():
-                _progress.value += len(texts)
+        with counter.get_lock():
+            counter.value += len(texts)
         texts = []
 
     try:
