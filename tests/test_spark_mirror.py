@@ -403,7 +403,7 @@ def test_compact_command_and_errors(dsn, conn, source, tmp_path, spark):
 
 def test_parallel_initial_copy_reads_one_snapshot_while_the_table_changes(dsn, conn, source, tmp_path, spark,
                                                                          monkeypatch):
-    import replicator.targets.spark.parallel_copy as parallel_copy
+    import replicator.targets.parallel_copy as parallel_copy
     monkeypatch.setattr(parallel_copy, "PARALLEL_MIN_ROWS", 1)
     monkeypatch.setattr(parallel_copy, "workers_for", lambda rows: 3)
     conn.execute(T_DDL)
@@ -418,7 +418,7 @@ def test_parallel_initial_copy_reads_one_snapshot_while_the_table_changes(dsn, c
     reported: list[int] = []
     real_copy_parallel = parallel_copy.copy_parallel
 
-    def copy_parallel_with_writes(conn_, dsn_, select, structure, ranges, prefix, progress, **kwargs):
+    def copy_parallel_with_writes(snap, ranges, files, progress, taken):
         writer.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
 
         def report(rows: int) -> None:
@@ -430,7 +430,7 @@ def test_parallel_initial_copy_reads_one_snapshot_while_the_table_changes(dsn, c
             reported.append(rows)
             progress(rows)
 
-        return real_copy_parallel(conn_, dsn_, select, structure, ranges, prefix, report, **kwargs)
+        return real_copy_parallel(snap, ranges, files, report, taken)
 
     monkeypatch.setattr(parallel_copy, "copy_parallel", copy_parallel_with_writes)
     path = tmp_path / "wh"

@@ -204,6 +204,16 @@ class ReplicaTable:
         if len(staged.copy_rows) >= ROW_GROUP:
             self._write_copy_rows(staged)
 
+    def take_files(self, files: Sequence[tuple[str, int, dict[str, Any]]]) -> None:
+        """Data files written for the transaction by others (a parallel copy's workers, after
+        reset()): (path in the table's directory, size, statistics) each, added by its commit,
+        deleted by its rollback."""
+        staged = self._stage()
+        # no index yet: one built later, when a change needs it, reads these files' keys too
+        assert staged.reset and self.index is None, "a copy's files are taken right after reset()"
+        for path, size, stats in files:
+            staged.new_files[path] = self._add_action(path, size, stats)
+
     def change(self, key: Any, deleted: bool, row: Sequence[Any]) -> None:
         staged = self._stage()
         staged.changes[key] = (deleted, row)

@@ -297,4 +297,17 @@ class DeltaTarget:
         self._table(table.source_name).truncate()
 
     def copy_from(self, table: TargetTable, snap: Any, progress: Callable[[int], None]) -> int | None:
-        return None
+        """The initial copy of a large table, split over worker processes that read ranges of it
+        in the copy's snapshot and write its data files themselves (replicator.targets.parallel_copy,
+        replicator.targets.delta.copy_files); the files join the table's open transaction. None:
+        not splittable or small, copied through upsert()."""
+        from replicator.targets import parallel_copy
+        from replicator.targets.delta.copy_files import DataFiles
+
+        workers = parallel_copy.workers_for(snap.estimated_rows)
+        ranges = parallel_copy.block_ranges(snap.conn, snap.table.oid, workers)
+        if ranges is None:
+            return None
+        replica = self._table(table.source_name)
+        files = DataFiles(self.storage.url, replica.directory, table.structure.to_json(), replica.schema())
+        return parallel_copy.copy_parallel(snap, ranges, files, progress, replica.take_files)

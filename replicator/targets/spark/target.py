@@ -305,12 +305,10 @@ class SparkTarget:
     def copy_from(self, table: TargetTable, snap: Any, progress: Callable[[int], None]) -> int | None:
         """The initial copy of a large table, split over worker processes that read
         ranges of it in the copy's snapshot and write base files themselves
-        (replicator.targets.spark.parallel_copy). None: not splittable or small, copy
-        it through upsert()."""
-        from psycopg import sql
-
-        from replicator.source import snapshot_copy as source_copy
-        from replicator.targets.spark import parallel_copy
+        (replicator.targets.parallel_copy, replicator.targets.spark.copy_files). None:
+        not splittable or small, copy it through upsert()."""
+        from replicator.targets import parallel_copy
+        from replicator.targets.spark.copy_files import BaseFiles, WrittenFile
 
         workers = parallel_copy.workers_for(snap.estimated_rows)
         ranges = parallel_copy.block_ranges(snap.conn, snap.table.oid, workers)
@@ -320,18 +318,17 @@ class SparkTarget:
         pending = self._table_pending(name)
         directory = self.warehouse.file(self._entry(name)["generation"])
         directory.mkdir(parents=True, exist_ok=True)
-        select = sql.SQL("SELECT {expr}::text FROM {table} t WHERE {filter}").format(
-            expr=source_copy._row_expr(snap.conn, snap.table, table.structure),
-            table=source_copy._relation(snap.conn, snap.table), filter=source_copy._filter(snap.table))
         prefix = directory / f"base-{new_id()}"
+        files: list[WrittenFile] = []
         try:
-            files = parallel_copy.copy_parallel(snap.conn, snap.dsn, select, table.structure, ranges, prefix,
-                                                progress, decimals=stores_decimals(self._entry(name)))
+            rows = parallel_copy.copy_parallel(
+                snap, ranges, BaseFiles(prefix, table.structure.to_json(), stores_decimals(self._entry(name))),
+                progress, files.extend)
         finally:   # written files are the transaction's, whatever happens
             pending.files.extend(prefix.parent.glob(prefix.name + "-*.parquet"))
-        for path, rows in files:
-            self._op("base", name, self.warehouse.relative(path), rows)
-        return sum(rows for _, rows in files)
+        for path, count in sorted(files):
+            self._op("base", name, self.warehouse.relative(path), count)
+        return rows
 
     def truncate(self, table: TargetTable) -> None:
         """A new, empty generation: cost independent of the table's size."""
