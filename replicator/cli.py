@@ -749,7 +749,7 @@ def _delta_storage(target_url: str) -> Any:
     scheme, _, where = target_url.partition(":")
     if scheme != "delta" or not where:
         raise UserError(f"invalid target {target_url!r}: use delta:PATH or delta:s3://BUCKET/PREFIX")
-    from replicator.targets.delta.storage import open_storage
+    from replicator.targets.delta.stores import open_storage
     return open_storage(where)
 
 

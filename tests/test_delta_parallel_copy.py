@@ -35,7 +35,8 @@ from replicator.consumer import Consumer
 from replicator.errors import UserError
 from replicator.targets.delta import deletion_vectors, maintenance
 from replicator.targets.delta.reader import table_uris
-from replicator.targets.delta.storage import Entry, open_storage
+from replicator.targets.delta.storage import Entry
+from replicator.targets.delta.stores import open_storage
 from replicator.targets.delta.target import DeltaTarget
 
 ROWS = 20_000

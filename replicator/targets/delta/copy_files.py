@@ -26,7 +26,8 @@ import pyarrow.parquet as pq
 from replicator.structure import TableStructure
 from replicator.targets.arrow import arrow_array
 from replicator.targets.delta import schema as delta_schema
-from replicator.targets.delta.storage import Storage, open_storage
+from replicator.targets.delta.storage import Storage
+from replicator.targets.delta.stores import open_storage
 from replicator.targets.delta.table import FILE_ROWS, ROW_GROUP, CountingWriter, _merged, file_stats
 
 WrittenFile = tuple[str, int, dict[str, Any]]   # path in the table's directory, size, statistics

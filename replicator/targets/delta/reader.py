@@ -21,7 +21,8 @@ import pyarrow.compute as pc
 from replicator.errors import UserError
 from replicator.structure import target_table_name
 from replicator.targets.delta.state import DIRECTORY, WarehouseState
-from replicator.targets.delta.storage import Storage, open_storage
+from replicator.targets.delta.storage import Storage
+from replicator.targets.delta.stores import open_storage
 
 
 def _strip(url: str) -> str:

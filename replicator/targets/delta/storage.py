@@ -68,14 +68,6 @@ class Storage(Protocol):
         ...
 
 
-def open_storage(url: str) -> Storage:
-    """A local path (or file:// URL), or an object-store URL (s3://, gs://, az://, abfss://)."""
-    if "://" in url and not url.startswith("file://"):
-        from replicator.targets.delta.object_storage import ObjectStorage
-        return ObjectStorage(url)
-    return LocalStorage(Path(url.removeprefix("file://")))
-
-
 class LocalStorage:
     """A directory on a local (or POSIX-mounted) filesystem."""
 

@@ -36,7 +36,8 @@ from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import maintenance
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import WarehouseState
-from replicator.targets.delta.storage import LocalStorage, Storage, open_storage
+from replicator.targets.delta.storage import LocalStorage, Storage
+from replicator.targets.delta.stores import open_storage
 from replicator.targets.delta.table import ReplicaTable
 from replicator.targets.protocol import Row, TargetTable, queue_positions
 from replicator.wording import counted
