@@ -20,10 +20,14 @@ pytest.importorskip("deltalake")
 from deltalake import DeltaTable
 
 from consumer_helpers import Daemon, forced_tick, run_cli, set_fast_ticks, wait_until
+from replicator.consumer import Consumer
+from replicator.errors import UserError
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta.object_storage import ObjectStorage
 from replicator.targets.delta.reader import read_table, table_uris
 from replicator.targets.delta.state import WarehouseState
+from replicator.targets.delta.table import ReplicaTable
+from replicator.targets.delta.target import DeltaTarget
 from s3_helpers import MotoServer
 from test_delta_target import CRASH_DDL, _one_batch_of_changes, diff, primary_key, source_state
 
@@ -266,6 +270,65 @@ def test_a_second_consumer_of_an_s3_warehouse_stops_in_one_line_and_the_first_ke
     done = consume_cli(dsn, s3_url, "--consumer", "c")
     assert done.returncode == 0, done.stderr
     assert_equal_to_source(conn, s3_url, ["t", "u"])
+
+
+def _consume(dsn: str, target: DeltaTarget, name: str) -> None:
+    consumer = Consumer(dsn, "q", target, name=name)
+    try:
+        consumer.run(until_caught_up=True)
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("race", ["another host's consumer registered first", "the same consumer copied first"])
+def test_a_second_consumer_starting_a_new_s3_warehouse_at_once_stops_in_one_line_and_leaves_it_whole(
+        dsn, conn, source, s3_url, monkeypatch, race):
+    """Two consumers started on a new warehouse at once, both finding it empty (object stores have no
+    lock file): two hosts (two consumer names), or the same command twice."""
+    conn.execute(CRASH_DDL)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    source.add_table("q", "u")
+    if race == "another host's consumer registered first":
+        name, first, second = "c1", DeltaTarget(s3_url), DeltaTarget(s3_url)
+        _consume(dsn, first, name)
+        consume_second = lambda: _consume(dsn, second, "c2")  # noqa: E731
+    else:   # the first copies the tables after the second registered, before the second commits its copy
+        name, second = "c", DeltaTarget(s3_url)
+        commit = ReplicaTable.commit
+        started: list[DeltaTarget] = []
+
+        def first_copies_meanwhile(table: ReplicaTable, *args: Any) -> Any:
+            monkeypatch.setattr(ReplicaTable, "commit", commit)
+            started.append(DeltaTarget(s3_url))
+            _consume(dsn, started[0], name)
+            return commit(table, *args)
+
+        monkeypatch.setattr(ReplicaTable, "commit", first_copies_meanwhile)
+        consume_second = lambda: _consume(dsn, second, name)  # noqa: E731
+    try:
+        with pytest.raises(UserError) as stopped:
+            consume_second()
+    finally:
+        second.close()
+    if race == "another host's consumer registered first":
+        assert str(stopped.value) == (f"another consumer q/c1 writes {s3_url}: one consumer writes a warehouse; "
+                                      f"stop the other one")
+    else:
+        first = started[0]
+        assert str(stopped.value) == (f"another consumer writes {s3_url}/public.t: one consumer writes a "
+                                      f"warehouse's tables; stop the other one")
+    state = WarehouseState(ObjectStorage(s3_url))
+    assert state.positions().keys() == {f"q/{name}"}
+    assert state.directories() == {"public.t": "public.t", "public.u": "public.u"}
+    assert {e.path.split("/")[0] for e in ObjectStorage(s3_url).list("")} == {"_replicator", "public.t", "public.u"}
+    conn.execute("UPDATE t SET cnt = cnt + 1")
+    try:   # the first goes on
+        _consume(dsn, first, name)
+    finally:
+        first.close()
+    assert_equal_to_source(conn, s3_url, ["t", "u"])
+    assert conn.execute("SELECT sum(cnt) FROM t").fetchone()[0] == 300
 
 
 # a wrong bucket, refused credentials -------------------------------------------------------------
