@@ -9,6 +9,8 @@ retention; time travel to a version whose files are gone fails, and every later 
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,26 @@ def test_vacuum_retaining_nothing_after_optimize_deletes_the_replaced_files_and_
     done = consume_cli(dsn, path)
     assert done.returncode == 0, done.stderr
     assert_equal_to_source(conn, path, ["t", "u"])
+
+
+def _age(directory: Path, seconds: float) -> None:
+    """Makes every file of a table (not its log) look written `seconds` ago."""
+    then = time.time() - seconds
+    for p in directory.rglob("*"):
+        if p.is_file() and "_delta_log" not in p.parts:
+            os.utime(p, (then, then))
+
+
+def test_vacuum_keeps_a_file_removed_within_the_retention_however_long_ago_it_was_written(dsn, conn, source, tmp_path):
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    t = path / "public.t"
+    _age(t, 3 * 3600)   # written three hours ago; OPTIMIZE removes them now
+    before_optimize = DeltaTable(str(t)).version()
+    old_rows = delta_rows(str(t), ["id"], before_optimize)
+    optimize(dsn, path)
+    files = table_files(t)
+    assert vacuum(dsn, path, "--retain", "1h").strip() == "nothing to delete"
+    assert table_files(t) == files
+    assert delta_rows(str(t), ["id"], before_optimize) == old_rows   # time travel within the retention
+    assert "public.t: " in vacuum(dsn, path, "--retain", "0s")
