@@ -28,6 +28,7 @@ from test_delta_target import (
     assert_equal_to_source,
     consume_cli,
     delta_rows,
+    log_commits,
     table_files,
 )
 
@@ -125,3 +126,18 @@ def test_vacuum_keeps_a_file_removed_within_the_retention_however_long_ago_it_wa
     assert table_files(t) == files
     assert delta_rows(str(t), ["id"], before_optimize) == old_rows   # time travel within the retention
     assert "public.t: " in vacuum(dsn, path, "--retain", "0s")
+
+
+def test_vacuum_deletes_a_dropped_tables_files_once_past_the_retention_and_keeps_its_log(dsn, conn, source, tmp_path):
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    conn.execute("DROP TABLE u")
+    done = consume_cli(dsn, path)
+    assert done.returncode == 0, done.stderr
+    u = path / "public.u"
+    assert DeltaTable(str(u)).count() == 0 and table_files(u), "the drop left its files: time travel"
+    assert vacuum(dsn, path, "--retain", "1h").strip() == "nothing to delete"
+    assert "public.u: " in vacuum(dsn, path, "--retain", "0s")
+    assert table_files(u) == set()
+    assert [c[0]["commitInfo"]["operation"] for c in log_commits(u)][:1] == ["CREATE OR REPLACE TABLE"]
+    assert_equal_to_source(conn, path, ["t"])

@@ -220,14 +220,15 @@ class Vacuumed:
 
 
 def vacuum(storage: Storage, *, retention: float = RETENTION_SECONDS, dry_run: bool = False) -> list[Vacuumed]:
-    """VACUUM of every table and of _replicator (see the module docstring)."""
+    """VACUUM of every table, a dropped one's too (its rows' files: its log stays), and of
+    _replicator (see the module docstring)."""
     state = WarehouseState(storage)
     if not state.exists:
         raise UserError(f"{storage.url} is not a replicator Delta warehouse (no {STATE_DIRECTORY} table)")
     done = []
     now = time.time()
     cutoff_ms = (now - retention) * 1000
-    for directory in [*sorted(state.directories()), STATE_DIRECTORY]:
+    for directory in [*sorted(state.every_directory()), STATE_DIRECTORY]:
         snapshot = delta_log.load(storage, directory, tombstones=True)
         assert snapshot.tombstones is not None
         # what the current version uses, and what the versions within the retention do: the

@@ -63,6 +63,15 @@ class WarehouseState:
         directories: dict[str, str] = json.loads(self.snapshot.configuration.get(TABLES, "{}"))
         return directories
 
+    def every_directory(self) -> set[str]:
+        """The directories of the tables replicator keeps and of those it dropped (recorded
+        in this table's rows)."""
+        recorded = set(self.directories())
+        for path in self.snapshot.files:
+            with self.storage.open_read(f"{DIRECTORY}/{path}") as f:
+                recorded.update(pq.read_table(f, columns=["directory"]).column("directory").to_pylist())
+        return recorded
+
     def commit(self, position: tuple[str, int] | None, versions: Iterable[tuple[str, str, int]],
                directories: dict[str, str]) -> None:
         """Records a transaction: the position (consumer, tick), the (table, directory, version) of
