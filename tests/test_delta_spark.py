@@ -130,10 +130,12 @@ def test_spark_reads_every_table_equal_to_the_source_with_the_documented_types_n
     assert_same("t", now["t"], spark_rows(spark.table(f"{db}.t"), keys["t"]))
     assert_same("s.u", now["s.u"], spark_rows(spark.sql(f"SELECT * FROM {db}.s__u"), keys["s.u"]))
 
-    # every tick, with Spark's time travel to the versions the tick left
-    for tick, then in states:
+    # every tick that changed a table, with Spark's time travel to the version the tick left
+    for n, (tick, then) in enumerate(states):
         for name in ("t", "s.u"):
-            assert_same(f"{name}@{tick}", then[name], spark_rows(read_table(spark, url, name, tick=tick), keys[name]))
+            if n == 0 or then[name] != states[n - 1][1][name]:
+                assert_same(f"{name}@{tick}", then[name],
+                            spark_rows(read_table(spark, url, name, tick=tick), keys[name]))
 
 
 # 2. the log as Spark shows it, and Spark writing the tables between batches -----------------------
