@@ -815,8 +815,8 @@ def delta_optimize(target_url: str, tables: tuple[str, ...], purge: bool) -> Non
               help="Keep files replaced less than this long ago (time travel within it still works).")
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted, delete nothing.")
 def delta_vacuum(target_url: str, retain: str, dry_run: bool) -> None:
-    """Delete the files no current table version uses, once older than --retain, and old
-    log entries (Delta VACUUM). Only files of the names Delta writers give, in the
+    """Delete the files no current table version uses, once replaced longer than --retain
+    ago, and old log entries (Delta VACUUM). Only files of the names Delta writers give, in the
     tables' directories, are deleted.
 
     \b

@@ -53,6 +53,9 @@ class Snapshot:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)   # path → add action
     txns: dict[str, int] = field(default_factory=dict)              # appId → version
     commits_since_checkpoint: int = 0
+    # the remove actions of the files and deletion vectors no longer in the table (by file_key),
+    # kept only when load() is asked to (VACUUM: a consumer's snapshot would grow with them)
+    tombstones: dict[tuple[str, str | None], dict[str, Any]] | None = None
 
     @property
     def exists(self) -> bool:
@@ -75,9 +78,13 @@ class Snapshot:
         for action in actions:
             if "remove" in action:
                 self.files.pop(action["remove"]["path"], None)
+                if self.tombstones is not None:
+                    self.tombstones[file_key(action["remove"])] = action["remove"]
         for action in actions:
             if "add" in action:
                 self.files[action["add"]["path"]] = action["add"]
+                if self.tombstones is not None:
+                    self.tombstones.pop(file_key(action["add"]), None)
             elif "txn" in action:
                 self.txns[action["txn"]["appId"]] = int(action["txn"]["version"])
             elif "metaData" in action:
@@ -86,9 +93,18 @@ class Snapshot:
                 self.protocol = action["protocol"]
 
 
-def load(storage: Storage, table: str) -> Snapshot:
-    """The table's latest state (a Snapshot of version -1 when it has no log)."""
-    snapshot = Snapshot(table)
+def file_key(action: dict[str, Any]) -> tuple[str, str | None]:
+    """What an add or remove action names: a data file with its deletion vector (a file whose
+    vector grows is removed and added again: the remove keeps the old vector's file in use
+    for the versions before)."""
+    vector = action.get("deletionVector")
+    return action["path"], None if not vector else f"{vector['pathOrInlineDv']}@{vector.get('offset')}"
+
+
+def load(storage: Storage, table: str, *, tombstones: bool = False) -> Snapshot:
+    """The table's latest state (a Snapshot of version -1 when it has no log); with its
+    tombstones (the remove actions its checkpoint and later commits hold) if asked."""
+    snapshot = Snapshot(table, tombstones={} if tombstones else None)
     log_dir = f"{table}/{LOG_DIR}"
     versions = sorted(int(m[1]) for entry in storage.list(log_dir)
                       if (m := _COMMIT.fullmatch(entry.path.rsplit("/", 1)[-1])))
@@ -143,6 +159,9 @@ def _read_checkpoint(storage: Storage, snapshot: Snapshot, log_dir: str, last: d
         for row in rows:
             if row.get("add"):
                 snapshot.files[row["add"]["path"]] = _checkpoint_add(row["add"])
+            elif row.get("remove") and snapshot.tombstones is not None:
+                remove = _maps_as_dicts(row["remove"])
+                snapshot.tombstones[file_key(remove)] = remove
             elif row.get("txn"):
                 snapshot.txns[row["txn"]["appId"]] = int(row["txn"]["version"])
             elif row.get("metaData"):

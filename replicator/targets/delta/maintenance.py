@@ -12,10 +12,11 @@ nothing) rewrites one file with deletions at a time (purge_next);
 the second of the two to commit re-reads the log (the consumer then rebuilds its
 index; an OPTIMIZE whose files changed meanwhile gives up and says so).
 
-VACUUM deletes the files no current version names, once older than the
-retention (7 days, Delta's default: readers time-travelling within it still
-find theirs), and log entries before the last checkpoint past the log
-retention. Only files of the names Delta writers give data and deletion
+VACUUM deletes the files no current version names once they were removed
+(the deletionTimestamp of their remove action) longer ago than the retention
+(7 days, Delta's default: readers time-travelling within it still find
+theirs), as Delta's VACUUM does, and log entries before the last checkpoint
+past the log retention. Only files of the names Delta writers give data and deletion
 vector files are deleted, and only in the tables' own directories.
 """
 
@@ -246,17 +247,25 @@ class Vacuumed:
 
 
 def vacuum(storage: Storage, *, retention: float = RETENTION_SECONDS, dry_run: bool = False) -> list[Vacuumed]:
-    """VACUUM of every table and of _replicator (see the module docstring)."""
+    """VACUUM of every table, a dropped one's too (its rows' files: its log stays), and of
+    _replicator (see the module docstring)."""
     state = WarehouseState(storage)
     if not state.exists:
         raise UserError(f"{storage.url} is not a replicator Delta warehouse (no {STATE_DIRECTORY} table)")
     done = []
     now = time.time()
-    for directory in [*sorted(state.directories()), STATE_DIRECTORY]:
-        snapshot = delta_log.load(storage, directory)
-        referenced = set(snapshot.files)
-        for add in snapshot.files.values():
-            vector = add.get("deletionVector")
+    cutoff_ms = (now - retention) * 1000
+    for directory in [*sorted(state.every_directory()), STATE_DIRECTORY]:
+        snapshot = delta_log.load(storage, directory, tombstones=True)
+        assert snapshot.tombstones is not None
+        # what the current version uses, and what the versions within the retention do: the
+        # files removed since the cutoff (a file written long before may be removed just now)
+        used = [*snapshot.files.values(),
+                *(r for r in snapshot.tombstones.values() if int(r.get("deletionTimestamp") or 0) > cutoff_ms)]
+        referenced = set()
+        for action in used:
+            referenced.add(action["path"])
+            vector = action.get("deletionVector")
             if vector:
                 file = dv.descriptor_file(vector)
                 if file:

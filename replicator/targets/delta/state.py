@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from replicator.errors import UserError
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta.storage import Storage
 
@@ -62,6 +63,15 @@ class WarehouseState:
         directories: dict[str, str] = json.loads(self.snapshot.configuration.get(TABLES, "{}"))
         return directories
 
+    def every_directory(self) -> set[str]:
+        """The directories of the tables replicator keeps and of those it dropped (recorded
+        in this table's rows)."""
+        recorded = set(self.directories())
+        for path in self.snapshot.files:
+            with self.storage.open_read(f"{DIRECTORY}/{path}") as f:
+                recorded.update(pq.read_table(f, columns=["directory"]).column("directory").to_pylist())
+        return recorded
+
     def commit(self, position: tuple[str, int] | None, versions: Iterable[tuple[str, str, int]],
                directories: dict[str, str]) -> None:
         """Records a transaction: the position (consumer, tick), the (table, directory, version) of
@@ -93,9 +103,18 @@ class WarehouseState:
                 delta_log.commit(self.storage, self.snapshot, actions, operation="WRITE")
                 return
             except delta_log.CommitConflict:
-                # another consumer of the warehouse (another queue) committed first: its
-                # positions and rows are its own; the directories are re-read on the next start
-                delta_log.refresh(self.storage, self.snapshot)
+                self.take_in_others()   # left to take in: an OPTIMIZE of this table; then again
+
+    def take_in_others(self) -> None:
+        """Reads the commits made by other processes since this snapshot. One with a position or
+        the tables' directories is another consumer's: a warehouse has one consumer (locally its
+        lock file keeps a second out; on object storage two started at once both found it
+        empty), so this one stops rather than take the other's tables over."""
+        commits = delta_log.refresh(self.storage, self.snapshot)
+        rivals = sorted({a["txn"]["appId"] for c in commits for a in c if "txn" in a})
+        if rivals or any("metaData" in a for c in commits for a in c):
+            who = " ".join(["another consumer", *rivals[:1]])
+            raise UserError(f"{who} writes {self.storage.url}: one consumer writes a warehouse; stop the other one")
 
     def _write_rows(self, rows: list[tuple[str, int, str, str, int]]) -> dict[str, Any]:
         now = datetime.now(UTC)

@@ -443,10 +443,17 @@ class ReplicaTable:
     def _after_conflict(self, staged: Staged, app: str | None, attempt: int) -> None:
         """Another writer committed first: read what it did, and stage the work again over it
         (the transaction's files are kept; its deletion vectors are recomputed)."""
+        record = self.meta
         commits = delta_log.refresh(self.storage, self.snapshot)
-        if app is not None and any("txn" in a and a["txn"]["appId"] == app for c in commits for a in c):
-            raise UserError(f"another consumer {app} writes {self.storage.url}/{self.directory}: one consumer "
-                            f"writes a warehouse's tables; stop the other one")
+        # another consumer of the queue (the same one run twice, or two started on a new warehouse
+        # at once): its batches or its copy of the table (a record of its own) are not to be taken over
+        queue = None if app is None else app.partition("/")[0]
+        rivals = sorted({a["txn"]["appId"] for c in commits for a in c
+                         if "txn" in a and a["txn"]["appId"].partition("/")[0] == queue})
+        if rivals or self.meta != record:
+            who = " ".join(["another consumer", *rivals[:1]])
+            raise UserError(f"{who} writes {self.storage.url}/{self.directory}: one consumer writes a warehouse's "
+                            f"tables; stop the other one")
         if staged.spilled:
             raise UserError(f"{self.directory} was changed by another writer during a large batch; the batch is "
                             f"applied again when the consumer is started again")

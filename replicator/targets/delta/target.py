@@ -15,7 +15,9 @@ the tables that hold it skip it.
 
 One consumer process writes a local warehouse at a time (a lock file). On
 object storage, commits are conditional writes: a second writer loses its
-commit and retries or stops, and never overwrites one.
+commit and never overwrites one; a second consumer (no lock file there keeps
+it out) stops in one line at the first commit of the other's it finds, and
+other writers' commits (a user's DELETE or OPTIMIZE) are taken in.
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ class DeltaTarget:
     # transactions --------------------------------------------------------------------
 
     def begin(self) -> None:
+        self.state.take_in_others()   # one read: a second consumer is stopped before it writes
         self._position = None
         self._directories = dict(self.state.directories())
 
