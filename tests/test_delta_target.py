@@ -902,3 +902,26 @@ def test_another_writer_before_a_copy_or_a_spilled_batch(dsn, conn, source, tmp_
             target.close()
     assert_equal_to_source(conn, path, ["t", "u"])
     assert table_files(Path(uri)) == referenced_files(Path(uri))
+
+
+def test_a_table_given_a_feature_replicator_does_not_write_stops_the_consumer_in_one_line(dsn, conn, source,
+                                                                                         tmp_path):
+    conn.execute(CRASH_DDL)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    assert consume_cli(dsn, path).returncode == 0
+    uri = table_uris(str(path))["public.t"]
+    snapshot = DeltaTable(uri)
+    protocol = json.loads((Path(uri) / "_delta_log" / f"{0:020d}.json").read_text().splitlines()[1])["protocol"]
+    protocol["writerFeatures"] = [*protocol["writerFeatures"], "changeDataFeed"]
+    _commit_by_hand(Path(uri), [{"protocol": protocol}])   # as Spark's SET TBLPROPERTIES enableChangeDataFeed does
+    version = snapshot.version() + 1
+    conn.execute("UPDATE t SET cnt = cnt + 1")
+    stopped = consume_cli(dsn, path)
+    assert stopped.returncode == 1
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"error: {path}/public.t has the Delta table feature changeDataFeed, which another writer enabled and "
+        f"replicator does not write: remove it (Spark: ALTER TABLE delta.`{path}/public.t` DROP FEATURE "
+        f"changeDataFeed)")
+    assert DeltaTable(uri).version() == version   # nothing written over it

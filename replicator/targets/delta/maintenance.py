@@ -92,6 +92,7 @@ def _records(add: dict[str, Any]) -> int:
 def optimize_table(table: ReplicaTable, *, everything: bool = False) -> Optimized | None:
     """Rewrites the table's small files and its files past PURGE_RATIO deleted (everything:
     every file with deletions too) into large files. None when nothing needs it."""
+    table.check_writable()
     files = table.snapshot.files
     small = [p for p, add in files.items() if add.get("size", 0) < SMALL_FILE_BYTES]
     chosen = set(small) if len(small) >= 2 else set()
@@ -104,6 +105,10 @@ def optimize_table(table: ReplicaTable, *, everything: bool = False) -> Optimize
     return result
 
 
+def has_foreign_features(table: ReplicaTable) -> bool:
+    return bool(delta_schema.unsupported_features(table.snapshot.protocol))
+
+
 def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
     """While the consumer is idle (a batch that changed no table): the one file of all the tables
     whose deletion vector marks the largest share of its rows, at least IDLE_PURGE_RATIO, is
@@ -112,7 +117,7 @@ def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
     batches, brings reads back to a scan without delaying a batch by more than one file's rewrite."""
     best: tuple[float, ReplicaTable, str] | None = None
     for table in tables:
-        if table.meta is None:
+        if table.meta is None or has_foreign_features(table):
             continue
         for path, add in table.snapshot.files.items():
             vector = add.get("deletionVector")

@@ -89,17 +89,27 @@ def arrow_schema(structure: TableStructure, schema: dict[str, Any]) -> pa.Schema
                       for column, f in zip(structure.columns, schema["fields"])])
 
 
-def protocol(schema: dict[str, Any]) -> dict[str, Any]:
+WRITES = {"columnMapping", "deletionVectors", "timestampNtz", "invariants"}   # the table features replicator writes
+
+
+def unsupported_features(protocol: dict[str, Any]) -> list[str]:
+    """The writer features of a table's protocol that replicator does not write (another writer
+    enabled them, e.g. Spark's changeDataFeed): a Delta writer must not write such a table."""
+    return sorted(set(protocol.get("writerFeatures") or ()) - WRITES)
+
+
+def protocol(schema: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
     """Reader 3 / writer 7 with the table features the schema uses (NOT NULL columns are
-    the writer feature "invariants")."""
+    the writer feature "invariants"), and those the table has already (none is ever dropped)."""
     features = ["columnMapping", "deletionVectors"]
     if any(f["type"] == "timestamp_ntz" for f in schema["fields"]):
         features.append("timestampNtz")
+    features += [f for f in (old or {}).get("readerFeatures") or () if f not in features]
     # a NOT NULL column is an invariant to Delta writers: Spark refuses a table whose protocol
     # does not list the (writer-only) feature then
-    invariants = ["invariants"] if any(not f["nullable"] for f in schema["fields"]) else []
-    return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features,
-            "writerFeatures": features + invariants}
+    writer = features + (["invariants"] if any(not f["nullable"] for f in schema["fields"]) else [])
+    writer += [f for f in (old or {}).get("writerFeatures") or () if f not in writer]
+    return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features, "writerFeatures": writer}
 
 
 def metadata(old: dict[str, Any] | None, schema: dict[str, Any], max_column_id: int, meta: dict[str, Any],

@@ -356,12 +356,21 @@ class ReplicaTable:
             path = self._write_file(upserts)
             index.add_file(path, canonical_keys([upserts.column(i) for i in positions], index.integer))
 
+    def check_writable(self) -> None:
+        """Refuses a table another writer gave a Delta feature replicator does not write."""
+        unsupported = delta_schema.unsupported_features(self.snapshot.protocol)
+        if unsupported:
+            names = ", ".join(unsupported)
+            raise UserError(f"{self.storage.url}/{self.directory} has the Delta table feature {names}, which another "
+                            f"writer enabled and replicator does not write: remove it (Spark: ALTER TABLE "
+                            f"delta.`{self.storage.url}/{self.directory}` DROP FEATURE {unsupported[0]})")
+
     def _actions(self, staged: Staged, app: str | None, tick: int | None) -> list[dict[str, Any]]:
         self._apply_changes(staged)
         actions: list[dict[str, Any]] = []
         if staged.schema is not None or staged.meta is not None:
             schema = staged.schema or self.snapshot.schema
-            protocol = delta_schema.protocol(schema)
+            protocol = delta_schema.protocol(schema, self.snapshot.protocol or None)
             if protocol != self.snapshot.protocol:
                 actions.append({"protocol": protocol})
             meta = staged.meta if staged.meta is not None else self.meta
@@ -407,6 +416,7 @@ class ReplicaTable:
         staged = self.staged
         if staged is None:
             return None
+        self.check_writable()
         self._close_copy_file(staged)
         for attempt in range(COMMIT_ATTEMPTS):
             changes, files = dict(staged.changes), dict(staged.new_files)
