@@ -93,7 +93,11 @@ def protocol(schema: dict[str, Any]) -> dict[str, Any]:
     features = ["columnMapping", "deletionVectors"]
     if any(f["type"] == "timestamp_ntz" for f in schema["fields"]):
         features.append("timestampNtz")
-    return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features, "writerFeatures": features}
+    # a NOT NULL column is an invariant to Delta writers: Spark refuses a table whose protocol
+    # does not list the (writer-only) feature then
+    invariants = ["invariants"] if any(not f["nullable"] for f in schema["fields"]) else []
+    return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features,
+            "writerFeatures": features + invariants}
 
 
 def metadata(old: dict[str, Any] | None, schema: dict[str, Any], max_column_id: int, meta: dict[str, Any],
