@@ -99,7 +99,7 @@ def register_tables(spark: Any, url: str, database: str = "replica") -> list[str
     """Registers every table in the session's catalog as ``DATABASE.t`` (``DATABASE.schema__t``
     outside schema public), a table over its Delta location (it follows the table as the
     consumer writes it). Returns the names registered."""
-    from replicator.targets.spark.views import quote_spark
+    from replicator.views.spark_sql import quote_spark
 
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_spark(database)}")
     names = []

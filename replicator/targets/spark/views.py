@@ -48,14 +48,11 @@ from __future__ import annotations
 
 import builtins
 import logging
-import re
 import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from functools import reduce
 from itertools import combinations
 from pathlib import Path
@@ -67,7 +64,6 @@ import pyarrow.parquet as pq
 from replicator.errors import UserError
 from replicator.structure import TableStructure, target_table_name
 from replicator.targets.spark import lookup
-from replicator.targets.spark.lookup import KeySet
 from replicator.targets.spark.reader import (
     current_names,
     entry_frame,
@@ -91,110 +87,29 @@ from replicator.targets.spark.warehouse import (
     retire,
     table_files,
 )
-from replicator.views.analysis import SPARK_REFLECTION, Analysis, Reason, TableInfo, analyse
+from replicator.views import keyset
+from replicator.views.analysis import TableInfo
+from replicator.views.keyset import KeySet
+from replicator.views.plan import (
+    ViewPlan,
+    apply_plan,
+    cost_says_full,
+    plan_view,
+    record_refresh,
+    stored_plan,
+    too_large,
+)
+from replicator.views.plan import now as _now
+from replicator.views.spark_sql import check_query, quote_spark
+from replicator.views.spark_sql import spark_error_line as _first_line
 from replicator.views.store import check_name, check_policy
 
 log = logging.getLogger("replicator")
 
-AUTO_FULL_SHARE = 0.2          # auto: a change touching more of the view is refreshed in full
-AUTO_RETRY_AFTER = 50          # auto: full refreshes chosen on cost before an incremental one is tried again
 REWRITE_AFTER_LOGS = 16        # a view's log files folded into a new base past this many
 KEEP_REFRESHES = 100           # refresh records kept per view
 DRIVER_MAX_KEYS = 1_000_000    # changed keys (rows looked up) past which a refresh's lookups are Spark's
 LOCAL_LOG_ROWS = 100_000       # a table's change log rows up to which queries read them from the driver
-
-
-def quote_spark(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "desc", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-# Nodes of Spark's parsed plans that are not a query's: statements and commands (INSERT, INSERT
-# OVERWRITE DIRECTORY, SET, CACHE, EXECUTE IMMEDIATE, CALL, scripts...), which spark.sql()
-# runs as soon as it is given them, and scripts a query would run (SELECT TRANSFORM). Besides
-# these names, any node that is a Command or a ParsedStatement.
-_NOT_A_QUERY = re.compile(r"Insert|Command|Statement|Script|Execute|Compound|Procedure|UnresolvedIdentifier|^Call$")
-_LOGICAL = "org.apache.spark.sql.catalyst.plans.logical."
-
-
-def check_query(spark: Any, sql: str, tables: set[str]) -> None:
-    """Reads a view's SQL with Spark's own parser, which runs nothing, and refuses (a
-    one-line UserError) what is not a query reading only the warehouse's tables
-    (tables: their names, lower case), before spark.sql() is given it: a statement or
-    command; a script (TRANSFORM/MAP/REDUCE); reflect/java_method; a relation that is
-    not one of the tables or the query's own WITH names (`csv.`/path``, a catalog's
-    table); a name given at run time (IDENTIFIER(...)). The analysis (replicator.views.analysis)
-    refuses the same on the tokens; this is the parse Spark will run."""
-    from py4j.java_gateway import is_instance_of
-
-    if not hasattr(spark, "_jsparkSession"):
-        raise UserError("views need a classic Spark session (not Spark Connect): its parser checks their SQL")
-    try:
-        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(sql)
-    except Exception as exc:   # ParseException
-        raise UserError(f"the view's SQL does not run on the warehouse: {_first_line(exc)}") from None
-    gateway = spark.sparkContext._gateway
-
-    def seq(scala: Any) -> list[Any]:
-        return [scala.apply(i) for i in range(scala.size())]
-
-    relations: list[str] = []
-    names: set[str] = set()       # the query's WITH names
-    plans, seen = [plan], 0
-    while seen < len(plans):
-        node = plans[seen]
-        seen += 1
-        kind = node.getClass().getSimpleName()
-        if _NOT_A_QUERY.search(kind) or is_instance_of(gateway, node, _LOGICAL + "Command") \
-                or is_instance_of(gateway, node, _LOGICAL + "ParsedStatement"):
-            what = "a script (TRANSFORM ... USING)" if kind == "ScriptTransformation" else kind
-            raise UserError(f"a view is defined by a query that only reads the warehouse's tables: Spark reads "
-                            f"this SQL as {what}")
-        if kind == "UnresolvedRelation":
-            parts = seq(node.multipartIdentifier())
-            if len(parts) != 1:
-                written = ".".join(p if re.fullmatch(r"[A-Za-z_]\w*", p) else quote_spark(p) for p in parts)
-                raise UserError(f"a view reads the warehouse's tables by their names (orders, s__t), not a path "
-                                f"or another catalog's table: refused at {written}")
-            relations.append(parts[0])
-        elif kind == "UnresolvedWith":
-            names.update(str(pair._1()).lower() for pair in seq(node.cteRelations()))
-        expressions = seq(node.expressions())
-        while expressions:
-            expression = expressions.pop()
-            kind = expression.getClass().getSimpleName()
-            if "UnresolvedIdentifier" in kind:
-                raise UserError(f"a view names its tables and functions as written: Spark reads this SQL as {kind}")
-            if kind == "UnresolvedFunction":
-                name = str(seq(expression.nameParts())[-1]).lower()
-                if name in SPARK_REFLECTION:
-                    raise UserError(f"a view cannot call Java methods ({name})")
-            expressions.extend(seq(expression.children()))
-        # the plans of subqueries (in expressions: innerChildren holds them, unless the node has
-        # other inner plans, those of WITH's definitions) and the children
-        inner = seq(node.innerChildren())
-        plans.extend(seq(node.children()) + inner + [q for q in seq(node.subqueries())
-                                                      if not any(q.equals(p) for p in inner)])
-    unknown = sorted({r for r in relations if r.lower() not in tables | names})
-    if unknown:
-        raise UserError(f"the view reads {unknown[0]}, which is not a table of the warehouse: a view reads only "
-                        f"the warehouse's replicated tables")
-
-
-def _keys(analysis: Analysis) -> tuple[list[str], list[str]]:
-    """An incremental view's key expressions and the storage columns that hold them."""
-    if analysis.kind == "rows":
-        return ([f"{quote_spark(o.alias)}.{quote_spark(k)}" for o in analysis.occurrences for k in o.table.key],
-                [f"_replicator_k{i}_{j}" for i, o in enumerate(analysis.occurrences) for j in range(len(o.table.key))])
-    return list(analysis.keys), [f"_replicator_k{j}" for j in range(len(analysis.keys))]
 
 
 def _arrow_safe(entry: dict[str, Any]) -> bool:
@@ -210,7 +125,7 @@ def _arrow_safe(entry: dict[str, Any]) -> bool:
             return safe(t.keyType) and safe(t.valueType)
         if isinstance(t, T.StructType):
             return all(safe(f.dataType) for f in t.fields)
-        return lookup.spark_arrow_type(t) is not None
+        return keyset.spark_arrow_type(t) is not None
     return all(safe(f.dataType) for f in storage_schema(entry).fields)
 
 
@@ -220,77 +135,6 @@ def _null_safe(left: Any, right: Any, pairs: list[tuple[str, str]]) -> Any:
 
 def _parquet_rows(directory: Any) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in directory.glob("*.parquet"))
-
-
-@dataclass
-class ViewPlan:
-    """How a view is computed and maintained, from its definition and the tables as they are."""
-    name: str
-    sql: str
-    policy: str
-    mode: str                       # incremental | full
-    reason: Reason | None           # why full, when it is
-    analysis: Analysis
-    columns: list[str]              # the query's columns
-    deps: list[str]                 # source names of the tables it reads
-    key_exprs: list[str]
-    key_columns: list[str]          # storage key columns
-
-    def select(self, relations: dict[int, str] | None = None, semi: tuple[str, str] | None = None,
-               any_of: list[tuple[str, str]] | None = None) -> str:
-        """The query giving the storage rows (key columns, then the query's columns):
-        relations replaces tables by other relations; semi = (relation, condition)
-        keeps the combinations matching it (its columns are _replicator_x.c0...),
-        any_of = [(relation, condition), ...] those matching any of them (each
-        condition naming its relation _replicator_x too). The relations are small
-        key sets: broadcast, so the tables' side is filtered where it is scanned
-        rather than shuffled to meet them."""
-        a = self.analysis
-        if self.mode != "incremental":
-            return self.sql
-        relations = relations or {}
-        parts = [f"{relations.get(i, quote_spark(o.table.name))} AS {quote_spark(o.alias)}"
-                 for i, o in enumerate(a.occurrences)]
-        source = " CROSS JOIN ".join(parts)
-        hint = ""
-        if semi is not None:
-            source += f" LEFT SEMI JOIN {semi[0]} AS _replicator_x ON {semi[1]}"
-            hint = "/*+ BROADCAST(_replicator_x) */ "
-        terms = [f"({c})" for c in a.conditions] + ([f"({a.where})"] if a.where else [])
-        if any_of:
-            # Spark turns EXISTS under OR into existence joins (broadcast hash joins on
-            # small sides): one scan of the tables for all the key sets, no union of
-            # per-set queries to de-duplicate.
-            terms.append("(" + " OR ".join(f"EXISTS (SELECT 1 FROM {r} AS _replicator_x WHERE {c})"
-                                           for r, c in any_of) + ")")
-        where = (" WHERE " + " AND ".join(terms)) if terms else ""
-        keys = ", ".join(f"{e} AS {k}" for e, k in zip(self.key_exprs, self.key_columns))
-        distinct = "DISTINCT " if a.kind == "distinct" else ""
-        tail = ""
-        if a.kind == "aggregate":
-            tail = f" GROUP BY {', '.join(a.group_by)}" + (f" HAVING {a.having}" if a.having else "")
-        return f"SELECT {hint}{distinct}{keys}, {a.select} FROM {source}{where}{tail}"
-
-    def affected_keys(self, subset: tuple[int, ...], delta: dict[int, str]) -> str:
-        """Key values of the combinations whose occurrences in subset are read from their delta."""
-        a = self.analysis
-        parts = [f"{delta[i] if i in subset else quote_spark(o.table.name)} AS {quote_spark(o.alias)}"
-                 for i, o in enumerate(a.occurrences)]
-        terms = [f"({c})" for c in a.conditions] + ([f"({a.where})"] if a.where else [])
-        where = (" WHERE " + " AND ".join(terms)) if terms else ""
-        keys = ", ".join(f"{e} AS c{j}" for j, e in enumerate(self.key_exprs))
-        return f"SELECT DISTINCT {keys} FROM {' CROSS JOIN '.join(parts)}{where}"
-
-    def occurrence_keys(self, i: int) -> list[str]:
-        before = sum(len(o.table.key) for o in self.analysis.occurrences[:i])
-        return self.key_columns[before:before + len(self.analysis.occurrences[i].table.key)]
-
-    def describe(self) -> dict[str, Any]:
-        a = self.analysis
-        return {"policy": self.policy, "maintenance": self.mode, "kind": a.kind,
-                "keys": a.describe_keys() if self.mode == "incremental" else None,
-                "tables": sorted(self.deps), "reason": self.reason.as_dict() if self.reason else None,
-                "reasons": [r.as_dict() for r in a.reasons], "notes": a.notes, "indexes": []}
 
 
 class _Changes:
@@ -361,7 +205,7 @@ class _Changes:
         of its log files."""
         if source_name not in self._counts:
             table = self.key_table(source_name)
-            self._counts[source_name] = lookup.distinct(table, table.column_names)
+            self._counts[source_name] = keyset.distinct(table, table.column_names)
         return self._counts[source_name]
 
     def delta_rows(self, source_name: str) -> pa.Table:
@@ -518,42 +362,10 @@ class SparkViews:
         """Analyses a definition against the warehouse as the manifest has it (its
         tables registered as temporary views). Raises UserError when the SQL does not
         run on it."""
-        analysis = analyse(sql, self._catalog(manifest), quote_spark, "spark")
-        sql = analysis.sql
-        self._check(manifest, sql)
-        self._register_tables(manifest)
-        try:
-            frame = self.spark.sql(sql)
-            analyzed = frame._jdf.queryExecution().analyzed().toString()
-        except Exception as exc:   # AnalysisException, ParseException
-            raise UserError(f"the view's SQL does not run on the warehouse: {_first_line(exc)}") from None
-        columns = list(frame.columns)
-        duplicated = sorted({c for c in columns if [x.lower() for x in columns].count(c.lower()) > 1})
-        if duplicated:
-            raise UserError(f"the view's columns must have distinct names: alias {', '.join(duplicated)}")
-        if "Aggregate [" in analyzed and analysis.kind != "aggregate":
-            analysis.refuse("NO_KEY", "(aggregate function)", "an aggregate the analysis does not know")
-        names = self._table_names(manifest)
-        read = {alias.strip("`").split(".")[-1].lower() for alias in re.findall(r"SubqueryAlias (\S+)", analyzed)}
-        deps = sorted({names[n] for n in read if n in names}
-                      | {names[o.table.name.lower()] for o in analysis.occurrences if o.table.name.lower() in names})
-        reason = analysis.reasons[0] if analysis.reasons else None
-        mode = "incremental" if reason is None else "full"
-        if policy == "full":
-            mode, reason = "full", Reason("POLICY_FULL", "--policy full")
-        key_exprs, key_columns = _keys(analysis) if mode == "incremental" else ([], [])
-        plan = ViewPlan(name=name, sql=sql, policy=policy, mode=mode, reason=reason, analysis=analysis,
-                        columns=columns, deps=deps, key_exprs=key_exprs, key_columns=key_columns)
-        if mode == "incremental":
-            try:
-                rewritten = self.spark.sql(plan.select())
-                if len(rewritten.columns) != len(key_columns) + len(columns):
-                    raise ValueError(f"it gives {len(rewritten.columns) - len(key_columns)} columns, "
-                                     f"the query {len(columns)}")
-            except Exception as exc:
-                plan.mode, plan.reason = "full", Reason("REWRITE", "", _first_line(exc))
-                plan.key_exprs, plan.key_columns = [], []
-        return plan
+        def prepare(sql: str) -> None:
+            self._check(manifest, sql)
+            self._register_tables(manifest)
+        return plan_view(self.spark, name, sql, policy, self._catalog(manifest), self._table_names(manifest), prepare)
 
     def _check(self, manifest: dict[str, Any], sql: str) -> None:
         """check_query, once per query and set of tables (the consumer checks a stored view's
@@ -727,18 +539,8 @@ class SparkViews:
 
     def _stored_plan(self, manifest: dict[str, Any], name: str) -> ViewPlan:
         """The plan of a view whose tables kept their structure (no Spark job)."""
-        entry = manifest["views"][name]
-        analysis = analyse(entry["sql"], self._catalog(manifest), quote_spark, "spark")
-        self._check(manifest, analysis.sql)
-        reason = Reason(entry["reason"]["code"], entry["reason"]["fragment"]) if entry["reason"] else None
-        # the key expressions as the query (read now, without comments) has them
-        key_exprs = _keys(analysis)[0] if entry["maintenance"] == "incremental" else []
-        if len(key_exprs) != len(entry["key_columns"]):
-            raise UserError(f"view {name}'s query no longer gives its {len(entry['key_columns'])} keys: "
-                            f"refresh it in full (`replicator view refresh {name} --full`)")
-        return ViewPlan(name=name, sql=analysis.sql, policy=entry["policy"], mode=entry["maintenance"],
-                        reason=reason, analysis=analysis, columns=list(entry["columns"]), deps=list(entry["deps"]),
-                        key_exprs=key_exprs, key_columns=list(entry["key_columns"]))
+        return stored_plan(name, manifest["views"][name], self._catalog(manifest),
+                           lambda sql: self._check(manifest, sql))
 
     def _revalidate(self, manifest: dict[str, Any], name: str) -> ViewPlan | None:
         """After a schema change of its tables: the view's plan now, or None when it
@@ -759,24 +561,15 @@ class SparkViews:
 
     @staticmethod
     def _apply_plan(entry: dict[str, Any], plan: ViewPlan) -> None:
-        entry.update({"maintenance": plan.mode, "reason": plan.reason.as_dict() if plan.reason else None,
-                      "kind": plan.analysis.kind, "columns": plan.columns, "deps": plan.deps,
-                      "key_exprs": plan.key_exprs, "key_columns": plan.key_columns})
+        apply_plan(entry, plan)
 
     @staticmethod
     def _record(entry: dict[str, Any], kind: str, reason: str, seconds: float, *, keys: int | None,
                 deleted: int, inserted: int, updated: int) -> None:
         """Appends a refresh record to the view's manifest entry; keeps the last
         KEEP_REFRESHES, and the latest full one."""
-        entry["seq"] += 1
-        entry["refreshes"].append({"seq": entry["seq"], "at": _now(), "kind": kind, "reason": reason, "keys": keys,
-                                   "rows_deleted": deleted, "rows_inserted": inserted, "rows_updated": updated,
-                                   "seconds": round(seconds, 6)})
-        kept = entry["refreshes"][-KEEP_REFRESHES:]
-        if not any(r["kind"] == "full" for r in kept):
-            # auto weighs incremental refreshes against the latest full one, however old
-            kept[:0] = [r for r in entry["refreshes"] if r["kind"] == "full"][-1:]
-        entry["refreshes"] = kept
+        record_refresh(entry, kind, reason, seconds, keys=keys, deleted=deleted, inserted=inserted, updated=updated,
+                       keep=KEEP_REFRESHES)
 
     def _full(self, manifest: dict[str, Any], name: str, plan: ViewPlan, reason: str) -> None:
         """Recomputes all of the view into a new base."""
@@ -997,8 +790,8 @@ class SparkViews:
                 j, r = reached
                 link = [(physical_name(columns[r][cr]), physical_name(columns[j][cj]))
                         for (rr, cr), (jj, cj) in pairs if rr == r and jj == j]
-                if any(lookup.category(types[r].field(pr).type) is None
-                       or lookup.category(types[r].field(pr).type) != lookup.category(types[j].field(pj).type)
+                if any(keyset.category(types[r].field(pr).type) is None
+                       or keyset.category(types[r].field(pr).type) != keyset.category(types[j].field(pj).type)
                        for pr, pj in link):
                     return None
                 paired = KeySet([found[r].column(pr) for pr, _ in link])
@@ -1014,7 +807,7 @@ class SparkViews:
                 # a row found so far pairs with at most as many rows of j as j holds for
                 # one value of the link: the branch's combinations are at most the
                 # product of those (counted on canonical values, as the join compares)
-                bound *= lookup.largest_group(rows, [pj for _, pj in link])
+                bound *= keyset.largest_group(rows, [pj for _, pj in link])
             names = {}
             for j, rows in found.items():
                 names[j] = f"_replicator_r{i}_{j}"
@@ -1061,7 +854,7 @@ class SparkViews:
         physical = [physical_name(by_name[k[1]]) for k in plain]
         rows = changes.delta_rows(occurrence_source[0])
         distinct = rows.select(physical).group_by(physical).aggregate([])
-        types = [lookup.spark_arrow_type(f.dataType) for f in schema.fields]
+        types = [keyset.spark_arrow_type(f.dataType) for f in schema.fields]
         return pa.Table.from_arrays([distinct.column(p).cast(t) for p, t in zip(physical, types)],
                                     names=[f.name for f in schema.fields])
 
@@ -1078,32 +871,14 @@ class SparkViews:
         """The Arrow schema of the view's key columns as its log files hold them, when
         pyarrow can compare them as Spark does; None otherwise."""
         fields = {f.name: f for f in storage_schema(entry).fields}
-        types = [lookup.spark_arrow_type(fields[k].dataType) for k in entry["key_columns"]]
+        types = [keyset.spark_arrow_type(fields[k].dataType) for k in entry["key_columns"]]
         if any(t is None for t in types):
             return None
         return pa.schema([pa.field(k, t) for k, t in zip(entry["key_columns"], types)])
 
     @staticmethod
     def _cost_says_full(entry: dict[str, Any], plan: ViewPlan) -> str | None:
-        """auto: why a full refresh is expected to be cheaper, from the view's refresh
-        history (Spark's fixed cost per job makes a small view's full refresh the
-        cheaper one); an incremental one is tried again now and then."""
-        if plan.policy != "auto":
-            return None
-        history = entry["refreshes"]
-        full = next((r["seconds"] for r in reversed(history) if r["kind"] == "full"), None)
-        incremental = [r["seconds"] for r in reversed(history) if r["kind"] == "incremental"][:5]
-        if full is None or len(incremental) < 2:
-            return None
-        since = 0
-        for r in reversed(history):
-            if not (r["reason"] or "").startswith("COST"):
-                break
-            since += 1
-        median = sorted(incremental)[len(incremental) // 2]
-        if median > full and since < AUTO_RETRY_AFTER:
-            return f"COST: incremental refreshes take about {median * 1000:.0f} ms, a full one {full * 1000:.0f} ms"
-        return None
+        return cost_says_full(entry, plan)
 
     def _write(self, frame: Any, path: str) -> None:
         """Writes a DataFrame as the Parquet directory `path` of the warehouse, made
@@ -1113,7 +888,7 @@ class SparkViews:
         make_durable(sorted(directory.glob("*.parquet")), self.warehouse.path)
 
     def _too_large(self, entry: dict[str, Any], plan: ViewPlan, keys: int) -> bool:
-        return plan.policy == "auto" and keys > AUTO_FULL_SHARE * max(entry["rows"], 1)
+        return too_large(plan, keys, entry["rows"])
 
     def _write_log(self, manifest: dict[str, Any], entry: dict[str, Any], upserts: Any,
                    wanted: builtins.list[tuple[builtins.list[str], KeySet]], *,
