@@ -38,7 +38,7 @@ def _values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     """A key column's Python values. A float NaN is one key, as PostgreSQL and Spark compare
     it: every NaN becomes the one object math.nan (a dict finds a key by identity first;
     NaN is not equal to itself). -0.0 and 0.0 are one key already (equal, same hash)."""
-    values = column.to_pylist()
+    values: list[Any] = column.to_pylist()
     if pa.types.is_floating(column.type):
         return [math.nan if v != v else v for v in values]
     return values
