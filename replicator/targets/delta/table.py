@@ -258,7 +258,10 @@ class ReplicaTable:
 
     def _integer_key(self, structure: TableStructure, schema: dict[str, Any]) -> bool:
         types = [f.type for f in delta_schema.arrow_schema(structure, schema)]
-        return is_integer_key([types[i] for i in structure.key_positions()])
+        positions = structure.key_positions()
+        # NULL is no integer: a key column that may be NULL (a view's) is kept as values
+        return is_integer_key([types[i] for i in positions]) and not any(schema["fields"][i]["nullable"]
+                                                                         for i in positions)
 
     def _arrow(self, rows: Sequence[Sequence[Any]]) -> pa.Table:
         structure, schema = self.structure(), self.schema()
