@@ -635,8 +635,10 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @_metrics_options
 @click.option("--health-max-lag", default="5min", show_default=True,
               help="/health answers 503 when the consumer lags more than this (e.g. 30s, 5min).")
-@click.option("--spark-master", help="spark: target: Spark master for compaction (default local[*]).")
-@click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="spark: target: a Spark setting (repeatable).")
+@click.option("--spark-master", help="spark: and delta: targets: Spark master for compaction and views "
+                                     "(default local[*]).")
+@click.option("--spark-conf", multiple=True, metavar="KEY=VALUE",
+              help="spark: and delta: targets: a Spark setting (repeatable).")
 @pass_ctx
 def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str | None, tables: str | None,
             once: bool, until_caught_up: bool, recopy: bool, poll_interval: float, stats_interval: float,
@@ -665,8 +667,9 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
 
     if once and until_caught_up:
         raise UserError("--once and --until-caught-up exclude each other")
-    if (spark_master or spark_conf) and not target_url.startswith("spark:"):
-        raise UserError("--spark-master and --spark-conf apply to a spark: target only")
+    if (spark_master or spark_conf) and not target_url.startswith(("spark:", "delta:")):
+        raise UserError("--spark-master and --spark-conf apply to a spark: or delta: target only (Spark computes "
+                        "their views)")
     max_lag = parse_duration(health_max_lag).total_seconds()
     with ctx.source() as source:   # a mistyped queue or table makes no target (opening one may create its file)
         check_captured(queue_name, _split(tables), source.tables(queue_name))
@@ -760,9 +763,10 @@ def _delta_storage(target_url: str) -> Any:
               help="With --tick: whose ticks, when several consumers write the warehouse.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def delta_tables(target_url: str, tick: int | None, consumer_name: str | None, as_json: bool) -> None:
-    """List the warehouse's tables and where they are: each a Delta table any Delta
-    reader opens. With --tick, the version of each as tick N left it: read them at
-    those versions (versionAsOf) to see every table as of that tick.
+    """List the warehouse's tables and views and where they are: each a Delta table
+    any Delta reader opens. With --tick, the version of each as tick N left it: read
+    them at those versions (versionAsOf) to see every table as of that tick (a view:
+    its last refresh at or before tick N).
 
     \b
     Example:
@@ -773,15 +777,21 @@ def delta_tables(target_url: str, tick: int | None, consumer_name: str | None, a
 
     _delta_storage(target_url)
     rows: list[dict[str, Any]]
+    views: list[dict[str, Any]]
     if tick is None:
         rows = [{"table": name, "uri": uri} for name, uri in reader.table_uris(target_url).items()]
+        views = [{"view": name, "uri": uri} for name, uri in reader.view_uris(target_url).items()]
     else:
         rows = [{"table": name, "uri": uri, "version": version}
                 for name, (uri, version) in reader.versions_as_of(target_url, tick, consumer_name).items()]
+        views = [{"view": name, "uri": uri, "version": version}
+                 for name, (uri, version) in reader.view_versions_as_of(target_url, tick, consumer_name).items()]
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps(rows + views, indent=2))
     else:
         _print_rows(rows)
+        if views:
+            _print_rows(views)
 
 
 @delta.command("optimize")
@@ -922,7 +932,7 @@ def _copy_row(copy: dict[str, Any]) -> dict[str, Any]:
 
 @cli.group()
 def view() -> None:
-    """Incremental views: SQL views of a SQLite or Spark target kept current after every batch."""
+    """Incremental views: SQL views of a SQLite, Delta or Spark target kept current after every batch."""
 
 
 def _view_sql(sql: str) -> str:
@@ -944,7 +954,7 @@ def _reason_line(reason: dict[str, Any] | None) -> str:
     return f"{reason['code']}: {reason['message']}{fragment}"
 
 
-_TARGET_HELP = "sqlite:PATH or spark:PATH, the replica the view reads."
+_TARGET_HELP = "sqlite:PATH, delta:PATH|URI or spark:PATH, the replica the view reads."
 _POLICY_HELP = ("auto: incremental when the query allows it, else (and for large changes) a full refresh; "
                 "incremental: refuse queries that cannot be; full: always recompute.")
 
@@ -1046,6 +1056,9 @@ def view_list(target_url: str, as_json: bool) -> None:
     width = max(len(v["view"]) for v in rows)
     for v in rows:
         status = "ok" if v["status"] == "ok" else f"STALE: {v['status_reason']}"
+        if v.get("tick") is not None:   # a Delta warehouse's view: as of its own tick
+            status += f", as of tick {v['tick']}" + (" (behind the tables: the consumer catches it up)"
+                                                     if v.get("behind") else "")
         click.echo(f"{v['view']:<{width}}  {v['maintenance']} (policy {v['policy']}), {counted(v['rows'], 'row')},"
                    f" {status}")
         last = v["last_refresh"]

@@ -17,9 +17,9 @@ from replicator.views.store import ViewStore
 def open_target(url: str, *, spark_master: str | None = None,
                 spark_conf: dict[str, str] | None = None) -> Target:
     """sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), jsonl:-, jsonl:PATH,
-    tsv:-, tsv:PATH, delta:PATH or delta:s3://BUCKET/PREFIX (Delta Lake tables), spark:PATH
-    (a warehouse directory; Spark, with the given master and
-    settings, only for compaction)."""
+    tsv:-, tsv:PATH, delta:PATH or delta:s3://BUCKET/PREFIX (Delta Lake tables; Spark, with the
+    given master and settings, only for its views), spark:PATH (a warehouse directory; Spark
+    only for compaction and views)."""
     scheme, rest = _parse(url)
     if scheme == "sqlite":
         from replicator.targets.sqlite.target import SqliteTarget, parse_url
@@ -30,7 +30,7 @@ def open_target(url: str, *, spark_master: str | None = None,
         return StreamTarget(rest, scheme)
     if scheme == "delta":
         from replicator.targets.delta.target import DeltaTarget
-        return DeltaTarget(rest)
+        return DeltaTarget(rest, spark_master=spark_master, spark_conf=spark_conf)
     from replicator.targets.spark.target import SparkTarget
     return SparkTarget(Path(rest), master=spark_master, conf=spark_conf)
 
@@ -50,11 +50,12 @@ def open_views(url: str, *, spark_master: str | None = None,
                spark_conf: dict[str, str] | None = None) -> Iterator[ViewStore]:
     """The view store of the target named by URL, for the `view` commands.
     The replica must exist already (a view is defined over replicated tables).
-    A Spark warehouse is used without taking the consumer's place: a consumer
+    A Spark or Delta warehouse is used without taking the consumer's place: a consumer
     may be writing it meanwhile."""
     scheme, rest = _parse(url)
     if scheme in ("jsonl", "tsv"):
-        raise UserError(f"a {scheme}: stream has no tables to define views on: use a sqlite: or spark: target")
+        raise UserError(f"a {scheme}: stream has no tables to define views on: use a sqlite:, delta: or spark: "
+                        f"target")
     if scheme == "sqlite":
         from replicator.targets.sqlite.target import SqliteTarget, is_replica, parse_url
 
@@ -70,6 +71,22 @@ def open_views(url: str, *, spark_master: str | None = None,
             target.close()
         return
     from replicator.targets.spark.session import get_session
+    if scheme == "delta":
+        from replicator.targets.delta.state import WarehouseState
+        from replicator.targets.delta.storage import open_storage
+        from replicator.targets.delta.views import DeltaViews, ReadWarehouse, Session
+
+        try:
+            storage = open_storage(rest)
+            exists = WarehouseState(storage).exists
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot read the Delta warehouse {rest}: {exc}") from None
+        if not exists:
+            raise UserError(f"no warehouse at {rest}: views are defined over the tables `replicator consume` "
+                            f"replicates into it")
+        yield DeltaViews(ReadWarehouse(storage),
+                         Session(lambda: get_session(spark_master, spark_conf, app_name="replicator view")))
+        return
     from replicator.targets.spark.views import SparkViews
     from replicator.targets.spark.warehouse import Warehouse
 

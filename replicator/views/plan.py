@@ -101,6 +101,27 @@ class ViewPlan:
         before = sum(len(o.table.key) for o in self.analysis.occurrences[:i])
         return self.key_columns[before:before + len(self.analysis.occurrences[i].table.key)]
 
+    def key_homes(self) -> list[int | None]:
+        """Per storage key, the query's column that is it (its index), so that a store need
+        not keep the key twice; None where no column is (a row view's base key left out of
+        the select list, a GROUP BY expression not selected)."""
+        a = self.analysis
+        if self.mode != "incremental" or len(a.items) != len(self.columns):
+            return [None] * len(self.key_columns)
+        if a.kind == "rows":
+            homes = [next((n for n, c in enumerate(a.item_columns)
+                           if c is not None and c[0] == i and c[1].lower() == k.lower()), None)
+                     for i, o in enumerate(a.occurrences) for k in o.table.key]
+        else:
+            homes = list(a.key_items)
+        seen: set[int] = set()
+        out: list[int | None] = []
+        for home in homes:   # a column two keys are (GROUP BY a, a) holds the first
+            out.append(None if home is None or home in seen else home)
+            if home is not None:
+                seen.add(home)
+        return out
+
     def describe(self) -> dict[str, Any]:
         a = self.analysis
         return {"policy": self.policy, "maintenance": self.mode, "kind": a.kind,
@@ -152,7 +173,7 @@ def plan_view(spark: Any, name: str, sql: str, policy: str, catalog: Callable[[s
 
 
 def stored_plan(name: str, entry: dict[str, Any], catalog: Callable[[str], TableInfo | None],
-                check: Callable[[str], None]) -> ViewPlan:
+                check: Callable[[str], object]) -> ViewPlan:
     """The plan of a view whose tables kept their structure, from its entry (no Spark job):
     check(sql) is check_query's guard (a view stored by an older replicator is read again)."""
     analysis = analyse(entry["sql"], catalog, quote_spark, "spark")

@@ -34,14 +34,15 @@ _NOT_A_QUERY = re.compile(r"Insert|Command|Statement|Script|Execute|Compound|Pro
 _LOGICAL = "org.apache.spark.sql.catalyst.plans.logical."
 
 
-def check_query(spark: Any, sql: str, tables: set[str]) -> None:
+def check_query(spark: Any, sql: str, tables: set[str]) -> set[str]:
     """Reads a view's SQL with Spark's own parser, which runs nothing, and refuses (a
     one-line UserError) what is not a query reading only the warehouse's tables
     (tables: their names, lower case), before spark.sql() is given it: a statement or
     command; a script (TRANSFORM/MAP/REDUCE); reflect/java_method; a relation that is
     not one of the tables or the query's own WITH names (`csv.`/path``, a catalog's
     table); a name given at run time (IDENTIFIER(...)). The analysis (replicator.views.analysis)
-    refuses the same on the tokens; this is the parse Spark will run."""
+    refuses the same on the tokens; this is the parse Spark will run. Returns the names of
+    the tables it reads (lower case)."""
     from py4j.java_gateway import is_instance_of
 
     if not hasattr(spark, "_jsparkSession"):
@@ -96,3 +97,4 @@ def check_query(spark: Any, sql: str, tables: set[str]) -> None:
     if unknown:
         raise UserError(f"the view reads {unknown[0]}, which is not a table of the warehouse: a view reads only "
                         f"the warehouse's replicated tables")
+    return {r.lower() for r in relations if r.lower() not in names}
