@@ -82,12 +82,13 @@ def logical_names(table: ReplicaTable) -> dict[str, str]:
     return {f["metadata"][delta_schema.PHYSICAL_NAME]: f["name"] for f in table.schema()["fields"]}
 
 
-def changes_since(table: ReplicaTable, since: int, captured: dict[int, Captured]) -> TableChanges | None:
-    """The changes of the commits after version `since` up to the table's version: those
-    captured as they were, the others read from the log. None when a commit's file is
+def changes_since(table: ReplicaTable, since: int, captured: dict[int, Captured],
+                  until: int | None = None) -> TableChanges | None:
+    """The changes of the commits after version `since` up to `until` (the table's version):
+    those captured as they were, the others read from the log. None when a commit's file is
     gone (the log was cleaned up past it)."""
     changes = TableChanges(table)
-    for version in range(since + 1, table.snapshot.version + 1):
+    for version in range(since + 1, (table.snapshot.version if until is None else until) + 1):
         capture = captured.get(version)
         if capture is not None:
             _add_capture(changes, capture)

@@ -93,6 +93,9 @@ class _Tables:
     def position(self) -> tuple[str, int] | None:
         return self.target._last
 
+    def refresh(self) -> None:
+        """Nothing to read: the consumer's tables are as it committed them."""
+
 
 class DeltaTarget:
     exactly_once = True
@@ -125,6 +128,7 @@ class DeltaTarget:
         self._views: DeltaViews | None = None   # once the warehouse has views
         self._views_due = Every(VIEWS_DISCOVER_SECONDS)
         self._views_waiting = False
+        self._views_failed = False   # Spark would not start: the views are left alone for this run
         self._views_due.due()
         try:
             self._discover_views()
@@ -270,7 +274,7 @@ class DeltaTarget:
         the tables they read keep what their commits change, and Spark is started in the
         background for them."""
         if self._views is None:
-            if not view_directories(self.storage):
+            if self._views_failed or not view_directories(self.storage):
                 return
             from replicator.targets.delta.views import DeltaViews, Session
             self._views = DeltaViews(_Tables(self), Session(self._session))
@@ -307,8 +311,10 @@ class DeltaTarget:
         try:
             views.session.get()
         except Exception as exc:
-            log.warning("views are not refreshed: cannot start Spark: %s", first_line(exc))
-            self._views = None
+            log.warning("views are not refreshed by this consumer: cannot start Spark: %s", first_line(exc))
+            self._views, self._views_failed = None, True
+            for table in self._tables.values():
+                table.captures = None
             return
         if self._views_waiting:
             log.info("views: Spark started in %.1fs; the views catch up", views.session.seconds)

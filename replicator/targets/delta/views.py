@@ -100,6 +100,10 @@ class Warehouse(Protocol):
         """(QUEUE/CONSUMER, tick) the views are brought to; None: the warehouse has none."""
         ...
 
+    def refresh(self) -> None:
+        """Reads what was committed since (before a `view` command)."""
+        ...
+
 
 class ReadWarehouse:
     """The warehouse as the `view` commands see it, beside a consumer that may be writing
@@ -130,6 +134,13 @@ class ReadWarehouse:
             return None
         app = consumer_of(self.state, None)
         return app, positions[app]
+
+    def refresh(self) -> None:
+        delta_log.refresh(self.storage, self.state.snapshot)
+        for table in self._tables.values():
+            if delta_log.refresh(self.storage, table.snapshot):
+                table.index = None
+        self._versions = None
 
     def versions(self) -> dict[str, int]:
         from replicator.targets.delta.reader import tick_versions
@@ -308,6 +319,7 @@ class DeltaViews:
     def create(self, name: str, sql: str, policy: str = "auto") -> dict[str, Any]:
         check_name(name)
         check_policy(policy)
+        self.warehouse.refresh()
         position = self.warehouse.position()
         if position is None:
             raise UserError(f"{self.warehouse.storage.url} holds no table yet: views are defined over the tables "
@@ -342,6 +354,7 @@ class DeltaViews:
         return self.info(name)
 
     def drop(self, name: str) -> None:
+        self.warehouse.refresh()
         vt = self._find(name)
         for _ in range(COMMIT_ATTEMPTS):
             vt.table.drop()
@@ -358,6 +371,7 @@ class DeltaViews:
     def refresh_now(self, name: str, *, full: bool = False) -> tuple[dict[str, Any], bool]:
         """Recomputes a view that needs it (stale, maintained in full, behind the tables),
         or any view with full. Returns its state and whether it was recomputed."""
+        self.warehouse.refresh()
         vt = self._find(name)
         entry = vt.entry
         assert entry is not None
@@ -379,10 +393,12 @@ class DeltaViews:
         return self.info(entry["name"]), True
 
     def info(self, name: str) -> dict[str, Any]:
+        self.warehouse.refresh()
         return self._describe(self._find(name))
 
     # the method shadows the builtin in the class body: signatures below say builtins.list
     def list(self) -> builtins.list[dict[str, Any]]:
+        self.warehouse.refresh()
         return sorted((self._describe(vt) for vt in self.discover().values()), key=lambda v: v["view"])
 
     def refreshes(self, name: str, limit: int = 20) -> builtins.list[dict[str, Any]]:
@@ -393,6 +409,7 @@ class DeltaViews:
     def explain(self, sql: str, policy: str = "auto") -> dict[str, Any]:
         """What create would do with this SQL, without doing it."""
         check_policy(policy)
+        self.warehouse.refresh()
         plan = self.plan("explain", sql, policy, self.warehouse.versions())
         out = plan.describe()
         out["statements"] = {"full": plan.select()}
@@ -420,17 +437,16 @@ class DeltaViews:
                 "behind": self._behind(vt, self.warehouse.versions())}
 
     def _behind(self, vt: ViewTable, versions: dict[str, int]) -> bool:
-        """Whether a table the view reads changed data after the version it records."""
+        """Whether a table the view reads changed data after the version it records (and up
+        to these versions: those of the position)."""
         entry = vt.entry
         assert entry is not None
         for directory, recorded in entry["tables"].items():
             if directory not in versions:
                 return True   # dropped since: the view is refreshed (or goes stale) when the consumer sees it
-            if versions[directory] == recorded["version"]:
-                continue
-            table = self.warehouse.table(directory)
-            changes = changes_since(table, recorded["version"], {}) if table.snapshot.version == versions[directory] \
-                else None
+            if versions[directory] <= recorded["version"]:
+                continue   # the view holds these versions (or later ones, of the batch being committed)
+            changes = changes_since(self.warehouse.table(directory), recorded["version"], {}, versions[directory])
             if changes is None or not changes.empty:
                 return True
         return False
@@ -445,9 +461,16 @@ class DeltaViews:
         for vt in builtins.list(self._views.values()):
             try:
                 self._catch_up(vt, _Target(versions, app, tick))
-            except Exception as exc:   # the view's own commit, Spark gone...: the tables are committed already
-                log.warning("view %s: refresh failed, it stays behind the tables: %s", vt.directory,
-                            spark_error_line(exc))
+            except Exception as exc:   # Spark failed on it, its query no longer runs...: the others go on
+                why = spark_error_line(exc)
+                try:
+                    entry = vt.entry
+                    if entry is not None:
+                        self._stale(vt, dict(entry), f"REFRESH_FAILED: {why}")
+                except Exception as again:   # its table cannot be written: it stays behind
+                    vt.table.rollback()
+                    log.warning("view %s: refresh failed, it stays behind the tables: %s (%s)", vt.directory,
+                                why, spark_error_line(again))
         self._forget_captures()
 
     def _catch_up(self, vt: ViewTable, target: _Target) -> None:
