@@ -500,9 +500,17 @@ def test_view_commands_create_explain_refresh_list_and_drop_delta_views(spark, c
         dropped = replicator_here("view", "drop", "everything", "--target", url)
         assert dropped.stdout == "view everything dropped\n", dropped
         commit_batch(target, [(1, 2, 3, "paid")], model)   # the consumer forgets it
+        # what a commit changes is kept for the tables views read (orders), not for the others
+        assert target._table("public.orders").captures is not None
+        assert target._table("public.customers").captures is None
     finally:
         target.close()
     assert [v["view"] for v in delta_views(spark, path).list()] == ["by_customer"]
+    assert_views_equal_their_queries(spark, path, ["by_customer"])
+    # VACUUM covers the views' tables: the files of the dropped view and of replaced versions go
+    vacuumed = {v.table: v.files for v in maintenance.vacuum(LocalStorage(path), retention=0)}
+    assert vacuumed[view_directory("everything")] >= 1 and vacuumed[view_directory("by_customer")] >= 1, vacuumed
+    assert not list((path / view_directory("everything")).rglob("*.parquet"))
     assert_views_equal_their_queries(spark, path, ["by_customer"])
     gone = replicator_here("view", "refresh", "everything", "--target", url)
     assert str(gone.exception).startswith("no view 'everything' in the warehouse"), gone.output
@@ -610,6 +618,12 @@ def view_rows(spark: Any, path: Path, name: str) -> Counter:
 
 
 SOURCE_COLUMNS = {"region_totals": ["region", "n", "total"], "open_amounts": ["id", "amount"]}
+
+
+def consumer_app(path: Path) -> str:
+    """The warehouse's one consumer, QUEUE/CONSUMER."""
+    (app,) = WarehouseState(LocalStorage(path)).positions()
+    return app
 
 
 def catch_up(dsn: str, target: DeltaTarget) -> None:
@@ -802,4 +816,7 @@ def test_the_consumer_commits_batches_while_spark_starts_and_the_views_catch_up(
     assert view_rows(spark, path, "region_totals") == normalized(conn.execute(SOURCE_VIEWS["region_totals"]).fetchall())
     after = views.info("region_totals")
     assert after["tick"] >= goal and not after["behind"]
+    # its commit carries the batch's transaction id, as the tables' commits do
+    txns = ReplicaTable(LocalStorage(path), view_directory("region_totals")).snapshot.txns
+    assert txns == {consumer_app(path): after["tick"]}
     assert [r["kind"] for r in views.refreshes("region_totals", 100)][:-1] == ["incremental"]

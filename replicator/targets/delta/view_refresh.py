@@ -185,14 +185,16 @@ class Refresher:
             return Done(full=f"THRESHOLD: {n} affected keys, view of {rows} rows")
         if not n:
             return Done(kind="none")
-        self.register(self.deps)
-        keys = self._name("keys")
-        view_fields = self.view.table.schema()["fields"]
-        key_positions = self.view.table.structure().key_positions()
-        spark.createDataFrame(found, schema=spark_struct([view_fields[i] for i in key_positions],
-                                                         found.column_names)).createOrReplaceTempView(keys)
-        cond = " AND ".join(f"({e}) <=> _replicator_x.c{j}" for j, e in enumerate(plan.key_exprs))
-        recomputed = spark.sql(plan.select(semi=(keys, cond))).toDF(*plan.key_columns, *plan.columns).toArrow()
+        recomputed = self._recompute_local(found)
+        if recomputed is None:
+            self.register(self.deps)
+            keys = self._name("keys")
+            view_fields = self.view.table.schema()["fields"]
+            key_positions = self.view.table.structure().key_positions()
+            spark.createDataFrame(found, schema=spark_struct([view_fields[i] for i in key_positions],
+                                                             found.column_names)).createOrReplaceTempView(keys)
+            cond = " AND ".join(f"({e}) <=> _replicator_x.c{j}" for j, e in enumerate(plan.key_exprs))
+            recomputed = self._collect(plan.select(semi=(keys, cond)))
         index = self.view.table.ensure_index()
         located = index.locate(canonical_keys(found.columns, index.integer))
         existing = found.filter(pa.array([location >= 0 for location in located], type=pa.bool_()))
@@ -201,22 +203,41 @@ class Refresher:
         updated = existing.num_rows - gone.num_rows
         return Done(keys=n, deleted=gone.num_rows, inserted=recomputed.num_rows - updated, updated=updated)
 
+    def _plain_keys(self) -> list[str] | None:
+        """The physical names of the columns an aggregate (or DISTINCT) view's keys are, when
+        they are plain columns of its one table; None otherwise."""
+        a = self.plan.analysis
+        plain = [k for k in a.key_columns if k is not None]
+        if len(a.occurrences) != 1 or a.conditions or not a.key_columns or len(plain) != len(a.key_columns):
+            return None
+        physical = {f["name"]: f["metadata"][delta_schema.PHYSICAL_NAME] for f in self.tables[0].schema()["fields"]}
+        return [physical[k[1]] for k in plain]
+
+    def _recompute_local(self, found: pa.Table) -> pa.Table | None:
+        """An aggregate (or DISTINCT) view's rows for the affected keys, when those are plain
+        columns of its one table: the table's rows of those keys are read on the driver (by
+        their columns, as joins are) and Spark evaluates the query over them, a local
+        relation, reading no file. None when they are more than DRIVER_MAX_KEYS rows."""
+        columns = self._plain_keys()
+        if columns is None:
+            return None
+        rows = rows_matching(self.tables[0], [(columns, KeySet(found.columns))], DRIVER_MAX_KEYS)
+        if rows is None:
+            return None
+        name = self._name("groups")
+        local_frame(self.spark, rows, self.tables[0]).createOrReplaceTempView(name)
+        return self._collect(self.plan.select(relations={0: name}))
+
     def _affected_on_driver(self) -> pa.Table | None:
         """An aggregate (or DISTINCT) view's affected keys (columns c0...) computed by pyarrow,
         when they are plain columns of its one table, read without a filter: the distinct
         values of those columns in the delta. None otherwise (Spark evaluates the key
         expressions), and for float keys, whose -0.0 and 0.0 (and NaNs) Arrow would keep
         apart where Spark's grouping makes them one."""
-        a = self.plan.analysis
-        plain = [k for k in a.key_columns if k is not None]
-        if len(a.occurrences) != 1 or a.conditions or a.where or not a.key_columns \
-                or len(plain) != len(a.key_columns):
+        columns = self._plain_keys()
+        if columns is None or self.plan.analysis.where \
+                or any(pa.types.is_floating(t) for t in self._stored_key_types()):
             return None
-        if any(pa.types.is_floating(t) for t in self._stored_key_types()):
-            return None
-        table = self.tables[0]
-        physical = {f["name"]: f["metadata"][delta_schema.PHYSICAL_NAME] for f in table.schema()["fields"]}
-        columns = [physical[k[1]] for k in plain]
         rows = self.delta_rows(self.directories[0])
         found = rows.select(columns).group_by(columns, use_threads=False).aggregate([]).select(columns)
         return found.rename_columns([f"c{j}" for j in range(len(columns))])
