@@ -329,11 +329,12 @@ class DeltaTarget:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            if self._views is not None and self._views.session.ready and self._last is not None:
-                self._refresh_views(wait=False)
-        with contextlib.suppress(Exception):
             if getattr(self, "_tables", None):
                 self.rollback()
+        with contextlib.suppress(Exception):   # once Spark runs, the views are brought up to the last commit
+            views: DeltaViews | None = getattr(self, "_views", None)
+            if views is not None and views.session.ready and self._last is not None:
+                self._refresh_views(wait=False)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1

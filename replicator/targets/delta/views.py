@@ -52,12 +52,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import pyarrow.parquet as pq
+
 from replicator.errors import UserError
 from replicator.structure import TableStructure, target_table_name
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import maintenance
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.changes import TableChanges, changes_since
+from replicator.targets.delta.reader import consumer_of, tick_versions
+from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import Storage
 from replicator.targets.delta.table import Captured, ReplicaTable
 from replicator.targets.delta.view_refresh import Refresher
@@ -101,7 +105,7 @@ class Warehouse(Protocol):
         ...
 
     def refresh(self) -> None:
-        """Reads what was committed since (before a `view` command)."""
+        """Reads what was committed since (before an operation of the views)."""
         ...
 
 
@@ -111,8 +115,6 @@ class ReadWarehouse:
     batch being committed does not change."""
 
     def __init__(self, storage: Storage) -> None:
-        from replicator.targets.delta.state import WarehouseState
-
         self.storage = storage
         self.state = WarehouseState(storage)
         self._tables: dict[str, ReplicaTable] = {}
@@ -127,8 +129,6 @@ class ReadWarehouse:
         return self._tables[directory]
 
     def position(self) -> tuple[str, int] | None:
-        from replicator.targets.delta.reader import consumer_of
-
         positions = self.state.positions()
         if not positions:
             return None
@@ -143,8 +143,6 @@ class ReadWarehouse:
         self._versions = None
 
     def versions(self) -> dict[str, int]:
-        from replicator.targets.delta.reader import tick_versions
-
         if self._versions is None:
             position = self.position()
             self._versions = {} if position is None else {
@@ -219,7 +217,9 @@ class DeltaViews:
         self.warehouse = warehouse
         self.session = session
         self._views: dict[str, ViewTable] = {}           # directory → view table, as discovered
-        self._registered: dict[str, tuple[str, int]] = {}   # temporary view → (directory, version) it reads
+        # the temporary views of the tables this operation registered: name → (location, version);
+        # forgotten between operations (another user of the session may register its own)
+        self._registered: dict[str, tuple[str, int]] = {}
         self._checked: dict[tuple[str, frozenset[str]], set[str]] = {}   # check_query's answers
         self.captured: dict[str, dict[int, Captured]] = {}   # directory → version → what its commit did
         self._clean: dict[tuple[str, str], int] = {}     # (view, table): versions read to hold no data change
@@ -227,6 +227,11 @@ class DeltaViews:
     @property
     def spark(self) -> Any:
         return self.session.get()
+
+    def _begin(self) -> None:
+        """The start of an operation: the warehouse as committed now, tables registered anew."""
+        self.warehouse.refresh()
+        self._registered = {}
 
     # the views ---------------------------------------------------------------------------
 
@@ -290,16 +295,17 @@ class DeltaViews:
         """Registers these tables as temporary views of their names, each read at its version
         (time travel: what a batch commits meanwhile does not change them)."""
         directory_of = self._directory_of()
+        spark = self.spark
+        registered = self._registered
         for source_name in sorted(source_names):
             directory = directory_of[source_name]
             schema, _, bare = source_name.partition(".")
             name = target_table_name(schema, bare)
-            wanted = (directory, versions[directory])
-            if self._registered.get(name) == wanted:
+            wanted = (self._location(directory), versions[directory])
+            if registered.get(name) == wanted:
                 continue
-            self.spark.read.format("delta").option("versionAsOf", wanted[1]).load(self._location(directory)) \
-                .createOrReplaceTempView(name)
-            self._registered[name] = wanted
+            spark.read.format("delta").option("versionAsOf", wanted[1]).load(wanted[0]).createOrReplaceTempView(name)
+            registered[name] = wanted
 
     def _check(self, sql: str) -> set[str]:
         """check_query (once per query and set of tables); the source names of the tables it reads."""
@@ -319,7 +325,7 @@ class DeltaViews:
     def create(self, name: str, sql: str, policy: str = "auto") -> dict[str, Any]:
         check_name(name)
         check_policy(policy)
-        self.warehouse.refresh()
+        self._begin()
         position = self.warehouse.position()
         if position is None:
             raise UserError(f"{self.warehouse.storage.url} holds no table yet: views are defined over the tables "
@@ -348,13 +354,15 @@ class DeltaViews:
                 self._full(vt, entry, plan, target, "CREATE", time.perf_counter())
         except UserError:
             raise
+        except delta_log.CommitConflict:
+            raise UserError(f"view {name} not created: another `view create {name}` made it meanwhile") from None
         except Exception as exc:   # the query analyses but fails on the rows (ANSI overflow, raise_error...)
             raise UserError(f"view {name} not created: its query fails on the warehouse: "
                             f"{spark_error_line(exc)}") from None
         return self.info(name)
 
     def drop(self, name: str) -> None:
-        self.warehouse.refresh()
+        self._begin()
         vt = self._find(name)
         for _ in range(COMMIT_ATTEMPTS):
             vt.table.drop()
@@ -371,7 +379,7 @@ class DeltaViews:
     def refresh_now(self, name: str, *, full: bool = False) -> tuple[dict[str, Any], bool]:
         """Recomputes a view that needs it (stale, maintained in full, behind the tables),
         or any view with full. Returns its state and whether it was recomputed."""
-        self.warehouse.refresh()
+        self._begin()
         vt = self._find(name)
         entry = vt.entry
         assert entry is not None
@@ -384,21 +392,29 @@ class DeltaViews:
         plan = self.plan(entry["name"], entry["sql"], entry["policy"], target.versions)
         if plan.columns != entry["columns"] and entry["status"] == "ok":
             raise UserError(f"view {entry['name']} now gives other columns: drop it and create it again")
-        entry = dict(entry)
-        apply_plan(entry, plan)
-        entry["status"], entry["status_reason"] = "ok", None
-        with self._committing(vt):
-            self._full(vt, entry, plan, target, "MANUAL" if full or not behind else "CATCH_UP",
-                       time.perf_counter())
-        return self.info(entry["name"]), True
+        for _ in range(COMMIT_ATTEMPTS):
+            entry = dict(entry)
+            apply_plan(entry, plan)
+            entry["status"], entry["status_reason"] = "ok", None
+            try:
+                with self._committing(vt):
+                    self._full(vt, entry, plan, target, "MANUAL" if full or not behind else "CATCH_UP",
+                               time.perf_counter())
+                return self.info(entry["name"]), True
+            except delta_log.CommitConflict:   # the consumer refreshed it meanwhile: over its commit
+                vt.reload()
+                if vt.entry is None:
+                    raise UserError(f"view {name} was dropped meanwhile") from None
+                entry = vt.entry
+        raise UserError(f"view {name} not refreshed: its table was changed meanwhile, {COMMIT_ATTEMPTS} times")
 
     def info(self, name: str) -> dict[str, Any]:
-        self.warehouse.refresh()
+        self._begin()
         return self._describe(self._find(name))
 
     # the method shadows the builtin in the class body: signatures below say builtins.list
     def list(self) -> builtins.list[dict[str, Any]]:
-        self.warehouse.refresh()
+        self._begin()
         return sorted((self._describe(vt) for vt in self.discover().values()), key=lambda v: v["view"])
 
     def refreshes(self, name: str, limit: int = 20) -> builtins.list[dict[str, Any]]:
@@ -409,7 +425,7 @@ class DeltaViews:
     def explain(self, sql: str, policy: str = "auto") -> dict[str, Any]:
         """What create would do with this SQL, without doing it."""
         check_policy(policy)
-        self.warehouse.refresh()
+        self._begin()
         plan = self.plan("explain", sql, policy, self.warehouse.versions())
         out = plan.describe()
         out["statements"] = {"full": plan.select()}
@@ -457,6 +473,7 @@ class DeltaViews:
         """Brings every view up to the tables as they are (the consumer's, after it committed
         tick `tick`): each refresh commits on its own; a view whose refresh fails is marked
         stale with the reason, and the others go on."""
+        self._begin()
         versions = self.warehouse.versions()
         for vt in builtins.list(self._views.values()):
             try:
@@ -621,8 +638,6 @@ class DeltaViews:
     def _written(self, directory: str, prefix: str) -> dict[str, dict[str, Any]]:
         """The data files Spark wrote under directory/prefix, as add actions (relative to the
         table); what else it left (_SUCCESS, checksums, empty files) is deleted."""
-        import pyarrow.parquet as pq
-
         storage = self.warehouse.storage
         adds = {}
         for entry in storage.list(f"{directory}/{prefix}"):
