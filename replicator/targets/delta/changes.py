@@ -187,7 +187,7 @@ def rows_matching(table: ReplicaTable, wanted: Sequence[tuple[Sequence[str], Key
     found: list[pa.Table] = []
     count = 0
     for path, add in table.snapshot.files.items():
-        dead = table.deletion_vector(add)
+        dead = _positions(table.deletion_vector(add))
         with table.storage.open_read(f"{table.directory}/{path}") as f:
             parquet = pq.ParquetFile(f)
             names = set(parquet.schema_arrow.names)
@@ -200,7 +200,7 @@ def rows_matching(table: ReplicaTable, wanted: Sequence[tuple[Sequence[str], Key
                     hit = values.mask([head.column(c) for c in keys])
                     mask = hit if mask is None else pc.or_(mask, hit)
                 assert mask is not None
-                if dead:
+                if len(dead):
                     mask = pc.and_(mask, pa.array(_live_mask(dead, start, size)))
                 hits = pc.sum(mask).as_py() or 0
                 if count + hits > limit:
@@ -213,28 +213,23 @@ def rows_matching(table: ReplicaTable, wanted: Sequence[tuple[Sequence[str], Key
     return pa.concat_tables(found) if found else out.empty_table()
 
 
-def live_rows(table: ReplicaTable, columns: Sequence[str] | None = None) -> pa.Table:
-    """Every live row of the table (these of its columns): for small tables."""
-    parts = [_alive(read_file(table, path, columns), table.deletion_vector(add) or BitMap())
-             for path, add in table.snapshot.files.items()]
-    schema = file_schema(table)
-    out = schema if columns is None else pa.schema([schema.field(c) for c in columns])
-    return pa.concat_tables(parts) if parts else out.empty_table()
+def _positions(dead: BitMap | None) -> np.ndarray:
+    """A deletion vector's rows, sorted."""
+    return np.asarray(dead.to_array(), dtype=np.int64) if dead else np.empty(0, dtype=np.int64)
 
 
-def _live_mask(dead: BitMap, start: int, size: int) -> np.ndarray:
-    """Which of the rows start..start+size are not in the deletion vector."""
+def _live_mask(dead: np.ndarray, start: int, size: int) -> np.ndarray:
+    """Which of the rows start..start+size are not among the deleted ones (sorted)."""
     alive = np.ones(size, dtype=bool)
-    positions = np.asarray(dead.to_array(), dtype=np.int64)
-    low, high = np.searchsorted(positions, [start, start + size])
-    alive[positions[low:high] - start] = False
+    low, high = np.searchsorted(dead, [start, start + size])
+    alive[dead[low:high] - start] = False
     return alive
 
 
 def _alive(rows: pa.Table, dead: BitMap) -> pa.Table:
     if not dead:
         return rows
-    return rows.filter(pa.array(_live_mask(dead, 0, rows.num_rows)))
+    return rows.filter(pa.array(_live_mask(_positions(dead), 0, rows.num_rows)))
 
 
 def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:

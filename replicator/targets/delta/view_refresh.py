@@ -94,10 +94,11 @@ class Refresher:
     """One incremental refresh of a view, staged in its table (the caller commits it)."""
 
     def __init__(self, spark: Any, plan: ViewPlan, entry: dict[str, Any], view: ViewTable, warehouse: Any,
-                 changes: dict[str, TableChanges], versions: dict[str, int],
-                 register: Callable[[set[str]], None]) -> None:
-        self.spark, self.plan, self.entry, self.view = spark, plan, entry, view
-        self.changes, self.versions, self.register = changes, versions, register
+                 changes: dict[str, TableChanges], register: Callable[[set[str]], None]) -> None:
+        """changes: per directory, what changed in the tables since the view's versions;
+        register(source names): the tables as temporary views, at the versions refreshed to."""
+        self.spark, self.plan, self.view = spark, plan, view
+        self.changes, self.register = changes, register
         names = {}
         for d, name in warehouse.directories().items():
             schema, _, bare = name.partition(".")

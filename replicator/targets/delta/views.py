@@ -553,7 +553,7 @@ class DeltaViews:
             self._full(vt, entry, plan, target, why, started)
             return
         known = {d: c for d, c in changes.items() if c is not None}
-        refresher = Refresher(self.spark, plan, entry, vt, self.warehouse, known, target.versions,
+        refresher = Refresher(self.spark, plan, entry, vt, self.warehouse, known,
                               lambda names: self._register(names, target.versions))
         done = refresher.run()
         if done.full is not None:
