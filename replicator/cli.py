@@ -615,7 +615,7 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.argument("queue_name", metavar="QUEUE")
 @click.option("--target", "target_url", required=True,
               help="sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), delta:PATH or "
-                   "delta:s3://BUCKET/PREFIX (Delta Lake tables), spark:PATH (warehouse directory), jsonl:PATH, "
+                   "delta:s3://BUCKET/PREFIX (Delta Lake tables), jsonl:PATH, "
                    "jsonl:- (stdout), tsv:PATH or tsv:-.")
 @click.option("--consumer", "consumer_name",
               help="Consumer name; default derived from the target. A stream to stdout (jsonl:-, tsv:-) without it "
@@ -635,8 +635,10 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @_metrics_options
 @click.option("--health-max-lag", default="5min", show_default=True,
               help="/health answers 503 when the consumer lags more than this (e.g. 30s, 5min).")
-@click.option("--spark-master", help="spark: target: Spark master for compaction (default local[*]).")
-@click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="spark: target: a Spark setting (repeatable).")
+@click.option("--spark-master", help="delta: targets: Spark master for the views "
+                                     "(default local[*]).")
+@click.option("--spark-conf", multiple=True, metavar="KEY=VALUE",
+              help="delta: targets: a Spark setting for the views (repeatable).")
 @pass_ctx
 def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str | None, tables: str | None,
             once: bool, until_caught_up: bool, recopy: bool, poll_interval: float, stats_interval: float,
@@ -665,8 +667,9 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
 
     if once and until_caught_up:
         raise UserError("--once and --until-caught-up exclude each other")
-    if (spark_master or spark_conf) and not target_url.startswith("spark:"):
-        raise UserError("--spark-master and --spark-conf apply to a spark: target only")
+    if (spark_master or spark_conf) and not target_url.startswith("delta:"):
+        raise UserError("--spark-master and --spark-conf apply to a delta: target only (Spark computes "
+                        "their views)")
     max_lag = parse_duration(health_max_lag).total_seconds()
     with ctx.source() as source:   # a mistyped queue or table makes no target (opening one may create its file)
         check_captured(queue_name, _split(tables), source.tables(queue_name))
@@ -692,55 +695,6 @@ def _spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 @cli.group()
-def spark() -> None:
-    """Spark warehouse maintenance (targets spark:PATH)."""
-
-
-@spark.command("compact")
-@click.option("--target", "target_url", required=True, help="spark:PATH, the warehouse directory.")
-@click.option("--table", "tables", multiple=True,
-              help="Only this table: schema.table, or its name as register_views gives it (schema__table); repeatable.")
-@click.option("--min-logs", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Compact a table only if it has this many change log files.")
-@click.option("--spark-master", help="Spark master (default local[*]).")
-@click.option("--spark-conf", multiple=True, metavar="KEY=VALUE", help="A Spark setting (repeatable).")
-def spark_compact(target_url: str, tables: tuple[str, ...], min_logs: int, spark_master: str | None,
-                  spark_conf: tuple[str, ...]) -> None:
-    """Fold the change logs of a Spark warehouse into new base snapshots. Safe
-    while a consumer writes the warehouse; readers never see a partial state.
-
-    \b
-    Example:
-        replicator spark compact --target spark:/data/warehouse
-    """
-    scheme, _, path = target_url.partition(":")
-    if scheme != "spark" or not path:
-        raise UserError(f"invalid target {target_url!r}: use spark:PATH")
-    from replicator.targets.spark.compaction import compact
-    from replicator.targets.spark.errors import error_line, spark_errors
-    from replicator.targets.spark.session import get_session
-    from replicator.targets.spark.warehouse import Warehouse
-
-    warehouse = Warehouse(path)
-    try:
-        if not warehouse.exists():   # before starting Spark
-            raise UserError(f"{warehouse.path} is not a replicator Spark warehouse (no manifest)")
-        warehouse.read()   # a damaged manifest, also before starting Spark
-        session = get_session(spark_master, _spark_conf(spark_conf), app_name="replicator compact")
-        done = compact(session, Path(path), tables=list(tables) or None, min_logs=min_logs)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"cannot compact {warehouse.path}: {exc}") from None
-    except spark_errors() as exc:
-        raise UserError(f"cannot compact {warehouse.path}: Spark failed: {error_line(exc)}") from None
-    for c in done:
-        click.echo(f"{c.table}: {counted(c.logs, 'log file')} folded into {counted(c.rows, 'row')}"
-                   f" in {c.seconds:.1f}s"
-                   + ("" if c.committed else " (not committed: the table changed meanwhile; run again)"))
-    if not done:
-        click.echo("nothing to compact")
-
-
-@cli.group()
 def delta() -> None:
     """Delta warehouse maintenance and inspection (targets delta:PATH or delta:URI)."""
 
@@ -760,9 +714,10 @@ def _delta_storage(target_url: str) -> Any:
               help="With --tick: whose ticks, when several consumers write the warehouse.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def delta_tables(target_url: str, tick: int | None, consumer_name: str | None, as_json: bool) -> None:
-    """List the warehouse's tables and where they are: each a Delta table any Delta
-    reader opens. With --tick, the version of each as tick N left it: read them at
-    those versions (versionAsOf) to see every table as of that tick.
+    """List the warehouse's tables and views and where they are: each a Delta table
+    any Delta reader opens. With --tick, the version of each as tick N left it: read
+    them at those versions (versionAsOf) to see every table as of that tick (a view:
+    its last refresh at or before tick N).
 
     \b
     Example:
@@ -773,15 +728,21 @@ def delta_tables(target_url: str, tick: int | None, consumer_name: str | None, a
 
     _delta_storage(target_url)
     rows: list[dict[str, Any]]
+    views: list[dict[str, Any]]
     if tick is None:
         rows = [{"table": name, "uri": uri} for name, uri in reader.table_uris(target_url).items()]
+        views = [{"view": name, "uri": uri} for name, uri in reader.view_uris(target_url).items()]
     else:
         rows = [{"table": name, "uri": uri, "version": version}
                 for name, (uri, version) in reader.versions_as_of(target_url, tick, consumer_name).items()]
+        views = [{"view": name, "uri": uri, "version": version}
+                 for name, (uri, version) in reader.view_versions_as_of(target_url, tick, consumer_name).items()]
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        click.echo(json.dumps(rows + views, indent=2))
     else:
         _print_rows(rows)
+        if views:
+            _print_rows(views)
 
 
 @delta.command("optimize")
@@ -922,7 +883,7 @@ def _copy_row(copy: dict[str, Any]) -> dict[str, Any]:
 
 @cli.group()
 def view() -> None:
-    """Incremental views: SQL views of a SQLite or Spark target kept current after every batch."""
+    """Incremental views: SQL views of a SQLite, Delta or Spark target kept current after every batch."""
 
 
 def _view_sql(sql: str) -> str:
@@ -944,7 +905,7 @@ def _reason_line(reason: dict[str, Any] | None) -> str:
     return f"{reason['code']}: {reason['message']}{fragment}"
 
 
-_TARGET_HELP = "sqlite:PATH or spark:PATH, the replica the view reads."
+_TARGET_HELP = "sqlite:PATH or delta:PATH|URI, the replica the view reads."
 _POLICY_HELP = ("auto: incremental when the query allows it, else (and for large changes) a full refresh; "
                 "incremental: refuse queries that cannot be; full: always recompute.")
 
@@ -1046,6 +1007,9 @@ def view_list(target_url: str, as_json: bool) -> None:
     width = max(len(v["view"]) for v in rows)
     for v in rows:
         status = "ok" if v["status"] == "ok" else f"STALE: {v['status_reason']}"
+        if v.get("tick") is not None:   # a Delta warehouse's view: as of its own tick
+            status += f", as of tick {v['tick']}" + (" (behind the tables: the consumer catches it up)"
+                                                     if v.get("behind") else "")
         click.echo(f"{v['view']:<{width}}  {v['maintenance']} (policy {v['policy']}), {counted(v['rows'], 'row')},"
                    f" {status}")
         last = v["last_refresh"]
@@ -1100,7 +1064,7 @@ def view_drop(name: str, target_url: str) -> None:
     click.echo(f"view {name} dropped")
 
 
-_SPARK_EXTRA = {"pyspark", "pyarrow", "pandas", "numpy"}   # pyproject.toml's spark extra
+_SPARK_EXTRA = {"pyspark", "pandas"}   # pyproject.toml's spark extra
 
 
 def _command_named(args: list[str]) -> str:
@@ -1156,7 +1120,8 @@ def main() -> None:
         sys.exit(130)
     except Exception as exc:
         if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] in _SPARK_EXTRA:
-            click.echo(f"error: Spark targets need the spark extra ({exc}): pip install 'replicator[spark]'",
+            click.echo(f"error: Spark (views on a Delta warehouse, reading it from Spark) needs the spark extra "
+                       f"({exc}): pip install 'replicator[spark]'",
                        err=True)
             sys.exit(1)
         # A bug, not a mistake of the user's: one line still, the traceback on request.

@@ -676,10 +676,12 @@ class Consumer:
                 if time.monotonic() - summary.started >= self.stats_interval:
                     summary.flush(self.queue)
                 if once:
+                    self._settle()
                     return applied
                 if until_caught_up:
                     position = self.target.positions(self.queue).get(self.name)
                     if position is not None and goal is not None and position >= goal:
+                        self._settle()
                         return applied
                 if stats is None:
                     stop.wait(self.poll_interval)
@@ -691,6 +693,13 @@ class Consumer:
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
         return applied
+
+    def _settle(self) -> None:
+        """At the end of a run that stops by itself: what the target keeps behind its position
+        (a Delta warehouse's views, while Spark starts) is brought up to it."""
+        settle = getattr(self.target, "settle", None)   # targets that keep nothing behind have none
+        if settle is not None:
+            settle()
 
     def _read_lag(self) -> None:
         """Reads the lag from the source for the metrics and health, every

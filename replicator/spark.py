@@ -1,10 +1,12 @@
-"""replicator for Spark users: the warehouse a consumer keeps, and the queue as a streaming source.
+"""replicator for Spark users: the Delta warehouse a consumer keeps, and the queue as a streaming source.
 
-* The mirror: ``replicator consume QUEUE --target spark:PATH`` keeps every
-  replicated table current in a warehouse directory (replicator.targets.spark).
-  Read it with :func:`read_table` / :func:`register_views`, fold change logs
-  into new bases with :func:`compact`. Incremental views over the tables
-  (``replicator view ... --target spark:PATH``) are read with :func:`read_view`.
+* The warehouse: ``replicator consume QUEUE --target delta:URI`` keeps every replicated
+  table current as a Delta table (replicator.targets.delta), which Spark reads as it is
+  (``spark.read.format("delta")``). :func:`read_table` reads one by its source name, now or
+  as of a tick (all tables as one tick left them: :func:`versions_as_of`);
+  :func:`register_tables` puts them and the views in the session's catalog
+  (``replica.orders``); :func:`read_view` reads an incremental view
+  (``replicator view ... --target delta:URI``).
 * The queue as a streaming source: ``spark.readStream.format("replicator")``
   (:class:`ReplicatorDataSource` of replicator.streaming, registered by
   :func:`get_session` or ``spark.dataSource.register(ReplicatorDataSource)``).
@@ -20,17 +22,17 @@ from typing import Any
 
 __all__ = [
     "ReplicatorDataSource",
-    "compact",
     "get_session",
     "read_table",
     "read_view",
-    "register_views",
-    "table_names",
+    "register_tables",
+    "table_uris",
+    "versions_as_of",
 ]
 
-_WHERE = {"read_table": "replicator.targets.spark.reader", "read_view": "replicator.targets.spark.reader",
-          "register_views": "replicator.targets.spark.reader", "table_names": "replicator.targets.spark.reader",
-          "compact": "replicator.targets.spark.compaction",
+_WHERE = {"read_table": "replicator.targets.delta.reader", "read_view": "replicator.targets.delta.reader",
+          "register_tables": "replicator.targets.delta.reader", "table_uris": "replicator.targets.delta.reader",
+          "versions_as_of": "replicator.targets.delta.reader",
           "ReplicatorDataSource": "replicator.streaming.datasource"}
 
 

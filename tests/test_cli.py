@@ -155,15 +155,23 @@ def test_an_option_missing_its_value_points_to_its_command_help():
                        "(see: replicator view create --help)")
 
 
-def test_a_spark_target_without_the_spark_extra_names_the_extra(app, tmp_path):
-    # what a plain install (no pyspark, no pyarrow) does: the import fails
-    blocked = ("import sys; sys.modules['pyarrow'] = sys.modules['pyspark'] = None; sys.argv[0] = 'replicator';"
+def test_the_spark_warehouse_it_replaced_is_refused_with_the_way_to_delta(app, tmp_path):
+    for args in (["view", "list", "--target", f"spark:{tmp_path}"], ["consume", "q", "--target", f"spark:{tmp_path}", "--once"]):
+        assert_user_error(run(*args, dsn=app), "the spark: warehouse is replaced by Delta Lake tables",
+                          f"--target delta:{tmp_path}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_views_on_a_delta_warehouse_without_the_spark_extra_name_the_extra(app, tmp_path):
+    # what a plain install (no pyspark) does: the import fails
+    blocked = ("import sys; sys.modules['pyspark'] = None; sys.argv[0] = 'replicator';"
                " from replicator.cli import main; main()")
-    for args in (["view", "list", "--target", f"spark:{tmp_path}"], ["spark", "compact", "--target", f"spark:{tmp_path}"],
-                 ["consume", "q", "--target", f"spark:{tmp_path}", "--once"]):
-        result = subprocess.run([sys.executable, "-c", blocked, *args], capture_output=True, text=True, timeout=60,
-                                env={**os.environ, "REPLICATOR_DSN": app})
-        assert_user_error(result, "Spark targets need the spark extra", "pip install 'replicator[spark]'")
+    assert run("consume", "q", "--target", f"delta:{tmp_path}", "--until-caught-up", dsn=app).returncode == 0
+    result = subprocess.run([sys.executable, "-c", blocked, "view", "create", "v", "--target", f"delta:{tmp_path}",
+                             "--sql", "SELECT count(*) AS n FROM orders"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "REPLICATOR_DSN": app})
+    assert_user_error(result, "Spark (views on a Delta warehouse, reading it from Spark) needs",
+                      "pip install 'replicator[spark]'")
 
 
 def test_bad_options_are_refused(app):

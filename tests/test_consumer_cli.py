@@ -412,8 +412,8 @@ def test_a_non_empty_directory_that_is_not_a_warehouse_is_refused_untouched(dsn,
     (data / "exports" / "2024" / "orders.csv").write_text("id,amount\n1,10\n")
     (data / "README").write_text("our data\n")
     before = tree_at(data)
-    for args in (["consume", "q", "--target", f"spark:{data}", "--until-caught-up"],
-                 ["spark", "compact", "--target", f"spark:{data}"], ["view", "list", "--target", f"spark:{data}"]):
+    for args in (["consume", "q", "--target", f"delta:{data}", "--until-caught-up"],
+                 ["delta", "optimize", "--target", f"delta:{data}"], ["view", "list", "--target", f"delta:{data}"]):
         result = run_cli(dsn, *args)
         assert result.returncode == 1
         assert_one_line_error(result, str(data), *(["another path"] if args[0] == "consume" else []))

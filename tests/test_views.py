@@ -514,7 +514,7 @@ def test_commands_create_explain_list_refresh_drop(replica):
     (["view", "create", "v", "--target", "sqlite:/nonexistent/r.db", "--sql", "SELECT 1"], "error: no replica at"),
     (["view", "create", "v", "--target", "sqlite:{notes}", "--sql", "SELECT 1"], "(it is not a replica)"),
     (["view", "create", "v", "--target", "jsonl:-", "--sql", "SELECT 1"], "has no tables to define views on"),
-    (["view", "create", "v", "--target", "spark:/nonexistent/w", "--sql", "SELECT 1"], "error: no warehouse at"),
+    (["view", "create", "v", "--target", "delta:/nonexistent/w", "--sql", "SELECT 1"], "error: no warehouse at"),
     (["view", "create", "v", "--target", "{url}", "--sql", "SELEKT 1"], "a view is defined by a SELECT"),
     (["view", "create", "v", "--target", "{url}", "--sql", "SELECT * FROM nope"], "nope, which is not a table"),
     (["view", "create", "v", "--target", "{url}", "--sql", "SELECT nope FROM orders"], "no such column: nope"),

@@ -1,6 +1,7 @@
 """Targets a consumer applies changes to, each in its own module or folder behind one
-small protocol (protocol.py): SQLite (sqlite/), the Spark warehouse (spark/), streams
-(stream.py). open_target picks one by its URL, open_views a target's view store.
+small protocol (protocol.py): SQLite (sqlite/), the Delta Lake warehouse (delta/), streams
+(stream.py); spark/ holds the Spark sessions the Delta warehouse's views and readers use.
+open_target picks one by its URL, open_views a target's view store.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from replicator.views.store import ViewStore
 def open_target(url: str, *, spark_master: str | None = None,
                 spark_conf: dict[str, str] | None = None) -> Target:
     """sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), jsonl:-, jsonl:PATH,
-    tsv:-, tsv:PATH, delta:PATH or delta:s3://BUCKET/PREFIX (Delta Lake tables), spark:PATH
-    (a warehouse directory; Spark, with the given master and
-    settings, only for compaction)."""
+    tsv:-, tsv:PATH, delta:PATH or delta:s3://BUCKET/PREFIX (Delta Lake tables; Spark, with the
+    given master and settings, only for its views)."""
     scheme, rest = _parse(url)
     if scheme == "sqlite":
         from replicator.targets.sqlite.target import SqliteTarget, parse_url
@@ -28,20 +28,19 @@ def open_target(url: str, *, spark_master: str | None = None,
     if scheme in ("jsonl", "tsv"):
         from replicator.targets.stream import StreamTarget
         return StreamTarget(rest, scheme)
-    if scheme == "delta":
-        from replicator.targets.delta.target import DeltaTarget
-        return DeltaTarget(rest)
-    from replicator.targets.spark.target import SparkTarget
-    return SparkTarget(Path(rest), master=spark_master, conf=spark_conf)
+    from replicator.targets.delta.target import DeltaTarget
+    return DeltaTarget(rest, spark_master=spark_master, spark_conf=spark_conf)
 
 
 def _parse(url: str) -> tuple[str, str]:
     scheme, sep, rest = url.partition(":")
     if not sep or not rest:
-        raise UserError(f"invalid target {url!r}: use sqlite:PATH, delta:PATH|URI, spark:PATH, jsonl:PATH|- or "
-                        f"tsv:PATH|-")
-    if scheme not in ("sqlite", "jsonl", "tsv", "spark", "delta"):
-        raise UserError(f"unknown target scheme {scheme!r}: use sqlite:, delta:, spark:, jsonl: or tsv:")
+        raise UserError(f"invalid target {url!r}: use sqlite:PATH, delta:PATH|URI, jsonl:PATH|- or tsv:PATH|-")
+    if scheme == "spark":
+        raise UserError(f"the spark: warehouse is replaced by Delta Lake tables: replicate into a new warehouse with "
+                        f"--target delta:{rest} (or another path), see docs/delta.md")
+    if scheme not in ("sqlite", "jsonl", "tsv", "delta"):
+        raise UserError(f"unknown target scheme {scheme!r}: use sqlite:, delta:, jsonl: or tsv:")
     return scheme, rest
 
 
@@ -50,11 +49,11 @@ def open_views(url: str, *, spark_master: str | None = None,
                spark_conf: dict[str, str] | None = None) -> Iterator[ViewStore]:
     """The view store of the target named by URL, for the `view` commands.
     The replica must exist already (a view is defined over replicated tables).
-    A Spark warehouse is used without taking the consumer's place: a consumer
+    A Delta warehouse is used without taking the consumer's place: a consumer
     may be writing it meanwhile."""
     scheme, rest = _parse(url)
     if scheme in ("jsonl", "tsv"):
-        raise UserError(f"a {scheme}: stream has no tables to define views on: use a sqlite: or spark: target")
+        raise UserError(f"a {scheme}: stream has no tables to define views on: use a sqlite: or delta: target")
     if scheme == "sqlite":
         from replicator.targets.sqlite.target import SqliteTarget, is_replica, parse_url
 
@@ -69,12 +68,18 @@ def open_views(url: str, *, spark_master: str | None = None,
         finally:
             target.close()
         return
+    from replicator.targets.delta.state import WarehouseState
+    from replicator.targets.delta.stores import open_storage
+    from replicator.targets.delta.views import DeltaViews, ReadWarehouse, Session
     from replicator.targets.spark.session import get_session
-    from replicator.targets.spark.views import SparkViews
-    from replicator.targets.spark.warehouse import Warehouse
 
-    warehouse = Warehouse(rest)
-    if not warehouse.exists():
+    try:
+        storage = open_storage(rest)
+        exists = WarehouseState(storage).exists
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read the Delta warehouse {rest}: {exc}") from None
+    if not exists:
         raise UserError(f"no warehouse at {rest}: views are defined over the tables `replicator consume` "
                         f"replicates into it")
-    yield SparkViews(warehouse, lambda: get_session(spark_master, spark_conf, app_name="replicator view"))
+    yield DeltaViews(ReadWarehouse(storage),
+                     Session(lambda: get_session(spark_master, spark_conf, app_name="replicator view")))

@@ -261,7 +261,7 @@ def _refuse_spark_escapes(sql: str, tokens: Sequence[Token]) -> None:
     tables: a script (SELECT TRANSFORM/MAP/REDUCE ... USING 'command'), a Java method
     (reflect, java_method), a name given at run time (IDENTIFIER(...)), and a qualified
     name in a FROM clause (`csv.`/path``, `parquet.dir`: Spark reads files by path, or
-    another catalog's table). replicator.targets.spark.views checks Spark's own parse of the
+    another catalog's table). replicator.views.spark_sql.check_query checks Spark's own parse of the
     query for the same (this is the first look, on the tokens)."""
     def at(t: Token) -> str:
         return " ".join(sql[t.start:t.start + 40].split())
@@ -598,6 +598,8 @@ class Analysis:
     having: str | None = None
     from_sql: str = ""                       # the FROM clause as written (without FROM)
     keys: list[str] = field(default_factory=list)         # key expressions (aggregate, distinct)
+    key_items: list[int | None] = field(default_factory=list)  # per key, the select item that is it
+    item_columns: list[tuple[int, str] | None] = field(default_factory=list)  # per item, the column it is
     key_columns: list[tuple[int, str] | None] = field(default_factory=list)  # plain column keys
     equi: list[tuple[tuple[int, str], tuple[int, str]]] = field(default_factory=list)
     strict_equi: list[tuple[tuple[int, str], tuple[int, str]]] = field(default_factory=list)  # `=`: no NULLs
@@ -974,6 +976,7 @@ class _Reader:
         a.select = ", ".join(expanded)
         a.items = [item.text for item in items]
         a.item_calls = [self.item_call(item) for item in items]
+        a.item_columns = [self.key_column(item) for item in items]
         calls = [c for item in items if item.node is not None for c in self.aggregate_calls(item.node)]
         calls += self.aggregate_calls(having) if having is not None else []
         for name, call in calls:
@@ -984,6 +987,7 @@ class _Reader:
             if a.distinct:
                 a.kind = "distinct"
                 a.keys = list(a.items)
+                a.key_items = list(range(len(items)))
                 a.key_columns = [self.key_column(item) for item in items]
                 self.check_collation(items)
             else:
@@ -1017,6 +1021,7 @@ class _Reader:
         a.group_by = [k.text for k in keys]
         a.keys = list(a.group_by)
         a.key_columns = [self.key_column(k) for k in keys]
+        a.key_items = [self.item_of(k, items) for k in keys]
         self.check_collation(keys)
         # Every column outside an aggregate must be a GROUP BY column (or the
         # whole expression a GROUP BY expression): else SQLite picks some row's value.
@@ -1048,6 +1053,17 @@ class _Reader:
 
     def key_column(self, item: _Item) -> tuple[int, str] | None:
         return item.column if item.node is None else self.plain(item.node)
+
+    def item_of(self, key: _Item, items: list[_Item]) -> int | None:
+        """The select item a GROUP BY term is: itself (an ordinal, an alias), the same column,
+        or the same expression; None when the select list does not hold it."""
+        column = self.key_column(key)
+        for i, item in enumerate(items):
+            if item is key or (column is not None and self.key_column(item) == column):
+                return i
+            if key.node is not None and item.node is not None and self.normal(item.node) == self.normal(key.node):
+                return i
+        return None
 
     def item_call(self, item: _Item) -> tuple[str, tuple[int, str] | str | None] | None:
         """The aggregate call the item is (see Analysis.item_calls)."""

@@ -12,7 +12,7 @@ POLICIES = ("auto", "incremental", "full")
 
 
 class ViewStore(Protocol):
-    """A target's incremental views (SQLite: targets/sqlite/views/, Spark: targets/spark/views.py)."""
+    """A target's incremental views (SQLite: targets/sqlite/views/, Delta: targets/delta/views.py)."""
 
     def create(self, name: str, sql: str, policy: str = "auto") -> dict[str, Any]:
         """Defines view NAME by its query, fills it, and returns its info."""

@@ -13,6 +13,7 @@ deletion vector (committed, or staged in the open transaction) marks it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,8 +30,18 @@ def canonical_keys(columns: Sequence[pa.Array | pa.ChunkedArray], integer: bool)
     if integer:
         return np.asarray(columns[0].to_numpy(zero_copy_only=False), dtype=np.int64)
     if len(columns) == 1:
-        return columns[0].to_pylist()
-    return list(zip(*(c.to_pylist() for c in columns)))
+        return _values(columns[0])
+    return list(zip(*(_values(c) for c in columns)))
+
+
+def _values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A key column's Python values. A float NaN is one key, as PostgreSQL and Spark compare
+    it: every NaN becomes the one object math.nan (a dict finds a key by identity first;
+    NaN is not equal to itself). -0.0 and 0.0 are one key already (equal, same hash)."""
+    values: list[Any] = column.to_pylist()
+    if pa.types.is_floating(column.type):
+        return [math.nan if v != v else v for v in values]
+    return values
 
 
 def is_integer_key(types: Sequence[pa.DataType]) -> bool:

@@ -18,6 +18,9 @@ VACUUM deletes the files no current version names once they were removed
 theirs), as Delta's VACUUM does, and log entries before the last checkpoint
 past the log retention. Only files of the names Delta writers give data and deletion
 vector files are deleted, and only in the tables' own directories.
+
+The views' tables (replicator.targets.delta.view_table) are kept the same way:
+the consumer optimizes them after its refreshes; both commands cover them.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from replicator.targets.delta.state import SCHEMA as STATE_SCHEMA
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import Storage
 from replicator.targets.delta.table import FILE_ROWS, ROW_GROUP, CountingWriter, ReplicaTable, file_stats
+from replicator.targets.delta.view_table import ViewTable, view_directories
 
 log = logging.getLogger("replicator")
 
@@ -224,7 +228,7 @@ def _live_rows(storage: Storage, directory: str, path: str, deleted: BitMap | No
 
 
 def optimize(storage: Storage, tables: list[str] | None = None, *, everything: bool = False) -> list[Optimized]:
-    """OPTIMIZE of the warehouse's tables (tables: source names; None: all)."""
+    """OPTIMIZE of the warehouse's tables (tables: source names; None: all, and the views')."""
     state = WarehouseState(storage)
     if not state.exists:
         raise UserError(f"{storage.url} is not a replicator Delta warehouse (no {STATE_DIRECTORY} table)")
@@ -240,6 +244,11 @@ def optimize(storage: Storage, tables: list[str] | None = None, *, everything: b
         result = optimize_table(ReplicaTable(storage, directory), everything=everything)
         if result is not None:
             result.table = name
+            done.append(result)
+    for directory in [] if tables else view_directories(storage):
+        view = ViewTable(storage, directory)
+        if view.entry is not None and (result := optimize_table(view.table, everything=everything)) is not None:
+            result.table = f"view {view.entry['name']}"
             done.append(result)
     return done
 
@@ -260,7 +269,7 @@ def vacuum(storage: Storage, *, retention: float = RETENTION_SECONDS, dry_run: b
     done = []
     now = time.time()
     cutoff_ms = (now - retention) * 1000
-    for directory in [*sorted(state.every_directory()), STATE_DIRECTORY]:
+    for directory in [*sorted(state.every_directory()), *view_directories(storage), STATE_DIRECTORY]:
         snapshot = delta_log.load(storage, directory, tombstones=True)
         assert snapshot.tombstones is not None
         # what the current version uses, and what the versions within the retention do: the

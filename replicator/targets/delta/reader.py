@@ -6,23 +6,32 @@ source table, and, per tick, the version each table was left at. A batch that
 changed several tables committed each separately; the versions recorded for a
 tick give every table as that tick left it (time travel).
 
+A view's result is a Delta table too (``URI/_views/<name>``), as of its own
+tick: the one its last refresh brought it to, which it records; read the
+tables as of that tick to read them with it. A view's version as of tick N is
+its last refresh at or before N.
+
 Spark: ``read_table(spark, URI, "public.orders")``, ``read_table(..., tick=N)``,
-``register_tables(spark, URI)`` (catalog tables ``replica.orders``...). Without
-Spark: ``table_uris(URI)`` and ``versions_as_of(URI, tick)`` for delta-rs,
-Polars, DuckDB.
+``read_view(spark, URI, "sales")``, ``register_tables(spark, URI)`` (catalog
+tables ``replica.orders``..., and the views). Without Spark: ``table_uris(URI)``,
+``view_uris(URI)``, ``versions_as_of(URI, tick)`` and ``view_versions_as_of(URI,
+tick)`` for delta-rs, Polars, DuckDB.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow.compute as pc
 
 from replicator.errors import UserError
 from replicator.structure import target_table_name
+from replicator.targets.delta import log as delta_log
 from replicator.targets.delta.state import DIRECTORY, WarehouseState
 from replicator.targets.delta.storage import Storage
 from replicator.targets.delta.stores import open_storage
+from replicator.targets.delta.view_table import ViewTable, view_directories
 
 
 def _strip(url: str) -> str:
@@ -57,20 +66,35 @@ def versions_as_of(url: str, tick: int, consumer: str | None = None) -> dict[str
     """Source table name → (its Delta table's URI, the version tick `tick` left it at), from the
     versions each batch recorded in _replicator: every table as of one tick. `consumer`
     (QUEUE/CONSUMER) picks one consumer's ticks when several write the warehouse."""
-    from deltalake import DeltaTable
-
     storage = open_storage(_strip(url))
-    state = _state(storage)
+    root, _ = storage.delta_rs()
+    return {name: (f"{root}/{directory}", version)
+            for directory, (name, version) in sorted(tick_versions(storage, tick, consumer).items())}
+
+
+def consumer_of(state: WarehouseState, consumer: str | None) -> str:
+    """The consumer (QUEUE/CONSUMER) whose ticks to read: the one named, or the warehouse's only one."""
     positions = state.positions()
     if consumer is None:
         if len(positions) != 1:
-            raise UserError(f"{storage.url} holds the positions of {', '.join(sorted(positions)) or 'no consumer'}: "
-                            f"name one (QUEUE/CONSUMER)")
+            raise UserError(f"{state.storage.url} holds the positions of "
+                            f"{', '.join(sorted(positions)) or 'no consumer'}: name one (QUEUE/CONSUMER)")
         consumer = next(iter(positions))
     if consumer not in positions:
-        raise UserError(f"{storage.url} holds no position of consumer {consumer}")
-    if tick > positions[consumer]:
-        raise UserError(f"tick {tick} is past the warehouse's position (tick {positions[consumer]} of {consumer})")
+        raise UserError(f"{state.storage.url} holds no position of consumer {consumer}")
+    return consumer
+
+
+def tick_versions(storage: Storage, tick: int, consumer: str | None = None) -> dict[str, tuple[str, int]]:
+    """Directory → (source table name, the version tick `tick` left it at), of the tables the
+    warehouse keeps (see versions_as_of)."""
+    from deltalake import DeltaTable
+
+    state = _state(storage)
+    consumer = consumer_of(state, consumer)
+    position = state.positions()[consumer]
+    if tick > position:
+        raise UserError(f"tick {tick} is past the warehouse's position (tick {position} of {consumer})")
     root, options = storage.delta_rs()
     rows = DeltaTable(f"{root}/{DIRECTORY}", storage_options=options).to_pyarrow_table(
         columns=["consumer", "tick", "table", "directory", "version"])
@@ -81,8 +105,67 @@ def versions_as_of(url: str, tick: int, consumer: str | None = None) -> dict[str
         if seen is None or (row["tick"], row["version"]) > (seen[0], seen[2]):
             latest[row["directory"]] = (row["tick"], row["table"], row["version"])
     live = state.directories()
-    return {name: (f"{root}/{directory}", version) for directory, (_, name, version) in sorted(latest.items())
-            if directory in live}
+    return {directory: (name, version) for directory, (_, name, version) in latest.items() if directory in live}
+
+
+def view_uris(url: str) -> dict[str, str]:
+    """View name → the URI of its Delta table."""
+    storage = open_storage(_strip(url))
+    _state(storage)
+    root, _ = storage.delta_rs()
+    found = {}
+    for directory in view_directories(storage):
+        entry = ViewTable(storage, directory).entry
+        if entry is not None:
+            found[entry["name"]] = f"{root}/{directory}"
+    return dict(sorted(found.items()))
+
+
+def view_versions_as_of(url: str, tick: int, consumer: str | None = None) -> dict[str, tuple[str, int]]:
+    """View name → (its Delta table's URI, the version of its last refresh at or before tick
+    `tick`): the view as of that tick, unless it was behind the tables then (`replicator
+    view list` says when a view is). Views created after the tick are left out."""
+    storage = open_storage(_strip(url))
+    state = _state(storage)
+    consumer = consumer_of(state, consumer)
+    root, _ = storage.delta_rs()
+    found = {}
+    for directory in view_directories(storage):
+        vt = ViewTable(storage, directory)
+        entry = vt.entry
+        version = _refreshed_by(storage, directory, vt.table.snapshot.version, consumer, tick) if entry else None
+        if entry is not None and version is not None:
+            found[entry["name"]] = (f"{root}/{directory}", version)
+    return dict(sorted(found.items()))
+
+
+def _refreshed_by(storage: Storage, directory: str, latest: int, consumer: str, tick: int) -> int | None:
+    """The last version of a view's table committed for a tick of the consumer at or before
+    `tick` (its commits carry txn(consumer, tick)); None when its log holds none."""
+    for version in range(latest, -1, -1):
+        try:
+            data = storage.read(delta_log.commit_path(directory, version))
+        except FileNotFoundError:
+            return None
+        for line in data.splitlines():
+            action = json.loads(line) if line.strip() else {}
+            txn = action.get("txn")
+            if txn and txn["appId"] == consumer and int(txn["version"]) <= tick:
+                return version
+    return None
+
+
+def read_view(spark: Any, url: str, view: str, *, tick: int | None = None, consumer: str | None = None) -> Any:
+    """A view's rows as a DataFrame: as of its last refresh, or as of tick `tick`."""
+    uris = view_uris(url) if tick is None else {n: u for n, (u, _) in view_versions_as_of(url, tick, consumer).items()}
+    name = next((n for n in uris if n.lower() == view.lower()), None)
+    if name is None:
+        raise UserError(f"no view {view!r} in the warehouse{'' if tick is None else f' as of tick {tick}'} "
+                        f"(it has {', '.join(sorted(uris)) or 'none'})")
+    reader = spark.read.format("delta")
+    if tick is not None:
+        reader = reader.option("versionAsOf", view_versions_as_of(url, tick, consumer)[name][1])
+    return reader.load(_spark_location(uris[name]))
 
 
 def read_table(spark: Any, url: str, table: str, *, tick: int | None = None, consumer: str | None = None) -> Any:
@@ -98,15 +181,20 @@ def read_table(spark: Any, url: str, table: str, *, tick: int | None = None, con
 
 def register_tables(spark: Any, url: str, database: str = "replica") -> list[str]:
     """Registers every table in the session's catalog as ``DATABASE.t`` (``DATABASE.schema__t``
-    outside schema public), a table over its Delta location (it follows the table as the
-    consumer writes it). Returns the names registered."""
-    from replicator.targets.spark.views import quote_spark
+    outside schema public), and every view as ``DATABASE.<view>``, a table over its Delta
+    location (it follows the table as the consumer writes it). Returns the names registered."""
+    from replicator.views.spark_sql import quote_spark
 
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_spark(database)}")
     names = []
     for source_name, uri in table_uris(url).items():
         schema, _, bare = source_name.partition(".")
         name = f"{quote_spark(database)}.{quote_spark(target_table_name(schema, bare))}"
+        location = _spark_location(uri).replace("'", "\\'")
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING delta LOCATION '{location}'")
+        names.append(name)
+    for view, uri in view_uris(url).items():
+        name = f"{quote_spark(database)}.{quote_spark(view)}"
         location = _spark_location(uri).replace("'", "\\'")
         spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING delta LOCATION '{location}'")
         names.append(name)

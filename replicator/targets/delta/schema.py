@@ -6,11 +6,15 @@ column is a metadata commit that rewrites no file, and a column added later is
 NULL in the files written before. Fields carry the source column's attnum
 (``replicator.attnum``), which identifies a column through renames, and its
 PostgreSQL type as the column comment.
+
+A column may also be typed in Delta's own types (base type DELTA_TYPED, its
+type a Delta type name): a view's columns, whose types are Spark's.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from typing import Any
@@ -52,11 +56,40 @@ def delta_type(typ: pa.DataType) -> str:
     return "string"
 
 
+DELTA_TYPED = "delta"   # a Column's base type when its type is a Delta type name (a view's column)
+_DELTA_ARROW = {"byte": pa.int8(), "short": pa.int16(), "integer": pa.int32(), "long": pa.int64(),
+                "boolean": pa.bool_(), "float": pa.float32(), "double": pa.float64(), "binary": pa.binary(),
+                "date": pa.date32(), "timestamp": pa.timestamp("us", tz="UTC"), "timestamp_ntz": pa.timestamp("us"),
+                "string": pa.string()}
+
+
+def arrow_type_of(name: str) -> pa.DataType | None:
+    """The Arrow type of a Delta type name (atomic types); None for the others."""
+    decimal = re.fullmatch(r"decimal\((\d+),(\d+)\)", name)
+    if decimal:
+        return pa.decimal128(int(decimal[1]), int(decimal[2]))
+    return _DELTA_ARROW.get(name)
+
+
+def column_arrow_type(column: Column) -> pa.DataType:
+    """A column's Arrow type: its Delta type's, or PostgreSQL's mapping (replicator.targets.arrow)."""
+    if column.base_type == DELTA_TYPED:
+        typ = arrow_type_of(column.type)
+        assert typ is not None, f"column {column.name} has no Arrow type for Delta type {column.type}"
+        return typ
+    return arrow_type(column)
+
+
+def _column_delta_type(column: Column) -> str:
+    return column.type if column.base_type == DELTA_TYPED else delta_type(arrow_type(column))
+
+
 def _field(column: Column, field_id: int, physical: str, key: bool) -> dict[str, Any]:
-    return {"name": column.name, "type": delta_type(arrow_type(column)),
-            "nullable": not (key and column.not_null),
-            "metadata": {FIELD_ID: field_id, PHYSICAL_NAME: physical, ATTNUM: column.attnum,
-                         "comment": f"PostgreSQL {column.type}"}}
+    metadata: dict[str, Any] = {FIELD_ID: field_id, PHYSICAL_NAME: physical, ATTNUM: column.attnum}
+    if column.base_type != DELTA_TYPED:
+        metadata["comment"] = f"PostgreSQL {column.type}"
+    return {"name": column.name, "type": _column_delta_type(column), "nullable": not (key and column.not_null),
+            "metadata": metadata}
 
 
 def table_schema(structure: TableStructure, old: dict[str, Any] | None, max_column_id: int,
@@ -68,7 +101,7 @@ def table_schema(structure: TableStructure, old: dict[str, Any] | None, max_colu
     fields = []
     for column in structure.columns:
         previous = kept.get(column.attnum)
-        if previous is not None and previous["type"] == delta_type(arrow_type(column)):
+        if previous is not None and previous["type"] == _column_delta_type(column):
             field = _field(column, previous["metadata"][FIELD_ID], previous["metadata"][PHYSICAL_NAME],
                            column.name in structure.key)
         else:
@@ -84,7 +117,7 @@ def physical_names(schema: dict[str, Any]) -> list[str]:
 
 def arrow_schema(structure: TableStructure, schema: dict[str, Any]) -> pa.Schema:
     """The Parquet schema of the table's data files: physical names and field ids."""
-    return pa.schema([pa.field(f["metadata"][PHYSICAL_NAME], arrow_type(column),
+    return pa.schema([pa.field(f["metadata"][PHYSICAL_NAME], column_arrow_type(column),
                                metadata={b"PARQUET:field_id": str(f["metadata"][FIELD_ID]).encode()})
                       for column, f in zip(structure.columns, schema["fields"])])
 

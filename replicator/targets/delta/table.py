@@ -13,6 +13,10 @@ a table whose recorded version is at or past a batch's tick has that batch
 already, and the batch is skipped for it (a retry after a crash is a no-op).
 Replaying a batch over a table that holds part of it is harmless: a change sets
 a key's whole row, so the end state is the same.
+
+A table views read keeps what each commit changed (``captures``: the rows it
+marked deleted, by file and position, and the changed keys), so that the views
+are refreshed without reading the table; other tables keep nothing.
 """
 
 from __future__ import annotations
@@ -74,6 +78,20 @@ class Staged:
     touched: set[str] = field(default_factory=set)   # committed files whose deletion vector grows
     spilled: bool = False
     vector_file: str | None = None                   # the deletion vectors of the commit being made
+    deleted_rows: dict[str, list[int]] = field(default_factory=dict)   # captured: rows marked deleted, by file
+    changed_keys: list[pa.Table] = field(default_factory=list)          # captured: key columns of the changes
+
+
+@dataclass
+class Captured:
+    """What one commit of a table did, for the views that read it: the rows it marked
+    deleted (the old rows of the keys it changed, and rows the same transaction wrote
+    and replaced), by file and row; the changed keys (key columns, physical names);
+    whether it removed every row (a copy, TRUNCATE, drop)."""
+    version: int
+    deleted: dict[str, list[int]]
+    keys: list[pa.Table]
+    reset: bool
 
 
 class CountingWriter(io.RawIOBase):
@@ -101,6 +119,7 @@ class ReplicaTable:
         self.index: KeyIndex | None = None
         self.staged: Staged | None = None
         self._vectors: dict[str, bytes] = {}   # deletion vector files read
+        self.captures: list[Captured] | None = None   # what each commit did, while views read the table
 
     # what is committed -------------------------------------------------------------------
 
@@ -221,6 +240,14 @@ class ReplicaTable:
             self._apply_changes(staged)
             staged.spilled = True
 
+    def add_files(self, adds: dict[str, dict[str, Any]]) -> None:
+        """Data files another writer (Spark) wrote into the table's directory, added by the
+        transaction (path → add action; the table's columns by their physical names)."""
+        staged = self._stage()
+        self._close_copy_file(staged)
+        staged.new_files.update(adds)
+        self.index = None   # their keys are read when next needed
+
     def rollback(self) -> None:
         staged, self.staged = self.staged, None
         if staged is None:
@@ -245,7 +272,10 @@ class ReplicaTable:
 
     def _integer_key(self, structure: TableStructure, schema: dict[str, Any]) -> bool:
         types = [f.type for f in delta_schema.arrow_schema(structure, schema)]
-        return is_integer_key([types[i] for i in structure.key_positions()])
+        positions = structure.key_positions()
+        # NULL is no integer: a key column that may be NULL (a view's) is kept as values
+        return is_integer_key([types[i] for i in positions]) and not any(schema["fields"][i]["nullable"]
+                                                                         for i in positions)
 
     def _arrow(self, rows: Sequence[Sequence[Any]]) -> pa.Table:
         structure, schema = self.structure(), self.schema()
@@ -340,18 +370,40 @@ class ReplicaTable:
         self._close_copy_file(staged)
         if not staged.changes:
             return
-        index = self.ensure_index()
         changes, staged.changes = list(staged.changes.values()), {}
-        structure = self.structure()
-        positions = structure.key_positions()
-        data = self._arrow([row for _, row in changes])
+        self._apply(staged, self._arrow([row for _, row in changes]),
+                    pa.array([not deleted for deleted, _ in changes], type=pa.bool_()))
+
+    def change_rows(self, upserts: pa.Table, deleted: pa.Table) -> None:
+        """Changes given as Arrow tables (a view's recomputed rows): rows to upsert (the
+        table's columns, in order, one row per key) and keys to delete (its key columns,
+        in key order, none of the upserted keys), applied at once."""
+        staged = self._stage()
+        self._apply_changes(staged)
+        target = delta_schema.arrow_schema(self.structure(), self.schema())
+        rows = pa.Table.from_arrays([c.cast(f.type) for c, f in zip(upserts.columns, target)], schema=target)
+        key_of = {i: j for j, i in enumerate(self.structure().key_positions())}
+        gone = pa.Table.from_arrays([deleted.column(key_of[i]).cast(f.type) if i in key_of else
+                                     pa.nulls(deleted.num_rows, f.type) for i, f in enumerate(target)], schema=target)
+        self._apply(staged, pa.concat_tables([rows, gone]),
+                    pa.array([True] * rows.num_rows + [False] * gone.num_rows, type=pa.bool_()))
+
+    def _apply(self, staged: Staged, data: pa.Table, upsert: pa.Array) -> None:
+        """Rows of changed keys (upsert: which are upserts, the others deletions): the rows
+        they replace or delete marked deleted, the upserts written as one data file."""
+        index = self.ensure_index()
+        positions = self.structure().key_positions()
         keys = canonical_keys([data.column(i) for i in positions], index.integer)
         located = [location for location in index.locate(keys) if location >= 0]
+        if self.captures is not None:
+            for location in located:
+                staged.deleted_rows.setdefault(index.paths[location >> 32], []).append(location & 0xFFFFFFFF)
+            staged.changed_keys.append(data.select(positions))
         for number in index.mark_deleted(located):
             path = index.paths[number]
             if path not in staged.new_files:
                 staged.touched.add(path)
-        upserts = data.filter(pa.array([not deleted for deleted, _ in changes], type=pa.bool_()))
+        upserts = data.filter(upsert)
         if upserts.num_rows:
             path = self._write_file(upserts)
             index.add_file(path, canonical_keys([upserts.column(i) for i in positions], index.integer))
@@ -376,6 +428,7 @@ class ReplicaTable:
             meta = staged.meta if staged.meta is not None else self.meta
             assert meta is not None
             metadata = delta_schema.metadata(self.snapshot.metadata or None, schema, staged.max_column_id, meta,
+                                             meta.get("description") or
                                              f"PostgreSQL table {meta.get('source_name', '')}, replicated by "
                                              f"replicator")
             if staged.dropped:
@@ -410,9 +463,13 @@ class ReplicaTable:
             actions.append({"txn": {"appId": app, "version": tick, "lastUpdated": now}})
         return actions
 
-    def commit(self, app: str | None, tick: int | None) -> int | None:
+    def commit(self, app: str | None, tick: int | None, *, retry: bool = True,
+               parameters: dict[str, Any] | None = None) -> int | None:
         """Commits the staged work (with the transaction id when tick is given); returns the
-        new version, None when there was nothing to commit."""
+        new version, None when there was nothing to commit. When another writer took the
+        version, the work is staged again over its commit, or with retry False
+        CommitConflict is raised (the staged work is kept: roll it back). parameters:
+        the commit's operationParameters."""
         staged = self.staged
         if staged is None:
             return None
@@ -428,14 +485,19 @@ class ReplicaTable:
                          "WRITE" if staged.reset else "MERGE" if staged.touched or staged.new_files else
                          "SET TBLPROPERTIES")
             try:
-                version = delta_log.commit(self.storage, self.snapshot, actions, operation=operation)
+                version = delta_log.commit(self.storage, self.snapshot, actions, operation=operation,
+                                           parameters=parameters)
             except delta_log.CommitConflict:
                 self._discard_attempt(staged, files)
+                if not retry:
+                    raise
                 self._after_conflict(staged, app, attempt)
                 # the changes are located again over the other writer's commit
                 staged.changes = changes
                 continue
             self.staged = None
+            if self.captures is not None:
+                self.captures.append(Captured(version, staged.deleted_rows, staged.changed_keys, staged.reset))
             return version
         raise UserError(f"{self.directory}: {COMMIT_ATTEMPTS} commits in a row lost to other writers of the table")
 

@@ -18,6 +18,11 @@ object storage, commits are conditional writes: a second writer loses its
 commit and never overwrites one; a second consumer (no lock file there keeps
 it out) stops in one line at the first commit of the other's it finds, and
 other writers' commits (a user's DELETE or OPTIMIZE) are taken in.
+
+Views (replicator.targets.delta.views) are refreshed after the commit, each with
+a commit of its own: Spark, which computes them, is started in a background
+thread when the warehouse has views, and never delays a batch's tables or
+position; a view behind them catches up at a later commit.
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replicator.errors import UserError, first_line
+from replicator.source.monitoring import Every
 from replicator.structure import Change, TableStructure
 from replicator.targets.crash import crash_point
 from replicator.targets.delta import log as delta_log
@@ -41,12 +47,17 @@ from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import LocalStorage, Storage
 from replicator.targets.delta.stores import open_storage
 from replicator.targets.delta.table import ReplicaTable
+from replicator.targets.delta.view_table import view_directories
 from replicator.targets.protocol import Row, TargetTable, queue_positions
 from replicator.wording import counted
+
+if TYPE_CHECKING:
+    from replicator.targets.delta.views import DeltaViews
 
 log = logging.getLogger("replicator")
 
 LOCK = ".replicator.lock"   # local warehouses: held by the consumer writing it (a dot file: readers skip it)
+VIEWS_DISCOVER_SECONDS = 30.0   # how often the consumer looks for views created (or dropped) meanwhile
 
 
 def table_meta(table: TargetTable) -> dict[str, Any]:
@@ -65,10 +76,35 @@ def directory_name(source_name: str) -> str:
     return re.sub(r"[^\w.-]", "_", source_name)[:120] or "table"
 
 
+class _Tables:
+    """The consumer's warehouse as its views see it (replicator.targets.delta.views.Warehouse):
+    the tables as the consumer committed them."""
+
+    def __init__(self, target: DeltaTarget) -> None:
+        self.target = target
+        self.storage = target.storage
+
+    def directories(self) -> dict[str, str]:
+        return self.target.state.directories()
+
+    def table(self, directory: str) -> ReplicaTable:
+        return self.target._open(directory)
+
+    def versions(self) -> dict[str, int]:
+        return {d: self.table(d).snapshot.version for d in self.directories()}
+
+    def position(self) -> tuple[str, int] | None:
+        return self.target._last
+
+    def refresh(self) -> None:
+        """Nothing to read: the consumer's tables are as it committed them."""
+
+
 class DeltaTarget:
     exactly_once = True
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, spark_master: str | None = None, spark_conf: dict[str, str] | None = None,
+                 session: Callable[[], Any] | None = None) -> None:
         self.storage: Storage = open_storage(url)
         self.name = f"delta:{self.storage.url}"
         self._lock_fd = -1
@@ -89,6 +125,18 @@ class DeltaTarget:
             raise
         self._position: tuple[str, int] | None = None
         self._directories: dict[str, str] | None = None   # as the open transaction leaves them
+        positions = self.state.positions()
+        self._last: tuple[str, int] | None = next(iter(positions.items())) if len(positions) == 1 else None
+        self._session = session or (lambda: _spark_session(spark_master, spark_conf))
+        self._views: DeltaViews | None = None   # once the warehouse has views
+        self._views_due = Every(VIEWS_DISCOVER_SECONDS)
+        self._views_waiting = False
+        self._views_failed = False   # Spark would not start: the views are left alone for this run
+        self._views_due.due()
+        try:
+            self._discover_views()
+        except Exception as exc:   # the tables are replicated all the same
+            log.warning("views: cannot read them (they are not refreshed): %s", first_line(exc))
 
     # the warehouse ----------------------------------------------------------------------
 
@@ -177,6 +225,9 @@ class DeltaTarget:
         crash_point("delta-committed")
         self._directories = None
         self._position = None
+        if app is not None and tick is not None:
+            self._last = (app, tick)
+            self._refresh_views(wait=False)
         self._maintain(committed)
 
     def _maintain(self, committed: list[ReplicaTable]) -> None:
@@ -199,7 +250,8 @@ class DeltaTarget:
         except Exception as exc:
             log.warning("optimize after the commit failed (the consumer goes on; `replicator delta optimize` runs "
                         "it): %s", first_line(exc))
-        self._checkpoint(list(self._tables.values()))
+        views = [vt.table for vt in self._views.discovered()] if self._views is not None else []
+        self._checkpoint(list(self._tables.values()) + views)
 
     def _checkpoint(self, tables: list[ReplicaTable]) -> None:
         """A checkpoint of each log that grew by CHECKPOINT_EVERY commits since the last
@@ -226,10 +278,74 @@ class DeltaTarget:
         self._directories = None
         self._position = None
 
+    # views ------------------------------------------------------------------------------
+
+    def _discover_views(self) -> None:
+        """Looks for the warehouse's views (at start, then every VIEWS_DISCOVER_SECONDS):
+        the tables they read keep what their commits change, and Spark is started in the
+        background for them."""
+        if self._views is None:
+            if self._views_failed or not view_directories(self.storage):
+                return
+            from replicator.targets.delta.views import DeltaViews, Session
+            self._views = DeltaViews(_Tables(self), Session(self._session))
+        found = self._views.discover()
+        if found:
+            self._views.session.start()
+        directories = self.state.directories()
+        watched = self._views.watched()
+        for directory in directories:
+            table = self._open(directory)
+            if directory in watched:
+                self._views.capture(table)
+            else:
+                table.captures = None
+
+    def _refresh_views(self, *, wait: bool) -> None:
+        """Brings the views up to the last commit, once Spark has started (wait: until it
+        has). A failure costs the views their freshness, never the batch."""
+        if self._views_due.due():
+            self._discover_views()
+        views = self._views
+        if views is None or self._last is None:
+            return
+        views.take_captures(self._tables)
+        if not views.discovered():
+            return
+        views.session.start()
+        if not (wait or views.session.ready):
+            if not self._views_waiting:
+                log.info("views: Spark is starting; the views catch up once it has (the tables are committed "
+                         "meanwhile)")
+                self._views_waiting = True
+            return
+        try:
+            views.session.get()
+        except Exception as exc:
+            log.warning("views are not refreshed by this consumer: cannot start Spark: %s", first_line(exc))
+            self._views, self._views_failed = None, True
+            for table in self._tables.values():
+                table.captures = None
+            return
+        if self._views_waiting:
+            log.info("views: Spark started in %.1fs; the views catch up", views.session.seconds)
+            self._views_waiting = False
+        views.catch_up(*self._last)
+        crash_point("delta-views-refreshed")
+
+    def settle(self) -> None:
+        """Brings the views up to the position, waiting for Spark to start if it must (the end
+        of `consume --until-caught-up` or `--once`)."""
+        self._refresh_views(wait=True)
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             if getattr(self, "_tables", None):
                 self.rollback()
+        with contextlib.suppress(Exception):   # once Spark runs, the views are brought up to the last commit
+            views: DeltaViews | None = getattr(self, "_views", None)
+            if views is not None and views.session.ready and self._last is not None:
+                self._refresh_views(wait=False)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -315,3 +431,8 @@ class DeltaTarget:
         replica = self._table(table.source_name)
         files = DataFiles(self.storage.url, replica.directory, table.structure.to_json(), replica.schema())
         return parallel_copy.copy_parallel(snap, ranges, files, progress, replica.take_files)
+
+
+def _spark_session(master: str | None, conf: dict[str, str] | None) -> Any:
+    from replicator.targets.spark.session import get_session
+    return get_session(master, conf, app_name="replicator consumer")

@@ -111,7 +111,8 @@ def get_session(master: str | None = None, conf: Mapping[str, str] | None = None
     try:
         from pyspark.sql import SparkSession
     except ImportError:
-        raise UserError("the Spark target needs PySpark: pip install 'replicator[spark]'") from None
+        raise UserError("Spark (views on a Delta warehouse, reading it from Spark) needs PySpark: "
+                        "pip install 'replicator[spark]'") from None
     builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("SPARK_MASTER", "local[*]"))
     jars = cache_dir()
     settings = session_settings(conf, jars=jars)
