@@ -51,28 +51,6 @@ from replicator.targets.delta.views import DeltaViews, ReadWarehouse, Session
 from replicator.targets.protocol import TargetTable
 
 # Delta's jars for the tests' Spark, until get_session loads them itself
-DELTA_JARS = "/tmp/delta-research/ivy/jars"
-DELTA_CONF = {
-    "spark.jars": f"{DELTA_JARS}/io.delta_delta-spark_4.2_2.13-4.4.0.jar,{DELTA_JARS}/io.delta_delta-storage-4.4.0.jar",
-    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
-    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-    "spark.databricks.delta.snapshotPartitions": "2",
-}
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """One local Spark session with Delta for the whole run (it replaces conftest's)."""
-    from replicator.spark import get_session
-
-    session = get_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
-                                       "spark.driver.memory": "2g", **DELTA_CONF}, app_name="replicator tests")
-    try:
-        yield session
-    finally:
-        session.stop()
-
-
 VIEWS = {
     "by_customer": "SELECT customer_id, count(*) AS n, sum(amount) AS total, avg(amount) AS mean,"
                    " min(amount) AS lo, max(amount) AS hi FROM orders GROUP BY customer_id",

@@ -129,6 +129,26 @@ def load(storage: Storage, table: str, *, tombstones: bool = False) -> Snapshot:
     return snapshot
 
 
+def metadata_at(storage: Storage, table: str, version: int) -> dict[str, Any]:
+    """The table's metaData action as of `version`: the last one in the commits up to it, or
+    in a checkpoint at or before it. ValueError when the log no longer holds it."""
+    for at in range(version, -1, -1):
+        try:
+            actions = _actions(storage.read(commit_path(table, at)))
+        except FileNotFoundError:
+            found = Snapshot(table)
+            try:
+                _read_checkpoint(storage, found, f"{table}/{LOG_DIR}", {"version": at})
+            except FileNotFoundError:
+                raise ValueError(f"{table}/{LOG_DIR} no longer holds version {at}") from None
+            return found.metadata
+        for action in reversed(actions):
+            if "metaData" in action:
+                metadata: dict[str, Any] = action["metaData"]
+                return metadata
+    raise ValueError(f"{table}/{LOG_DIR} has no metadata up to version {version}")
+
+
 def refresh(storage: Storage, snapshot: Snapshot) -> list[list[dict[str, Any]]]:
     """Brings a snapshot to the latest version; returns the actions of each commit read."""
     commits: list[list[dict[str, Any]]] = []
@@ -195,20 +215,32 @@ def commit(storage: Storage, snapshot: Snapshot, actions: Sequence[dict[str, Any
            parameters: dict[str, Any] | None = None) -> int:
     """Writes actions as the snapshot's next version and applies them to it; CommitConflict
     when another writer took that version (the snapshot is left as it was)."""
-    info = {"commitInfo": {"timestamp": now_ms(), "operation": operation,
-                           "operationParameters": parameters or {}, "readVersion": snapshot.version,
-                           "isolationLevel": "Serializable", "isBlindAppend": False,
-                           "engineInfo": ENGINE, "txnId": str(uuid.uuid4())}}
+    txn_id = str(uuid.uuid4())
+    info: dict[str, dict[str, Any]] = {"commitInfo": {
+        "timestamp": now_ms(), "operation": operation, "operationParameters": parameters or {},
+        "readVersion": snapshot.version, "isolationLevel": "Serializable", "isBlindAppend": False,
+        "engineInfo": ENGINE, "txnId": txn_id}}
     if snapshot.version < 0:
         info["commitInfo"].pop("readVersion")
     body = "\n".join(json.dumps(action, separators=(",", ":")) for action in [info, *actions]) + "\n"
     version = snapshot.version + 1
-    if not storage.put_if_absent(commit_path(snapshot.table, version), body.encode()):
+    path = commit_path(snapshot.table, version)
+    if not storage.put_if_absent(path, body.encode()) and not _ours(storage, path, txn_id):
         raise CommitConflict(f"version {version} of {snapshot.table} was committed by another writer")
     snapshot.apply(copy.deepcopy(list(actions)))
     snapshot.version = version
     snapshot.commits_since_checkpoint += 1
     return version
+
+
+def _ours(storage: Storage, path: str, txn_id: str) -> bool:
+    """Whether the commit at path is this one after all: an object store's conditional PUT whose
+    answer was lost is retried by the client, and the retry finds the first attempt's object."""
+    try:
+        first = _actions(storage.read(path))[:1]
+    except (FileNotFoundError, ValueError):
+        return False
+    return bool(first) and first[0].get("commitInfo", {}).get("txnId") == txn_id
 
 
 def now_ms() -> int:

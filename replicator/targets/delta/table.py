@@ -118,6 +118,9 @@ class ReplicaTable:
         self.snapshot = snapshot or delta_log.load(storage, directory)
         self.index: KeyIndex | None = None
         self.staged: Staged | None = None
+        # the table's metaData as of the consumer's position, when a crash left it holding a batch
+        # past it: the batch is applied again in the structure it was captured in (DeltaTarget)
+        self.rewound: dict[str, Any] | None = None
         self._vectors: dict[str, bytes] = {}   # deletion vector files read
         self.captures: list[Captured] | None = None   # what each commit did, while views read the table
 
@@ -128,7 +131,8 @@ class ReplicaTable:
         """The TargetTable record (None: not a table replicator keeps, or dropped)."""
         if not self.snapshot.exists:
             return None
-        text = self.snapshot.configuration.get(delta_schema.TABLE_META)
+        metadata = self.rewound if self.rewound is not None else self.snapshot.metadata
+        text = (metadata.get("configuration") or {}).get(delta_schema.TABLE_META)
         return json.loads(text) if text else None
 
     def structure(self) -> TableStructure:
@@ -141,6 +145,9 @@ class ReplicaTable:
     def schema(self) -> dict[str, Any]:
         if self.staged is not None and self.staged.schema is not None:
             return self.staged.schema
+        if self.rewound is not None:
+            schema: dict[str, Any] = json.loads(self.rewound["schemaString"])
+            return schema
         return self.snapshot.schema
 
     def applied(self, app: str) -> int | None:
@@ -214,7 +221,7 @@ class ReplicaTable:
         staged = self._stage()
         staged.meta = meta
         if staged.schema is None:
-            staged.schema = self.snapshot.schema
+            staged.schema = self.schema()
 
     def copy(self, rows: Sequence[Sequence[Any]]) -> None:
         """Rows of a copy (after reset): written into large data files as they come."""
@@ -421,7 +428,7 @@ class ReplicaTable:
         self._apply_changes(staged)
         actions: list[dict[str, Any]] = []
         if staged.schema is not None or staged.meta is not None:
-            schema = staged.schema or self.snapshot.schema
+            schema = staged.schema or self.schema()
             protocol = delta_schema.protocol(schema, self.snapshot.protocol or None)
             if protocol != self.snapshot.protocol:
                 actions.append({"protocol": protocol})
@@ -477,6 +484,7 @@ class ReplicaTable:
         self._close_copy_file(staged)
         for attempt in range(COMMIT_ATTEMPTS):
             changes, files = dict(staged.changes), dict(staged.new_files)
+            captured = ({path: list(rows) for path, rows in staged.deleted_rows.items()}, list(staged.changed_keys))
             actions = self._actions(staged, app, tick)
             if not actions:
                 self.staged = None
@@ -492,10 +500,12 @@ class ReplicaTable:
                 if not retry:
                     raise
                 self._after_conflict(staged, app, attempt)
-                # the changes are located again over the other writer's commit
+                # the changes are located again over the other writer's commit (and captured again)
                 staged.changes = changes
+                staged.deleted_rows, staged.changed_keys = captured
                 continue
             self.staged = None
+            self.rewound = None
             if self.captures is not None:
                 self.captures.append(Captured(version, staged.deleted_rows, staged.changed_keys, staged.reset))
             return version

@@ -117,6 +117,7 @@ class DeltaTarget:
             self._tables: dict[str, ReplicaTable] = {}
             for directory in self.state.directories():
                 self._open(directory)
+            self._rewind_ahead()
         except (OSError, ValueError) as exc:
             self.close()
             raise UserError(f"cannot use {self.storage.url} as a Delta warehouse: {exc}") from None
@@ -162,6 +163,24 @@ class DeltaTarget:
             raise UserError(f"{self.storage.url} holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''} "
                             f"and is not a replicator Delta warehouse (no {STATE_DIRECTORY}): give the warehouse "
                             f"another path, or an empty one")
+
+    def _rewind_ahead(self) -> None:
+        """A crash between a batch's table commits and _replicator's leaves tables holding the
+        batch past the position. The batch is applied again from the position, maybe as part
+        of a longer one, and its rows are captured in the structure before it: such a table
+        shows the structure (and takes rows in it) as of the position until it commits again
+        or the position passes it (its commit for the batch is then skipped)."""
+        positions = self.state.positions()
+        ahead = {directory for directory, table in self._tables.items()
+                 if any((table.applied(app) or 0) > tick for app, tick in positions.items())}
+        if not ahead:
+            return
+        from replicator.targets.delta.reader import tick_versions
+        for app, tick in positions.items():
+            for directory, (_, version) in tick_versions(self.storage, tick, app).items():
+                table = self._tables.get(directory)
+                if directory in ahead and table is not None and (table.applied(app) or 0) > tick:
+                    table.rewound = delta_log.metadata_at(self.storage, directory, version)
 
     def _open(self, directory: str) -> ReplicaTable:
         table = self._tables.get(directory)
@@ -222,6 +241,10 @@ class DeltaTarget:
                 versions.append((self._directories.get(directory, directory), directory, version))
                 committed.append(table)
         self.state.commit(self._position, versions, self._directories)
+        if self._position is not None:   # tables that held this batch already show their own structure again
+            for table in self._tables.values():
+                if table.rewound is not None and (table.applied(self._position[0]) or 0) <= self._position[1]:
+                    table.rewound = None
         crash_point("delta-committed")
         self._directories = None
         self._position = None
@@ -358,20 +381,27 @@ class DeltaTarget:
         try:
             replica = self._table(table.source_name)
         except KeyError:
-            directory = self._free_directory(directory_name(table.source_name))
+            directory = self._free_directory(directory_name(table.source_name), table.table_id)
             self._directories[directory] = table.source_name
             replica = self._open(directory)
         replica.reset(table_meta(table), table.structure)
 
-    def _free_directory(self, wanted: str) -> str:
-        """wanted, or wanted-2, -3...: a directory no kept table has (a dropped table's is reused)."""
+    def _free_directory(self, wanted: str, table_id: int) -> str:
+        """wanted, or wanted-2, -3...: a directory no kept table has. A dropped table's is taken
+        again (dropped in this transaction too), and so is one holding this very table, which
+        a crash left out of _replicator (the table committed, the warehouse's commit not)."""
         assert self._directories is not None
         candidate, n = wanted, 1
-        while candidate in self._directories or candidate == STATE_DIRECTORY or (
-                self._open(candidate).meta is not None):
+        while candidate in self._directories or candidate == STATE_DIRECTORY or not self._reusable(candidate, table_id):
             n += 1
             candidate = f"{wanted}-{n}"
         return candidate
+
+    def _reusable(self, directory: str, table_id: int) -> bool:
+        replica = self._open(directory)
+        meta = replica.meta
+        return (meta is None or meta["table_id"] == table_id
+                or (replica.staged is not None and replica.staged.dropped))
 
     def save_table(self, table: TargetTable) -> None:
         self._table(table.source_name).set_meta(table_meta(table))
