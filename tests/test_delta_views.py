@@ -582,7 +582,7 @@ SOURCE_VIEWS = {   # the same SQL in Spark and in PostgreSQL: the source compute
                      " JOIN customers c ON c.id = o.customer_id GROUP BY c.region",
     "open_amounts": "SELECT id, amount FROM orders WHERE status = 'open'",
 }
-SPARK_ARGS = [arg for key, value in {**DELTA_CONF, "spark.sql.shuffle.partitions": "4"}.items()
+SPARK_ARGS = [arg for key, value in {"spark.sql.shuffle.partitions": "4"}.items()
               for arg in ("--spark-conf", f"{key}={value}")] + ["--spark-master", "local[1]"]
 
 
