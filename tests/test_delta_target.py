@@ -925,3 +925,40 @@ def test_a_table_given_a_feature_replicator_does_not_write_stops_the_consumer_in
         f"replicator does not write: remove it (Spark: ALTER TABLE delta.`{path}/public.t` DROP FEATURE "
         f"changeDataFeed)")
     assert DeltaTable(uri).version() == version   # nothing written over it
+
+
+def test_the_key_index_follows_the_rows_an_optimize_moves_and_later_changes_stay_exact(tmp_path):
+    from replicator.structure import Column, TableStructure
+    from replicator.targets.delta import maintenance
+    from replicator.targets.delta.storage import LocalStorage
+    from replicator.targets.delta.table import ReplicaTable
+
+    structure = TableStructure("public", "t", (Column("id", "bigint", "bigint", "N", True, 1),
+                                               Column("v", "text", "text", "S", False, 2)), ("id",))
+    meta = {"source_name": "public.t", "table_id": 1, "mode": "full", "structure": structure.to_json(),
+            "copy_snapshot": None}
+    storage = LocalStorage(tmp_path)
+    table = ReplicaTable(storage, "public.t")
+    table.reset(meta, structure)
+    table.copy([(i, f"v{i}") for i in range(5000)])
+    table.commit(None, None)
+    expected = {i: f"v{i}" for i in range(5000)}
+    for tick in range(1, 6):   # small files and deletion vectors for OPTIMIZE to fold and purge
+        for i in range(tick, 5000, 7):
+            table.change((i,), False, (i, f"u{tick}-{i}"))
+            expected[i] = f"u{tick}-{i}"
+        for i in range(tick * 3, 5000, 97):
+            table.change((i,), True, (i, None))
+            expected.pop(i, None)
+        table.commit("q/c", tick)
+    index = table.index
+    assert index is not None
+    done = maintenance.optimize_table(table, everything=True)
+    assert done is not None and done.committed and table.index is index   # moved, not thrown away
+    for i in range(0, 5000, 5):   # changes located through the moved index
+        table.change((i,), False, (i, f"after-{i}"))
+        expected[i] = f"after-{i}"
+    table.commit("q/c", 6)
+    rows = pa.table(DeltaTable(str(tmp_path / "public.t")).scan().read_all()).to_pylist()
+    assert len(rows) == len(expected)
+    assert {r["id"]: r["v"] for r in rows} == expected

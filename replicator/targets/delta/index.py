@@ -135,6 +135,37 @@ class KeyIndex:
                 found[i] = -1
         return found
 
+    def move(self, moves: Sequence[tuple[str, np.ndarray, int, str, int]]) -> None:
+        """Rows moved by a rewrite (OPTIMIZE): (old file, its rows kept in order, its row count,
+        new file, the new file's row of the first). A dead row keeps its old location (the old
+        file's deletions still say it is dead)."""
+        remap: dict[int, np.ndarray] = {}
+        for old_path, kept, total, new_path, offset in moves:
+            old = self.number.get(old_path)
+            if old is None:
+                continue
+            new = self.number.get(new_path)
+            if new is None:
+                new = self.number[new_path] = len(self.paths)
+                self.paths.append(new_path)
+                self.deleted.append(BitMap())
+            table = np.full(total, -1, dtype=np.int64)
+            table[kept] = (new << 32) | (offset + np.arange(len(kept), dtype=np.int64))
+            remap[old] = table
+        if not remap:
+            return
+        if len(self._locations):
+            files = self._locations >> 32
+            for old, table in remap.items():
+                at = np.nonzero(files == old)[0]
+                if len(at):
+                    mapped = table[self._locations[at] & 0xFFFFFFFF]
+                    self._locations[at] = np.where(mapped >= 0, mapped, self._locations[at])
+        for key, location in self._recent.items():
+            moved = remap.get(location >> 32)
+            if moved is not None and moved[location & 0xFFFFFFFF] >= 0:
+                self._recent[key] = int(moved[location & 0xFFFFFFFF])
+
     def mark_deleted(self, locations: Sequence[int]) -> dict[int, list[int]]:
         """Marks rows dead; returns the rows by file number."""
         by_file: dict[int, list[int]] = {}

@@ -31,7 +31,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,18 @@ _LOG_FILE = re.compile(r"(\d{20})\.(?:json|checkpoint(?:\.\d{10}\.\d{10})?\.parq
 
 
 @dataclass
+class Move:
+    """Where a rewritten file's live rows went: its rows `kept` (in order) are the rows of the
+    new file from `offset` on."""
+    old_path: str
+    kept: np.ndarray
+    total: int            # rows of the old file
+    new_file: int         # the new file's number among those written, then its path
+    offset: int
+    new_path: str = ""
+
+
+@dataclass
 class Optimized:
     table: str
     files: int            # files rewritten
@@ -70,6 +82,7 @@ class Optimized:
     written: int          # files written
     seconds: float
     committed: bool       # False: the files changed meanwhile (run again)
+    moves: list[Move] = field(default_factory=list)   # where the rows went (committed only)
 
 
 def due(table: ReplicaTable) -> bool:
@@ -105,7 +118,7 @@ def optimize_table(table: ReplicaTable, *, everything: bool = False) -> Optimize
         return None
     result = _rewrite(table.storage, table.snapshot, chosen,
                       delta_schema.arrow_schema(table.structure(), table.snapshot.schema), table.deletion_vector)
-    table.index = None   # rows moved: the consumer's index is built again when next needed
+    _moved(table, result)
     return result
 
 
@@ -134,8 +147,15 @@ def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
     small = {p for p, add in table.snapshot.files.items() if add.get("size", 0) < SMALL_FILE_BYTES}
     result = _rewrite(table.storage, table.snapshot, small | {path},
                       delta_schema.arrow_schema(table.structure(), table.snapshot.schema), table.deletion_vector)
-    table.index = None
+    _moved(table, result)
     return result
+
+
+def _moved(table: ReplicaTable, result: Optimized) -> None:
+    """The consumer's key index follows the rows the rewrite moved (built again, it would cost a
+    read of every key: seconds at 10M rows, every few batches)."""
+    if table.index is not None and result.committed:
+        table.index.move([(m.old_path, m.kept, m.total, m.new_path, m.offset) for m in result.moves])
 
 
 def compact_state(state: WarehouseState) -> Optimized | None:
@@ -169,9 +189,11 @@ def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], t
                         "modificationTime": delta_log.now_ms(), "dataChange": False,
                         "stats": json.dumps(file_stats(data))})
 
+    moves: list[Move] = []
     try:
         for path, add in originals.items():
-            live = _live_rows(storage, snapshot.table, path, deletion_vector(add), target)
+            live, kept, total = _live_rows(storage, snapshot.table, path, deletion_vector(add), target)
+            moves.append(Move(path, kept, total, len(written), pending_rows))   # new file: by number, until written
             rows += live.num_rows
             pending.append(live)
             pending_rows += live.num_rows
@@ -195,7 +217,10 @@ def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], t
     if not committed:
         for add in written:
             storage.delete(f"{snapshot.table}/{add['path']}")
-    return Optimized(snapshot.table, len(originals), rows, len(written), time.monotonic() - started, committed)
+    for move in moves:
+        move.new_path = written[move.new_file]["path"]
+    return Optimized(snapshot.table, len(originals), rows, len(written), time.monotonic() - started, committed,
+                     moves if committed else [])
 
 
 def _commit(storage: Storage, snapshot: delta_log.Snapshot, originals: dict[str, dict[str, Any]],
@@ -213,18 +238,23 @@ def _commit(storage: Storage, snapshot: delta_log.Snapshot, originals: dict[str,
     return False
 
 
-def _live_rows(storage: Storage, directory: str, path: str, deleted: BitMap | None, target: pa.Schema) -> pa.Table:
+def _live_rows(storage: Storage, directory: str, path: str, deleted: BitMap | None,
+               target: pa.Schema) -> tuple[pa.Table, np.ndarray, int]:
     """A file's rows less those its deletion vector marks, in the table's current schema (columns
-    added since it was written are NULL, dropped ones left out)."""
+    added since it was written are NULL, dropped ones left out); and which rows of the file they
+    are, and how many it has."""
     with storage.open_read(f"{directory}/{path}") as f:
         data = pq.read_table(f)
+    total = data.num_rows
+    kept = np.arange(total, dtype=np.int64)
     if deleted:
-        keep = np.ones(data.num_rows, dtype=bool)
+        keep = np.ones(total, dtype=bool)
         keep[np.fromiter(deleted, dtype=np.int64, count=len(deleted))] = False
         data = data.filter(pa.array(keep))
+        kept = kept[keep]
     columns = [data.column(f.name).cast(f.type) if f.name in data.column_names else pa.nulls(data.num_rows, f.type)
                for f in target]
-    return pa.Table.from_arrays(columns, schema=target)
+    return pa.Table.from_arrays(columns, schema=target), kept, total
 
 
 def optimize(storage: Storage, tables: list[str] | None = None, *, everything: bool = False) -> list[Optimized]:
