@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from bench_spark import ANCHOR, TABLE, change_batch
+from bench_spark import ANCHOR, TABLE, change_batch, run_anchor_bench
 from replicator.structure import Column, TableStructure
 from replicator.targets.delta.storage import LocalStorage
 from replicator.targets.delta.target import DeltaTarget
@@ -157,25 +155,6 @@ def bench_delta(args: argparse.Namespace, spark: Any, workdir: Path) -> dict[str
     return out
 
 
-def run_anchor(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """The views part of the anchor commit's bench_spark.py, on a spark: warehouse of the same rows."""
-    root = Path(__file__).resolve().parent.parent
-    tree = workdir / "anchor"
-    tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(root), "archive", args.anchor], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-    for folder in ("migrations", "queue_sql"):   # mapped into the package by its pyproject (an editable install)
-        (tree / "replicator" / folder).symlink_to(tree / folder)
-    out = workdir / "anchor.json"
-    print(f"anchor: the spark: warehouse's views, by the benchmark of {args.anchor}", flush=True)
-    subprocess.run([sys.executable, str(tree / "bin" / "bench_spark.py"), "--sizes", "", "--skip-copy",
-                    "--repeat", str(args.repeat), "--view-rows", str(args.view_rows), "--view-warmup",
-                    str(args.view_warmup), "--json", str(out)],
-                   env={**os.environ, "PYTHONPATH": f"{tree}:{tree / 'bin'}"}, cwd=tree, check=True)
-    figures: dict[str, Any] = json.loads(out.read_text())
-    return figures
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_delta_views", description=__doc__.split("\n\n")[0])
     parser.add_argument("--view-rows", type=int, default=1_000_000, help="rows of bench (default 1M)")
@@ -196,14 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         figures["delta"] = bench_delta(args, spark, workdir)
         if args.anchor != "none":
-            figures["spark"] = run_anchor(args, workdir)
+            print(f"anchor: the spark: warehouse's views, by the benchmark of {args.anchor}", flush=True)
+            figures["spark"] = run_anchor_bench(args.anchor, workdir, [
+                "--sizes", "", "--skip-copy", "--repeat", str(args.repeat), "--view-rows", str(args.view_rows),
+                "--view-warmup", str(args.view_warmup)])
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     for shape in VIEWS:
         d = figures["delta"][shape]
         line = (f"view {shape}: delta incremental {d['incremental']:.2f}s / full {d['full']:.2f}s (incremental "
                 f"without full recomputes between: {d['steady']:.2f}s)")
-        if "spark" in figures:
+        if figures.get("spark"):
             s = figures["spark"]["views"][shape]
             line += f"; spark incremental {s['incremental']:.2f}s / full {s['full']:.2f}s"
         print(line)

@@ -273,26 +273,32 @@ def bench_copy(args: argparse.Namespace, workdir: Path, figures: dict[str, Any])
         target.close()
 
 
-def run_anchor(args: argparse.Namespace, workdir: Path) -> dict[str, Any] | None:
-    """The spark: warehouse measured by the anchor commit's own benchmark, on the same sizes."""
+def run_anchor_bench(anchor: str, workdir: Path, arguments: list[str]) -> dict[str, Any] | None:
+    """The anchor commit's own bin/bench_spark.py, run in a subprocess from a tree of that commit with
+    these arguments; its figures (None when it failed)."""
     root = Path(__file__).resolve().parent.parent
     tree = workdir / "anchor"
     tree.mkdir()
-    archive = subprocess.run(["git", "-C", str(root), "archive", args.anchor], capture_output=True, check=True)
+    archive = subprocess.run(["git", "-C", str(root), "archive", anchor], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
     for folder in ("migrations", "queue_sql"):   # mapped into the package by its pyproject (an editable install)
         (tree / "replicator" / folder).symlink_to(tree / folder)
     out = workdir / "anchor.json"
-    console.print(f"[bold]anchor[/]: the spark: warehouse, by the benchmark of {args.anchor}")
     env = {**os.environ, "PYTHONPATH": f"{tree}:{tree / 'bin'}"}
-    done = subprocess.run([sys.executable, str(tree / "bin" / "bench_spark.py"), "--sizes", args.sizes,
-                           "--repeat", str(args.repeat), "--skip-copy", "--view-rows", "0", "--json", str(out)],
+    done = subprocess.run([sys.executable, str(tree / "bin" / "bench_spark.py"), *arguments, "--json", str(out)],
                           env=env, cwd=tree)
     if done.returncode != 0:
         console.print(f"[red]the anchor's benchmark failed (exit {done.returncode})[/]")
         return None
     figures: dict[str, Any] = json.loads(out.read_text())
     return figures
+
+
+def run_anchor(args: argparse.Namespace, workdir: Path) -> dict[str, Any] | None:
+    """The spark: warehouse measured by the anchor commit's own benchmark, on the same sizes."""
+    console.print(f"[bold]anchor[/]: the spark: warehouse, by the benchmark of {args.anchor}")
+    return run_anchor_bench(args.anchor, workdir, ["--sizes", args.sizes, "--repeat", str(args.repeat),
+                                                   "--skip-copy", "--view-rows", "0"])
 
 
 def main(argv: list[str] | None = None) -> int:
