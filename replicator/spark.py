@@ -5,7 +5,8 @@
   (``spark.read.format("delta")``). :func:`read_table` reads one by its source name, now or
   as of a tick (all tables as one tick left them: :func:`versions_as_of`);
   :func:`register_tables` puts them and the views in the session's catalog
-  (``replica.orders``); :func:`read_view` reads an incremental view
+  (``replica.orders``), :func:`register_views` makes them temporary views (``orders``);
+  :func:`read_view` reads an incremental view
   (``replicator view ... --target delta:URI``).
 * The queue as a streaming source: ``spark.readStream.format("replicator")``
   (:class:`ReplicatorDataSource` of replicator.streaming, registered by
@@ -26,12 +27,14 @@ __all__ = [
     "read_table",
     "read_view",
     "register_tables",
+    "register_views",
     "table_uris",
     "versions_as_of",
 ]
 
 _WHERE = {"read_table": "replicator.targets.delta.reader", "read_view": "replicator.targets.delta.reader",
           "register_tables": "replicator.targets.delta.reader", "table_uris": "replicator.targets.delta.reader",
+          "register_views": "replicator.targets.delta.reader",
           "versions_as_of": "replicator.targets.delta.reader",
           "ReplicatorDataSource": "replicator.streaming.datasource"}
 

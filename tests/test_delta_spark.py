@@ -14,6 +14,7 @@ Spark is slow here: each test makes few Spark actions, over small tables.
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -27,7 +28,7 @@ pytest.importorskip("deltalake")
 from deltalake import DeltaTable
 
 from replicator.targets.delta import log as delta_log
-from replicator.targets.delta.reader import read_table, register_tables, table_uris
+from replicator.targets.delta.reader import read_table, register_tables, register_views, table_uris
 from replicator.targets.delta.storage import LocalStorage
 from replicator.targets.delta.target import DeltaTarget
 from test_delta_target import consume, diff, log_commits, primary_key, source_state
@@ -129,6 +130,16 @@ def test_spark_reads_every_table_equal_to_the_source_with_the_documented_types_n
     assert sorted(register_tables(spark, url, db)) == [f"`{db}`.`s__u`", f"`{db}`.`t`"]
     assert_same("t", now["t"], spark_rows(spark.table(f"{db}.t"), keys["t"]))
     assert_same("s.u", now["s.u"], spark_rows(spark.sql(f"SELECT * FROM {db}.s__u"), keys["s.u"]))
+    # registered again over another warehouse (a copy): the names follow it; and as temporary
+    # views, named as in the catalog
+    other = tmp_path / "other"
+    shutil.copytree(path, other)
+    register_tables(spark, f"delta:{other}", db)
+    location = spark.sql(f"DESCRIBE DETAIL {db}.t").first()["location"]
+    assert location.removeprefix("file:").rstrip("/") == str(other / "public.t")
+    assert_same("t", now["t"], spark_rows(spark.table(f"{db}.t"), keys["t"]))
+    assert sorted(register_views(spark, url)) == ["s__u", "t"]
+    assert_same("t", now["t"], spark_rows(spark.table("t"), keys["t"]))
 
     # every tick that changed a table, with Spark's time travel to the version the tick left
     for n, (tick, then) in enumerate(states):

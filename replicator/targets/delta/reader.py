@@ -179,26 +179,56 @@ def read_table(spark: Any, url: str, table: str, *, tick: int | None = None, con
     return spark.read.format("delta").option("versionAsOf", version).load(_spark_location(uri))
 
 
+def _catalog_names(url: str) -> dict[str, str]:
+    """Catalog name (t, schema__t, a view's name) → the Spark location of its Delta table."""
+    names = {}
+    for source_name, uri in table_uris(url).items():
+        schema, _, bare = source_name.partition(".")
+        names[target_table_name(schema, bare)] = _spark_location(uri)
+    for view, uri in view_uris(url).items():
+        names[view] = _spark_location(uri)
+    return names
+
+
 def register_tables(spark: Any, url: str, database: str = "replica") -> list[str]:
     """Registers every table in the session's catalog as ``DATABASE.t`` (``DATABASE.schema__t``
-    outside schema public), and every view as ``DATABASE.<view>``, a table over its Delta
-    location (it follows the table as the consumer writes it). Returns the names registered."""
+    outside schema public), and every view as ``DATABASE.<view>``, an external table over its
+    Delta location (it follows the table as the consumer writes it). A name registered before
+    over another location (another warehouse, a table renamed since) is registered again.
+    Returns the names registered."""
     from replicator.views.spark_sql import quote_spark
 
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_spark(database)}")
     names = []
-    for source_name, uri in table_uris(url).items():
-        schema, _, bare = source_name.partition(".")
-        name = f"{quote_spark(database)}.{quote_spark(target_table_name(schema, bare))}"
-        location = _spark_location(uri).replace("'", "\\'")
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING delta LOCATION '{location}'")
-        names.append(name)
-    for view, uri in view_uris(url).items():
-        name = f"{quote_spark(database)}.{quote_spark(view)}"
-        location = _spark_location(uri).replace("'", "\\'")
-        spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING delta LOCATION '{location}'")
+    for bare, location in _catalog_names(url).items():
+        name = f"{quote_spark(database)}.{quote_spark(bare)}"
+        if spark.catalog.tableExists(f"{quote_spark(database)}.{quote_spark(bare)}"):
+            detail = spark.sql(f"DESCRIBE DETAIL {name}").first()
+            if detail is None or _without_scheme(detail["location"]) != _without_scheme(location):
+                kind = spark.sql(f"DESCRIBE TABLE EXTENDED {name}").where("col_name = 'Type'").first()
+                if kind is None or kind["data_type"] != "EXTERNAL":
+                    raise UserError(f"{database}.{bare} is a table of the catalog's own, not one over a warehouse: "
+                                    f"register the warehouse in another database (database=...)")
+                spark.sql(f"DROP TABLE {name}")   # external: its files stay
+        quoted = location.replace("\\", "\\\\").replace("'", "\\'")
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {name} USING delta LOCATION '{quoted}'")
         names.append(name)
     return names
+
+
+def register_views(spark: Any, url: str) -> list[str]:
+    """Registers every table and view of the warehouse as a temporary view of the session, named as
+    in the catalog (t, schema__t, the view's name): ``spark.sql("SELECT ... FROM orders")``. Returns
+    the names registered."""
+    names = []
+    for name, location in _catalog_names(url).items():
+        spark.read.format("delta").load(location).createOrReplaceTempView(name)
+        names.append(name)
+    return names
+
+
+def _without_scheme(location: str) -> str:
+    return location.removeprefix("file:").rstrip("/")
 
 
 def _spark_location(uri: str) -> str:
