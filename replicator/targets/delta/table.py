@@ -31,6 +31,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import IO, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -403,8 +404,11 @@ class ReplicaTable:
         keys = canonical_keys([data.column(i) for i in positions], index.integer)
         located = [location for location in index.locate(keys) if location >= 0]
         if self.captures is not None:
-            for location in located:
-                staged.deleted_rows.setdefault(index.paths[location >> 32], []).append(location & 0xFFFFFFFF)
+            where = np.asarray(located, dtype=np.int64)
+            numbers = where >> 32
+            for number in np.unique(numbers).tolist():
+                rows = (where[numbers == number] & 0xFFFFFFFF).tolist()
+                staged.deleted_rows.setdefault(index.paths[number], []).extend(rows)
             staged.changed_keys.append(data.select(positions))
         for number in index.mark_deleted(located):
             path = index.paths[number]
