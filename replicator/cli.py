@@ -612,11 +612,14 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 
 
 @cli.command()
-@click.argument("queue_name", metavar="QUEUE")
+@click.argument("queue_name", metavar="[QUEUE]", required=False)
 @click.option("--target", "target_url", required=True,
               help="sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), delta:PATH or "
                    "delta:s3://BUCKET/PREFIX (Delta Lake tables), jsonl:PATH, "
-                   "jsonl:- (stdout), tsv:PATH or tsv:-.")
+                   "jsonl:- (stdout), tsv:PATH or tsv:-, or kafka://BROKERS/PREFIX (publish Debezium-compatible "
+                   "topics, docs/kafka.md).")
+@click.option("--source", "source_url", metavar="kafka://BROKERS/PREFIX",
+              help="Follow a publisher's Kafka topics instead of a queue of the source database (no QUEUE).")
 @click.option("--consumer", "consumer_name",
               help="Consumer name; default derived from the target. A stream to stdout (jsonl:-, tsv:-) without it "
                    "is a temporary consumer, unregistered when the command ends.")
@@ -640,7 +643,8 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.option("--spark-conf", multiple=True, metavar="KEY=VALUE",
               help="delta: targets: a Spark setting for the views (repeatable).")
 @pass_ctx
-def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str | None, tables: str | None,
+def consume(ctx: Context, queue_name: str | None, source_url: str | None, target_url: str,
+            consumer_name: str | None, tables: str | None,
             once: bool, until_caught_up: bool, recopy: bool, poll_interval: float, stats_interval: float,
             progress_interval: float, metrics_port: int | None, metrics_address: str, health_max_lag: str,
             spark_master: str | None, spark_conf: tuple[str, ...]) -> None:
@@ -661,12 +665,27 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         replicator consume main --target delta:s3://lake/replica
         replicator consume main --target sqlite:replica.db --recopy --until-caught-up
         replicator consume main --target sqlite:replica.db --metrics-port 9700 --health-max-lag 10min
+        replicator consume main --target kafka://broker1:9092,broker2:9092/shop
+        replicator consume --source kafka://broker1:9092/shop --target sqlite:cache.db --tables orders
     """
     from replicator.consumer import Consumer, check_captured
     from replicator.targets import open_target
 
     if once and until_caught_up:
         raise UserError("--once and --until-caught-up exclude each other")
+    if source_url is not None:
+        if queue_name is not None:
+            raise UserError(f"give QUEUE or --source, not both: a follower of {source_url} reads no queue")
+        if recopy or consumer_name:
+            raise UserError("--recopy and --consumer apply to consumers of a queue, not to followers of Kafka "
+                            "topics (a new follower bootstraps from the topics)")
+        _follow(source_url, target_url, _split(tables) or None, once=once, until_caught_up=until_caught_up,
+                poll_interval=poll_interval, stats_interval=stats_interval, metrics_port=metrics_port,
+                metrics_address=metrics_address, health_max_lag=parse_duration(health_max_lag).total_seconds(),
+                spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
+        return
+    if queue_name is None:
+        raise UserError("give the QUEUE to replicate (or --source kafka://BROKERS/PREFIX to follow a publisher)")
     if (spark_master or spark_conf) and not target_url.startswith("delta:"):
         raise UserError("--spark-master and --spark-conf apply to a delta: target only (Spark computes "
                         "their views)")
@@ -686,6 +705,30 @@ def consume(ctx: Context, queue_name: str, target_url: str, consumer_name: str |
         consumer.run(once=once, until_caught_up=until_caught_up, stop=stop)
     finally:
         consumer.close()
+        target.close()
+
+
+def _follow(source_url: str, target_url: str, tables: list[str] | None, *, once: bool, until_caught_up: bool,
+            poll_interval: float, stats_interval: float, metrics_port: int | None, metrics_address: str,
+            health_max_lag: float, spark_master: str | None, spark_conf: dict[str, str]) -> None:
+    from replicator.targets import open_target
+    from replicator.targets.kafka.follower import Follower
+    from replicator.targets.kafka.settings import parse_url
+
+    settings = parse_url(source_url)
+    if target_url.startswith("kafka:"):
+        raise UserError("a follower writes a target of its own (sqlite:, delta:, jsonl:, tsv:), not Kafka")
+    target = open_target(target_url, spark_master=spark_master, spark_conf=spark_conf)
+    follower: Follower | None = None
+    try:
+        follower = Follower(settings, target, tables=tables, poll_interval=poll_interval,
+                            stats_interval=stats_interval, health_max_lag=health_max_lag)
+        stop = StopFlag() if once or until_caught_up else StopFlag().install()
+        _serve_metrics(follower.metrics, metrics_address, metrics_port, once=False)
+        follower.run(once=once, until_caught_up=until_caught_up, stop=stop)
+    finally:
+        if follower is not None:
+            follower.close()
         target.close()
 
 

@@ -24,14 +24,14 @@ from typing import Any
 
 import psycopg
 
-from replicator.errors import UserError, first_line
+from replicator.errors import TargetUnavailable, UserError, first_line
 from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.source import BatchInfo, CapturedTable, Source, monitoring
 from replicator.source import snapshot_copy as source_copy
 from replicator.source.snapshots import snapshot_xmax, snapshot_xmin, txid_visible
 from replicator.structure import RowsDecoder, TableStructure, parse_json, reconcile
-from replicator.targets.protocol import Target, TargetTable
+from replicator.targets.protocol import RecordsOrigin, Target, TargetTable
 from replicator.wording import counted
 
 log = logging.getLogger("replicator")
@@ -264,6 +264,8 @@ class Consumer:
             conn = db.connect(self.dsn, application_name=application_name)
         self.source = Source(conn)
         self.source.queue_id(self.queue)
+        if isinstance(self.target, RecordsOrigin):
+            self.target.origin(conn.info.dbname, self.queue)
         if not self._connected_once:
             # Checked before registering: a consumer left registered by a typo would hold back rotation.
             self._check_table_filter(self.source.tables(self.queue))
@@ -468,7 +470,7 @@ class Consumer:
         stats = BatchStats(batch_id=batch_id, tick_id=info.tick_id)
         self.target.begin()
         try:
-            self._apply_events(batch_id, stats)
+            self._apply_events(batch_id, info.tick_id, stats)
             for table in self._following.values():
                 if table.copy_snapshot and snapshot_xmin(info.cur_snapshot) >= snapshot_xmax(table.copy_snapshot):
                     table.copy_snapshot = None
@@ -506,17 +508,21 @@ class Consumer:
                             f"moved this consumer on the source; nothing was applied. Stop that session and "
                             f"start this consumer again: it moves the source back to the target's position")
 
-    def _apply_events(self, batch_id: int, stats: BatchStats) -> None:
+    def _apply_events(self, batch_id: int, tick_id: int, stats: BatchStats) -> None:
         assert self.source is not None
         following = self._following
         pending = _PendingKeys()
         decoders: dict[int, tuple[RowsDecoder, RowsDecoder]] = {}
         run = _Run(self.target)
-        for ev_id, txid, _time, ev_type, table_id, data in self.source.batch_events(batch_id, list(following)):
+        origin = self.target if isinstance(self.target, RecordsOrigin) else None
+        for ev_id, txid, ev_time, ev_type, table_id, data in self.source.batch_events(batch_id, list(following)):
             table = following.get(table_id)
             if table is None or (table.copy_snapshot and txid_visible(txid, table.copy_snapshot)):
                 continue
             stats.events += 1
+            if origin is not None:   # each event's rows in a call of their own, told where they come from
+                run.flush()
+                origin.event(tick_id, ev_id, txid, ev_time)
             if ev_type == "T":
                 run.flush()
                 self._join_back(table, pending, stats)
@@ -548,6 +554,8 @@ class Consumer:
                 pending.keys.pop(table.table_id, None)
             decoders.pop(table_id, None)
         run.flush()
+        if origin is not None:
+            origin.event(tick_id, None, None, None)
         for table in following.values():
             self._join_back(table, pending, stats)
 
@@ -667,6 +675,7 @@ class Consumer:
                     if goal is None:
                         break
                 stats = self.step()
+                backoff = 0.5
                 if stats is not None:
                     applied += 1
                     summary.add(stats)
@@ -690,6 +699,13 @@ class Consumer:
                 log.warning("source unavailable (%s); reconnecting in %.1fs", reason, backoff)
                 self.metrics.source_unavailable(reason)
                 self._disconnect()
+                stop.wait(backoff)
+                backoff = min(backoff * 2, 15.0)
+            except TargetUnavailable as exc:
+                # The batch was rolled back and stays open on the source: the next step applies it again.
+                reason = first_line(exc)
+                log.warning("target unavailable (%s); retrying in %.1fs", reason, backoff)
+                self.metrics.target_unavailable(reason)
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
         return applied

@@ -49,11 +49,12 @@ class DaemonMetrics:
             self.registry.register(collector)
         self.errors = Counter("replicator_errors", "Errors the daemon's loop met and retried, by kind",
                               ["kind"], registry=self.registry)
-        self.errors.labels("source_unavailable")   # 0 until one: rate() sees the first
+        for kind in ("source_unavailable", "target_unavailable"):
+            self.errors.labels(kind)   # 0 until one: rate() sees the first
         self.max_stall = max(max_stall, MIN_STALL_SECONDS)
         self._started = time.monotonic()
         self._last_run: float | None = None   # None: not yet
-        self._unavailable: str | None = None
+        self._unavailable: tuple[str, str] | None = None   # (what, reason)
 
     def ran(self) -> None:
         """The loop made progress, with the source reachable."""
@@ -62,11 +63,15 @@ class DaemonMetrics:
 
     def source_unavailable(self, reason: str) -> None:
         self.errors.labels("source_unavailable").inc()
-        self._unavailable = reason
+        self._unavailable = ("source unavailable", reason)
+
+    def target_unavailable(self, reason: str) -> None:
+        self.errors.labels("target_unavailable").inc()
+        self._unavailable = ("target unavailable", reason)
 
     def health(self) -> Health:
         if self._unavailable is not None:
-            return False, {"status": "source unavailable", "reason": self._unavailable}
+            return False, {"status": self._unavailable[0], "reason": self._unavailable[1]}
         now = time.monotonic()
         if self._last_run is None:
             return False, {"status": "starting", "reason": f"no pass of the loop completed yet, "

@@ -1,6 +1,7 @@
 """Targets a consumer applies changes to, each in its own module or folder behind one
-small protocol (protocol.py): SQLite (sqlite/), the Delta Lake warehouse (delta/), streams
-(stream.py); spark/ holds the Spark sessions the Delta warehouse's views and readers use.
+small protocol (protocol.py): SQLite (sqlite/), the Delta Lake warehouse (delta/), Kafka
+topics and their followers (kafka/), streams (stream.py); spark/ holds the Spark sessions
+the Delta warehouse's views and readers use.
 open_target picks one by its URL, open_views a target's view store.
 """
 
@@ -19,12 +20,16 @@ def open_target(url: str, *, spark_master: str | None = None,
                 spark_conf: dict[str, str] | None = None) -> Target:
     """sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), jsonl:-, jsonl:PATH,
     tsv:-, tsv:PATH, delta:PATH or delta:s3://BUCKET/PREFIX (Delta Lake tables; Spark, with the
-    given master and settings, only for its views)."""
+    given master and settings, only for its views), kafka://BROKERS/PREFIX (Kafka topics)."""
     scheme, rest = _parse(url)
     if scheme == "sqlite":
         from replicator.targets.sqlite.target import SqliteTarget, parse_url
         path, numeric = parse_url(rest)
         return SqliteTarget(Path(path), numeric=numeric)
+    if scheme == "kafka":
+        from replicator.targets.kafka.publisher import KafkaTarget
+        from replicator.targets.kafka.settings import parse_url as parse_kafka_url
+        return KafkaTarget(parse_kafka_url(url))
     if scheme in ("jsonl", "tsv"):
         from replicator.targets.stream import StreamTarget
         return StreamTarget(rest, scheme)
@@ -35,12 +40,13 @@ def open_target(url: str, *, spark_master: str | None = None,
 def _parse(url: str) -> tuple[str, str]:
     scheme, sep, rest = url.partition(":")
     if not sep or not rest:
-        raise UserError(f"invalid target {url!r}: use sqlite:PATH, delta:PATH|URI, jsonl:PATH|- or tsv:PATH|-")
+        raise UserError(f"invalid target {url!r}: use sqlite:PATH, delta:PATH|URI, jsonl:PATH|-, tsv:PATH|- or "
+                        f"kafka://BROKERS/PREFIX")
     if scheme == "spark":
         raise UserError(f"the spark: warehouse is replaced by Delta Lake tables: replicate into a new warehouse with "
                         f"--target delta:{rest} (or another path), see docs/delta.md")
-    if scheme not in ("sqlite", "jsonl", "tsv", "delta"):
-        raise UserError(f"unknown target scheme {scheme!r}: use sqlite:, delta:, jsonl: or tsv:")
+    if scheme not in ("sqlite", "jsonl", "tsv", "delta", "kafka"):
+        raise UserError(f"unknown target scheme {scheme!r}: use sqlite:, delta:, jsonl:, tsv: or kafka:")
     return scheme, rest
 
 
@@ -52,7 +58,7 @@ def open_views(url: str, *, spark_master: str | None = None,
     A Delta warehouse is used without taking the consumer's place: a consumer
     may be writing it meanwhile."""
     scheme, rest = _parse(url)
-    if scheme in ("jsonl", "tsv"):
+    if scheme in ("jsonl", "tsv", "kafka"):
         raise UserError(f"a {scheme}: stream has no tables to define views on: use a sqlite: or delta: target")
     if scheme == "sqlite":
         from replicator.targets.sqlite.target import SqliteTarget, is_replica, parse_url

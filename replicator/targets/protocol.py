@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
 
 from replicator.structure import Change, TableStructure
 
@@ -59,6 +60,19 @@ class Target(Protocol):
         """Copies a new table itself from the source snapshot `snap` (a
         replicator.source.snapshot_copy.SnapshotCopy), e.g. in parallel, and returns the rows
         copied; None leaves the copy to the consumer (upsert of op 'R')."""
+        ...
+
+
+@runtime_checkable
+class RecordsOrigin(Protocol):
+    """A target whose records say where each change came from (Kafka's `source` block): the
+    consumer tells it the source database and, before each event's rows, the event."""
+
+    def origin(self, database: str, queue: str) -> None: ...
+
+    def event(self, tick: int, ev_id: int | None, txid: int | None, ev_time: datetime | None) -> None:
+        """The rows that follow come from this event of the batch ending at tick (ev_id None: rows
+        read back from the source for pk-mode keys)."""
         ...
 
 

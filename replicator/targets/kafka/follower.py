@@ -1,0 +1,351 @@
+"""A follower: applies a publisher's topics to a target of its own (SQLite, Delta, a stream),
+exactly once, without touching the source database.
+
+The publisher's commit records (state.py) say, for each Kafka transaction, the last offset it
+wrote in each partition. The follower reads the commits that came since its position, then
+every partition it follows up to the last of them, and applies the records of all of them in
+the publisher's order (each record's SEQUENCE header): row changes, tombstones, truncates and
+the schema changes of the schema change topic, which it repeats as target calls (create, alter,
+drop). The offset after each partition's part, and the tick the publisher had reached, are
+stored in the target as positions of the queue "kafka:PREFIX" in the same target transaction.
+
+A new follower starts at offset 0 of every topic: compacted table topics hold each row's
+last record (and the last truncate), the schema change topic every change, so replaying them
+in order builds every table as of the last commit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Message
+
+from replicator.errors import UserError
+from replicator.metrics import ConsumerMetrics
+from replicator.shutdown import StopFlag
+from replicator.structure import TableStructure, reconcile
+from replicator.targets.kafka.envelope import EnvelopeSettings, TableEnvelope, decode_schema_change
+from replicator.targets.kafka.reader import Partition, PartitionReader
+from replicator.targets.kafka.settings import KafkaSettings
+from replicator.targets.kafka.state import COMMIT_KEY, Commit, committed_consumer, data, sequence_of, where
+from replicator.targets.kafka.topics import schema_topic, state_topic, table_topic
+from replicator.targets.protocol import Row, Target, TargetTable
+from replicator.wording import counted
+
+log = logging.getLogger("replicator")
+
+BATCH_RECORDS = 200000   # records of several commits applied in one target transaction, about
+TICK = "tick"            # the position that holds the publisher's tick (the others are TOPIC:PARTITION)
+
+
+@dataclass
+class FollowStats:
+    commit: int
+    tick: int
+    records: int = 0
+    seconds: float = 0.0
+    lag_seconds: float = 0.0   # from the publisher's commit to the follower's
+
+
+class _Changes:
+    """Consecutive row changes of one table and kind, applied in one target call."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.table: TargetTable | None = None
+        self.kind = ""
+        self.rows: list[Row] = []
+
+    def add(self, table: TargetTable, kind: str, row: Row) -> None:
+        if table is not self.table or kind != self.kind:
+            self.flush()
+            self.table, self.kind = table, kind
+        self.rows.append(row)
+
+    def flush(self) -> None:
+        if self.table is not None and self.rows:
+            if self.kind == "D":
+                self.target.delete(self.table, self.rows)
+            else:
+                self.target.upsert(self.table, self.kind, self.rows)
+        self.table, self.rows = None, []
+
+
+_KINDS = {"c": "I", "u": "U", "r": "R"}
+
+
+class Follower:
+    def __init__(self, settings: KafkaSettings, target: Target, *, tables: list[str] | None = None,
+                 poll_interval: float = 0.2, stats_interval: float = 30.0, health_max_lag: float = 300.0) -> None:
+        self.settings = settings
+        self.target = target
+        self.queue = f"kafka:{settings.prefix}"
+        others = sorted(target.queues() - {self.queue})
+        if others:
+            raise UserError(f"{target.name} holds queue {', '.join(repr(q) for q in others)}: a follower of "
+                            f"{settings.name} needs a target of its own")
+        self.name = settings.prefix
+        self.metrics = ConsumerMetrics(self.queue, target.name, health_max_lag)
+        self.poll_interval = poll_interval
+        self.stats_interval = stats_interval
+        self.table_filter = [t if "." in t else f"public.{t}" for t in tables or []]
+        self._check_table_filter()
+        self._state = (state_topic(settings.prefix), 0)
+        self._schema = (schema_topic(settings.prefix), 0)
+        self.consumer = committed_consumer(settings, **{"group.id": f"replicator-follower.{settings.prefix}"})
+        self.reader = PartitionReader(self.consumer, self._outage)
+        self._commits: list[Commit] = []   # read, not applied yet
+        self._envelopes: dict[int, TableEnvelope] = {}
+        self._outage_reported = False
+
+    def _check_table_filter(self) -> None:
+        held = set(self.target.tables())
+        if not self.table_filter or not self.target.positions(self.queue):
+            return
+        left_out = sorted(held - set(self.table_filter))
+        if left_out:
+            raise UserError(f"{self.target.name} follows {', '.join(left_out)}, which --tables leaves out: its changes "
+                            f"would be skipped from now on; list it in --tables, or follow into a new target")
+
+    def _outage(self, reason: str) -> None:
+        if not self._outage_reported:
+            log.warning("Kafka at %s unavailable (%s); waiting for it", self.settings.brokers, reason)
+            self._outage_reported = True
+        self.metrics.source_unavailable(reason)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    # positions -----------------------------------------------------------------------------
+
+    def _offset(self, tp: Partition) -> int:
+        return self.target.positions(self.queue).get(f"{tp[0]}:{tp[1]}", 0)
+
+    @property
+    def tick(self) -> int | None:
+        return self.target.positions(self.queue).get(TICK)
+
+    # reading ---------------------------------------------------------------------------------
+
+    def _read_commits(self, wait: float) -> None:
+        """Commit records that came since the last read (or the position, at first)."""
+        self.reader.assign({self._state: self._offset(self._state)})
+        for message in self.reader.available(self._state, wait):
+            if message.key() == COMMIT_KEY and message.value() is not None:
+                self._commits.append(Commit.from_json(data(message.value()), where(message)[2]))
+        if self._outage_reported and self._commits:
+            self._outage_reported = False
+
+    def _next_goal(self) -> tuple[Commit, dict[Partition, int]] | None:
+        """The commits to apply next (about BATCH_RECORDS records), as their last commit and the last
+        offset of each partition at it."""
+        if not self._commits:
+            return None
+        records = 0
+        taken = 0
+        for commit in self._commits:
+            taken += 1
+            records += commit.records
+            if records >= BATCH_RECORDS:
+                break
+        goal = self._commits[taken - 1]
+        del self._commits[:taken]
+        return goal, {(topic, partition): last for topic, parts in goal.offsets.items()
+                      for partition, last in parts.items()}
+
+    # applying --------------------------------------------------------------------------------
+
+    def step(self, wait: float = 0.0) -> FollowStats | None:
+        self._read_commits(wait)
+        planned = self._next_goal()
+        if planned is None:
+            return None
+        goal, ends = planned
+        self._check_envelope(goal)
+        started = time.monotonic()
+        stats = FollowStats(commit=goal.number, tick=goal.tick)
+        self.target.begin()
+        try:
+            # every partition assigned at once: their first fetches go together
+            self._assign([tp for tp in ends if tp[0] in self._known_topics(ends)] + [self._schema], ends)
+            schema_records = list(self._partition(self._schema, ends))
+            topics = self._followed_topics(schema_records, ends)
+            streams: list[Iterable[Message]] = [schema_records]
+            read = [self._schema] if self._schema in ends else []
+            for tp in sorted(ends):
+                if tp[0] in topics:
+                    streams.append(self._partition(tp, ends))
+                    read.append(tp)
+            stats.records = self._apply(heapq.merge(*streams, key=sequence_of))
+            for tp in read:
+                self.target.set_position(self.queue, f"{tp[0]}:{tp[1]}", ends[tp] + 1)
+            self.target.set_position(self.queue, f"{self._state[0]}:0", goal.offset + 1)
+            self.target.set_position(self.queue, TICK, goal.tick)
+            self.target.commit()
+        except BaseException:
+            self.target.rollback()
+            raise
+        stats.seconds = time.monotonic() - started
+        stats.lag_seconds = max(0.0, time.time() - goal.ts_ms / 1000)
+        return stats
+
+    def _assign(self, partitions: list[Partition], ends: dict[Partition, int]) -> None:
+        self.reader.assign({tp: self._offset(tp) for tp in partitions if tp in ends and self._offset(tp) <= ends[tp]})
+
+    def _partition(self, tp: Partition, ends: dict[Partition, int]) -> Iterator[Message]:
+        if tp not in ends or self._offset(tp) > ends[tp]:
+            return iter(())
+        self._assign([tp], ends)
+        return self.reader.records(tp, ends[tp])
+
+    def _check_envelope(self, commit: Commit) -> None:
+        if commit.envelope.get("decimals") == "double":
+            log.debug("%s publishes numerics as doubles: followers get them rounded", self.settings.name)
+
+    def _known_topics(self, ends: dict[Partition, int]) -> set[str]:
+        """The table topics to read, as far as known before this step's schema changes: all, or those of
+        the tables --tables names and of the tables the target holds."""
+        if not self.table_filter:
+            return {topic for topic, _ in ends} - {self._state[0], self._schema[0]}
+        prefix = self.settings.prefix
+        topics = {table_topic(prefix, *name.split(".", 1)) for name in self.table_filter}
+        held = self.target.tables().values()
+        return topics | {table_topic(prefix, t.structure.schema, t.structure.name) for t in held}
+
+    def _followed_topics(self, schema_records: list[Message], ends: dict[Partition, int]) -> set[str]:
+        """The table topics to read: the known ones, and those the followed tables get in these schema
+        changes (a renamed table's records go to a new topic)."""
+        topics = self._known_topics(ends)
+        if not self.table_filter:
+            return topics
+        followed_ids = {t.table_id for t in self.target.tables().values()}
+        for message in schema_records:
+            change = decode_schema_change(data(message.value()))
+            if change["table_id"] in followed_ids or change["name"] in self.table_filter:
+                followed_ids.add(change["table_id"])
+                topics.add(change["topic"])
+        return topics
+
+    def _apply(self, records: Iterable[Message]) -> int:
+        """Applies merged records in order; returns how many."""
+        tables = {t.table_id: t for t in self.target.tables().values()}
+        by_topic = {table_topic(self.settings.prefix, t.structure.schema, t.structure.name): t
+                    for t in tables.values()}
+        changes = _Changes(self.target)
+        count = 0
+        for message in records:
+            count += 1
+            topic = where(message)[0]
+            if topic == self._schema[0]:
+                changes.flush()
+                self._schema_change(decode_schema_change(data(message.value())), tables, by_topic)
+                continue
+            table = by_topic.get(topic)
+            if table is None:
+                raise UserError(f"{topic} holds changes of a table this follower has no structure of (its schema "
+                                f"changes came before this follower's position): follow it into a new target, "
+                                f"which bootstraps every table it lists")
+            envelope = self._envelope(table)
+            value = message.value()
+            if value is None:   # a tombstone: the row is gone (its delete may have been compacted away)
+                changes.add(table, "D", envelope.decode_key(data(message.key())))
+                continue
+            change = envelope.decode_value(value)
+            if change.op == "d":
+                changes.add(table, "D", envelope.decode_key(data(message.key())))
+            elif change.op == "t":
+                changes.flush()
+                self.target.truncate(table)
+            else:
+                assert change.after is not None
+                changes.add(table, _KINDS[change.op], change.after)
+        changes.flush()
+        return count
+
+    def _envelope(self, table: TargetTable) -> TableEnvelope:
+        envelope = self._envelopes.get(table.table_id)
+        if envelope is None or envelope.structure is not table.structure:
+            envelope = self._envelopes[table.table_id] = TableEnvelope(
+                table.structure, EnvelopeSettings(prefix=self.settings.prefix, database=""))
+        return envelope
+
+    def _schema_change(self, change: dict[str, Any], tables: dict[int, TargetTable],
+                       by_topic: dict[str, TargetTable]) -> None:
+        """Repeats the publisher's target call on this follower's target."""
+        call, table_id = change["call"], change["table_id"]
+        if self.table_filter and table_id not in tables and change["name"] not in self.table_filter:
+            return
+        old = tables.get(table_id)
+        if change.get("event") and old is not None:
+            self.target.schema_event(old, change["event"])
+        structure = TableStructure.from_json(change["structure"])
+        new = TargetTable(source_name=change["name"], table_id=table_id, mode=change["mode"],
+                          structure=structure, copy_snapshot=None)
+        if call == "create":
+            self.target.create_table(new)
+        elif call == "alter":
+            if old is None:
+                raise UserError(f"the schema change topic alters table {change['old_name']}, which this follower "
+                                f"never saw created: follow into a new target")
+            changes = reconcile(old.structure, structure)
+            if changes is None:
+                raise UserError(f"cannot follow the change of {old.source_name} into {change['name']} in place: "
+                                f"follow into a new target")
+            self.target.alter_table(old, new, changes)
+        elif call == "drop":
+            if old is not None:
+                self.target.drop_table(old)
+            tables.pop(table_id, None)
+            by_topic.pop(change["topic"], None)
+            return
+        elif call == "event":
+            return
+        else:
+            raise UserError(f"the schema change topic holds a change this version of replicator cannot follow "
+                            f"({call!r}): upgrade the follower")
+        if old is not None:
+            by_topic.pop(table_topic(self.settings.prefix, old.structure.schema, old.structure.name), None)
+        tables[table_id] = new
+        by_topic[change["topic"]] = new
+
+    # running ---------------------------------------------------------------------------------
+
+    def run(self, *, once: bool = False, until_caught_up: bool = False, stop: StopFlag | None = None) -> int:
+        """Runs until stopped, for one step (once), or until every commit made before the call is
+        applied (until_caught_up). Returns the number of steps that applied something."""
+        stop = stop or StopFlag()
+        applied = 0
+        goal: int | None = None
+        if until_caught_up:
+            self._read_commits(self.poll_interval)
+            goal = self._commits[-1].number if self._commits else None
+            if goal is None:
+                return 0
+        summary_started, records = time.monotonic(), 0
+        while not stop.is_set:
+            stats = self.step(wait=self.poll_interval)
+            self.metrics.ran()
+            if stats is not None:
+                applied += 1
+                records += stats.records
+                self.metrics.applied(stats.records, stats.records)
+                self.metrics.lag(len(self._commits), sum(c.records for c in self._commits), stats.lag_seconds, None)
+                log.debug("commit %s (tick %s): %s in %.3fs", stats.commit, stats.tick,
+                          counted(stats.records, "record"), stats.seconds)
+            elif not self._commits:
+                self.metrics.lag(0, 0, 0.0, None)
+            done = once or (goal is not None and stats is not None and stats.commit >= goal)
+            now = time.monotonic()
+            if now - summary_started >= self.stats_interval or stop.is_set or done:
+                if records:
+                    log.info("%s: %s applied from %s in the last %.1fs; at tick %s", self.target.name,
+                             counted(records, "record"), self.settings.name, now - summary_started, self.tick)
+                summary_started, records = now, 0
+            if done:
+                break
+        return applied

@@ -1,0 +1,107 @@
+"""Reading a publisher's partitions up to given offsets, committed records only, with memory bounded:
+one consumer assigned by hand to every partition a follower needs, each partition's records
+buffered until taken, partitions far ahead of the others paused."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from replicator.targets.kafka.state import where
+
+log = logging.getLogger("replicator")
+
+Partition = tuple[str, int]
+BUFFERED = 20000          # records of one partition held before it is paused
+FETCH = 5000              # records asked of the consumer at a time
+
+
+class PartitionReader:
+    def __init__(self, consumer: Consumer, on_outage: Callable[[str], None]) -> None:
+        self.consumer = consumer
+        self.on_outage = on_outage
+        self._buffers: dict[Partition, deque[Message]] = {}
+        self._next: dict[Partition, int] = {}      # offset after the last record buffered
+        self._end: dict[Partition, int] = {}       # the partition's end when last reached
+        self._paused: set[Partition] = set()
+
+    def assign(self, starts: dict[Partition, int]) -> None:
+        """Reads these partitions too, each from its offset; already assigned ones go on where they are."""
+        new = {tp: offset for tp, offset in starts.items() if tp not in self._buffers}
+        if new:
+            self.consumer.incremental_assign([TopicPartition(t, p, offset) for (t, p), offset in new.items()])
+            for tp, offset in new.items():
+                self._buffers[tp] = deque()
+                self._next[tp] = offset
+
+    def available(self, tp: Partition, wait: float) -> list[Message]:
+        """Every record of tp committed so far (after those taken), waiting up to `wait` seconds for a first."""
+        self._fetch(wait, until=lambda: self._at_end(tp))
+        return self._take(tp, None)
+
+    def records(self, tp: Partition, last: int) -> Iterator[Message]:
+        """The records of tp up to offset last, in order, fetched as they are needed."""
+        buffer = self._buffers[tp]
+        while True:
+            while buffer:
+                if where(buffer[0])[2] > last:
+                    return
+                yield buffer.popleft()
+            if self._next[tp] > last or (tp in self._end and self._end[tp] > last and self._at_end(tp)):
+                return
+            self._fetch(1.0, until=lambda: bool(buffer) or self._next[tp] > last or self._at_end(tp), wanted=tp)
+
+    def _take(self, tp: Partition, last: int | None) -> list[Message]:
+        buffer = self._buffers[tp]
+        taken = []
+        while buffer and (last is None or where(buffer[0])[2] <= last):
+            taken.append(buffer.popleft())
+        return taken
+
+    def _at_end(self, tp: Partition) -> bool:
+        return self._end.get(tp, -1) >= self._next[tp] and not self._buffers[tp]
+
+    def _fetch(self, wait: float, until: Callable[[], bool], wanted: Partition | None = None) -> None:
+        """Consumes until `until()` or, when nothing comes, for `wait` seconds at most (once)."""
+        self._balance(wanted)
+        while not until():
+            # consume() waits for all FETCH records or the whole timeout: take what is there, else
+            # wait for the first to come
+            messages = self.consumer.consume(FETCH, 0)
+            if not messages:
+                first = self.consumer.poll(wait)
+                if first is None:
+                    return
+                messages = [first]
+            for message in messages:
+                self._route(message)
+            self._balance(wanted)
+
+    def _route(self, message: Message) -> None:
+        error = message.error()
+        if error is not None and error.code() != KafkaError._PARTITION_EOF:
+            if error.fatal():
+                raise KafkaException(error)
+            self.on_outage(error.str())
+            return
+        topic, partition, offset = where(message)
+        tp = (topic, partition)
+        if error is None:
+            self._buffers[tp].append(message)
+            self._next[tp] = offset + 1
+        else:
+            self._end[tp] = offset
+            self._next[tp] = max(self._next[tp], offset)
+
+    def _balance(self, wanted: Partition | None) -> None:
+        """Pauses partitions holding BUFFERED records (the wanted one never), resumes the others."""
+        full = {tp for tp, buffer in self._buffers.items() if len(buffer) >= BUFFERED and tp != wanted}
+        pause, resume = full - self._paused, self._paused - full
+        if pause:
+            self.consumer.pause([TopicPartition(t, p) for t, p in pause])
+        if resume:
+            self.consumer.resume([TopicPartition(t, p) for t, p in resume])
+        self._paused = full

@@ -1,0 +1,86 @@
+"""The topics of a prefix, and creating them with the settings each needs.
+
+- PREFIX.schema.table: one per captured table, compacted (cleanup.policy=compact): once
+  Kafka has cleaned it, it holds each row's latest record, a delete's tombstone for a
+  while, and the last TRUNCATE, which is what a new follower bootstraps from.
+- PREFIX: schema changes (Debezium's schema change topic), kept for ever (retention.ms=-1):
+  a follower replays a table's structure from it, so none may be cleaned away.
+- __replicator.PREFIX: the publisher's commits (state.py), compacted: the last of each
+  key is what a publisher resumes from. Named apart so that a subscription to PREFIX\\..*
+  (a Connect sink's topics.regex) takes the tables only.
+"""
+
+from __future__ import annotations
+
+import re
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # not in its stub
+
+from replicator.errors import UserError
+from replicator.targets.kafka.settings import KafkaSettings
+
+_NOT_IN_TOPIC = re.compile(r"[^A-Za-z0-9_-]")
+ADMIN_TIMEOUT = 30.0
+
+
+def table_topic(prefix: str, schema: str, table: str) -> str:
+    """PREFIX.schema.table, each character a topic name cannot hold replaced by '_' (as Debezium
+    does); a dot inside a name too, so that the parts stay apart."""
+    return f"{prefix}.{_NOT_IN_TOPIC.sub('_', schema)}.{_NOT_IN_TOPIC.sub('_', table)}"
+
+
+def schema_topic(prefix: str) -> str:
+    return prefix
+
+
+def state_topic(prefix: str) -> str:
+    return f"__replicator.{prefix}"
+
+
+TABLE_CONFIG = {"cleanup.policy": "compact"}
+SCHEMA_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
+# Small segments and an eager cleaner: a publisher starting reads this topic whole.
+STATE_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"}
+
+
+class Topics:
+    """Creates topics once per process; knows their partition counts."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self.admin = AdminClient(settings.config())
+        self._partitions: dict[str, int] = {}
+
+    def ensure(self, topic: str, config: dict[str, str], partitions: int = 1) -> int:
+        """Creates topic unless it exists; returns its number of partitions."""
+        if topic in self._partitions:
+            return self._partitions[topic]
+        count = self._existing(topic)
+        if count is None:
+            futures = self.admin.create_topics([NewTopic(topic, num_partitions=partitions,
+                                                         replication_factor=self.settings.replication,
+                                                         config=config)], request_timeout=ADMIN_TIMEOUT)
+            try:
+                futures[topic].result(timeout=ADMIN_TIMEOUT)
+            except KafkaException as exc:
+                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+                    raise UserError(f"cannot create topic {topic} at {self.settings.brokers}: "
+                                    f"{exc.args[0].str()}") from None
+            count = self._existing(topic) or partitions
+        self._partitions[topic] = count
+        return count
+
+    def ensure_table(self, topic: str) -> int:
+        return self.ensure(topic, TABLE_CONFIG, self.settings.partitions)
+
+    def _existing(self, topic: str) -> int | None:
+        try:
+            # all topics: a request naming one may create it with the broker's defaults (auto.create.topics.enable)
+            metadata = self.admin.list_topics(timeout=ADMIN_TIMEOUT)
+        except KafkaException as exc:
+            raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
+        found = metadata.topics.get(topic)
+        if found is None or found.error is not None:
+            return None
+        return len(found.partitions)
