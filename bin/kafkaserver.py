@@ -123,11 +123,14 @@ def fetch(directory: Path) -> list[Path]:
             raise UserError("Maven (mvn) not found, which fetches the Kafka broker's jars: install the 'maven' package")
         shutil.rmtree(directory, ignore_errors=True)   # a half fetch, and class archives of other jars
         directory.mkdir(parents=True)
-        with tempfile.TemporaryDirectory(prefix="replicator-kafka-pom-") as project:
+        with tempfile.TemporaryDirectory(prefix="replicator-kafka-maven-") as project:
             pom = Path(project) / "pom.xml"
             pom.write_text(_pom())
-            result = subprocess.run([mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-                                     f"-DoutputDirectory={jars}", "-DincludeScope=runtime"],
+            # Maven's own repository, not ~/.m2: Maven leaves there the POMs of versions it did not
+            # choose, without their jars, and Spark's resolution then fails on any of them it needs
+            result = subprocess.run([mvn, "-q", "-B", "-f", str(pom), f"-Dmaven.repo.local={project}/repository",
+                                     "dependency:copy-dependencies", f"-DoutputDirectory={jars}",
+                                     "-DincludeScope=runtime"],
                                     capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"Maven could not fetch Kafka {KAFKA_VERSION}'s jars:\n{result.stdout}{result.stderr}")
