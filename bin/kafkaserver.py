@@ -7,8 +7,9 @@ Kafka version. `python bin/kafkaserver.py fetch` does it ahead and prints the ja
 (bin/setup-env runs it for the dev extra); a broker's first start does it otherwise.
 
 The cache also keeps the classes a broker loads, as the JVM archives them (class data sharing),
-for the Java that runs it: the first broker stopped cleanly writes the archive, and later starts
-load it (~2.2 s to a ready broker here, against ~3 s without).
+for the Java that runs it: the first broker stopped cleanly writes the archive, and later ones
+load it. A new broker is then ready (storage formatted, transactions served) in ~2 s on 2 idle
+cores, against ~3.5 s without (3 s against 5 s on busy ones).
 """
 
 from __future__ import annotations
