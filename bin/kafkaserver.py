@@ -127,8 +127,8 @@ def fetch(directory: Path) -> list[Path]:
         with tempfile.TemporaryDirectory(prefix="replicator-kafka-maven-") as project:
             pom = Path(project) / "pom.xml"
             pom.write_text(_pom())
-            # Maven's own repository, not ~/.m2: Maven leaves there the POMs of versions it did not
-            # choose, without their jars, and Spark's resolution then fails on any of them it needs
+            # a local repository of this fetch's own, not ~/.m2: Maven leaves there the POMs of versions
+            # it did not choose, without their jars, and Spark's resolution fails on any of them it needs
             result = subprocess.run([mvn, "-q", "-B", "-f", str(pom), f"-Dmaven.repo.local={project}/repository",
                                      "dependency:copy-dependencies", f"-DoutputDirectory={jars}",
                                      "-DincludeScope=runtime"],
