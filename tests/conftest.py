@@ -1,6 +1,8 @@
 """Shared fixtures: one throwaway PostgreSQL cluster per test session, a fresh
 database per test, replicator installed in it; one S3-compatible server (moto) per
-test session, a fresh bucket per test; one Spark session."""
+test session, a fresh bucket per test; one Spark session; one Kafka broker per test
+session (kafka), a topic prefix per test (kafka_prefix), and a private broker for a
+test that kills or restarts it (own_kafka)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from kafkaserver import KafkaServer
 from pg_helpers import drop_database
 from pgserver import PgServer
 from replicator.source import Source
@@ -18,6 +21,7 @@ from replicator.source.install import install
 from s3_helpers import MotoServer
 
 _db_counter = itertools.count()
+_kafka_prefix_counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
@@ -100,3 +104,29 @@ def spark(s3_server: MotoServer) -> Iterator[object]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[KafkaServer]:
+    """The session's broker: tests share it, each with topics of its own (kafka_prefix)."""
+    server = KafkaServer().start()
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def kafka_prefix() -> str:
+    """A topic name prefix no other test uses: the session broker's topics outlive their test."""
+    return f"t{os.getpid()}_{next(_kafka_prefix_counter)}"
+
+
+@pytest.fixture
+def own_kafka() -> Iterator[KafkaServer]:
+    """A broker of the test's own, which it may kill, stop and restart."""
+    server = KafkaServer().start()
+    try:
+        yield server
+    finally:
+        server.destroy()

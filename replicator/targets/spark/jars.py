@@ -1,5 +1,6 @@
-"""The JVM libraries replicator's Spark sessions load beyond PySpark's own: Delta Lake, and
-Hadoop's s3a with the AWS SDK modules it needs, by Maven coordinates, kept in a cache directory.
+"""The JVM libraries replicator's Spark sessions load beyond PySpark's own: Delta Lake,
+Hadoop's s3a with the AWS SDK modules it needs, and Spark's Kafka source, by Maven coordinates,
+kept in a cache directory.
 
 Chosen at each JVM start:
 
@@ -26,7 +27,8 @@ from pathlib import Path
 DELTA = ("io.delta:delta-spark_4.2_2.13:4.4.0", "io.delta:delta-storage:4.4.0")
 S3A = ("org.apache.hadoop:hadoop-aws:3.5.0",   # the Hadoop version PySpark 4.2.0 ships
        "software.amazon.awssdk:s3:2.35.4", "software.amazon.awssdk:s3-transfer-manager:2.35.4")
-PACKAGES = DELTA + S3A
+KAFKA = ("org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0",)   # Spark's own Kafka source: spark.read.format("kafka")
+PACKAGES = DELTA + S3A + KAFKA
 EXCLUDES = (
     "software.amazon.awssdk:bundle",   # every AWS service, 686 MB: s3a needs only the s3 modules above
     # Delta's Hadoop 3.4.2 client (30 MB): PySpark has its own, 3.5.0, which is the one loaded
