@@ -1,0 +1,1 @@
+"""Kafka: Debezium-compatible change topics (publisher) and the followers that apply them."""
