@@ -37,7 +37,6 @@ from replicator.targets.kafka.state import (
     Commit,
     PublisherState,
     tables_to_json,
-    where,
 )
 from replicator.targets.kafka.topics import SCHEMA_CONFIG, STATE_CONFIG, Topics, schema_topic, state_topic, table_topic
 from replicator.targets.protocol import Row, TargetTable, queue_positions
@@ -223,12 +222,12 @@ class KafkaTarget:
     # records ------------------------------------------------------------------------------------
 
     def _delivered(self, error: KafkaError | None, message: Message) -> None:
+        """Notes the offset of each record written: a partition's reports come in order, so the last
+        one noted is its last offset."""
         if error is not None:
             self._errors.append(error)
             return
-        topic, partition, offset = where(message)
-        if offset > self._offsets.get((topic, partition), -1):
-            self._offsets[(topic, partition)] = offset
+        self._offsets[(message.topic(), message.partition())] = message.offset()  # type: ignore[index,assignment]
 
     def _produce(self, topic: str, key: bytes, value: bytes | None, partition: int = -1) -> None:
         headers: list[tuple[str, str | bytes | None]] = [(SEQUENCE, b"%d.%d" % (self._number, self._index))]
@@ -240,6 +239,13 @@ class KafkaTarget:
                 return
             except BufferError:   # librdkafka's queue is full: let it send
                 self.producer.poll(0.05)
+            except KafkaException as exc:
+                error = _kafka_error(exc)
+                if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise UserError(f"a record of {len(value or b''):,} bytes for {topic} is larger than Kafka takes: "
+                                    f"raise the producer's limit (?kafka.message.max.bytes=N in the URL) and the "
+                                    f"topic's max.message.bytes") from None
+                raise
 
     def _envelope(self, table: TargetTable) -> TableEnvelope:
         envelope = self._envelopes.get(table.source_name)
