@@ -27,6 +27,10 @@ FLOAT_TYPES = {"real", "double precision"}
 _JSON = json.JSONDecoder(parse_float=str)
 # set by JSONDecoder.__init__; typeshed does not declare it
 _scan_json: Callable[[str, int], tuple[Any, int]] = _JSON.scan_once  # type: ignore[attr-defined]
+# Integers of more digits than int() converts (sys.get_int_max_str_digits()), a numeric without
+# fraction, stay text too; only text holding one is parsed by this slower decoder.
+_JSON_LONG_INTEGERS = json.JSONDecoder(parse_float=str,
+                                       parse_int=lambda digits: int(digits) if len(digits) < 4000 else digits)
 
 
 def parse_json(text: str) -> Any:
@@ -37,6 +41,10 @@ def parse_json(text: str) -> Any:
         value, end = _scan_json(text, 0)
     except StopIteration:
         return _JSON.decode(text)  # leading whitespace, or the error json.loads raises
+    except ValueError as exc:
+        if "integer string conversion" not in str(exc):
+            raise
+        return _JSON_LONG_INTEGERS.decode(text)
     if end != len(text):
         return _JSON.decode(text)
     return value

@@ -99,7 +99,8 @@ def test_numeric_values_beyond_the_double_range_are_infinite_or_zero_and_their_d
     # SQLite turns any number-like text in a NUMERIC column into a number: such values
     # cannot stay TEXT there (README, "SQLite type mapping"); ?numeric=text keeps them.
     huge, tiny = "1" + "0" * 400, "0." + "0" * 400 + "1"
-    values = {1: huge, 2: "-" + huge, 3: tiny, 4: "Infinity", 5: "1e308"}
+    longer_than_int_converts = "9" * 5000   # an integer Python's int() refuses (sys.get_int_max_str_digits())
+    values = {1: huge, 2: "-" + huge, 3: tiny, 4: "Infinity", 5: "1e308", 6: longer_than_int_converts}
     conn.execute("CREATE TABLE big (id int PRIMARY KEY, v numeric)")
     conn.execute("INSERT INTO big VALUES (1, %s), (2, %s)", (values[1], values[2]))        # copied
     source.create_queue("q")
@@ -113,10 +114,10 @@ def test_numeric_values_beyond_the_double_range_are_infinite_or_zero_and_their_d
     with closing(sqlite3.connect(tmp_path / "r.db")) as db:
         assert dict((k, (v, t)) for k, v, t in db.execute("SELECT id, v, typeof(v) FROM big")) == {
             1: (math.inf, "real"), 2: (-math.inf, "real"), 3: (0, "integer"), 4: ("Infinity", "text"),
-            5: (1e308, "real")}
+            5: (1e308, "real"), 6: (math.inf, "real")}
     with closing(sqlite3.connect(tmp_path / "t.db")) as db:
         assert dict(db.execute("SELECT id, v FROM big")) == printed
-    assert printed[1] == huge and printed[3] == tiny
+    assert printed[1] == huge and printed[3] == tiny and printed[6] == longer_than_int_converts
 
 
 def test_numeric_keys_beyond_fifteen_digits_stay_text_and_keep_rows_apart(dsn, conn, source, tmp_path):
