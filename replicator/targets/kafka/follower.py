@@ -41,6 +41,7 @@ log = logging.getLogger("replicator")
 
 BATCH_RECORDS = 200000   # records of several commits applied in one target transaction, about
 TICK = "tick"            # the position that holds the publisher's tick (the others are TOPIC:PARTITION)
+RUN_ROWS = 5000          # rows applied in one target call, at most (a bootstrap reads whole tables)
 
 
 @dataclass
@@ -62,7 +63,7 @@ class _Changes:
         self.rows: list[Row] = []
 
     def add(self, table: TargetTable, kind: str, row: Row) -> None:
-        if table is not self.table or kind != self.kind:
+        if table is not self.table or kind != self.kind or len(self.rows) >= RUN_ROWS:
             self.flush()
             self.table, self.kind = table, kind
         self.rows.append(row)
@@ -326,13 +327,14 @@ class Follower:
             goal = self._commits[-1].number if self._commits else None
             if goal is None:
                 return 0
-        summary_started, records = time.monotonic(), 0
+        summary_started, records, lag = time.monotonic(), 0, 0.0
         while not stop.is_set:
             stats = self.step(wait=self.poll_interval)
             self.metrics.ran()
             if stats is not None:
                 applied += 1
                 records += stats.records
+                lag = stats.lag_seconds
                 self.metrics.applied(stats.records, stats.records)
                 self.metrics.lag(len(self._commits), sum(c.records for c in self._commits), stats.lag_seconds, None)
                 log.debug("commit %s (tick %s): %s in %.3fs", stats.commit, stats.tick,
@@ -343,8 +345,9 @@ class Follower:
             now = time.monotonic()
             if now - summary_started >= self.stats_interval or stop.is_set or done:
                 if records:
-                    log.info("%s: %s applied from %s in the last %.1fs; at tick %s", self.target.name,
-                             counted(records, "record"), self.settings.name, now - summary_started, self.tick)
+                    log.info("%s: %s applied from %s in the last %.1fs; at tick %s, lag %.1fs", self.target.name,
+                             counted(records, "record"), self.settings.name, now - summary_started, self.tick,
+                             lag)
                 summary_started, records = now, 0
             if done:
                 break
