@@ -350,5 +350,8 @@ class Follower:
                              lag)
                 summary_started, records = now, 0
             if done:
+                settle = getattr(self.target, "settle", None)   # a Delta warehouse's views, brought up to it
+                if settle is not None:
+                    settle()
                 break
         return applied
