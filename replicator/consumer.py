@@ -31,7 +31,7 @@ from replicator.source import BatchInfo, CapturedTable, Source, monitoring
 from replicator.source import snapshot_copy as source_copy
 from replicator.source.snapshots import snapshot_xmax, snapshot_xmin, txid_visible
 from replicator.structure import RowsDecoder, TableStructure, parse_json, reconcile
-from replicator.targets.protocol import RecordsOrigin, Target, TargetTable
+from replicator.targets.protocol import RecordsOrigin, Target, TargetTable, settle
 from replicator.wording import counted
 
 log = logging.getLogger("replicator")
@@ -685,12 +685,12 @@ class Consumer:
                 if time.monotonic() - summary.started >= self.stats_interval:
                     summary.flush(self.queue)
                 if once:
-                    self._settle()
+                    settle(self.target)
                     return applied
                 if until_caught_up:
                     position = self.target.positions(self.queue).get(self.name)
                     if position is not None and goal is not None and position >= goal:
-                        self._settle()
+                        settle(self.target)
                         return applied
                 if stats is None:
                     stop.wait(self.poll_interval)
@@ -709,13 +709,6 @@ class Consumer:
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 15.0)
         return applied
-
-    def _settle(self) -> None:
-        """At the end of a run that stops by itself: what the target keeps behind its position
-        (a Delta warehouse's views, while Spark starts) is brought up to it."""
-        settle = getattr(self.target, "settle", None)   # targets that keep nothing behind have none
-        if settle is not None:
-            settle()
 
     def _read_lag(self) -> None:
         """Reads the lag from the source for the metrics and health, every

@@ -76,6 +76,15 @@ class RecordsOrigin(Protocol):
         ...
 
 
+def settle(target: Target) -> None:
+    """At the end of a run that stops by itself: what the target keeps behind its position (a
+    Delta warehouse's views, while Spark starts) is brought up to it. Targets that keep nothing
+    behind have no settle()."""
+    method = getattr(target, "settle", None)
+    if method is not None:
+        method()
+
+
 def queue_positions(positions: dict[str, int], queue: str) -> dict[str, int]:
     """The positions of `queue` among a target's positions stored as {"QUEUE/CONSUMER": tick}."""
     prefix = f"{queue}/"

@@ -34,7 +34,7 @@ from replicator.targets.kafka.reader import Partition, PartitionReader
 from replicator.targets.kafka.settings import KafkaSettings
 from replicator.targets.kafka.state import COMMIT_KEY, Commit, committed_consumer, data, sequence_of, where
 from replicator.targets.kafka.topics import schema_topic, state_topic, table_topic
-from replicator.targets.protocol import Row, Target, TargetTable
+from replicator.targets.protocol import Row, Target, TargetTable, settle
 from replicator.wording import counted
 
 log = logging.getLogger("replicator")
@@ -350,8 +350,6 @@ class Follower:
                              lag)
                 summary_started, records = now, 0
             if done:
-                settle = getattr(self.target, "settle", None)   # a Delta warehouse's views, brought up to it
-                if settle is not None:
-                    settle()
+                settle(self.target)
                 break
         return applied
