@@ -14,7 +14,6 @@ still running (Kafka aborts what that one had not committed).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -29,7 +28,7 @@ from replicator.errors import TargetUnavailable, UserError
 from replicator.structure import Change
 from replicator.targets.crash import crash_point
 from replicator.targets.kafka.envelope import EnvelopeSettings, TableEnvelope, schema_change_key, schema_change_value
-from replicator.targets.kafka.settings import KafkaSettings
+from replicator.targets.kafka.settings import KafkaSettings, kafka_client
 from replicator.targets.kafka.state import (
     COMMIT_KEY,
     SEQUENCE,
@@ -78,7 +77,8 @@ class KafkaTarget:
         self._schema_topic = schema_topic(settings.prefix)
         self.topics.ensure(self._state_topic, STATE_CONFIG)
         self.topics.ensure(self._schema_topic, SCHEMA_CONFIG)
-        self.producer = Producer(settings.config(**{**PRODUCER, "transactional.id": f"replicator.{settings.prefix}"}))
+        self.producer = kafka_client(Producer, settings, **PRODUCER,
+                                     **{"transactional.id": f"replicator.{settings.prefix}"})
         try:
             self.producer.init_transactions(KAFKA_TIMEOUT)
         except KafkaException as exc:
@@ -94,9 +94,11 @@ class KafkaTarget:
         self._database = ""
         self._envelopes: dict[str, TableEnvelope] = {}
         self._in_transaction = False
+        self._abort_pending = False
         self._number = state.commit.number if state.commit else 0
         self._index = 0
         self._offsets: dict[tuple[str, int], int] = {}
+        self._dropped_topics: set[str] = set()   # by this transaction
         self._errors: list[KafkaError] = []
         self._tables_changed = False
         self._pending_event: tuple[TargetTable, dict[str, Any]] | None = None
@@ -137,11 +139,15 @@ class KafkaTarget:
     # transactions -----------------------------------------------------------------------------
 
     def begin(self) -> None:
+        if self._abort_pending:   # an abort the brokers did not answer: librdkafka begins nothing before it ends
+            self._call(self.producer.abort_transaction, KAFKA_TIMEOUT)
+            self._abort_pending = False
         self._call(self.producer.begin_transaction)
         self._in_transaction = True
         self._number += 1
         self._index = 0
         self._offsets.clear()
+        self._dropped_topics.clear()
         self._errors.clear()
 
     def commit(self) -> None:
@@ -155,6 +161,8 @@ class KafkaTarget:
                                                            if self._committed.commit else {}).items()}
         for (topic, partition), offset in self._offsets.items():
             offsets.setdefault(topic, {})[partition] = offset
+        for topic in self._dropped_topics:
+            offsets.pop(topic, None)
         commit = Commit(number=self._number, queue=queue, consumer=consumer, tick=tick,
                         ts_ms=int(time.time() * 1000), offsets=offsets, envelope=self._envelope_settings,
                         records=self._index)
@@ -174,9 +182,12 @@ class KafkaTarget:
         back to the last commit's tables and position."""
         if self._in_transaction:
             self._in_transaction = False
-            # fenced or unreachable: the next publisher's init_transactions aborts it
-            with contextlib.suppress(KafkaException):
+            try:
                 self.producer.abort_transaction(KAFKA_TIMEOUT)
+            except KafkaException as exc:
+                # unreachable: done again before the next transaction begins (fenced: this one stops
+                # at its next call; the next publisher's init_transactions aborts it)
+                self._abort_pending = not _kafka_error(exc).fatal()
         self._number = self._committed.commit.number if self._committed.commit else 0
         self._tables = dict(self._committed.tables)
         self._position = _position_of(self._committed.commit)
@@ -338,7 +349,8 @@ class KafkaTarget:
     def _claim_topic(self, table: TargetTable) -> str:
         topic = self.topic(table)
         for other in self._tables.values():
-            if other.table_id != table.table_id and self.topic(other) == topic:
+            # (a table of the same name is the one this replaces: dropped and created again)
+            if other.source_name != table.source_name and self.topic(other) == topic:
                 raise UserError(f"{table.source_name} and {other.source_name} would both publish to topic {topic} "
                                 f"(characters a topic name cannot hold become '_'): rename one, or replicate it "
                                 f"through another queue")
@@ -357,9 +369,19 @@ class KafkaTarget:
         self._schema_record("ALTER", "alter", new, {"topic": topic, "old_name": old.source_name})
 
     def drop_table(self, table: TargetTable) -> None:
-        self._tables.pop(table.source_name, None)
-        self._tables_changed = True
+        held = self._tables.get(table.source_name)
+        if held is not None and held.table_id == table.table_id:   # not a table of its name created since
+            del self._tables[table.source_name]
+            self._tables_changed = True
+            self._forget_topic(table)
         self._schema_record("DROP", "drop", table, {"topic": self.topic(table)})
+
+    def _forget_topic(self, table: TargetTable) -> None:
+        """The commits stop listing a dropped table's topic (unless a table holds it again): a
+        new follower has nothing to read there, and an operator may delete it."""
+        topic = self.topic(table)
+        if all(self.topic(other) != topic for other in self._tables.values()):
+            self._dropped_topics.add(topic)
 
     def schema_event(self, table: TargetTable, event: dict[str, Any]) -> None:
         """Kept for the schema change record of the table call that follows it (alter, drop, or the

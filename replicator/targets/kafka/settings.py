@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
+
+from confluent_kafka import KafkaException
 
 from replicator.errors import UserError
 
@@ -28,6 +31,7 @@ TOPIC_CHARACTERS = re.compile(r"[A-Za-z0-9._-]+")
 MAX_PREFIX = 120   # topic names hold at most 249 characters: room for schema and table
 DECIMAL_MODES = ("precise", "string", "double")
 _BOOLEANS = {"true": True, "false": False}
+Client = TypeVar("Client")
 _USAGE = "use kafka://BROKER[,BROKER...]/PREFIX[?schemas=true|false&decimals=precise|string|double&partitions=N]"
 
 
@@ -54,18 +58,33 @@ class KafkaSettings:
                 **settings, **self.client}
 
 
+def shown(url: str) -> str:
+    """A Kafka URL as messages show it: without its options, which may hold credentials."""
+    return url.partition("?")[0]
+
+
+def kafka_client(factory: Callable[[dict[str, Any]], Client], settings: KafkaSettings,
+                 **extra: str | int | float | bool) -> Client:
+    """A Producer, Consumer or AdminClient of these settings: librdkafka's refusal of one (a
+    mistyped kafka.* option) is one line naming it."""
+    try:
+        return factory(settings.config(**extra))
+    except KafkaException as exc:
+        raise UserError(f"cannot use the Kafka settings of {settings.name}: {exc.args[0].str()}") from None
+
+
 def parse_url(url: str) -> KafkaSettings:
     """The settings of a kafka://BROKERS/PREFIX?... URL; a bad one is one line naming what is wrong."""
     if not url.startswith("kafka://"):
-        raise UserError(f"invalid Kafka URL {url!r}: {_USAGE}")
+        raise UserError(f"invalid Kafka URL {shown(url)!r}: {_USAGE}")
     parts = urlsplit(url)
     brokers = parts.netloc
     prefix = parts.path.strip("/")
     if not brokers or any(not b.strip() for b in brokers.split(",")):
-        raise UserError(f"invalid Kafka URL {url!r}: no broker given; {_USAGE}")
+        raise UserError(f"invalid Kafka URL {shown(url)!r}: no broker given; {_USAGE}")
     if not prefix:
-        raise UserError(f"invalid Kafka URL {url!r}: no topic prefix (the PREFIX of the topics PREFIX.schema.table); "
-                        f"{_USAGE}")
+        raise UserError(f"invalid Kafka URL {shown(url)!r}: no topic prefix (the PREFIX of the topics "
+                        f"PREFIX.schema.table); {_USAGE}")
     if not TOPIC_CHARACTERS.fullmatch(prefix) or prefix in (".", "..") or len(prefix) > MAX_PREFIX:
         raise UserError(f"invalid topic prefix {prefix!r}: at most {MAX_PREFIX} letters, digits, '.', '_' and '-'")
     options: dict[str, object] = {}

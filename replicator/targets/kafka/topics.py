@@ -18,7 +18,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # not in its stub
 
 from replicator.errors import UserError
-from replicator.targets.kafka.settings import KafkaSettings
+from replicator.targets.kafka.settings import KafkaSettings, kafka_client
 
 _NOT_IN_TOPIC = re.compile(r"[^A-Za-z0-9_-]")
 ADMIN_TIMEOUT = 30.0
@@ -49,7 +49,7 @@ class Topics:
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
-        self.admin = AdminClient(settings.config())
+        self.admin = kafka_client(AdminClient, settings)
         self._partitions: dict[str, int] = {}
 
     def ensure(self, topic: str, config: dict[str, str], partitions: int = 1) -> int:
