@@ -41,6 +41,7 @@ log = logging.getLogger("replicator")
 
 BATCH_RECORDS = 200000   # records of several commits applied in one target transaction, about
 TICK = "tick"            # the position that holds the publisher's tick (the others are TOPIC:PARTITION)
+COMMIT = "commit"        # and the number of the publisher's commit applied last
 RUN_ROWS = 5000          # rows applied in one target call, at most (a bootstrap reads whole tables)
 
 
@@ -187,6 +188,8 @@ class Follower:
                 self.target.set_position(self.queue, f"{tp[0]}:{tp[1]}", ends[tp] + 1)
             self.target.set_position(self.queue, f"{self._state[0]}:0", goal.offset + 1)
             self.target.set_position(self.queue, TICK, goal.tick)
+            # last: the step's own position, rising at each (a Delta table's txn version)
+            self.target.set_position(self.queue, COMMIT, goal.number)
             self.target.commit()
         except BaseException:
             self.target.rollback()
