@@ -102,6 +102,7 @@ class _Tables:
 
 class DeltaTarget:
     exactly_once = True
+    copies_renamed_tables = False
 
     def __init__(self, url: str, *, spark_master: str | None = None, spark_conf: dict[str, str] | None = None,
                  session: Callable[[], Any] | None = None) -> None:

@@ -68,6 +68,10 @@ def _kafka_error(exc: KafkaException) -> KafkaError:
 
 class KafkaTarget:
     exactly_once = True
+    # A renamed table is published anew on its new name's topic (a truncate on the old one): a new
+    # follower then finds each table whole on one topic, and a table created later under the old
+    # name cannot compact the renamed table's rows away.
+    copies_renamed_tables = True
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
