@@ -30,6 +30,7 @@ from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.structure import TableStructure, reconcile
 from replicator.targets.kafka.envelope import EnvelopeSettings, TableEnvelope, decode_schema_change
+from replicator.targets.kafka.history import TableHistory
 from replicator.targets.kafka.reader import Partition, PartitionReader
 from replicator.targets.kafka.settings import KafkaSettings
 from replicator.targets.kafka.state import COMMIT_KEY, Commit, committed_consumer, data, sequence_of, where
@@ -94,23 +95,49 @@ class Follower:
         self.poll_interval = poll_interval
         self.stats_interval = stats_interval
         self.table_filter = [t if "." in t else f"public.{t}" for t in tables or []]
-        self._check_table_filter()
         self._state = (state_topic(settings.prefix), 0)
         self._schema = (schema_topic(settings.prefix), 0)
+        # with --tables: the ids of the tables followed (None: every table), every topic each has had,
+        # and the offset of the schema change topic from which a table created under a name listed
+        # is followed too (before it, the names were resolved at start)
+        self._followed: set[int] | None = None
+        self._topics: dict[int, set[str]] = {}
+        self._names_resolved_until = 0
+        if self.table_filter:
+            self._follow_tables()
         self.consumer = committed_consumer(settings, **{"group.id": f"replicator-follower.{settings.prefix}"})
         self.reader = PartitionReader(self.consumer, self._outage)
         self._commits: list[Commit] = []   # read, not applied yet
         self._envelopes: dict[int, TableEnvelope] = {}
         self._outage_reported = False
 
-    def _check_table_filter(self) -> None:
-        held = set(self.target.tables())
-        if not self.table_filter or not self.target.positions(self.queue):
+    def _follow_tables(self) -> None:
+        """The tables --tables names, followed by id. At the first run, the tables of those names now
+        (one renamed before is read from each of its topics). At later runs, the tables the target
+        holds, which --tables must name by a name each has or had (one renamed since is still
+        followed); a name of another table the target lacks is refused (its earlier rows are not
+        here)."""
+        history = TableHistory.read(self.settings, self._schema[0])
+        self._topics = history.topics
+        wanted = set(self.table_filter)
+        if not self.target.positions(self.queue):
+            self._followed = {table_id for table_id in history.names if history.current(table_id) in wanted}
+            self._names_resolved_until = history.end
             return
-        left_out = sorted(held - set(self.table_filter))
+        held = {t.table_id: t.source_name for t in self.target.tables().values()}
+        left_out = sorted(name for table_id, name in held.items() if not wanted & set(history.names.get(table_id, ())))
         if left_out:
             raise UserError(f"{self.target.name} follows {', '.join(left_out)}, which --tables leaves out: its changes "
                             f"would be skipped from now on; list it in --tables, or follow into a new target")
+        named = {name for table_id in held for name in history.names.get(table_id, ())}
+        position = self._offset(self._schema)
+        added = sorted(name for table_id in history.names
+                       if (name := history.current(table_id)) in wanted - named and table_id not in held
+                       and history.first[table_id] < position)
+        if added:
+            raise UserError(f"{self.target.name} has not followed {', '.join(added)}, which --tables lists: its "
+                            f"earlier changes are not in it; to follow it, follow into a new target")
+        self._followed = set(held)
 
     def _outage(self, reason: str) -> None:
         if not self._outage_reported:
@@ -208,27 +235,28 @@ class Follower:
             log.debug("%s publishes numerics as doubles: followers get them rounded", self.settings.name)
 
     def _known_topics(self, ends: dict[Partition, int]) -> set[str]:
-        """The table topics to read, as far as known before this step's schema changes: all, or those of
-        the tables --tables names and of the tables the target holds."""
-        if not self.table_filter:
+        """The table topics to read, as far as known before this step's schema changes: all, or every
+        topic the tables followed have had."""
+        if self._followed is None:
             return {topic for topic, _ in ends} - {self._state[0], self._schema[0]}
-        prefix = self.settings.prefix
-        topics = {table_topic(prefix, *name.split(".", 1)) for name in self.table_filter}
-        held = self.target.tables().values()
-        return topics | {table_topic(prefix, t.structure.schema, t.structure.name) for t in held}
+        return {topic for table_id in self._followed for topic in self._topics.get(table_id, ())}
 
     def _followed_topics(self, schema_records: list[Message], ends: dict[Partition, int]) -> set[str]:
         """The table topics to read: the known ones, and those the followed tables get in these schema
-        changes (a renamed table's records go to a new topic)."""
+        changes (a renamed table's records go to a new topic; a table created under a name --tables
+        lists is followed)."""
         topics = self._known_topics(ends)
-        if not self.table_filter:
+        if self._followed is None:
             return topics
-        followed_ids = {t.table_id for t in self.target.tables().values()}
         for message in schema_records:
             change = decode_schema_change(data(message.value()))
-            if change["table_id"] in followed_ids or change["name"] in self.table_filter:
-                followed_ids.add(change["table_id"])
-                topics.add(change["topic"])
+            table_id, topic = change["table_id"], change.get("topic")
+            if (change["call"] == "create" and change["name"] in self.table_filter
+                    and where(message)[2] >= self._names_resolved_until):
+                self._followed.add(table_id)
+            if table_id in self._followed and topic is not None:
+                self._topics.setdefault(table_id, set()).add(topic)
+                topics.add(topic)
         return topics
 
     def _apply(self, records: Iterable[Message]) -> int:
@@ -278,7 +306,7 @@ class Follower:
                        by_topic: dict[str, TargetTable]) -> None:
         """Repeats the publisher's target call on this follower's target."""
         call, table_id = change["call"], change["table_id"]
-        if self.table_filter and table_id not in tables and change["name"] not in self.table_filter:
+        if self._followed is not None and table_id not in self._followed:
             return
         old = tables.get(table_id)
         if change.get("event") and old is not None:
