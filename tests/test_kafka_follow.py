@@ -921,7 +921,7 @@ def test_a_follower_daemon_waits_for_a_restarted_broker_then_catches_up(dsn: str
     path = tmp_path / "follower.db"
     ticker = Daemon(dsn, "ticker", "--interval", "0.1", log=tmp_path / "ticker.log")
     publisher = Daemon(dsn, "consume", "q", "--target", url, "--poll-interval", "0.05", log=tmp_path / "publisher.log")
-    follower = follower_daemon(url, f"sqlite:{path}", tmp_path / "follower.log")
+    follower = follower_daemon(url, f"sqlite:{path}", tmp_path / "follower.log", "--metrics-port", "0")
     daemons = (ticker, publisher, follower)
 
     def applied(tick: int) -> bool:
@@ -932,14 +932,19 @@ def test_a_follower_daemon_waits_for_a_restarted_broker_then_catches_up(dsn: str
         tick = forced_tick(conn)
         wait_until(lambda: applied(tick), 60, "the update applied", check=lambda: [alive(d) for d in daemons])
 
+        metrics = Metrics(follower)
         own_kafka.kill()
         conn.execute("INSERT INTO t SELECT g, 'while Kafka is down' FROM generate_series(51, 80) g")
-        wait_until(lambda: "unavailable" in follower.log(), 60, "the follower to see Kafka gone",
-                   check=lambda: alive(follower))
+        _, report = wait_until(lambda: (h := metrics.health())[0] == 503 and h, 60,
+                               "the follower to see Kafka gone", check=lambda: alive(follower))
+        assert report["status"] == "source unavailable", report
+        assert f"Kafka at {own_kafka.bootstrap} unavailable" in follower.log()
         own_kafka.restart()
         conn.execute("UPDATE t SET v = 'after' WHERE id > 70")
         tick = forced_tick(conn)
         wait_until(lambda: applied(tick), 120, "the follower to catch up", check=lambda: [alive(d) for d in daemons])
+        assert metrics.health()[0] == 200
+        assert metrics.value("replicator_errors_total", kind="source_unavailable") == 1
         for daemon in (follower, publisher):
             assert daemon.terminate() == 0, daemon.log()
     finally:
