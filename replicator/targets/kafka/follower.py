@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from replicator.errors import UserError
 from replicator.metrics import ConsumerMetrics
@@ -42,6 +42,8 @@ log = logging.getLogger("replicator")
 
 BATCH_RECORDS = 200000   # records of several commits applied in one target transaction, about
 TICK = "tick"            # the position that holds the publisher's tick (the others are TOPIC:PARTITION)
+PROBE_EVERY = 5.0        # seconds between the metadata requests that ask whether Kafka is back after an outage
+PROBE_TIMEOUT = 1.0      # seconds one may take
 
 
 @dataclass
@@ -105,11 +107,13 @@ class Follower:
         self._names_resolved_until = 0
         if self.table_filter:
             self._follow_tables()
-        self.consumer = committed_consumer(settings, **{"group.id": f"replicator-follower.{settings.prefix}"})
+        self.consumer = committed_consumer(settings, **{"group.id": f"replicator-follower.{settings.prefix}",
+                                                        "error_cb": self._client_error})
         self.reader = PartitionReader(self.consumer, self._outage)
         self._commits: list[Commit] = []   # read, not applied yet
         self._envelopes: dict[int, TableEnvelope] = {}
-        self._outage_reported = False
+        self._unreachable: str | None = None   # why Kafka is unreachable, while it is
+        self._probed = 0.0                       # when it was last asked whether it is back
 
     def _follow_tables(self) -> None:
         """The tables --tables names, followed by id. At the first run, the tables of those names now
@@ -139,11 +143,33 @@ class Follower:
                             f"earlier changes are not in it; to follow it, follow into a new target")
         self._followed = set(held)
 
+    def _client_error(self, error: KafkaError) -> None:
+        """librdkafka's errors of the client as a whole, which it retries (and logs) itself: every broker
+        down is an outage."""
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._outage(error.str())
+
     def _outage(self, reason: str) -> None:
-        if not self._outage_reported:
+        """Kafka unreachable: said once, and by /health until it answers again."""
+        if self._unreachable is None:
             log.warning("Kafka at %s unavailable (%s); waiting for it", self.settings.brokers, reason)
-            self._outage_reported = True
-        self.metrics.source_unavailable(reason)
+            self.metrics.source_unavailable(reason)
+        self._unreachable = reason
+
+    def _reachable(self) -> bool:
+        """Whether Kafka answers: after an outage, once a metadata request succeeds (one every
+        PROBE_EVERY seconds: each makes librdkafka try, and log, its connections again)."""
+        if self._unreachable is not None:
+            if time.monotonic() - self._probed < PROBE_EVERY:
+                return False
+            self._probed = time.monotonic()
+            try:
+                self.consumer.list_topics(timeout=PROBE_TIMEOUT)
+            except KafkaException:
+                return False
+            log.info("Kafka at %s reachable again", self.settings.brokers)
+            self._unreachable = None
+        return True
 
     def close(self) -> None:
         self.consumer.close()
@@ -165,8 +191,6 @@ class Follower:
         for message in self.reader.available(self._state, wait):
             if message.key() == COMMIT_KEY and message.value() is not None:
                 self._commits.append(Commit.from_json(data(message.value()), where(message)[2]))
-        if self._outage_reported and self._commits:
-            self._outage_reported = False
 
     def _next_goal(self) -> tuple[Commit, dict[Partition, int]] | None:
         """The commits to apply next (about BATCH_RECORDS records), as their last commit and the last
@@ -357,7 +381,8 @@ class Follower:
         summary_started, records = time.monotonic(), 0
         while not stop.is_set:
             stats = self.step(wait=self.poll_interval)
-            self.metrics.ran()
+            if self._reachable():
+                self.metrics.ran()
             if stats is not None:
                 applied += 1
                 records += stats.records

@@ -46,7 +46,7 @@ class KafkaSettings:
         """What logs, errors and default consumer names show: no options (they may hold secrets)."""
         return f"kafka://{self.brokers}/{self.prefix}"
 
-    def config(self, **settings: str | int | float | bool) -> dict[str, Any]:
+    def config(self, **settings: object) -> dict[str, Any]:
         """A librdkafka configuration: the brokers, ours, then the user's kafka.* options. librdkafka
         logs through logger "replicator.kafka", errors only unless kafka.log_level says otherwise (it
         retries what it warns of: a coordinator still loading, a broker restarting)."""
