@@ -33,7 +33,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -626,7 +626,6 @@ def test_followers_equal_the_source_and_a_direct_consumer_after_concurrent_write
 
 
 def _oracle_example(dsn: str, url: str, tmp: Path, seeds: list[int], ddl_order: list[str], kill_at: int) -> None:
-    prefix = url.rpartition("/")[2]
     live, direct, fresh = tmp / "live.db", tmp / "direct.db", tmp / "fresh.db"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(ORACLE_SCHEMA)
@@ -651,7 +650,8 @@ def _oracle_example(dsn: str, url: str, tmp: Path, seeds: list[int], ddl_order: 
 
         follower = start_follower()
         try:
-            wait_until(lambda: "tick" in follower_positions(live, prefix), 60, "the follower's first commit",
+            # every table copied first (a consumer copying a table dropped meanwhile fails, publisher or not)
+            wait_until(lambda: live.exists() and len(sqlite_contents(live)) == 6, 120, "the follower to hold the copies",
                        check=lambda: (alive(follower), alive(publisher)))
             for phase, name in enumerate(ddl_order):
                 writers = [OracleWriter(dsn, f"{seed}/{phase}", 10, tables_by_oid) for seed in seeds]
@@ -695,13 +695,13 @@ def _oracle_example(dsn: str, url: str, tmp: Path, seeds: list[int], ddl_order: 
 KILL_SCHEMA = """
     CREATE TABLE bag (a int NOT NULL, b text, c text);
     CREATE TABLE big (id int PRIMARY KEY, v text, n int NOT NULL DEFAULT 0);
-    INSERT INTO bag SELECT g, CASE WHEN g % 2 = 0 THEN 'b' || g END, 'seed' FROM generate_series(1, 20000) g;
-    INSERT INTO big SELECT g, 'v' || g, 0 FROM generate_series(1, 20000) g;
+    INSERT INTO bag SELECT g, CASE WHEN g % 2 = 0 THEN 'b' || g END, 'seed' FROM generate_series(1, 10000) g;
+    INSERT INTO big SELECT g, 'v' || g, 0 FROM generate_series(1, 10000) g;
 """
 
 
 class BigBatches(threading.Thread):
-    """Transactions of some 8,000 row changes each, one a tick (a batch, a Kafka transaction), each once
+    """Transactions of some 4,000 row changes each, one a tick (a batch, a Kafka transaction), each once
     the publisher has published the one before, until stopped: updates of a quarter of big, rows added
     to bag (a third with a NULL in their key), updates of a twentieth of bag, a few deletes."""
 
@@ -742,7 +742,7 @@ def bytes_written(daemon: Daemon) -> int:
 
 @settings(max_examples=2, deadline=None, phases=[Phase.generate], database=None,
           suppress_health_check=list(HealthCheck))
-@given(kill_after=st.lists(st.integers(50_000, 4_000_000), min_size=3, max_size=3))
+@given(kill_after=st.lists(st.integers(50_000, 2_000_000), min_size=3, max_size=3))
 def test_a_follower_killed_while_it_applies_big_batches_then_restarted_applies_each_change_once(
         pg_server: Any, kafka: KafkaServer, kafka_prefix: str, tmp_path_factory: pytest.TempPathFactory,
         kill_after: list[int]) -> None:
@@ -830,6 +830,34 @@ def compact(bootstrap: str, topics: list[str]) -> None:
         future.result(30)
 
 
+def publish_until_cleaned(dsn: str, url: str, bootstrap: str, topics: list[str], rolls: list[str], log: Path,
+                          cleaned: Callable[[dict[str, int]], bool]) -> dict[str, int]:
+    """Compacts the topics (compact()), then publishes the `rolls` statements again and again (new records
+    roll the segments: only closed ones are cleaned) until cleaned(the topics' record counts); returns
+    those counts. Everything is published when it returns."""
+    compact(bootstrap, topics)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        set_fast_ticks(conn)
+        ticker = Daemon(dsn, "ticker", "--interval", "0.1", log=log.with_suffix(".ticker.log"))
+        publisher = Daemon(dsn, "consume", "q", "--target", url, "--poll-interval", "0.05", log=log)
+        try:
+            def counts() -> dict[str, int] | None:
+                for statement in rolls:
+                    conn.execute(statement)
+                alive(publisher)
+                now = {topic: count_records(bootstrap, topic) for topic in topics}
+                return now if cleaned(now) else None
+
+            after: dict[str, int] = wait_until(counts, 120, f"Kafka to clean {topics}", interval=0.5)
+            forced_tick(conn)
+            assert publisher.terminate() == 0, publisher.log()
+        finally:
+            publisher.stop()
+            ticker.stop()
+    publish(dsn, url)
+    return after
+
+
 @contextlib.contextmanager
 def database_moved_away(pg_server: Any, dsn: str) -> Iterator[None]:
     """The database of dsn renamed while in the block: a client of dsn finds no such database."""
@@ -875,29 +903,10 @@ def test_a_new_follower_bootstraps_from_topics_kafka_compacted_and_never_touches
         topics = [table_topic(kafka_prefix, "public", "t"), table_topic(kafka_prefix, "public", "u"),
                   state_topic(kafka_prefix)]
         before = {topic: count_records(kafka.bootstrap, topic) for topic in topics}
-
-        compact(kafka.bootstrap, topics)
-        set_fast_ticks(conn)
-        ticker = Daemon(dsn, "ticker", "--interval", "0.1", log=tmp_path / "ticker.log")
-        publisher = Daemon(dsn, "consume", "q", "--target", url, "--poll-interval", "0.05",
-                           log=tmp_path / "publisher.log")
-        try:
-            def cleaned() -> dict[str, int] | None:
-                # new records roll the segments: only closed ones are cleaned
-                conn.execute("UPDATE t SET n = n + 1 WHERE id = 2")
-                conn.execute("UPDATE u SET v = 'rolls' WHERE k = 'k1'")
-                alive(publisher)
-                now = {topic: count_records(kafka.bootstrap, topic) for topic in topics}
-                return now if all(now[topic] < before[topic] for topic in topics) else None
-
-            after = wait_until(cleaned, 120, f"Kafka to clean {topics}", interval=0.5)
-            assert after[topics[0]] < before[topics[0]] / 2, (before, after)   # t's rows' older records are gone
-            forced_tick(conn)
-            assert publisher.terminate() == 0, publisher.log()
-        finally:
-            publisher.stop()
-            ticker.stop()
-        publish(dsn, url)
+    after = publish_until_cleaned(
+        dsn, url, kafka.bootstrap, topics, ["UPDATE t SET n = n + 1 WHERE id = 2", "UPDATE u SET v = 'x' WHERE k = 'k1'"],
+        tmp_path / "publisher.log", lambda now: all(now[topic] < before[topic] for topic in topics))
+    assert after[topics[0]] < before[topics[0]] / 2, (before, after)   # t's rows' older records are gone
 
     path = tmp_path / "follower.db"
     with database_moved_away(pg_server, dsn):
@@ -905,6 +914,29 @@ def test_a_new_follower_bootstraps_from_topics_kafka_compacted_and_never_touches
     with psycopg.connect(dsn, autocommit=True) as conn:
         assert_follower_equals_source(conn, path)
         assert [c[0] for c in sqlite_contents(path)["t"][0]] == ["id", "v", "n", "note"]
+
+
+@pytest.mark.xfail(strict=True, reason="a renamed table's rows keep their earlier records in its former topic: once "
+                                       "Kafka drops a later delete's tombstone from the new one, a new follower brings "
+                                       "the row back")
+def test_a_row_deleted_after_its_table_was_renamed_stays_deleted_for_a_new_follower_after_compaction(
+        dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
+    conn.execute("CREATE TABLE r (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO r SELECT g, 'before the rename' FROM generate_series(1, 100) g")
+    conn.execute("SELECT replicator.create_queue('q')")
+    conn.execute("SELECT replicator.add_table('q', 'r')")
+    url = url_of(kafka, kafka_prefix)
+    publish(dsn, url)
+    conn.execute("ALTER TABLE r RENAME TO r2")
+    conn.execute("DELETE FROM r2 WHERE id <= 50")
+    publish(dsn, url)
+    topic = table_topic(kafka_prefix, "public", "r2")
+    # the deletes cleaned, then their tombstones (a record of the row rolling the segments is left)
+    publish_until_cleaned(dsn, url, kafka.bootstrap, [topic], ["UPDATE r2 SET v = 'rolls' WHERE id = 100"],
+                          tmp_path / "publisher.log", lambda now: now[topic] <= 5)
+    path = tmp_path / "follower.db"
+    follow_all(url, f"sqlite:{path}")
+    assert_follower_equals_source(conn, path)
 
 
 # 6. a broker restart ---------------------------------------------------------------------------------
