@@ -79,8 +79,11 @@ class KafkaTarget:
         self.topics = Topics(settings)
         self._state_topic = state_topic(settings.prefix)
         self._schema_topic = schema_topic(settings.prefix)
-        self.topics.ensure(self._state_topic, STATE_CONFIG)
-        self.topics.ensure(self._schema_topic, SCHEMA_CONFIG)
+        try:
+            self.topics.ensure(self._state_topic, STATE_CONFIG)
+            self.topics.ensure(self._schema_topic, SCHEMA_CONFIG)
+        except TargetUnavailable as exc:
+            raise UserError(f"cannot start publishing to {self.name}: {exc}") from None
         self.producer = kafka_client(Producer, settings, **PRODUCER,
                                      **{"transactional.id": f"replicator.{settings.prefix}"})
         try:

@@ -39,6 +39,9 @@ class PartitionReader:
 
     def available(self, tp: Partition, wait: float) -> list[Message]:
         """Every record of tp committed so far (after those taken), waiting up to `wait` seconds for a first."""
+        # the end reached last time may have moved on since: read to the end Kafka reports next (none
+        # comes while nothing new does)
+        self._end.pop(tp, None)
         self._fetch(wait, until=lambda: self._at_end(tp))
         return self._take(tp, None)
 

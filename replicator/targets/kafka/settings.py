@@ -50,7 +50,7 @@ class KafkaSettings:
         """What logs, errors and default consumer names show: no options (they may hold secrets)."""
         return f"kafka://{self.brokers}/{self.prefix}"
 
-    def config(self, **settings: str | int | float | bool) -> dict[str, Any]:
+    def config(self, **settings: object) -> dict[str, Any]:
         """A librdkafka configuration: the brokers, ours, then the user's kafka.* options. librdkafka
         logs through logger "replicator.kafka", errors only unless kafka.log_level says otherwise (it
         retries what it warns of: a coordinator still loading, a broker restarting)."""
@@ -64,7 +64,7 @@ def shown(url: str) -> str:
 
 
 def kafka_client(factory: Callable[[dict[str, Any]], Client], settings: KafkaSettings,
-                 **extra: str | int | float | bool) -> Client:
+                 **extra: Any) -> Client:
     """A Producer, Consumer or AdminClient of these settings: librdkafka's refusal of one (a
     mistyped kafka.* option) is one line naming it."""
     try:
