@@ -99,7 +99,8 @@ class KafkaTarget:
         self._offsets: dict[tuple[str, int], int] = {}
         self._errors: list[KafkaError] = []
         self._tables_changed = False
-        self._pending_event: tuple[TargetTable, dict[str, Any]] | None = None
+        # a schema event, and the event it came in, until the table call that follows it
+        self._pending_event: tuple[TargetTable, dict[str, Any], _Event] | None = None
         self._event = _Event(tick=self._tick(), event=None, txid=None, ts_ms=0)
         self._sources: dict[str, str] = {}
 
@@ -138,6 +139,10 @@ class KafkaTarget:
 
     def begin(self) -> None:
         self._call(self.producer.begin_transaction)
+        # until the consumer says where the records come from (a batch's events): from the position
+        # the transaction starts at (a table's copy)
+        self._event = _Event(tick=self._tick(), event=None, txid=None, ts_ms=int(time.time() * 1000))
+        self._sources.clear()
         self._in_transaction = True
         self._number += 1
         self._index = 0
@@ -322,16 +327,17 @@ class KafkaTarget:
         """A record on the schema change topic: Debezium's schema change event (change CREATE, ALTER or
         DROP, with the statement of the pending schema event as its ddl), and in its `replicator` member
         the target call a follower repeats (create, alter, drop, or event alone)."""
-        event, self._pending_event = self._pending_event, None
+        pending, self._pending_event = self._pending_event, None
+        event, origin = (pending[1], pending[2]) if pending else (None, self._event)
         payload = json.loads(json.dumps({"call": call, "table_id": table.table_id, "mode": table.mode,
                                          "name": table.source_name, "structure": table.structure.to_json(),
-                                         "event": event[1] if event else None, **replicator}, default=str))
+                                         "event": event, **replicator}, default=str))
         envelope = self._envelope(table)
         ts_ms = int(time.time() * 1000)
-        source = envelope.source(ts_ms=ts_ms, snapshot="false", tick=self._tick(), event=self._event.event,
-                                 txid=self._event.txid)
+        source = envelope.source(ts_ms=origin.ts_ms, snapshot="false", tick=origin.tick, event=origin.event,
+                                 txid=origin.txid)
         value = schema_change_value(self._settings(), change=change, structure=table.structure,
-                                    ddl=event[1].get("sql") if event else None, source=source, ts_ms=ts_ms,
+                                    ddl=event.get("sql") if event else None, source=source, ts_ms=ts_ms,
                                     replicator=payload)
         self._produce(self._schema_topic, schema_change_key(self._settings()), value)
 
@@ -364,7 +370,7 @@ class KafkaTarget:
     def schema_event(self, table: TargetTable, event: dict[str, Any]) -> None:
         """Kept for the schema change record of the table call that follows it (alter, drop, or the
         copy again): one record per change, with the statement as Debezium's `ddl`."""
-        self._pending_event = (table, event)
+        self._pending_event = (table, event, self._event)
 
 
 def _position_of(commit: Commit | None) -> dict[str, int]:
