@@ -203,26 +203,41 @@ class KafkaTarget:
                 return
             except KafkaException as exc:
                 error = _kafka_error(exc)
-                if error.fatal() or error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                                                     KafkaError.INVALID_PRODUCER_EPOCH):
-                    raise UserError(f"another publisher took over {self.name} (transactional.id "
-                                    f"replicator.{self.settings.prefix}): this one stops; run one publisher per "
-                                    f"prefix") from None
-                if error.retriable() and time.monotonic() < deadline:
+                if error.retriable() and not error.fatal() and time.monotonic() < deadline:
                     time.sleep(0.2)
                     continue
-                raise TargetUnavailable(f"Kafka at {self.settings.brokers}: {error.str()}") from None
+                raise self._failure(error) from None
+
+    def _failure(self, error: KafkaError) -> Exception:
+        """What an error of Kafka's means: this publisher fenced by another, or another fatal error,
+        a UserError (it stops); else the brokers cannot take the batch now, TargetUnavailable."""
+        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+            return UserError(f"another publisher took over {self.name} (transactional.id "
+                             f"replicator.{self.settings.prefix}): this one stops; run one publisher per prefix")
+        if error.fatal():
+            return UserError(f"publishing to {self.name} failed: {error.str()}")
+        return TargetUnavailable(f"Kafka at {self.settings.brokers}: {error.str()}")
+
+    def _serve(self, wait: Callable[[float], int], timeout: float) -> int:
+        """The producer's poll or flush: delivery reports served, waiting up to timeout. confluent_kafka
+        raises a fatal error (this producer fenced) out of them, as a SystemError caused by it when a
+        delivery report is served after it."""
+        try:
+            return wait(timeout)
+        except KafkaException as exc:
+            raise self._failure(_kafka_error(exc)) from None
+        except SystemError as exc:
+            if isinstance(exc.__cause__, KafkaException):
+                raise self._failure(_kafka_error(exc.__cause__)) from None
+            raise
 
     def _flush(self) -> None:
-        left = self.producer.flush(KAFKA_TIMEOUT)
+        left = self._serve(self.producer.flush, KAFKA_TIMEOUT)
         if left:
             raise TargetUnavailable(f"Kafka at {self.settings.brokers} took none of the last {left:,} records "
                                     f"within {KAFKA_TIMEOUT:.0f}s")
         if self._errors:
-            error = self._errors[0]
-            if error.fatal():
-                raise UserError(f"publishing to {self.name} failed: {error.str()}")
-            raise TargetUnavailable(f"Kafka at {self.settings.brokers}: {error.str()}")
+            raise self._failure(self._errors[0])
 
     # records ------------------------------------------------------------------------------------
 
@@ -243,14 +258,14 @@ class KafkaTarget:
                                       on_delivery=self._delivered)
                 return
             except BufferError:   # librdkafka's queue is full: let it send
-                self.producer.poll(0.05)
+                self._serve(self.producer.poll, 0.05)
             except KafkaException as exc:
                 error = _kafka_error(exc)
                 if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
                     raise UserError(f"a record of {len(value or b''):,} bytes for {topic} is larger than Kafka takes: "
                                     f"raise the producer's limit (?kafka.message.max.bytes=N in the URL) and the "
                                     f"topic's max.message.bytes") from None
-                raise
+                raise self._failure(error) from None
 
     def _envelope(self, table: TargetTable) -> TableEnvelope:
         envelope = self._envelopes.get(table.source_name)
@@ -294,7 +309,7 @@ class KafkaTarget:
             key = key_of(row)
             self._produce(topic, envelope.key((key,) if single else key),
                           envelope.value(debezium_op, row, source, ts_ms))
-        self.producer.poll(0)
+        self._serve(self.producer.poll, 0)
 
     def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
         envelope = self._envelope(table)
@@ -305,7 +320,7 @@ class KafkaTarget:
             key = envelope.key(values)
             self._produce(topic, key, envelope.delete_value(values, source, ts_ms))
             self._produce(topic, key, None)   # the tombstone: compaction forgets the row
-        self.producer.poll(0)
+        self._serve(self.producer.poll, 0)
 
     def truncate(self, table: TargetTable) -> None:
         """A 't' record in every partition of the table's topic: a reader of any partition sees it
