@@ -97,7 +97,7 @@ class KafkaTarget:
         self._number = state.commit.number if state.commit else 0
         self._index = 0
         self._offsets: dict[tuple[str, int], int] = {}
-        self._errors: list[KafkaError] = []
+        self._errors: list[tuple[KafkaError, str, int]] = []   # the error, the record's topic and size
         self._tables_changed = False
         # a schema event, and the event it came in, until the table call that follows it
         self._pending_event: tuple[TargetTable, dict[str, Any], _Event] | None = None
@@ -236,8 +236,11 @@ class KafkaTarget:
         if left:
             raise TargetUnavailable(f"Kafka at {self.settings.brokers} took none of the last {left:,} records "
                                     f"within {KAFKA_TIMEOUT:.0f}s")
+        for error, topic, size in self._errors:
+            if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:   # the broker's limit, below the producer's
+                raise UserError(_too_large(topic, size))
         if self._errors:
-            raise self._failure(self._errors[0])
+            raise self._failure(self._errors[0][0])
 
     # records ------------------------------------------------------------------------------------
 
@@ -245,7 +248,7 @@ class KafkaTarget:
         """Notes the offset of each record written: a partition's reports come in order, so the last
         one noted is its last offset."""
         if error is not None:
-            self._errors.append(error)
+            self._errors.append((error, message.topic() or "", len(message.value() or b"")))
             return
         self._offsets[(message.topic(), message.partition())] = message.offset()  # type: ignore[index,assignment]
 
@@ -261,10 +264,8 @@ class KafkaTarget:
                 self._serve(self.producer.poll, 0.05)
             except KafkaException as exc:
                 error = _kafka_error(exc)
-                if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                    raise UserError(f"a record of {len(value or b''):,} bytes for {topic} is larger than Kafka takes: "
-                                    f"raise the producer's limit (?kafka.message.max.bytes=N in the URL) and the "
-                                    f"topic's max.message.bytes") from None
+                if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:   # the producer's limit
+                    raise UserError(_too_large(topic, len(value or b""))) from None
                 raise self._failure(error) from None
 
     def _envelope(self, table: TargetTable) -> TableEnvelope:
@@ -390,6 +391,11 @@ class KafkaTarget:
 
 def _position_of(commit: Commit | None) -> dict[str, int]:
     return {} if commit is None else {f"{commit.queue}/{commit.consumer}": commit.tick}
+
+
+def _too_large(topic: str, size: int) -> str:
+    return (f"a record of {size:,} bytes for {topic} is larger than Kafka takes: raise the producer's limit "
+            f"(?kafka.message.max.bytes=N in the URL) and the topic's max.message.bytes")
 
 
 def _options(envelope: dict[str, Any]) -> str:
