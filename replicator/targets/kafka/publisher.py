@@ -78,7 +78,7 @@ class KafkaTarget:
         self._schema_topic = schema_topic(settings.prefix)
         self.topics.ensure(self._state_topic, STATE_CONFIG)
         self.topics.ensure(self._schema_topic, SCHEMA_CONFIG)
-        self.producer = Producer(settings.config(**{**PRODUCER, "transactional.id": f"replicator.{settings.prefix}"}))
+        self.producer = settings.make(Producer, **PRODUCER, **{"transactional.id": f"replicator.{settings.prefix}"})
         try:
             self.producer.init_transactions(KAFKA_TIMEOUT)
         except KafkaException as exc:

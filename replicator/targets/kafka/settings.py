@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
+
+from confluent_kafka import KafkaError, KafkaException
 
 from replicator.errors import UserError
 
@@ -28,6 +31,7 @@ TOPIC_CHARACTERS = re.compile(r"[A-Za-z0-9._-]+")
 MAX_PREFIX = 120   # topic names hold at most 249 characters: room for schema and table
 DECIMAL_MODES = ("precise", "string", "double")
 _BOOLEANS = {"true": True, "false": False}
+Client = TypeVar("Client")
 _USAGE = "use kafka://BROKER[,BROKER...]/PREFIX[?schemas=true|false&decimals=precise|string|double&partitions=N]"
 
 
@@ -52,6 +56,18 @@ class KafkaSettings:
         retries what it warns of: a coordinator still loading, a broker restarting)."""
         return {"bootstrap.servers": self.brokers, "log_level": 3, "logger": logging.getLogger("replicator.kafka"),
                 **settings, **self.client}
+
+    def make(self, kind: Callable[[dict[str, Any]], Client], **settings: str | int | float | bool) -> Client:
+        """A librdkafka client (Producer, Consumer, AdminClient) of config(**settings): a kafka.* option
+        librdkafka refuses is one line."""
+        try:
+            return kind(self.config(**settings))
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.code() == KafkaError._INVALID_ARG:
+                raise UserError(f"invalid kafka.* option in the Kafka URL: {error.str()} (they are librdkafka's "
+                                f"settings, docs/kafka.md)") from None
+            raise
 
 
 def parse_url(url: str) -> KafkaSettings:

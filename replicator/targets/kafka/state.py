@@ -103,7 +103,7 @@ def committed_consumer(settings: KafkaSettings, **extra: str | int | float | boo
     settings_: dict[str, str | int | float | bool] = {
         "group.id": "replicator", "enable.auto.commit": False, "enable.auto.offset.store": False,
         "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest", **extra}
-    return Consumer(settings.config(**settings_))
+    return settings.make(Consumer, **settings_)
 
 
 def read_to_end(consumer: Consumer, topic: str, start: int, what: str, brokers: str) -> Iterator[Message]:

@@ -49,7 +49,7 @@ class Topics:
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
-        self.admin = AdminClient(settings.config())
+        self.admin = settings.make(AdminClient)
         self._partitions: dict[str, int] = {}
 
     def ensure(self, topic: str, config: dict[str, str], partitions: int = 1) -> int:
