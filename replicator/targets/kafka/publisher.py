@@ -41,7 +41,6 @@ from replicator.targets.kafka.state import (
 from replicator.targets.kafka.topics import SCHEMA_CONFIG, STATE_CONFIG, Topics, schema_topic, state_topic, table_topic
 from replicator.targets.protocol import Row, TargetTable, queue_positions
 
-KAFKA_TIMEOUT = 60.0          # seconds a flush or a transaction call may wait for the brokers
 _OPS = {"I": "c", "U": "u", "R": "r"}
 PRODUCER: dict[str, str | int | float | bool] = {
     "enable.idempotence": True,
@@ -74,13 +73,14 @@ class KafkaTarget:
         self.settings = settings
         self.name = settings.name
         self.topics = Topics(settings)
+        self._timeout = settings.timeout   # a flush or a transaction call waits this long for the brokers
         self._state_topic = state_topic(settings.prefix)
         self._schema_topic = schema_topic(settings.prefix)
         self.topics.ensure(self._state_topic, STATE_CONFIG)
         self.topics.ensure(self._schema_topic, SCHEMA_CONFIG)
         self.producer = settings.make(Producer, **PRODUCER, **{"transactional.id": f"replicator.{settings.prefix}"})
         try:
-            self.producer.init_transactions(KAFKA_TIMEOUT)
+            self.producer.init_transactions(self._timeout)
         except KafkaException as exc:
             raise UserError(f"cannot start publishing to {self.name}: {_kafka_error(exc).str()}") from None
         state = PublisherState.read(settings, self._state_topic)
@@ -168,7 +168,7 @@ class KafkaTarget:
             self._produce(self._state_topic, TABLES_KEY, tables_to_json(self._tables))
         self._flush()
         crash_point("kafka-commit-sent")
-        self._call(self.producer.commit_transaction, KAFKA_TIMEOUT)
+        self._call(self.producer.commit_transaction, self._timeout)
         crash_point("kafka-committed")
         self._in_transaction = False
         self._committed = PublisherState(commit=commit, tables=dict(self._tables))
@@ -181,7 +181,7 @@ class KafkaTarget:
             self._in_transaction = False
             # fenced or unreachable: the next publisher's init_transactions aborts it
             with contextlib.suppress(KafkaException):
-                self.producer.abort_transaction(KAFKA_TIMEOUT)
+                self.producer.abort_transaction(self._timeout)
         self._number = self._committed.commit.number if self._committed.commit else 0
         self._tables = dict(self._committed.tables)
         self._position = _position_of(self._committed.commit)
@@ -193,10 +193,10 @@ class KafkaTarget:
             self.rollback()
 
     def _call(self, method: Callable[..., None], *args: Any) -> None:
-        """A transaction call, retried while Kafka says it may succeed; an outage that outlasts
-        KAFKA_TIMEOUT is TargetUnavailable (the consumer aborts and retries the batch later), a
-        fenced publisher a UserError."""
-        deadline = time.monotonic() + KAFKA_TIMEOUT
+        """A transaction call, retried while Kafka says it may succeed; an outage that outlasts the
+        timeout (socket.timeout.ms) is TargetUnavailable (the consumer aborts and retries the batch
+        later), a fenced publisher a UserError."""
+        deadline = time.monotonic() + self._timeout
         while True:
             try:
                 method(*args)
@@ -232,10 +232,10 @@ class KafkaTarget:
             raise
 
     def _flush(self) -> None:
-        left = self._serve(self.producer.flush, KAFKA_TIMEOUT)
+        left = self._serve(self.producer.flush, self._timeout)
         if left:
             raise TargetUnavailable(f"Kafka at {self.settings.brokers} took none of the last {left:,} records "
-                                    f"within {KAFKA_TIMEOUT:.0f}s")
+                                    f"within {self._timeout:g}s")
         for error, topic, size in self._errors:
             if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:   # the broker's limit, below the producer's
                 raise UserError(_too_large(topic, size))

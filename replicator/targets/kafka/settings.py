@@ -8,7 +8,9 @@ to PREFIX, the publisher's positions to __replicator.PREFIX (topics.py). Options
   decimals=precise|string|double   Debezium's decimal.handling.mode (default precise)
   partitions=N                 partitions of each table topic the publisher creates (default 1)
   replication=N                their replication factor (default: the broker's default)
-  kafka.NAME=VALUE             any librdkafka setting, e.g. kafka.security.protocol=SASL_SSL
+  kafka.NAME=VALUE             any librdkafka setting, e.g. kafka.security.protocol=SASL_SSL;
+                               kafka.socket.timeout.ms is also how long the publisher waits for
+                               the brokers before it reports them unavailable (60 s by default)
 
 Credentials belong in kafka.* options (or the broker's own means), never in the
 target's name: name_of() leaves the options out of what logs and consumer names show.
@@ -32,6 +34,7 @@ MAX_PREFIX = 120   # topic names hold at most 249 characters: room for schema an
 DECIMAL_MODES = ("precise", "string", "double")
 _BOOLEANS = {"true": True, "false": False}
 Client = TypeVar("Client")
+SOCKET_TIMEOUT_MS = 60000     # librdkafka's default socket.timeout.ms
 _USAGE = "use kafka://BROKER[,BROKER...]/PREFIX[?schemas=true|false&decimals=precise|string|double&partitions=N]"
 
 
@@ -49,6 +52,13 @@ class KafkaSettings:
     def name(self) -> str:
         """What logs, errors and default consumer names show: no options (they may hold secrets)."""
         return f"kafka://{self.brokers}/{self.prefix}"
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a request may wait for the brokers: librdkafka's socket.timeout.ms (a bad value is
+        refused when a client is made)."""
+        value = self.client.get("socket.timeout.ms", "")
+        return int(value if value.isdigit() else SOCKET_TIMEOUT_MS) / 1000
 
     def config(self, **settings: str | int | float | bool) -> dict[str, Any]:
         """A librdkafka configuration: the brokers, ours, then the user's kafka.* options. librdkafka

@@ -21,7 +21,7 @@ from replicator.errors import UserError
 from replicator.targets.kafka.settings import KafkaSettings
 
 _NOT_IN_TOPIC = re.compile(r"[^A-Za-z0-9_-]")
-ADMIN_TIMEOUT = 30.0
+ADMIN_TIMEOUT = 30.0   # at most: less when the URL's kafka.socket.timeout.ms says so
 
 
 def table_topic(prefix: str, schema: str, table: str) -> str:
@@ -50,6 +50,7 @@ class Topics:
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
         self.admin = settings.make(AdminClient)
+        self.timeout = min(ADMIN_TIMEOUT, settings.timeout)
         self._partitions: dict[str, int] = {}
 
     def ensure(self, topic: str, config: dict[str, str], partitions: int = 1) -> int:
@@ -60,9 +61,9 @@ class Topics:
         if count is None:
             futures = self.admin.create_topics([NewTopic(topic, num_partitions=partitions,
                                                          replication_factor=self.settings.replication,
-                                                         config=config)], request_timeout=ADMIN_TIMEOUT)
+                                                         config=config)], request_timeout=self.timeout)
             try:
-                futures[topic].result(timeout=ADMIN_TIMEOUT)
+                futures[topic].result(timeout=self.timeout)
             except KafkaException as exc:
                 if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                     raise UserError(f"cannot create topic {topic} at {self.settings.brokers}: "
@@ -77,7 +78,7 @@ class Topics:
     def _existing(self, topic: str) -> int | None:
         try:
             # all topics: a request naming one may create it with the broker's defaults (auto.create.topics.enable)
-            metadata = self.admin.list_topics(timeout=ADMIN_TIMEOUT)
+            metadata = self.admin.list_topics(timeout=self.timeout)
         except KafkaException as exc:
             raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
         found = metadata.topics.get(topic)
