@@ -14,8 +14,8 @@ still running (Kafka aborts what that one had not committed).
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -41,6 +41,7 @@ from replicator.targets.kafka.state import (
 from replicator.targets.kafka.topics import SCHEMA_CONFIG, STATE_CONFIG, Topics, schema_topic, state_topic, table_topic
 from replicator.targets.protocol import Row, TargetTable, queue_positions
 
+log = logging.getLogger("replicator")
 _OPS = {"I": "c", "U": "u", "R": "r"}
 PRODUCER: dict[str, str | int | float | bool] = {
     "enable.idempotence": True,
@@ -94,6 +95,7 @@ class KafkaTarget:
         self._database = ""
         self._envelopes: dict[str, TableEnvelope] = {}
         self._in_transaction = False
+        self._aborting = False   # an abort_transaction call to resume
         self._number = state.commit.number if state.commit else 0
         self._index = 0
         self._offsets: dict[tuple[str, int], int] = {}
@@ -138,6 +140,10 @@ class KafkaTarget:
     # transactions -----------------------------------------------------------------------------
 
     def begin(self) -> None:
+        if self._aborting:   # an abort an outage cut short: librdkafka takes no other call before it ends
+            self._call(self.producer.abort_transaction, self._timeout)
+            self._aborting = False
+        self._serve(self.producer.poll, 0)   # reports on the records of an aborted transaction: not this one's
         self._call(self.producer.begin_transaction)
         # until the consumer says where the records come from (a batch's events): from the position
         # the transaction starts at (a table's copy)
@@ -168,7 +174,9 @@ class KafkaTarget:
             self._produce(self._state_topic, TABLES_KEY, tables_to_json(self._tables))
         self._flush()
         crash_point("kafka-commit-sent")
-        self._call(self.producer.commit_transaction, self._timeout)
+        # Once asked, Kafka may commit the batch whatever this call says: until Kafka says how the
+        # transaction ended, neither the batch again nor an abort may follow
+        self._call(self.producer.commit_transaction, self._timeout, until_known=f"the commit of tick {tick}")
         crash_point("kafka-committed")
         self._in_transaction = False
         self._committed = PublisherState(commit=commit, tables=dict(self._tables))
@@ -179,9 +187,12 @@ class KafkaTarget:
         back to the last commit's tables and position."""
         if self._in_transaction:
             self._in_transaction = False
-            # fenced or unreachable: the next publisher's init_transactions aborts it
-            with contextlib.suppress(KafkaException):
+            try:
                 self.producer.abort_transaction(self._timeout)
+            except KafkaException as exc:
+                # unreachable: the abort is resumed before the next transaction; fenced: the next
+                # publisher's init_transactions aborts it
+                self._aborting = _kafka_error(exc).retriable()
         self._number = self._committed.commit.number if self._committed.commit else 0
         self._tables = dict(self._committed.tables)
         self._position = _position_of(self._committed.commit)
@@ -192,10 +203,11 @@ class KafkaTarget:
         if self._in_transaction:
             self.rollback()
 
-    def _call(self, method: Callable[..., None], *args: Any) -> None:
+    def _call(self, method: Callable[..., None], *args: Any, until_known: str = "") -> None:
         """A transaction call, retried while Kafka says it may succeed; an outage that outlasts the
         timeout (socket.timeout.ms) is TargetUnavailable (the consumer aborts and retries the batch
-        later), a fenced publisher a UserError."""
+        later), a fenced publisher a UserError. With until_known (what the call does), an outage
+        is waited out, a line logged each timeout."""
         deadline = time.monotonic() + self._timeout
         while True:
             try:
@@ -203,10 +215,15 @@ class KafkaTarget:
                 return
             except KafkaException as exc:
                 error = _kafka_error(exc)
-                if error.retriable() and not error.fatal() and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                    continue
-                raise self._failure(error) from None
+                if not error.retriable() or error.fatal():
+                    raise self._failure(error) from None
+                if time.monotonic() >= deadline:
+                    if not until_known:
+                        raise self._failure(error) from None
+                    log.warning("target unavailable (Kafka at %s: %s); %s resumes when Kafka answers",
+                                self.settings.brokers, error.str(), until_known)
+                    deadline = time.monotonic() + self._timeout
+                time.sleep(0.2)
 
     def _failure(self, error: KafkaError) -> Exception:
         """What an error of Kafka's means: this publisher fenced by another, or another fatal error,
