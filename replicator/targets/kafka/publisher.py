@@ -14,6 +14,7 @@ still running (Kafka aborts what that one had not committed).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -79,9 +80,8 @@ class KafkaTarget:
         self._schema_topic = schema_topic(settings.prefix)
         self.topics.ensure(self._state_topic, STATE_CONFIG)
         self.topics.ensure(self._schema_topic, SCHEMA_CONFIG)
-        self.producer = settings.make(Producer, **PRODUCER, **{"transactional.id": f"replicator.{settings.prefix}"})
         try:
-            self.producer.init_transactions(self._timeout)
+            self.producer = self._start_producer()
         except KafkaException as exc:
             raise UserError(f"cannot start publishing to {self.name}: {_kafka_error(exc).str()}") from None
         state = PublisherState.read(settings, self._state_topic)
@@ -96,6 +96,7 @@ class KafkaTarget:
         self._envelopes: dict[str, TableEnvelope] = {}
         self._in_transaction = False
         self._aborting = False   # an abort_transaction call to resume
+        self._broken = False     # the producer stopped by a fatal error: a new one takes over
         self._number = state.commit.number if state.commit else 0
         self._index = 0
         self._offsets: dict[tuple[str, int], int] = {}
@@ -140,7 +141,14 @@ class KafkaTarget:
     # transactions -----------------------------------------------------------------------------
 
     def begin(self) -> None:
-        if self._aborting:   # an abort an outage cut short: librdkafka takes no other call before it ends
+        if self._broken:
+            held = self._replace_producer().commit
+            if held is not None and (self._committed.commit is None or held.number != self._committed.commit.number):
+                # a commit whose outcome the error hid reached Kafka: the source must be moved to it, as a
+                # publisher starting does
+                raise UserError(f"Kafka committed a batch of {self.name} (tick {held.tick}) whose commit this "
+                                f"publisher lost track of: start it again, it resumes from that tick")
+        elif self._aborting:   # an abort an outage cut short: librdkafka takes no other call before it ends
             self._call(self.producer.abort_transaction, self._timeout)
             self._aborting = False
         self._serve(self.producer.poll, 0)   # reports on the records of an aborted transaction: not this one's
@@ -176,7 +184,15 @@ class KafkaTarget:
         crash_point("kafka-commit-sent")
         # Once asked, Kafka may commit the batch whatever this call says: until Kafka says how the
         # transaction ended, neither the batch again nor an abort may follow
-        self._call(self.producer.commit_transaction, self._timeout, until_known=f"the commit of tick {tick}")
+        try:
+            self._call(self.producer.commit_transaction, self._timeout, until_known=f"the commit of tick {tick}")
+        except TargetUnavailable:
+            if not self._broken:
+                raise
+            # a new producer's start ends the transaction, committed if Kafka had the commit: the state says
+            held = self._replace_producer(until_known=f"the commit of tick {tick}").commit
+            if held is None or held.number != self._number:
+                raise
         crash_point("kafka-committed")
         self._in_transaction = False
         self._committed = PublisherState(commit=commit, tables=dict(self._tables))
@@ -203,6 +219,30 @@ class KafkaTarget:
         if self._in_transaction:
             self.rollback()
 
+    def _start_producer(self) -> Producer:
+        """The transactional producer of replicator.PREFIX, ready: its start fences an older producer
+        of the id (another publisher's, or this one's) and ends that one's open transaction,
+        committed if its commit had reached Kafka, else aborted."""
+        producer = self.settings.make(Producer, **PRODUCER,
+                                      **{"transactional.id": f"replicator.{self.settings.prefix}"})
+        producer.init_transactions(self._timeout)
+        return producer
+
+    def _replace_producer(self, until_known: str = "") -> PublisherState:
+        """A new producer for the one a fatal error stopped (a broker killed can leave the idempotent
+        producer's sequence numbers behind its own, which it cannot recover from), as a new publisher
+        would start; and the state Kafka holds then. With until_known, an outage is waited out."""
+        with contextlib.suppress(KafkaException):
+            self.producer.purge()
+
+        def start() -> None:
+            self.producer = self._start_producer()
+
+        self._call(start, until_known=until_known)
+        self._broken = self._aborting = False
+        log.warning("a new Kafka producer took over from the one a fatal error stopped")
+        return PublisherState.read(self.settings, self._state_topic)
+
     def _call(self, method: Callable[..., None], *args: Any, until_known: str = "") -> None:
         """A transaction call, retried while Kafka says it may succeed; an outage that outlasts the
         timeout (socket.timeout.ms) is TargetUnavailable (the consumer aborts and retries the batch
@@ -226,13 +266,13 @@ class KafkaTarget:
                 time.sleep(0.2)
 
     def _failure(self, error: KafkaError) -> Exception:
-        """What an error of Kafka's means: this publisher fenced by another, or another fatal error,
-        a UserError (it stops); else the brokers cannot take the batch now, TargetUnavailable."""
+        """What an error of Kafka's means: this publisher fenced by another, a UserError (it stops);
+        else the brokers cannot take the batch now, TargetUnavailable."""
         if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
             return UserError(f"another publisher took over {self.name} (transactional.id "
                              f"replicator.{self.settings.prefix}): this one stops; run one publisher per prefix")
-        if error.fatal():
-            return UserError(f"publishing to {self.name} failed: {error.str()}")
+        if error.fatal():   # this producer can do nothing more: the next transaction starts a new one
+            self._broken = True
         return TargetUnavailable(f"Kafka at {self.settings.brokers}: {error.str()}")
 
     def _serve(self, wait: Callable[[float], int], timeout: float) -> int:
