@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from replicator.errors import UserError
 from replicator.structure import TableStructure
-from replicator.targets.kafka.settings import KafkaSettings, kafka_client
+from replicator.targets.kafka.settings import KafkaSettings
 from replicator.targets.protocol import TargetTable
 
 SEQUENCE = "replicator.sequence"
@@ -103,7 +103,7 @@ def committed_consumer(settings: KafkaSettings, **extra: Any) -> Consumer:
     settings_: dict[str, Any] = {
         "group.id": "replicator", "enable.auto.commit": False, "enable.auto.offset.store": False,
         "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest", **extra}
-    return kafka_client(Consumer, settings, **settings_)
+    return settings.make(Consumer, **settings_)
 
 
 def read_to_end(consumer: Consumer, topic: str, start: int, what: str, brokers: str) -> Iterator[Message]:

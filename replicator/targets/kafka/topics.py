@@ -18,10 +18,10 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # not in its stub
 
 from replicator.errors import TargetUnavailable, UserError
-from replicator.targets.kafka.settings import KafkaSettings, kafka_client
+from replicator.targets.kafka.settings import KafkaSettings
 
 _NOT_IN_TOPIC = re.compile(r"[^A-Za-z0-9_-]")
-ADMIN_TIMEOUT = 30.0
+ADMIN_TIMEOUT = 30.0   # at most: less when the URL's kafka.socket.timeout.ms says so
 # what an admin request fails with while the brokers are away (a restart): the batch is tried again later
 _UNREACHABLE = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT)
 
@@ -52,7 +52,8 @@ class Topics:
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
-        self.admin = kafka_client(AdminClient, settings)
+        self.admin = settings.make(AdminClient)
+        self.timeout = min(ADMIN_TIMEOUT, settings.timeout)
         self._partitions: dict[str, int] = {}
 
     def ensure(self, topic: str, config: dict[str, str], partitions: int = 1) -> int:
@@ -63,9 +64,9 @@ class Topics:
         if count is None:
             futures = self.admin.create_topics([NewTopic(topic, num_partitions=partitions,
                                                          replication_factor=self.settings.replication,
-                                                         config=config)], request_timeout=ADMIN_TIMEOUT)
+                                                         config=config)], request_timeout=self.timeout)
             try:
-                futures[topic].result(timeout=ADMIN_TIMEOUT)
+                futures[topic].result(timeout=self.timeout)
             except KafkaException as exc:
                 error = exc.args[0]
                 if error.name() == "TOPIC_ALREADY_EXISTS":
@@ -85,7 +86,7 @@ class Topics:
     def _existing(self, topic: str) -> int | None:
         try:
             # all topics: a request naming one may create it with the broker's defaults (auto.create.topics.enable)
-            metadata = self.admin.list_topics(timeout=ADMIN_TIMEOUT)
+            metadata = self.admin.list_topics(timeout=self.timeout)
         except KafkaException as exc:
             raise TargetUnavailable(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
         found = metadata.topics.get(topic)
