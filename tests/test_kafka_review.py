@@ -501,6 +501,24 @@ def test_a_delta_follower_stores_the_offset_of_each_partition_and_reads_on_from_
     assert f"{kafka_prefix}.public.orders:0" in positions, positions
 
 
+def test_a_record_larger_than_its_topic_takes_stops_the_publisher_in_one_line(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str) -> None:
+    """publisher.py _flush(): the broker's refusal of a record larger than the topic's
+    max.message.bytes (a topic made by an operator, or the producer's limit raised as the
+    publisher's own message for client-side refusals advises) is not fatal to librdkafka, so it
+    is TargetUnavailable: the consumer retries the batch for ever, "target unavailable", and
+    --until-caught-up never ends."""
+    create_compacting_topic(kafka.bootstrap, f"{kafka_prefix}.public.orders", **{"max.message.bytes": "20000"})
+    conn.execute("INSERT INTO orders SELECT 6, string_agg(md5(g::text), '') FROM generate_series(1, 2000) g")
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    try:
+        result = run_cli(dsn, "consume", "q", "--target", url, "--until-caught-up", timeout=90)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the publisher still retrying after 90 s: {(exc.stderr or b'')[-300:]!r}")
+    assert result.returncode == 1
+    assert "max.message.bytes" in result.stderr.splitlines()[-1], result.stderr
+
+
 def test_a_publisher_publishes_again_once_kafka_is_back_after_an_outage_longer_than_its_timeout(
         dsn: str, conn: psycopg.Connection, orders: str, own_kafka: KafkaServer, kafka_prefix: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
