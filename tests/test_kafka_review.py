@@ -8,6 +8,7 @@ SQLite replicas and stream files."""
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import subprocess
 import time
@@ -264,24 +265,30 @@ def test_a_row_deleted_after_its_table_was_renamed_stays_deleted_in_a_new_follow
     assert replica(db, "orders_old") == source_table(conn, "orders_old")
 
 
+def publish_and_delete_the_topic_of_a_dropped_table(dsn: str, conn: psycopg.Connection, source: Source,
+                                                   bootstrap: str, prefix: str) -> str:
+    """Publishes orders and customers, drops orders, deletes its topic; returns the URL."""
+    conn.execute("CREATE TABLE customers (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO customers VALUES (1, 'ann')")
+    source.add_table("q", "customers")
+    url = f"kafka://{bootstrap}/{prefix}"
+    publish(dsn, url)
+    conn.execute("DROP TABLE orders")
+    publish(dsn, url)
+    topic = f"{prefix}.public.orders"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result(30)
+    return url
+
+
 def test_a_new_follower_finishes_when_the_topic_of_a_dropped_table_was_deleted(
         dsn: str, conn: psycopg.Connection, source: Source, orders: str, kafka: KafkaServer, kafka_prefix: str,
         tmp_path: Path) -> None:
     """The commits hold every partition's last offset for ever, those of dropped tables' topics too
     (the publisher writes no tombstones for a dropped table's rows: an operator deletes the topic).
-    A new follower then waits for ever for the records the commit says the deleted topic holds,
+    reader.records() then waits for ever for the records the commit says the deleted topic holds,
     saying nothing: --until-caught-up never returns."""
-    conn.execute("CREATE TABLE customers (id int PRIMARY KEY, v text)")
-    conn.execute("INSERT INTO customers VALUES (1, 'ann')")
-    source.add_table("q", "customers")
-    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
-    publish(dsn, url)
-    conn.execute("DROP TABLE orders")
-    publish(dsn, url)
-    topic = f"{kafka_prefix}.public.orders"
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-    admin.delete_topics([topic])[topic].result(30)
-
+    url = publish_and_delete_the_topic_of_a_dropped_table(dsn, conn, source, kafka.bootstrap, kafka_prefix)
     db = tmp_path / "follower.db"
     try:
         result = follow(dsn, url, f"sqlite:{db}", timeout=60)
@@ -289,6 +296,28 @@ def test_a_new_follower_finishes_when_the_topic_of_a_dropped_table_was_deleted(
         pytest.fail("a new follower still running after 60 s, silent")
     assert result.returncode == 0, result.stderr
     assert replica(db, "customers") == {1: "ann"}
+
+
+def test_a_follower_daemon_waiting_inside_a_step_stops_on_sigterm(
+        dsn: str, conn: psycopg.Connection, source: Source, orders: str, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path) -> None:
+    """follower.py run() looks at the stop flag between steps only, and reader.records() waits for a
+    partition's records without end (here: a deleted topic; also a broker away mid-step): SIGTERM
+    does not stop the daemon."""
+    url = publish_and_delete_the_topic_of_a_dropped_table(dsn, conn, source, kafka.bootstrap, kafka_prefix)
+    follower = Daemon(dsn, "consume", "--source", url, "--target", f"sqlite:{tmp_path / 'follower.db'}",
+                      "--metrics-port", "0", log=tmp_path / "follower.log")
+    try:
+        # logged once its signal handlers are in place (SIGUSR1 would end it before)
+        wait_until(lambda: "metrics on http" in follower.log(), 60, "the follower's start")
+
+        def waiting_for_records() -> bool:
+            follower.proc.send_signal(signal.SIGUSR1)   # its stacks, in its log
+            return "in records" in follower.log()
+        wait_until(waiting_for_records, 60, "the follower to wait for the deleted topic's records", interval=0.5)
+        assert follower.terminate(timeout=20) == 0
+    finally:
+        follower.stop()
 
 
 def test_a_follower_until_caught_up_that_cannot_reach_kafka_fails_in_one_line(
