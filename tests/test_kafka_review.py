@@ -281,6 +281,47 @@ def publish_and_delete_the_topic_of_a_dropped_table(dsn: str, conn: psycopg.Conn
     return url
 
 
+def test_a_new_follower_does_not_bring_back_truncated_rows_once_a_row_of_null_key_followed_the_truncate(
+        dsn: str, conn: psycopg.Connection, source: Source, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path) -> None:
+    """envelope.py truncate_key(): a truncate's key is every key field null, optional: byte for byte
+    the key of a row whose --key column is NULL (docs/kafka.md: such a column "may be NULL"). Such a
+    row written after a TRUNCATE is, to compaction, a newer record of the truncate's key: the
+    truncate goes, and a new follower's bootstrap brings back the rows truncated."""
+    conn.execute("CREATE TABLE codes (code text, v text)")
+    conn.execute("INSERT INTO codes VALUES ('a', 'truncated')")
+    source.create_queue("q")
+    source.add_table("q", "codes", key=["code"])
+    topic = f"{kafka_prefix}.public.codes"
+    create_compacting_topic(kafka.bootstrap, topic)
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    conn.execute("TRUNCATE codes")
+    publish(dsn, url)
+    conn.execute("INSERT INTO codes VALUES (NULL, 'after the truncate')")
+    publish(dsn, url)
+
+    rolling = iter(range(1_000_000))
+
+    def truncate_cleaned() -> bool:
+        conn.execute("INSERT INTO codes VALUES (%s, 'rolls the segment')", (f"r{next(rolling)}",))
+        publish(dsn, url)   # a later record: only closed segments are cleaned
+        nulls = [key for key in topic_keys(kafka.bootstrap, topic)
+                 if key is not None and json.loads(key)["payload"] == {"code": None}]
+        return len(nulls) == 1
+    wait_until(truncate_cleaned, 90, "Kafka to clean the truncate record", interval=0.5)
+
+    db = tmp_path / "follower.db"
+    result = follow(dsn, url, f"sqlite:{db}")
+    assert result.returncode == 0, result.stderr
+    reader_db = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        held = reader_db.execute("SELECT code, v FROM codes").fetchall()
+    finally:
+        reader_db.close()
+    assert sorted(held, key=repr) == sorted(conn.execute("SELECT code, v FROM codes").fetchall(), key=repr)
+
+
 def test_a_new_follower_finishes_when_the_topic_of_a_dropped_table_was_deleted(
         dsn: str, conn: psycopg.Connection, source: Source, orders: str, kafka: KafkaServer, kafka_prefix: str,
         tmp_path: Path) -> None:
