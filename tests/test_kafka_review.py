@@ -11,6 +11,7 @@ import json
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -137,6 +138,50 @@ def test_a_running_follower_applies_what_is_published_after_it_has_caught_up(
                    "the running follower to apply the commit published after its catch-up", check=running)
     finally:
         follower.stop()
+
+
+READ_AGAIN = """
+import sys
+from replicator.targets.kafka.reader import PartitionReader
+from replicator.targets.kafka.settings import parse_url
+from replicator.targets.kafka.state import committed_consumer
+
+tp = (sys.argv[2], 0)
+reader = PartitionReader(committed_consumer(parse_url(sys.argv[1])), print)
+reader.assign({tp: 0})
+print(len(reader.available(tp, 10.0)), flush=True)   # every record so far, and the partition's end
+last = int(sys.stdin.readline())                     # the offset of a record committed since
+print(len(list(reader.records(tp, last))), flush=True)
+"""
+
+
+def test_a_partition_read_to_its_end_is_read_again_up_to_an_offset_committed_since(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str) -> None:
+    """reader.py, the same stale end as above, in records(): a partition that reached its end (here
+    by a first read; in a follower, also when Kafka has made a commit visible on the commit topic
+    before on a table's partition: "Kafka shows a committed transaction partition by partition")
+    is never fetched again, and records() spins for ever on a CPU: the step never ends."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    topic = f"{kafka_prefix}.public.orders"
+    script = subprocess.Popen([sys.executable, "-c", READ_AGAIN, url, topic], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert script.stdout is not None and script.stdin is not None
+        assert script.stdout.readline().strip() == "5"
+        conn.execute("INSERT INTO orders VALUES (6, 'later')")
+        publish(dsn, url)
+        last = len(topic_keys(kafka.bootstrap, topic))   # offsets 0-4, a marker at 5: the new record is at 6
+        script.stdin.write(f"{last}\n")
+        script.stdin.flush()
+        try:
+            out, _ = script.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("records() still running 30 s later")
+        assert out.strip() == "1"
+    finally:
+        script.kill()
+        script.wait()
 
 
 @pytest.mark.parametrize("options", ["schemas=false", "decimals=string", "decimals=double"])
