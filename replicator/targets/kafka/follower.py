@@ -44,6 +44,7 @@ BATCH_RECORDS = 200000   # records of several commits applied in one target tran
 TICK = "tick"            # the position that holds the publisher's tick (the others are TOPIC:PARTITION)
 COMMIT = "commit"        # and the number of the publisher's commit applied last
 RUN_ROWS = 5000          # rows applied in one target call, at most (a bootstrap reads whole tables)
+READ_COMMITS_TIMEOUT = 60.0   # seconds --until-caught-up may take to read the commits to their end
 PROBE_EVERY = 5.0        # seconds between the metadata requests that ask whether Kafka is back after an outage
 PROBE_TIMEOUT = 1.0      # seconds one may take
 
@@ -112,8 +113,10 @@ class Follower:
         self.consumer = committed_consumer(settings, **{"group.id": f"replicator-follower.{settings.prefix}",
                                                         "error_cb": self._client_error})
         self.reader = PartitionReader(self.consumer, self._outage)
+        self._check_published()
         self._commits: list[Commit] = []   # read, not applied yet
         self._envelopes: dict[int, TableEnvelope] = {}
+        self._envelope_options = (True, "precise")   # schemas, decimals: the commits' (_check_envelope)
         self._unreachable: str | None = None   # why Kafka is unreachable, while it is
         self._probed = 0.0                       # when it was last asked whether it is back
 
@@ -150,6 +153,17 @@ class Follower:
         down is an outage."""
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
             self._outage(error.str())
+
+    def _check_published(self) -> None:
+        """Refuses a prefix no publisher writes (a typo would follow nothing, in silence)."""
+        try:
+            topics = self.consumer.list_topics(timeout=PROBE_TIMEOUT * 10).topics
+        except KafkaException as exc:
+            raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
+        if self._state[0] not in topics:
+            raise UserError(f"nothing is published to {self.settings.name} (no topic {self._state[0]}): check the "
+                            f"prefix, or start its publisher (`replicator consume QUEUE --target {self.settings.name}`)"
+                            f" first")
 
     def _outage(self, reason: str) -> None:
         """Kafka unreachable: said once, and by /health until it answers again."""
@@ -259,8 +273,11 @@ class Follower:
         return self.reader.records(tp, ends[tp])
 
     def _check_envelope(self, commit: Commit) -> None:
-        if commit.envelope.get("decimals") == "double":
-            log.debug("%s publishes numerics as doubles: followers get them rounded", self.settings.name)
+        """Records are decoded with the options the publisher wrote them with (its commits say)."""
+        options = (bool(commit.envelope.get("schemas", True)), str(commit.envelope.get("decimals", "precise")))
+        if options != self._envelope_options:
+            self._envelope_options = options
+            self._envelopes.clear()
 
     def _known_topics(self, ends: dict[Partition, int]) -> set[str]:
         """The table topics to read, as far as known before this step's schema changes: all, or every
@@ -293,6 +310,7 @@ class Follower:
         by_topic = {table_topic(self.settings.prefix, t.structure.schema, t.structure.name): t
                     for t in tables.values()}
         changes = _Changes(self.target)
+        deletes: dict[tuple[str, int], bytes | None] = {}   # partition → the key of its last record, a delete's
         count = 0
         for message in records:
             count += 1
@@ -308,11 +326,17 @@ class Follower:
                                 f"which bootstraps every table it lists")
             envelope = self._envelope(table)
             value = message.value()
-            if value is None:   # a tombstone: the row is gone (its delete may have been compacted away)
-                changes.add(table, "D", envelope.decode_key(data(message.key())))
+            partition = where(message)[:2]
+            deleted, deletes[partition] = deletes.get(partition), None
+            if value is None:
+                # a tombstone: the row is gone; applied unless it follows its delete record (cleaned away
+                # by Kafka after a while: then the tombstone alone says so)
+                if deleted != message.key():
+                    changes.add(table, "D", envelope.decode_key(data(message.key())))
                 continue
             change = envelope.decode_value(value)
             if change.op == "d":
+                deletes[partition] = message.key()
                 changes.add(table, "D", envelope.decode_key(data(message.key())))
             elif change.op == "t":
                 changes.flush()
@@ -326,8 +350,9 @@ class Follower:
     def _envelope(self, table: TargetTable) -> TableEnvelope:
         envelope = self._envelopes.get(table.table_id)
         if envelope is None or envelope.structure is not table.structure:
-            envelope = self._envelopes[table.table_id] = TableEnvelope(
-                table.structure, EnvelopeSettings(prefix=self.settings.prefix, database=""))
+            schemas, decimals = self._envelope_options
+            envelope = self._envelopes[table.table_id] = TableEnvelope(table.structure, EnvelopeSettings(
+                prefix=self.settings.prefix, database="", schemas=schemas, decimals=decimals))
         return envelope
 
     def _schema_change(self, change: dict[str, Any], tables: dict[int, TargetTable],
@@ -377,8 +402,14 @@ class Follower:
         stop = stop or StopFlag()
         applied = 0
         goal: int | None = None
-        if until_caught_up:
+        if until_caught_up:   # the goal: the last commit Kafka holds now
+            deadline = time.monotonic() + READ_COMMITS_TIMEOUT
             self._read_commits(self.poll_interval)
+            while not self.reader.at_end(self._state):
+                if time.monotonic() > deadline:
+                    raise UserError(f"cannot read the commits of {self.settings.name} to their end within "
+                                    f"{READ_COMMITS_TIMEOUT:.0f}s: is Kafka at {self.settings.brokers} up?")
+                self._read_commits(max(self.poll_interval, 0.1))
             goal = self._commits[-1].number if self._commits else None
             if goal is None:
                 return 0
