@@ -40,7 +40,9 @@ def state_topic(prefix: str) -> str:
     return f"__replicator.{prefix}"
 
 
-TABLE_CONFIG = {"cleanup.policy": "compact"}
+# A delete's tombstone is kept a week (Kafka's default: a day): a follower stopped longer than
+# that may miss deletes (docs/kafka.md, "Followers")
+TABLE_CONFIG = {"cleanup.policy": "compact", "delete.retention.ms": str(7 * 24 * 3600 * 1000)}
 SCHEMA_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 # Small segments and an eager cleaner: a publisher starting reads this topic whole.
 STATE_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"}
