@@ -111,9 +111,23 @@ def in_publishing_order(records: list[Record]) -> list[Record]:
 
 
 def last_commit(bootstrap: str, prefix: str) -> dict[str, Any] | None:
-    """The publisher's last commit record (on __replicator.PREFIX), None before its first."""
+    """The publisher's last commit record (on __replicator.PREFIX), None before its first; returned
+    once read_committed readers see every record it counts: Kafka ends a transaction partition by
+    partition, after the producer's commit has returned."""
     commits = [r for r in read_committed(bootstrap, f"__replicator.{prefix}") if r.key == b"commit"]
-    return json.loads(commits[-1].value) if commits and commits[-1].value else None
+    if not commits or commits[-1].value is None:
+        return None
+    commit: dict[str, Any] = json.loads(commits[-1].value)
+    reader = consumer(bootstrap)
+    try:
+        for topic, offsets in commit["offsets"].items():
+            for partition, offset in offsets.items():
+                where = TopicPartition(topic, int(partition))
+                wait_until(lambda: (_end_offset(reader, where) or (0,))[0] > offset, READ_TIMEOUT,
+                           f"the commit's records in {topic}[{partition}]")
+    finally:
+        reader.close()
+    return commit
 
 
 def replay(records: list[Record]) -> dict[str, dict[Any, dict[str, Any]]]:

@@ -44,6 +44,7 @@ from queue_util import Event, read_events
 from replicator.source import Source
 
 ORACLE = "oracle"   # the test's own consumer of the queue: the events the publisher must publish
+ROW_OPS = {"I": "c", "U": "u", "D": "d"}   # event type → Debezium op
 
 
 # the source and the oracle -------------------------------------------------------------------
@@ -56,7 +57,7 @@ TABLES_DDL = """
 """
 
 
-def capture(conn: psycopg.Connection, source: Source, *tables: str) -> None:
+def capture(source: Source, *tables: str) -> None:
     source.create_queue("q")
     for table in tables:
         source.add_table("q", table)
@@ -86,6 +87,8 @@ def topic_of(prefix: str, table: str) -> str:
 
 
 def table_records(bootstrap: str, prefix: str, tables: tuple[str, ...]) -> list[Record]:
+    """The records of the tables' topics, all of the publisher's last commit among them."""
+    last_commit(bootstrap, prefix)
     return [r for table in tables for r in read_committed(bootstrap, topic_of(prefix, table))]
 
 
@@ -127,10 +130,10 @@ def expected_changes(events: list[Event], source: Source, prefix: str, partition
         positions = [table.columns.index(k) for k in table.key]
         if event.type == "T":
             changes[(topic, "t", key_text({k: None for k in table.key}), event.ev_id)] += partition_count
-        for item in event.items:
-            values = item if event.type == "D" else [item[p] for p in positions]
-            op = {"I": "c", "U": "u", "D": "d"}[event.type]
-            changes[(topic, op, key_text(dict(zip(table.key, values))), event.ev_id)] += 1
+        elif event.type in ROW_OPS:
+            for item in event.items:
+                values = item if event.type == "D" else [item[p] for p in positions]
+                changes[(topic, ROW_OPS[event.type], key_text(dict(zip(table.key, values))), event.ev_id)] += 1
     return changes
 
 
@@ -168,7 +171,7 @@ def assert_copied_once(records: list[Record], keys: set[str]) -> None:
         f"{len(keys - set(copied))} rows not copied, {sum(n > 1 for n in copied.values())} copied twice"
 
 
-def published(result: Any) -> None:
+def assert_succeeded(result: Any) -> None:
     assert result.returncode == 0, result.stderr
 
 
@@ -191,9 +194,10 @@ def clock_ms(conn: psycopg.Connection, rounding: str = "floor") -> int:
 def test_an_initial_copy_is_a_create_record_then_op_r_records_keyed_by_the_rows_keys(dsn, conn, source, kafka,
                                                                                       kafka_prefix):
     conn.execute(TABLES_DDL)
-    capture(conn, source, "t", "u")
-    published(publish(dsn, url(kafka, kafka_prefix)))
+    capture(source, "t", "u")
+    assert_succeeded(publish(dsn, url(kafka, kafka_prefix)))
 
+    assert last_commit(kafka.bootstrap, kafka_prefix) is not None   # and its records visible
     for table in ("t", "u"):
         records = read_committed(kafka.bootstrap, topic_of(kafka_prefix, table))
         rows = source_rows(conn, table)
@@ -215,9 +219,9 @@ def test_an_initial_copy_is_a_create_record_then_op_r_records_keyed_by_the_rows_
 def test_changes_are_c_u_d_tombstone_and_t_records_with_their_tick_event_and_transaction(dsn, conn, source, kafka,
                                                                                           kafka_prefix):
     conn.execute(TABLES_DDL)
-    capture(conn, source, "t")
+    capture(source, "t")
     target = url(kafka, kafka_prefix, "partitions=3")
-    published(publish(dsn, target))
+    assert_succeeded(publish(dsn, target))
     started = clock_ms(conn)
     with conn.transaction():
         (txid,) = conn.execute("SELECT txid_current()").fetchone()
@@ -230,12 +234,12 @@ def test_changes_are_c_u_d_tombstone_and_t_records_with_their_tick_event_and_tra
         conn.execute("TRUNCATE t")
         conn.execute("INSERT INTO t VALUES (1, 'after the truncate', 0)")
     ended = clock_ms(conn, "ceil")
-    published(publish(dsn, target))
+    assert_succeeded(publish(dsn, target))
 
-    records = read_committed(kafka.bootstrap, topic_of(kafka_prefix, "t"))
-    assert {r.partition for r in records} == {0, 1, 2}
     commit = last_commit(kafka.bootstrap, kafka_prefix)
     assert commit is not None
+    records = read_committed(kafka.bootstrap, topic_of(kafka_prefix, "t"))
+    assert {r.partition for r in records} == {0, 1, 2}
     changes = [r for r in in_publishing_order(records) if r.sequence[0] == commit["commit"]]
     seen = [(r.value_payload["op"] if r.value is not None else "tombstone", r.key_payload["id"]) for r in changes]
     assert seen == [("c", 1000), ("u", 5), ("d", 6), ("tombstone", 6),
@@ -264,8 +268,8 @@ def test_changes_are_c_u_d_tombstone_and_t_records_with_their_tick_event_and_tra
 def test_schema_changes_are_records_on_the_prefix_topic_in_order_with_the_rows(dsn, conn, source, kafka,
                                                                                 kafka_prefix):
     conn.execute(TABLES_DDL)
-    capture(conn, source, "t")
-    published(publish(dsn, url(kafka, kafka_prefix)))
+    capture(source, "t")
+    assert_succeeded(publish(dsn, url(kafka, kafka_prefix)))
     started = clock_ms(conn)
     conn.execute("INSERT INTO t VALUES (1000, 'before', 0)")
     conn.execute("ALTER TABLE t ADD COLUMN w int")
@@ -274,7 +278,7 @@ def test_schema_changes_are_records_on_the_prefix_topic_in_order_with_the_rows(d
     conn.execute("UPDATE t SET renamed = 'after' WHERE id = 1001")
     conn.execute("DROP TABLE t")
     ended = clock_ms(conn, "ceil")
-    published(publish(dsn, url(kafka, kafka_prefix)))
+    assert_succeeded(publish(dsn, url(kafka, kafka_prefix)))
 
     commit = last_commit(kafka.bootstrap, kafka_prefix)
     assert commit is not None
@@ -309,12 +313,12 @@ def test_schema_changes_are_records_on_the_prefix_topic_in_order_with_the_rows(d
 def test_the_commit_record_holds_the_source_consumers_tick_and_each_partitions_last_offset(dsn, conn, source, kafka,
                                                                                           kafka_prefix):
     conn.execute(TABLES_DDL)
-    capture(conn, source, "t", "u")
+    capture(source, "t", "u")
     target = url(kafka, kafka_prefix, "partitions=2")
-    published(publish(dsn, target))
+    assert_succeeded(publish(dsn, target))
     conn.execute("UPDATE t SET n = n + 1 WHERE id % 3 = 0")
     conn.execute("DELETE FROM u WHERE a = 1")
-    published(publish(dsn, target))
+    assert_succeeded(publish(dsn, target))
 
     commit = last_commit(kafka.bootstrap, kafka_prefix)
     assert commit is not None
@@ -332,12 +336,13 @@ def test_the_commit_record_holds_the_source_consumers_tick_and_each_partitions_l
 
 def test_records_without_schemas_are_the_payload_alone(dsn, conn, source, kafka, kafka_prefix):
     conn.execute(TABLES_DDL)
-    capture(conn, source, "u")
+    capture(source, "u")
     target = url(kafka, kafka_prefix, "schemas=false")
-    published(publish(dsn, target))
+    assert_succeeded(publish(dsn, target))
     conn.execute("UPDATE u SET qty = -1 WHERE a = 2 AND b = 'b0'")
-    published(publish(dsn, target))
+    assert_succeeded(publish(dsn, target))
 
+    assert last_commit(kafka.bootstrap, kafka_prefix) is not None   # and its records visible
     records = read_committed(kafka.bootstrap, topic_of(kafka_prefix, "u"))
     key, value = json.loads(records[-1].key or b""), json.loads(records[-1].value or b"")
     assert key == {"a": 2, "b": "b0"}
@@ -369,9 +374,9 @@ def start_published(dsn: str, conn: psycopg.Connection, source: Source, target: 
     """The tables copied to Kafka, then the oracle registered: it reads every later change. Returns
     it and the keys of t the copy held."""
     conn.execute(TABLES_DDL)
-    capture(conn, source, "t", "u")
+    capture(source, "t", "u")
     copied = set(source_rows(conn, "t"))
-    published(publish(dsn, target))
+    assert_succeeded(publish(dsn, target))
     return Oracle(source), copied
 
 
@@ -389,7 +394,7 @@ def test_kill_9_at_each_commit_step_then_a_restart_publishes_each_change_once(ds
         assert before is not None and after is not None
         # only a kill after Kafka's commit leaves Kafka ahead of the source
         assert (after["commit"] > before["commit"]) == (point == "kafka-committed")
-        published(publish(dsn, target))
+        assert_succeeded(publish(dsn, target))
         assert_published_exactly_once(oracle, kafka.bootstrap, kafka_prefix, ("t", "u"), partition_count=2)
         assert_topics_replay_to_the_source(conn, kafka.bootstrap, kafka_prefix, ("t", "u"))
     assert_copied_once(read_committed(kafka.bootstrap, topic_of(kafka_prefix, "t")), copied)
@@ -399,14 +404,14 @@ def test_kill_9_at_each_commit_step_then_a_restart_publishes_each_change_once(ds
 def test_kill_9_in_the_initial_copy_then_a_restart_copies_each_row_once(dsn, conn, source, kafka, kafka_prefix,
                                                                         point):
     conn.execute(TABLES_DDL)
-    capture(conn, source, "t")
+    capture(source, "t")
     target = url(kafka, kafka_prefix)
     # the first Kafka transaction registers the consumer, the second is the copy
     crashed = publish(dsn, target, REPLICATOR_CRASH_AT=point)
     assert crashed.returncode == -9, crashed.stderr
     assert read_committed(kafka.bootstrap, topic_of(kafka_prefix, "t")) == []
-    published(publish(dsn, target))
-    assert_copied_once(read_committed(kafka.bootstrap, topic_of(kafka_prefix, "t")), set(source_rows(conn, "t")))
+    assert_succeeded(publish(dsn, target))
+    assert_copied_once(table_records(kafka.bootstrap, kafka_prefix, ("t",)), set(source_rows(conn, "t")))
     assert len(read_committed(kafka.bootstrap, kafka_prefix)) == 1   # one CREATE
 
 
@@ -488,7 +493,7 @@ def test_a_publisher_killed_at_random_moments_under_writes_publishes_each_change
     finally:
         daemon.stop()
         ticker.stop()
-    published(publish(dsn, target))
+    assert_succeeded(publish(dsn, target))
     assert_published_exactly_once(oracle, kafka.bootstrap, kafka_prefix, ("t", "u"), partition_count=3)
     assert_topics_replay_to_the_source(conn, kafka.bootstrap, kafka_prefix, ("t", "u"))
     text = "".join(p.read_text() for p in logs)
@@ -546,7 +551,7 @@ def test_a_second_publisher_fences_the_first_which_stops_in_one_line_when_it_com
         wait_until(lambda: (last_commit(kafka.bootstrap, kafka_prefix) or {}).get("tick", 0) >= tick, 60,
                    "the first publisher's batch", check=lambda: first.alive() or pytest.fail(first.log()))
         # the second starts (its producer fences the first's) and finds nothing to publish
-        published(run_cli(dsn, "consume", "q", "--target", target, "--once"))
+        assert_succeeded(run_cli(dsn, "consume", "q", "--target", target, "--once"))
         assert first.alive()
         changes_in_one_transaction(conn, 1)
         forced_tick(conn)
@@ -556,7 +561,7 @@ def test_a_second_publisher_fences_the_first_which_stops_in_one_line_when_it_com
     lines = [line for line in first.log().splitlines() if line.startswith("error: ")]
     assert len(lines) == 1 and "another publisher took over" in lines[0], first.log()
     assert "Traceback" not in first.log()
-    published(publish(dsn, target))
+    assert_succeeded(publish(dsn, target))
     assert_published_exactly_once(oracle, kafka.bootstrap, kafka_prefix, ("t", "u"))
     assert_topics_replay_to_the_source(conn, kafka.bootstrap, kafka_prefix, ("t", "u"))
 
@@ -575,14 +580,14 @@ def test_a_second_publisher_fences_the_first_which_stops_in_one_line_when_it_com
 ])
 def test_a_bad_url_is_one_line(dsn, conn, source, kafka, address, says):
     conn.execute(TABLES_DDL)
-    capture(conn, source, "t")
+    capture(source, "t")
     line = one_line_error(publish(dsn, "kafka://" + address.format(broker=kafka.bootstrap)))
     assert says in line, line
 
 
 def test_an_unreachable_broker_is_one_line_within_the_socket_timeout(dsn, conn, source):
     conn.execute(TABLES_DDL)
-    capture(conn, source, "t")
+    capture(source, "t")
     with socket.socket() as unused:   # a port nothing listens on
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
@@ -594,21 +599,21 @@ def test_an_unreachable_broker_is_one_line_within_the_socket_timeout(dsn, conn, 
 
 def test_a_prefix_published_with_other_decimals_is_refused_in_one_line(dsn, conn, source, kafka, kafka_prefix):
     conn.execute(TABLES_DDL)
-    capture(conn, source, "t")
-    published(publish(dsn, url(kafka, kafka_prefix)))
+    capture(source, "t")
+    assert_succeeded(publish(dsn, url(kafka, kafka_prefix)))
     line = one_line_error(publish(dsn, url(kafka, kafka_prefix, "decimals=string")))
     assert "was published with decimals=precise&schemas=true" in line, line
-    published(publish(dsn, url(kafka, kafka_prefix, "decimals=precise")))
+    assert_succeeded(publish(dsn, url(kafka, kafka_prefix, "decimals=precise")))
 
 
 @pytest.mark.parametrize("refused_by", ["the producer", "the broker"])
 def test_a_record_larger_than_kafka_takes_is_one_line(dsn, conn, source, kafka, kafka_prefix, refused_by):
     conn.execute(TABLES_DDL)
-    capture(conn, source, "t")
+    capture(source, "t")
     # the producer's limit raised past the broker's (1 MB): the broker refuses the record
     options = "kafka.message.max.bytes=8000000" if refused_by == "the broker" else ""
     target = url(kafka, kafka_prefix, options)
-    published(publish(dsn, target))
+    assert_succeeded(publish(dsn, target))
     # random text: 2 MB that compression does not bring under 1 MB
     conn.execute("UPDATE t SET v = (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 64000))"
                  " WHERE id = 1")
