@@ -129,6 +129,11 @@ class Follower:
         history = TableHistory.read(self.settings, self._schema[0])
         self._topics = history.topics
         wanted = set(self.table_filter)
+        published = {name for names in history.names.values() for name in names}
+        unknown = sorted(wanted - published)
+        if unknown:   # a typo would follow nothing, in silence
+            raise UserError(f"{self.settings.name} has published no table {', '.join(unknown)}: --tables names "
+                            f"tables its publisher's queue captures")
         if not self.target.positions(self.queue):
             self._followed = {table_id for table_id in history.names if history.current(table_id) in wanted}
             self._names_resolved_until = history.end
