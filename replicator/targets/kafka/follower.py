@@ -112,6 +112,7 @@ class Follower:
         self.reader = PartitionReader(self.consumer, self._outage)
         self._commits: list[Commit] = []   # read, not applied yet
         self._envelopes: dict[int, TableEnvelope] = {}
+        self._envelope_settings = EnvelopeSettings(prefix=settings.prefix, database="")   # the commits' say
         self._unreachable: str | None = None   # why Kafka is unreachable, while it is
         self._probed = 0.0                       # when it was last asked whether it is back
 
@@ -217,7 +218,7 @@ class Follower:
         if planned is None:
             return None
         goal, ends = planned
-        self._check_envelope(goal)
+        self._use_envelope(goal)
         started = time.monotonic()
         stats = FollowStats(commit=goal.number, tick=goal.tick)
         self.target.begin()
@@ -254,9 +255,16 @@ class Follower:
         self._assign([tp], ends)
         return self.reader.records(tp, ends[tp])
 
-    def _check_envelope(self, commit: Commit) -> None:
-        if commit.envelope.get("decimals") == "double":
-            log.debug("%s publishes numerics as doubles: followers get them rounded", self.settings.name)
+    def _use_envelope(self, commit: Commit) -> None:
+        """Records are read as the publisher wrote them, which its commits say: with schemas or not,
+        numerics as Decimals, strings or doubles."""
+        settings = EnvelopeSettings(prefix=self.settings.prefix, database="", schemas=commit.envelope["schemas"],
+                                    decimals=commit.envelope["decimals"])
+        if settings != self._envelope_settings:
+            if settings.decimals == "double":
+                log.debug("%s publishes numerics as doubles: followers get them rounded", self.settings.name)
+            self._envelope_settings = settings
+            self._envelopes.clear()
 
     def _known_topics(self, ends: dict[Partition, int]) -> set[str]:
         """The table topics to read, as far as known before this step's schema changes: all, or every
@@ -322,8 +330,7 @@ class Follower:
     def _envelope(self, table: TargetTable) -> TableEnvelope:
         envelope = self._envelopes.get(table.table_id)
         if envelope is None or envelope.structure is not table.structure:
-            envelope = self._envelopes[table.table_id] = TableEnvelope(
-                table.structure, EnvelopeSettings(prefix=self.settings.prefix, database=""))
+            envelope = self._envelopes[table.table_id] = TableEnvelope(table.structure, self._envelope_settings)
         return envelope
 
     def _schema_change(self, change: dict[str, Any], tables: dict[int, TargetTable],
