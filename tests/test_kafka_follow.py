@@ -819,6 +819,22 @@ def test_a_follower_of_some_tables_reads_only_their_topics_and_follows_a_table_r
     assert list(sqlite_contents(fresh)) == ["a2"]
     assert_replica_equals_source(conn, fresh, [("public.a2", "a2", ["id"])])
 
+    # tables dropped and created again under their names, b in two batches, c in one: a new follower of
+    # each gets the table now, from a topic that holds the dropped one's rows too
+    conn.execute("DROP TABLE b")
+    publish(dsn, url)
+    conn.execute("DROP TABLE c")
+    for name in ("b", "c"):
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, w text)")
+        conn.execute(f"INSERT INTO {name} SELECT g, 'new {name} ' || g FROM generate_series(20, 40) g")
+        conn.execute("SELECT replicator.add_table('q', %s)", (name,))
+    publish(dsn, url)
+    for name in ("b", "c"):
+        again = tmp_path / f"{name}.db"
+        follow_all(url, f"sqlite:{again}", "--tables", name)
+        assert list(sqlite_contents(again)) == [name]
+        assert_replica_equals_source(conn, again, [(f"public.{name}", name, ["id"])])
+
 
 # 5. delta: and jsonl: targets ------------------------------------------------------------------------
 
