@@ -336,9 +336,12 @@ class KafkaTarget:
         self._produce(self._schema_topic, schema_change_key(self._settings()), value)
 
     def _claim_topic(self, table: TargetTable) -> str:
+        """The table's topic, unless another table publishes there; one of the same name is the table it
+        replaces (dropped and created again in one batch: the consumer makes the new one over the old)."""
         topic = self.topic(table)
         for other in self._tables.values():
-            if other.table_id != table.table_id and self.topic(other) == topic:
+            if (other.table_id != table.table_id and other.source_name != table.source_name
+                    and self.topic(other) == topic):
                 raise UserError(f"{table.source_name} and {other.source_name} would both publish to topic {topic} "
                                 f"(characters a topic name cannot hold become '_'): rename one, or replicate it "
                                 f"through another queue")
