@@ -112,7 +112,7 @@ class Follower:
         self.reader = PartitionReader(self.consumer, self._outage)
         self._commits: list[Commit] = []   # read, not applied yet
         self._envelopes: dict[int, TableEnvelope] = {}
-        self._envelope_settings = EnvelopeSettings(prefix=settings.prefix, database="")   # the commits' say
+        self._envelope_settings = EnvelopeSettings(prefix=settings.prefix, database="")   # as the commits give
         self._unreachable: str | None = None   # why Kafka is unreachable, while it is
         self._probed = 0.0                       # when it was last asked whether it is back
 
@@ -306,6 +306,8 @@ class Follower:
                 self._schema_change(decode_schema_change(data(message.value())), tables, by_topic)
                 continue
             table = by_topic.get(topic)
+            if table is None and self._followed is not None:
+                continue   # a table not followed, before or after a followed one in the same topic
             if table is None:
                 raise UserError(f"{topic} holds changes of a table this follower has no structure of (its schema "
                                 f"changes came before this follower's position): follow it into a new target, "
