@@ -988,7 +988,7 @@ def test_a_follower_daemon_waits_for_a_restarted_broker_then_catches_up(dsn: str
         conn.execute("UPDATE t SET v = 'after' WHERE id > 70")
         tick = forced_tick(conn)
         wait_until(lambda: applied(tick), 120, "the follower to catch up", check=lambda: [alive(d) for d in daemons])
-        assert metrics.health()[0] == 200
+        wait_until(lambda: metrics.health()[0] == 200, 10, "the follower to be healthy again")
         assert metrics.value("replicator_errors_total", kind="source_unavailable") == 1
         for daemon in (follower, publisher):
             assert daemon.terminate() == 0, daemon.log()
