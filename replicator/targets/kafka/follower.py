@@ -157,10 +157,13 @@ class Follower:
             self.metrics.source_unavailable(reason)
         self._unreachable = reason
 
-    def _reachable(self) -> bool:
-        """Whether Kafka answers: after an outage, once a metadata request succeeds (one every
-        PROBE_EVERY seconds: each makes librdkafka try, and log, its connections again)."""
-        if self._unreachable is not None:
+    def _reachable(self, applied: bool) -> bool:
+        """Whether Kafka answers: after an outage, once a step applied records or a metadata request
+        succeeds (one every PROBE_EVERY seconds: each makes librdkafka try, and log, its connections
+        again)."""
+        if self._unreachable is None:
+            return True
+        if not applied:
             if time.monotonic() - self._probed < PROBE_EVERY:
                 return False
             self._probed = time.monotonic()
@@ -168,8 +171,8 @@ class Follower:
                 self.consumer.list_topics(timeout=PROBE_TIMEOUT)
             except KafkaException:
                 return False
-            log.info("Kafka at %s reachable again", self.settings.brokers)
-            self._unreachable = None
+        log.info("Kafka at %s reachable again", self.settings.brokers)
+        self._unreachable = None
         return True
 
     def close(self) -> None:
@@ -390,7 +393,7 @@ class Follower:
         summary_started, records = time.monotonic(), 0
         while not stop.is_set:
             stats = self.step(wait=self.poll_interval)
-            if self._reachable():
+            if self._reachable(applied=stats is not None):
                 self.metrics.ran()
             if stats is not None:
                 applied += 1
