@@ -808,10 +808,12 @@ def test_a_follower_of_some_tables_reads_only_their_topics_through_renames_and_t
     follow_all(url, f"sqlite:{path}", "--tables", "a")
     assert_replica_equals_source(conn, path, [("public.a2", "a2", ["id"])])
 
-    # a later run that leaves the followed table out is refused, its target left as it was
+    # a later run that leaves the followed table out, or adds one, is refused, its target left as it was
     before = sqlite_contents(path)
     line = one_error_line(follow(url, f"sqlite:{path}", "--tables", "c", "--until-caught-up"))
     assert "follows public.a2, which --tables leaves out" in line, line
+    line = one_error_line(follow(url, f"sqlite:{path}", "--tables", "a,c", "--until-caught-up"))
+    assert "has not followed public.c, which --tables lists" in line, line
     assert sqlite_contents(path) == before
 
     # a new follower of the table by its new name: its rows from both of its topics
