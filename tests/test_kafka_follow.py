@@ -84,9 +84,9 @@ def publish(dsn: str, url: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def follow(url: str, target: str, *args: str, dsn: str = NO_SOURCE, **env: str) -> subprocess.CompletedProcess[str]:
+def follow(url: str, target: str, *args: str, dsn: str = NO_SOURCE) -> subprocess.CompletedProcess[str]:
     """`replicator consume --source URL --target TARGET ARGS`, run to its end."""
-    return run_cli(dsn, "consume", "--source", url, "--target", target, *args, timeout=180, **env)
+    return run_cli(dsn, "consume", "--source", url, "--target", target, *args, timeout=180)
 
 
 def follow_all(url: str, target: str, *args: str, dsn: str = NO_SOURCE) -> None:
@@ -205,20 +205,6 @@ def assert_same_replicas(follower: Path, direct: Path) -> None:
     assert not problems, f"{len(problems)} differences:\n" + "\n".join(problems[:30])
 
 
-@pytest.fixture
-def published(dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str) -> str:
-    """Table t of queue q, published: the URL of its topics."""
-    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    conn.execute("INSERT INTO t SELECT g, 'seed ' || g FROM generate_series(1, 20) g")
-    conn.execute("SELECT replicator.create_queue('q')")
-    conn.execute("SELECT replicator.add_table('q', 't')")
-    url = url_of(kafka, kafka_prefix)
-    publish(dsn, url)
-    return url
-
-
-# 7. lag and health ------------------------------------------------------------------------------
-
 class Metrics:
     """The metrics and /health a daemon started with --metrics-port 0 serves, at the port it logged."""
 
@@ -244,194 +230,6 @@ class Metrics:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
-
-
-def test_a_follower_daemon_exports_its_lag_and_counts_under_its_queue_and_is_healthy_when_caught_up(
-        dsn: str, conn: psycopg.Connection, published: str, kafka_prefix: str, tmp_path: Path) -> None:
-    path = tmp_path / "follower.db"
-    daemon = follower_daemon(published, f"sqlite:{path}", tmp_path / "follower.log", "--metrics-port", "0")
-    try:
-        metrics = Metrics(daemon)
-        queue = f"kafka:{kafka_prefix}"
-        # the copy's rows at least (a record each, and the table's creation)
-        applied = wait_until(lambda: metrics.value("replicator_rows_applied_total", queue=queue), 60,
-                             "the follower's first commit", check=lambda: alive(daemon))
-        assert applied >= 20
-
-        conn.execute("UPDATE t SET v = 'changed' WHERE id <= 5")
-        publish(dsn, published)
-        wait_until(lambda: (metrics.value("replicator_rows_applied_total", queue=queue) or 0) >= applied + 5, 60,
-                   "the update applied", check=lambda: alive(daemon))
-        wait_until(lambda: metrics.value("replicator_consumer_lag_ticks", queue=queue) == 0, 60, "no commit left")
-        lag = metrics.value("replicator_consumer_lag_seconds", queue=queue)
-        assert lag is not None and 0 <= lag < 60
-        status, report = metrics.health()
-        assert (status, report["status"]) == (200, "ok"), report
-        assert daemon.terminate() == 0, daemon.log()
-    finally:
-        daemon.stop()
-    assert_follower_equals_source(conn, path)
-
-
-# 8. bad command lines ------------------------------------------------------------------------------
-
-def test_a_follower_command_line_that_cannot_work_is_one_line_and_exit_1(dsn: str, published: str,
-                                                                          tmp_path: Path) -> None:
-    path = tmp_path / "follower.db"
-    target = f"sqlite:{path}"
-    refused = {
-        ("q", "--source", published, "--target", target): "give QUEUE or --source, not both",
-        ("--source", published, "--target", published + "_again"): "a follower writes a target of its own",
-        ("--source", published, "--target", target, "--consumer", "c"): "--recopy and --consumer apply to consumers",
-        ("--source", published, "--target", target, "--recopy"): "--recopy and --consumer apply to consumers",
-        ("--source", "http://127.0.0.1:9092/shop", "--target", target): "invalid Kafka URL",
-        ("--source", published + "?decimals=float", "--target", target): "invalid decimals='float'",
-    }
-    for args, message in refused.items():
-        assert message in one_error_line(run_cli(NO_SOURCE, "consume", *args)), args
-    assert not path.exists()   # nothing made
-
-    # a replica of queue q is no follower's target: its rows would mix
-    done = run_cli(dsn, "consume", "q", "--target", target, "--until-caught-up")
-    assert done.returncode == 0, done.stderr
-    before = sqlite_contents(path)
-    line = one_error_line(follow(published, target, "--until-caught-up"))
-    assert "holds queue 'q'" in line and "a target of its own" in line, line
-    assert sqlite_contents(path) == before
-    assert follower_positions(path, published.rpartition("/")[2]) == {}
-
-
-# 4. --tables ---------------------------------------------------------------------------------------
-
-def follow_in_process(url: str, path: Path, tables: list[str]) -> set[str]:
-    """A follower of `tables` run in this process until caught up: the topics it was assigned."""
-    target = open_target(f"sqlite:{path}")
-    try:
-        follower = Follower(parse_url(url), target, tables=tables)
-        try:
-            follower.run(until_caught_up=True)
-            return {tp.topic for tp in follower.consumer.assignment()}
-        finally:
-            follower.close()
-    finally:
-        target.close()
-
-
-def test_a_follower_of_some_tables_reads_only_their_topics_and_follows_a_table_renamed(
-        dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
-    for name in ("a", "b", "c"):
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text)")
-        conn.execute(f"INSERT INTO {name} SELECT g, '{name}' || g FROM generate_series(1, 30) g")
-    conn.execute("SELECT replicator.create_queue('q')")
-    for name in ("a", "b", "c"):
-        conn.execute("SELECT replicator.add_table('q', %s)", (name,))
-    url = url_of(kafka, kafka_prefix)
-    publish(dsn, url)
-    path = tmp_path / "follower.db"
-    others = {table_topic(kafka_prefix, "public", name) for name in ("b", "c")}
-
-    assigned = follow_in_process(url, path, ["a"])
-    assert assigned == {table_topic(kafka_prefix, "public", "a"), kafka_prefix, state_topic(kafka_prefix)}
-    assert list(sqlite_contents(path)) == ["a"]
-    assert_replica_equals_source(conn, path, [("public.a", "a", ["id"])])
-
-    conn.execute("ALTER TABLE a RENAME TO a2")
-    conn.execute("INSERT INTO a2 VALUES (100, 'after the rename')")
-    conn.execute("UPDATE a2 SET v = 'changed' WHERE id <= 3")
-    conn.execute("UPDATE b SET v = 'changed'")
-    publish(dsn, url)
-    # the same follower, as its first run named it: the table under its new name, from its new topic
-    assigned = follow_in_process(url, path, ["a"])
-    assert table_topic(kafka_prefix, "public", "a2") in assigned and not assigned & others, assigned
-    assert list(sqlite_contents(path)) == ["a2"]
-    assert_replica_equals_source(conn, path, [("public.a2", "a2", ["id"])])
-    # and again later, as a daemon restarted with the same command line
-    conn.execute("UPDATE a2 SET v = 'again' WHERE id = 10")
-    publish(dsn, url)
-    follow_all(url, f"sqlite:{path}", "--tables", "a")
-    assert_replica_equals_source(conn, path, [("public.a2", "a2", ["id"])])
-
-    # a later run that leaves the followed table out is refused, its target left as it was
-    before = sqlite_contents(path)
-    line = one_error_line(follow(url, f"sqlite:{path}", "--tables", "b", "--until-caught-up"))
-    assert "follows public.a2, which --tables leaves out" in line, line
-    assert sqlite_contents(path) == before
-
-    # a new follower of the table by its new name: its rows from both of its topics
-    fresh = tmp_path / "fresh.db"
-    assert not follow_in_process(url, fresh, ["a2"]) & others
-    assert list(sqlite_contents(fresh)) == ["a2"]
-    assert_replica_equals_source(conn, fresh, [("public.a2", "a2", ["id"])])
-
-
-# 5. delta: and jsonl: targets ------------------------------------------------------------------------
-
-SHOP = """
-    CREATE TABLE orders (id int PRIMARY KEY, customer text, amount numeric(12,2), placed timestamptz);
-    CREATE TABLE lines (o int, n int, item text, PRIMARY KEY (o, n));
-    INSERT INTO orders SELECT g, 'c' || (g % 7), g * 1.25, '2024-01-01 00:00+02'::timestamptz + g * interval '1 hour'
-        FROM generate_series(1, 200) g;
-    INSERT INTO lines SELECT g % 50, g, 'item ' || g FROM generate_series(1, 300) g;
-"""
-SHOP_CHANGES = [
-    ["UPDATE orders SET amount = amount + 1, customer = NULL WHERE id % 3 = 0", "DELETE FROM orders WHERE id > 190",
-     "UPDATE orders SET id = id + 1000 WHERE id = 5", "INSERT INTO lines VALUES (7, 1000, 'tab\tand\nnewline')"],
-    ["TRUNCATE lines", "INSERT INTO lines SELECT g % 10, g, 'again ' || g FROM generate_series(1, 40) g",
-     "ALTER TABLE orders ADD COLUMN note text", "UPDATE orders SET note = 'n' || id WHERE id < 20"],
-]
-
-
-def delta_rows(path: Path, table: str) -> Counter:
-    """The rows of a follower's Delta table, read by delta-rs, as (column, type, value) items."""
-    deltalake = pytest.importorskip("deltalake")
-    import pyarrow as pa
-
-    from replicator.targets.delta.reader import table_uris
-
-    data = pa.table(deltalake.DeltaTable(table_uris(str(path))[table]).scan().read_all())
-    return Counter(tuple(sorted((k, type(v).__name__, v) for k, v in row.items())) for row in data.to_pylist())
-
-
-def source_typed_rows(conn: psycopg.Connection, table: str) -> Counter:
-    """The source's rows as psycopg reads them, as (column, type, value) items: the Python types delta-rs
-    gives a follower's Delta table (numeric(12,2) a Decimal, timestamptz a datetime)."""
-    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-        rows = cur.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table))).fetchall()
-    return Counter(tuple(sorted((k, type(v).__name__, v) for k, v in row.items())) for row in rows)
-
-
-def test_followers_into_delta_and_jsonl_targets_equal_the_source(dsn: str, conn: psycopg.Connection,
-                                                                 kafka: KafkaServer, kafka_prefix: str,
-                                                                 tmp_path: Path) -> None:
-    conn.execute(SHOP)
-    conn.execute("SELECT replicator.create_queue('q')")
-    conn.execute("SELECT replicator.add_table('q', 'orders')")
-    conn.execute("SELECT replicator.add_table('q', 'lines')")
-    url = url_of(kafka, kafka_prefix)
-    publish(dsn, url)
-    warehouse, stream = tmp_path / "warehouse", tmp_path / "changes.jsonl"
-    layouts = {f"public.{table}": attnums(conn, table) for table in ("orders", "lines")}   # as first copied
-    for statements in SHOP_CHANGES:
-        for statement in statements:
-            conn.execute(statement)
-        publish(dsn, url)
-    follow_all(url, f"delta:{warehouse}")
-    follow_all(url, f"jsonl:{stream}")
-
-    for table in ("orders", "lines"):
-        assert delta_rows(warehouse, f"public.{table}") == source_typed_rows(conn, table), table
-    lines = stream_lines(stream)
-    assert_stream_equals_source(conn, StreamReplay(layouts).replay(lines))
-    assert {line["op"] for line in lines} >= {"S", "R", "I", "U", "D", "T"}
-
-    # each applies what comes next once: the stream's lines of the earlier run are not written again
-    conn.execute("UPDATE orders SET note = 'later' WHERE id = 1")
-    publish(dsn, url)
-    follow_all(url, f"delta:{warehouse}")
-    follow_all(url, f"jsonl:{stream}")
-    assert delta_rows(warehouse, "public.orders") == source_typed_rows(conn, "orders")
-    assert stream_lines(stream)[:len(lines)] == lines and len(stream_lines(stream)) == len(lines) + 1
-    assert_stream_equals_source(conn, StreamReplay(layouts).replay(stream_lines(stream)))
 
 
 # 1. the randomized oracle ----------------------------------------------------------------------------
@@ -959,6 +757,202 @@ def test_a_row_deleted_after_its_table_was_renamed_stays_deleted_for_a_new_follo
     assert_follower_equals_source(conn, path)
 
 
+# 4. --tables ---------------------------------------------------------------------------------------
+
+def follow_in_process(url: str, path: Path, tables: list[str]) -> set[str]:
+    """A follower of `tables` run in this process until caught up: the topics it was assigned."""
+    target = open_target(f"sqlite:{path}")
+    try:
+        follower = Follower(parse_url(url), target, tables=tables)
+        try:
+            follower.run(until_caught_up=True)
+            return {tp.topic for tp in follower.consumer.assignment()}
+        finally:
+            follower.close()
+    finally:
+        target.close()
+
+
+def test_a_follower_of_some_tables_reads_only_their_topics_through_renames_and_tables_created_again(
+        dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
+    for name in ("a", "b", "c"):
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v text)")
+        conn.execute(f"INSERT INTO {name} SELECT g, '{name}' || g FROM generate_series(1, 30) g")
+    conn.execute("SELECT replicator.create_queue('q')")
+    for name in ("a", "b", "c"):
+        conn.execute("SELECT replicator.add_table('q', %s)", (name,))
+    url = url_of(kafka, kafka_prefix)
+    publish(dsn, url)
+    path = tmp_path / "follower.db"
+    others = {table_topic(kafka_prefix, "public", name) for name in ("b", "c")}
+
+    assigned = follow_in_process(url, path, ["a"])
+    assert assigned == {table_topic(kafka_prefix, "public", "a"), kafka_prefix, state_topic(kafka_prefix)}
+    assert list(sqlite_contents(path)) == ["a"]
+    assert_replica_equals_source(conn, path, [("public.a", "a", ["id"])])
+
+    conn.execute("ALTER TABLE a RENAME TO a2")
+    conn.execute("INSERT INTO a2 VALUES (100, 'after the rename')")
+    conn.execute("UPDATE a2 SET v = 'changed' WHERE id <= 3")
+    conn.execute("UPDATE b SET v = 'changed'")
+    publish(dsn, url)
+    # the same follower, as its first run named it: the table under its new name, from its new topic
+    assigned = follow_in_process(url, path, ["a"])
+    assert table_topic(kafka_prefix, "public", "a2") in assigned and not assigned & others, assigned
+    assert list(sqlite_contents(path)) == ["a2"]
+    assert_replica_equals_source(conn, path, [("public.a2", "a2", ["id"])])
+    # and again later, as a daemon restarted with the same command line
+    conn.execute("UPDATE a2 SET v = 'again' WHERE id = 10")
+    conn.execute("DROP TABLE b")   # for later: b dropped in a batch of its own
+    publish(dsn, url)
+    follow_all(url, f"sqlite:{path}", "--tables", "a")
+    assert_replica_equals_source(conn, path, [("public.a2", "a2", ["id"])])
+
+    # a later run that leaves the followed table out, or adds one, is refused, its target left as it was
+    before = sqlite_contents(path)
+    line = one_error_line(follow(url, f"sqlite:{path}", "--tables", "c", "--until-caught-up"))
+    assert "follows public.a2, which --tables leaves out" in line, line
+    line = one_error_line(follow(url, f"sqlite:{path}", "--tables", "a,c", "--until-caught-up"))
+    assert "has not followed public.c, which --tables lists" in line, line
+    assert sqlite_contents(path) == before
+
+    # a new follower of the table by its new name: its rows from both of its topics
+    fresh = tmp_path / "fresh.db"
+    assert not follow_in_process(url, fresh, ["a2"]) & others
+    assert list(sqlite_contents(fresh)) == ["a2"]
+    assert_replica_equals_source(conn, fresh, [("public.a2", "a2", ["id"])])
+
+    # tables dropped and created again under their names, b in two batches, c in one: a new follower of
+    # each gets the table now, from a topic that holds the dropped one's rows too
+    conn.execute("DROP TABLE c")
+    for name in ("b", "c"):
+        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, w text)")
+        conn.execute(f"INSERT INTO {name} SELECT g, 'new {name} ' || g FROM generate_series(20, 40) g")
+        conn.execute("SELECT replicator.add_table('q', %s)", (name,))
+    publish(dsn, url)
+    for name in ("b", "c"):
+        again = tmp_path / f"{name}.db"
+        follow_all(url, f"sqlite:{again}", "--tables", name)
+        assert list(sqlite_contents(again)) == [name]
+        assert_replica_equals_source(conn, again, [(f"public.{name}", name, ["id"])])
+
+
+# 5. delta: and jsonl: targets ------------------------------------------------------------------------
+
+SHOP = """
+    CREATE TABLE orders (id int PRIMARY KEY, customer text, amount numeric(12,2), placed timestamptz);
+    CREATE TABLE lines (o int, n int, item text, PRIMARY KEY (o, n));
+    INSERT INTO orders SELECT g, 'c' || (g % 7), g * 1.25, '2024-01-01 00:00+02'::timestamptz + g * interval '1 hour'
+        FROM generate_series(1, 200) g;
+    INSERT INTO lines SELECT g % 50, g, 'item ' || g FROM generate_series(1, 300) g;
+"""
+SHOP_CHANGES = [
+    ["UPDATE orders SET amount = amount + 1, customer = NULL WHERE id % 3 = 0", "DELETE FROM orders WHERE id > 190",
+     "UPDATE orders SET id = id + 1000 WHERE id = 5", "INSERT INTO lines VALUES (7, 1000, 'tab\tand\nnewline')"],
+    ["TRUNCATE lines", "INSERT INTO lines SELECT g % 10, g, 'again ' || g FROM generate_series(1, 40) g",
+     "ALTER TABLE orders ADD COLUMN note text", "UPDATE orders SET note = 'n' || id WHERE id < 20"],
+]
+
+
+def delta_rows(path: Path, table: str) -> Counter:
+    """The rows of a follower's Delta table, read by delta-rs, as (column, type, value) items."""
+    deltalake = pytest.importorskip("deltalake")
+    import pyarrow as pa
+
+    from replicator.targets.delta.reader import table_uris
+
+    data = pa.table(deltalake.DeltaTable(table_uris(str(path))[table]).scan().read_all())
+    return Counter(tuple(sorted((k, type(v).__name__, v) for k, v in row.items())) for row in data.to_pylist())
+
+
+def source_typed_rows(conn: psycopg.Connection, table: str) -> Counter:
+    """The source's rows as psycopg reads them, as (column, type, value) items: the Python types delta-rs
+    gives a follower's Delta table (numeric(12,2) a Decimal, timestamptz a datetime)."""
+    with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
+        rows = cur.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table))).fetchall()
+    return Counter(tuple(sorted((k, type(v).__name__, v) for k, v in row.items())) for row in rows)
+
+
+def test_followers_into_delta_and_jsonl_targets_equal_the_source(dsn: str, conn: psycopg.Connection,
+                                                                 kafka: KafkaServer, kafka_prefix: str,
+                                                                 tmp_path: Path) -> None:
+    conn.execute(SHOP)
+    conn.execute("SELECT replicator.create_queue('q')")
+    conn.execute("SELECT replicator.add_table('q', 'orders')")
+    conn.execute("SELECT replicator.add_table('q', 'lines')")
+    url = url_of(kafka, kafka_prefix)
+    publish(dsn, url)
+    warehouse, stream = tmp_path / "warehouse", tmp_path / "changes.jsonl"
+    layouts = {f"public.{table}": attnums(conn, table) for table in ("orders", "lines")}   # as first copied
+    for statements in SHOP_CHANGES:
+        for statement in statements:
+            conn.execute(statement)
+        publish(dsn, url)
+    follow_all(url, f"delta:{warehouse}")
+    follow_all(url, f"jsonl:{stream}")
+
+    for table in ("orders", "lines"):
+        assert delta_rows(warehouse, f"public.{table}") == source_typed_rows(conn, table), table
+    lines = stream_lines(stream)
+    assert_stream_equals_source(conn, StreamReplay(layouts).replay(lines))
+    assert {line["op"] for line in lines} >= {"S", "R", "I", "U", "D", "T"}
+
+    # each applies what comes next once: the stream's lines of the earlier run are not written again
+    conn.execute("UPDATE orders SET note = 'later' WHERE id = 1")
+    publish(dsn, url)
+    follow_all(url, f"delta:{warehouse}")
+    follow_all(url, f"jsonl:{stream}")
+    assert delta_rows(warehouse, "public.orders") == source_typed_rows(conn, "orders")
+    assert stream_lines(stream)[:len(lines)] == lines and len(stream_lines(stream)) == len(lines) + 1
+    assert_stream_equals_source(conn, StreamReplay(layouts).replay(stream_lines(stream)))
+
+
+ODD = """
+    CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+    CREATE TABLE odd (id int PRIMARY KEY, iv interval, tz timetz, m money, r int4range, bits bit varying(8),
+                      b1 bit(3), big numeric, n2 numeric(6,2), mo mood, ip inet, pt point, arr int[][],
+                      ts3 timestamp(3), t0 time(0), d date, tstz timestamptz, j json, x xml, c char(4), f4 real,
+                      f8 float8, i8 bigint, o oid);
+    INSERT INTO odd VALUES
+     (1, '1 year 2 mons 3 days 04:05:06.789', '11:04:05.5+03:30', 12.34, '[1,5)', B'0101', B'101', 'NaN', 1234.50,
+      'happy', '10.0.0.1/8', '(1.5,2)', '{{1,2},{3,NULL}}', '2024-01-02 03:04:05.123', '24:00:00', 'infinity',
+      '-infinity', '{"a": [1, 2.50]}', '<a>x</a>', 'ab', 'NaN', '-Infinity', -9223372036854775808, 4000000000),
+     (2, '-00:00:00.000001', '00:00:00-15:59', -0.01, 'empty', B'', B'000', '123456789012345678901234567890.123456789',
+      -0.5, 'sad', '::1', '(0,0)', '{}', '294276-12-31 23:59:59.999', '00:00:00', '0044-03-15 BC',
+      '2024-01-01 00:00:00.000001+00', '[]', '', '    ', 1e-38, 5e-324, 9223372036854775807, 0),
+     (3, NULL, NULL, NULL, NULL, NULL, NULL, 'Infinity', NULL, NULL, NULL, NULL, NULL, 'infinity', NULL,
+      '5874897-12-31', 'infinity', 'null', NULL, NULL, 3.4e38, 1.7976931348623157e308, 0, NULL),
+     (4, '100 years', '23:59:59.999999+00', 92233720368547758.07, '(,)', B'11111111', B'111', '-0.000000001',
+      9999.99, 'ok', '2001:db8::/32', '(-1e300,1e-300)', '{{{1}}}', '-infinity', '12:34:56', '2000-02-29',
+      '-infinity', '{"k": "\\u00e9"}', '<?xml version="1.0"?><r/>', 'z', 0.1, 0.1, 1, 1);
+"""
+
+
+def test_followers_of_each_envelope_option_hold_what_a_direct_consumer_holds(
+        dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
+    """Values a Connect field cannot hold exactly (they travel as text too), records without schemas,
+    numerics as strings, several partitions a table: each follower's replica is the direct consumer's,
+    value for value and storage class for class."""
+    conn.execute(ODD)
+    conn.execute("SELECT replicator.create_queue('q')")
+    conn.execute("SELECT replicator.add_table('q', 'odd')")
+    direct = tmp_path / "direct.db"
+    urls = [url_of(kafka, kafka_prefix), url_of(kafka, f"{kafka_prefix}_payload") + "?schemas=false",
+            url_of(kafka, f"{kafka_prefix}_strings") + "?decimals=string&partitions=3"]
+    for url in urls:
+        publish(dsn, url)
+    conn.execute("UPDATE odd SET id = id + 10")   # every key changed: deletes and updates
+    conn.execute("DELETE FROM odd WHERE id = 13")
+    conn.execute("INSERT INTO odd (id, big, n2) VALUES (20, '1.50', 1.5)")
+    for url in urls:
+        publish(dsn, url)
+    done = run_cli(dsn, "consume", "q", "--target", f"sqlite:{direct}", "--until-caught-up")
+    assert done.returncode == 0, done.stderr
+    for n, url in enumerate(urls):
+        follow_all(url, f"sqlite:{tmp_path / f'follower-{n}.db'}")
+        assert_same_replicas(tmp_path / f"follower-{n}.db", direct)
+
+
 # 6. a broker restart ---------------------------------------------------------------------------------
 
 def test_a_follower_daemon_waits_for_a_restarted_broker_then_catches_up(dsn: str, conn: psycopg.Connection,
@@ -995,7 +989,7 @@ def test_a_follower_daemon_waits_for_a_restarted_broker_then_catches_up(dsn: str
         conn.execute("UPDATE t SET v = 'after' WHERE id > 70")
         tick = forced_tick(conn)
         wait_until(lambda: applied(tick), 120, "the follower to catch up", check=lambda: [alive(d) for d in daemons])
-        assert metrics.health()[0] == 200
+        wait_until(lambda: metrics.health()[0] == 200, 10, "the follower to be healthy again")
         assert metrics.value("replicator_errors_total", kind="source_unavailable") == 1
         for daemon in (follower, publisher):
             assert daemon.terminate() == 0, daemon.log()
@@ -1004,3 +998,72 @@ def test_a_follower_daemon_waits_for_a_restarted_broker_then_catches_up(dsn: str
             daemon.stop()
     assert_follower_equals_source(conn, path)
     assert "Traceback" not in follower.log(), follower.log()
+
+
+# 7. lag and health ------------------------------------------------------------------------------
+
+@pytest.fixture
+def published(dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str) -> str:
+    """Table t of queue q, published: the URL of its topics."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO t SELECT g, 'seed ' || g FROM generate_series(1, 20) g")
+    conn.execute("SELECT replicator.create_queue('q')")
+    conn.execute("SELECT replicator.add_table('q', 't')")
+    url = url_of(kafka, kafka_prefix)
+    publish(dsn, url)
+    return url
+
+
+def test_a_follower_daemon_exports_its_lag_and_counts_under_its_queue_and_is_healthy_when_caught_up(
+        dsn: str, conn: psycopg.Connection, published: str, kafka_prefix: str, tmp_path: Path) -> None:
+    path = tmp_path / "follower.db"
+    daemon = follower_daemon(published, f"sqlite:{path}", tmp_path / "follower.log", "--metrics-port", "0")
+    try:
+        metrics = Metrics(daemon)
+        queue = f"kafka:{kafka_prefix}"
+        # the copy's rows at least (a record each, and the table's creation)
+        applied = wait_until(lambda: metrics.value("replicator_rows_applied_total", queue=queue), 60,
+                             "the follower's first commit", check=lambda: alive(daemon))
+        assert applied >= 20
+
+        conn.execute("UPDATE t SET v = 'changed' WHERE id <= 5")
+        publish(dsn, published)
+        wait_until(lambda: (metrics.value("replicator_rows_applied_total", queue=queue) or 0) >= applied + 5, 60,
+                   "the update applied", check=lambda: alive(daemon))
+        wait_until(lambda: metrics.value("replicator_consumer_lag_ticks", queue=queue) == 0, 60, "no commit left")
+        lag = metrics.value("replicator_consumer_lag_seconds", queue=queue)
+        assert lag is not None and 0 <= lag < 60
+        status, report = metrics.health()
+        assert (status, report["status"]) == (200, "ok"), report
+        assert daemon.terminate() == 0, daemon.log()
+    finally:
+        daemon.stop()
+    assert_follower_equals_source(conn, path)
+
+
+# 8. bad command lines ------------------------------------------------------------------------------
+
+def test_a_follower_command_line_that_cannot_work_is_one_line_and_exit_1(dsn: str, published: str,
+                                                                          tmp_path: Path) -> None:
+    path = tmp_path / "follower.db"
+    target = f"sqlite:{path}"
+    refused = {
+        ("q", "--source", published, "--target", target): "give QUEUE or --source, not both",
+        ("--source", published, "--target", published + "_again"): "a follower writes a target of its own",
+        ("--source", published, "--target", target, "--consumer", "c"): "--recopy and --consumer apply to consumers",
+        ("--source", published, "--target", target, "--recopy"): "--recopy and --consumer apply to consumers",
+        ("--source", "http://127.0.0.1:9092/shop", "--target", target): "invalid Kafka URL",
+        ("--source", published + "?decimals=float", "--target", target): "invalid decimals='float'",
+    }
+    for args, message in refused.items():
+        assert message in one_error_line(run_cli(NO_SOURCE, "consume", *args)), args
+    assert not path.exists()   # nothing made
+
+    # a replica of queue q is no follower's target: its rows would mix
+    done = run_cli(dsn, "consume", "q", "--target", target, "--until-caught-up")
+    assert done.returncode == 0, done.stderr
+    before = sqlite_contents(path)
+    line = one_error_line(follow(published, target, "--until-caught-up"))
+    assert "holds queue 'q'" in line and "a target of its own" in line, line
+    assert sqlite_contents(path) == before
+    assert follower_positions(path, published.rpartition("/")[2]) == {}

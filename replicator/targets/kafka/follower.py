@@ -116,7 +116,7 @@ class Follower:
         self._check_published()
         self._commits: list[Commit] = []   # read, not applied yet
         self._envelopes: dict[int, TableEnvelope] = {}
-        self._envelope_options = (True, "precise")   # schemas, decimals: the commits' (_check_envelope)
+        self._envelope_settings = EnvelopeSettings(prefix=settings.prefix, database="")   # as the commits give
         self._unreachable: str | None = None   # why Kafka is unreachable, while it is
         self._probed = 0.0                       # when it was last asked whether it is back
 
@@ -177,10 +177,13 @@ class Follower:
             self.metrics.source_unavailable(reason)
         self._unreachable = reason
 
-    def _reachable(self) -> bool:
-        """Whether Kafka answers: after an outage, once a metadata request succeeds (one every
-        PROBE_EVERY seconds: each makes librdkafka try, and log, its connections again)."""
-        if self._unreachable is not None:
+    def _reachable(self, applied: bool) -> bool:
+        """Whether Kafka answers: after an outage, once a step applied records or a metadata request
+        succeeds (one every PROBE_EVERY seconds: each makes librdkafka try, and log, its connections
+        again)."""
+        if self._unreachable is None:
+            return True
+        if not applied:
             if time.monotonic() - self._probed < PROBE_EVERY:
                 return False
             self._probed = time.monotonic()
@@ -188,8 +191,8 @@ class Follower:
                 self.consumer.list_topics(timeout=PROBE_TIMEOUT)
             except KafkaException:
                 return False
-            log.info("Kafka at %s reachable again", self.settings.brokers)
-            self._unreachable = None
+        log.info("Kafka at %s reachable again", self.settings.brokers)
+        self._unreachable = None
         return True
 
     def close(self) -> None:
@@ -238,7 +241,7 @@ class Follower:
         if planned is None:
             return None
         goal, ends = planned
-        self._check_envelope(goal)
+        self._use_envelope(goal)
         started = time.monotonic()
         stats = FollowStats(commit=goal.number, tick=goal.tick)
         self.target.begin()
@@ -277,11 +280,15 @@ class Follower:
         self._assign([tp], ends)
         return self.reader.records(tp, ends[tp])
 
-    def _check_envelope(self, commit: Commit) -> None:
-        """Records are decoded with the options the publisher wrote them with (its commits say)."""
-        options = (bool(commit.envelope.get("schemas", True)), str(commit.envelope.get("decimals", "precise")))
-        if options != self._envelope_options:
-            self._envelope_options = options
+    def _use_envelope(self, commit: Commit) -> None:
+        """Records are read as the publisher wrote them, which its commits say: with schemas or not,
+        numerics as Decimals, strings or doubles."""
+        settings = EnvelopeSettings(prefix=self.settings.prefix, database="", schemas=commit.envelope["schemas"],
+                                    decimals=commit.envelope["decimals"])
+        if settings != self._envelope_settings:
+            if settings.decimals == "double":
+                log.debug("%s publishes numerics as doubles: followers get them rounded", self.settings.name)
+            self._envelope_settings = settings
             self._envelopes.clear()
 
     def _known_topics(self, ends: dict[Partition, int]) -> set[str]:
@@ -325,6 +332,8 @@ class Follower:
                 self._schema_change(decode_schema_change(data(message.value())), tables, by_topic)
                 continue
             table = by_topic.get(topic)
+            if table is None and self._followed is not None:
+                continue   # a table not followed, before or after a followed one in the same topic
             if table is None:
                 raise UserError(f"{topic} holds changes of a table this follower has no structure of (its schema "
                                 f"changes came before this follower's position): follow it into a new target, "
@@ -355,9 +364,7 @@ class Follower:
     def _envelope(self, table: TargetTable) -> TableEnvelope:
         envelope = self._envelopes.get(table.table_id)
         if envelope is None or envelope.structure is not table.structure:
-            schemas, decimals = self._envelope_options
-            envelope = self._envelopes[table.table_id] = TableEnvelope(table.structure, EnvelopeSettings(
-                prefix=self.settings.prefix, database="", schemas=schemas, decimals=decimals))
+            envelope = self._envelopes[table.table_id] = TableEnvelope(table.structure, self._envelope_settings)
         return envelope
 
     def _schema_change(self, change: dict[str, Any], tables: dict[int, TargetTable],
@@ -421,7 +428,7 @@ class Follower:
         summary_started, records, lag = time.monotonic(), 0, 0.0
         while not stop.is_set:
             stats = self.step(wait=self.poll_interval)
-            if self._reachable():
+            if self._reachable(applied=stats is not None):
                 self.metrics.ran()
             if stats is not None:
                 applied += 1

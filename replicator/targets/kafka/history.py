@@ -6,6 +6,7 @@ each of its topics, one renamed since stays followed under its new name."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from replicator.targets.kafka.envelope import decode_schema_change
 from replicator.targets.kafka.settings import KafkaSettings
@@ -34,15 +35,14 @@ class TableHistory:
             consumer.close()
         return history
 
-    def note(self, change: dict[str, object], offset: int) -> None:
-        table_id = change["table_id"]
-        name = change["name"]
-        assert isinstance(table_id, int) and isinstance(name, str)
+    def note(self, change: dict[str, Any], offset: int) -> None:
+        """A schema change record (decode_schema_change), at that offset."""
+        table_id, name = change["table_id"], change["name"]
         names = self.names.setdefault(table_id, [])
         if not names or names[-1] != name:
             names.append(name)
-        if isinstance(topic := change.get("topic"), str):   # an "event" record names none
-            self.topics.setdefault(table_id, set()).add(topic)
+        if "topic" in change:   # an "event" record names none
+            self.topics.setdefault(table_id, set()).add(change["topic"])
         self.first.setdefault(table_id, offset)
         if change["call"] == "drop":
             self.dropped.add(table_id)

@@ -426,6 +426,8 @@ class KafkaTarget:
         self._produce(self._schema_topic, schema_change_key(self._settings()), value)
 
     def _claim_topic(self, table: TargetTable) -> str:
+        """The table's topic, unless another table publishes there; one of the same name is the table it
+        replaces (dropped and created again in one batch: the consumer makes the new one over the old)."""
         topic = self.topic(table)
         for other in self._tables.values():
             # (a table of the same name is the one this replaces: dropped and created again)
