@@ -24,6 +24,11 @@ follower reads the topics' whole history). Per phase, over the writes' window:
     clients     CPU of the replicator processes (ticker included), of the broker's JVM, and of the
                 whole machine (/proc/stat), with the load average
 
+The machine has fewer cores than the replicas can use. The source (its PostgreSQL processes) and
+the writer go first for the CPU (put_ahead), so that every phase gets the same writes and the
+source's figures are its own, as on a server of its own; the replicator processes and the broker
+share what is left with the machine's other jobs.
+
 Every replica is checked against the source after each phase. Then throughput: with the daemons
 stopped, --burst-rows row changes are queued (the same transactions, by a procedure); the time of
 ``consume --until-caught-up`` of the publisher, of one follower and, for comparison, of one direct
@@ -82,7 +87,7 @@ POLL_INTERVAL = 0.05           # seconds between reads of a replica's last marke
 READY_TIMEOUT = 600.0          # for new replicas to copy or bootstrap the table
 DRAIN_TIMEOUT = 300.0          # after the writes, for every replica to reach the last marker
 STOP_TIMEOUT = 30.0            # for a daemon to finish its batch after SIGTERM
-WRITER_NICE = -10              # the writer and its backend ahead of the replicas for the CPU (see prioritize)
+AHEAD_NICE = -10               # the nice of the source's processes and of the writer (put_ahead)
 FLAT = 1.2                     # the source's cost counts as flat in the followers up to this ratio (N replicas / 1)
 
 SCHEMA = f"""
@@ -166,9 +171,10 @@ def machine_cpu() -> float:
 
 
 class Daemons:
-    """The replicator processes of the benchmark, each logging to LOGS/NAME.log, each in a session of
-    its own (Ctrl-C reaches the benchmark only, which stops them). They end with the benchmark:
-    stop_all() in a finally, or SIGTERM from the kernel if it dies first (setpriv --pdeathsig)."""
+    """The replicator processes of the benchmark, each logging to LOGS/NAME.log, in the benchmark's
+    session (where the kernel shares the CPU between sessions first, 50 sessions of replicas would
+    take 50 shares). They end with the benchmark: stop_all() in a finally, or SIGTERM from the
+    kernel if it dies first (setpriv --pdeathsig)."""
 
     def __init__(self, logs: Path, env: dict[str, str]) -> None:
         self.logs = logs
@@ -181,7 +187,7 @@ class Daemons:
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         with open(self.logs / f"{name}.log", "ab") as log:
             process = subprocess.Popen(self._command(args), env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+                                       stderr=subprocess.STDOUT)
         self.running[name] = process
         return process
 
@@ -190,7 +196,7 @@ class Daemons:
         started = time.perf_counter()
         with open(self.logs / f"{name}.log", "ab") as log:
             result = subprocess.run(self._command(args), env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - started
         if result.returncode != 0:
             raise RuntimeError(f"`replicator {' '.join(args)}` failed ({result.returncode}); {self.tail(name)}")
@@ -309,36 +315,39 @@ class Writes:
 
 
 def _write(dsn: str, first: int, per_second: float, seconds: float, channel: Connection) -> None:
-    """The writer, in a process of its own: sends its backend's pid, waits for "go", commits
-    transactions at a steady rate, sends the Writes, and waits for "close": a backend that ends
-    while the cluster's CPU is read may be missed (between its exit and the postmaster's wait)."""
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            backend = conn.info.backend_pid
-            channel.send(backend)
-            channel.recv()
-            cpu = process_cpu(backend)
-            commits = [0.0] * int(per_second * seconds)
-            started = time.monotonic()
-            for i in range(len(commits)):
-                delay = started + i / per_second - time.monotonic()
-                if delay > 0:
-                    time.sleep(delay)
-                conn.execute("SELECT fanout_write(%s, %s)", (first + i, UPDATES))
-                commits[i] = time.time()
-            channel.send(Writes(commits, process_cpu(backend) - cpu))
-            channel.recv()
-    except KeyboardInterrupt:   # Ctrl-C reaches this process too: the benchmark reports it
-        pass
+    """The writer, in a process and a session of its own (put_ahead): sends its backend's pid, waits
+    for "go", commits transactions at a steady rate, sends the Writes, and waits for "close": a
+    backend that ends while the cluster's CPU is read may be missed (between its exit and the
+    postmaster's wait)."""
+    os.setsid()   # Ctrl-C reaches it no more: the benchmark ends it
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        backend = conn.info.backend_pid
+        channel.send(backend)
+        channel.recv()
+        cpu = process_cpu(backend)
+        commits = [0.0] * int(per_second * seconds)
+        started = time.monotonic()
+        for i in range(len(commits)):
+            delay = started + i / per_second - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            conn.execute("SELECT fanout_write(%s, %s)", (first + i, UPDATES))
+            commits[i] = time.time()
+        channel.send(Writes(commits, process_cpu(backend) - cpu))
+        channel.recv()
 
 
-def prioritize(*pids: int) -> bool:
-    """Puts the writer and its backend ahead of every other process for the CPU, so that each phase
-    gets the same writes however busy the replicas keep the machine (50 of them can use more than
-    2 cores). Needs root or CAP_SYS_NICE; returns whether it was done."""
+def put_ahead(*, processes: Sequence[int] = (), sessions: Sequence[int] = ()) -> bool:
+    """Gives the CPU first to these processes (their nice) and to the sessions of these (their
+    autogroup's nice: with kernel.sched_autogroup_enabled, the kernel shares the CPU between sessions
+    first, then between their processes). Needs root or CAP_SYS_NICE; returns whether it was done."""
     try:
-        for pid in pids:
-            os.setpriority(os.PRIO_PROCESS, pid, WRITER_NICE)
+        for pid in processes:
+            os.setpriority(os.PRIO_PROCESS, pid, AHEAD_NICE)
+        for pid in sessions:
+            autogroup = Path(f"/proc/{pid}/autogroup")
+            if autogroup.exists():
+                autogroup.write_text(f"{AHEAD_NICE}\n")
     except PermissionError:
         return False
     return True
@@ -379,7 +388,7 @@ class Phase:
     lag_max: float
     lag_samples: int
     read_interval: float     # achieved seconds between reads of a replica
-    writer_first: bool       # whether the writer was put ahead for the CPU (prioritize)
+    source_first: bool       # whether the source and the writer went first for the CPU (put_ahead)
 
     @property
     def name(self) -> str:
@@ -424,6 +433,7 @@ class FanoutBench:
         self.phases: list[Phase] = []
         self.throughputs: list[Throughput] = []
         self.poll_option = ("--poll-interval", str(args.poll_interval))
+        self.source_first = put_ahead(sessions=(self.postmaster,))
 
     def setup(self) -> None:
         install(self.monitor)
@@ -524,7 +534,7 @@ class FanoutBench:
                     raise RuntimeError("the writer did not connect (its error, if any, is above)")
             backend = channel.recv()
             assert writer.pid is not None   # started
-            writer_first = prioritize(writer.pid, backend)
+            source_first = self.source_first and put_ahead(processes=(writer.pid, backend), sessions=(writer.pid,))
             for replica in replicas:
                 replica.forget()
             before = self.usage()
@@ -562,7 +572,7 @@ class FanoutBench:
             clients_cpu=(after.clients - before.clients) / seconds, broker_cpu=(after.broker - before.broker) / seconds,
             machine_cpu=(after.machine - before.machine) / seconds, load=os.getloadavg()[0],
             lag_p50=percentile(lags, 50), lag_p99=percentile(lags, 99), lag_max=lags[-1], lag_samples=len(lags),
-            read_interval=seconds / max(rounds, 1), writer_first=writer_first)
+            read_interval=seconds / max(rounds, 1), source_first=source_first)
         self.phases.append(result)
         console.print(f"    source CPU {result.source_cpu:.2f} s/s, {result.queries:,.0f} queries/s; lag p50 "
                       f"{result.lag_p50:.2f}s, p99 {result.lag_p99:.2f}s; machine {result.machine_cpu:.1f} cores busy, "
@@ -655,10 +665,11 @@ class FanoutBench:
                       "", "", "")
         console.print(table)
         burst = self.throughputs[0].rows
-        priority = (f"it and its backend at nice {WRITER_NICE}, ahead of the replicas for the CPU"
-                    if all(p.writer_first for p in self.phases) else
-                    "not put ahead of the replicas for the CPU (that needs root or CAP_SYS_NICE): where they keep "
-                    "the machine busy, it writes less")
+        priority = (f"it, its backend and the source's other processes first for the CPU (nice {AHEAD_NICE}, and "
+                    f"their sessions'), as on a server of their own"
+                    if all(p.source_first for p in self.phases) else
+                    "not first for the CPU, nor the source (that needs root or CAP_SYS_NICE): where the replicas "
+                    "keep the machine busy, it writes less")
         console.print(
             f"Writer: transactions of 1 insert + {UPDATES} updates (row changes), as role {WRITER_ROLE}, "
             f"{priority}. Source CPU: "
