@@ -24,10 +24,11 @@ follower reads the topics' whole history). Per phase, over the writes' window:
     clients     CPU of the replicator processes (ticker included), of the broker's JVM, and of the
                 whole machine (/proc/stat), with the load average
 
-The machine has fewer cores than the replicas can use. The source (its PostgreSQL processes) and
-the writer go first for the CPU (put_ahead), so that every phase gets the same writes and the
-source's figures are its own, as on a server of its own; the replicator processes and the broker
-share what is left with the machine's other jobs.
+The machine has fewer cores than 50 replicas can use. PostgreSQL and the Kafka broker stand for
+servers of their own, the writer for the application: they go first for the CPU (servers_first),
+so that every phase gets the same writes. Each replicator process runs in a session of its own, as
+on a machine of its own (the kernel shares the CPU between sessions first, where autogroups are
+on); they share what is left with the machine's other jobs.
 
 Every replica is checked against the source after each phase. Then throughput: with the daemons
 stopped, --burst-rows row changes are queued (the same transactions, by a procedure); the time of
@@ -50,7 +51,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -87,7 +89,7 @@ POLL_INTERVAL = 0.05           # seconds between reads of a replica's last marke
 READY_TIMEOUT = 600.0          # for new replicas to copy or bootstrap the table
 DRAIN_TIMEOUT = 300.0          # after the writes, for every replica to reach the last marker
 STOP_TIMEOUT = 30.0            # for a daemon to finish its batch after SIGTERM
-AHEAD_NICE = -10               # the nice of the source's processes and of the writer (put_ahead)
+AHEAD_NICE = -10               # the nice of the servers' sessions and of the writer (servers_first)
 FLAT = 1.2                     # the source's cost counts as flat in the followers up to this ratio (N replicas / 1)
 
 SCHEMA = f"""
@@ -171,10 +173,10 @@ def machine_cpu() -> float:
 
 
 class Daemons:
-    """The replicator processes of the benchmark, each logging to LOGS/NAME.log, in the benchmark's
-    session (where the kernel shares the CPU between sessions first, 50 sessions of replicas would
-    take 50 shares). They end with the benchmark: stop_all() in a finally, or SIGTERM from the
-    kernel if it dies first (setpriv --pdeathsig)."""
+    """The replicator processes of the benchmark, each logging to LOGS/NAME.log, each in a session of
+    its own (as on a machine of its own; Ctrl-C reaches the benchmark only, which stops them). They
+    end with the benchmark: stop_all() in a finally, or SIGKILL from the kernel if it dies first
+    (setpriv --pdeathsig: a follower told to stop finishes its step, which needs the broker)."""
 
     def __init__(self, logs: Path, env: dict[str, str]) -> None:
         self.logs = logs
@@ -182,12 +184,12 @@ class Daemons:
         self.running: dict[str, subprocess.Popen[bytes]] = {}
 
     def _command(self, args: Sequence[str]) -> list[str]:
-        return ["setpriv", "--pdeathsig", "TERM", REPLICATOR, *args]
+        return ["setpriv", "--pdeathsig", "KILL", REPLICATOR, *args]
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         with open(self.logs / f"{name}.log", "ab") as log:
             process = subprocess.Popen(self._command(args), env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT)
+                                       stderr=subprocess.STDOUT, start_new_session=True)
         self.running[name] = process
         return process
 
@@ -196,7 +198,7 @@ class Daemons:
         started = time.perf_counter()
         with open(self.logs / f"{name}.log", "ab") as log:
             result = subprocess.run(self._command(args), env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT)
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         seconds = time.perf_counter() - started
         if result.returncode != 0:
             raise RuntimeError(f"`replicator {' '.join(args)}` failed ({result.returncode}); {self.tail(name)}")
@@ -218,9 +220,10 @@ class Daemons:
         for process in processes:
             if process.poll() is None:
                 process.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT
         for process in processes:
             try:
-                process.wait(STOP_TIMEOUT)
+                process.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
@@ -315,39 +318,63 @@ class Writes:
 
 
 def _write(dsn: str, first: int, per_second: float, seconds: float, channel: Connection) -> None:
-    """The writer, in a process and a session of its own (put_ahead): sends its backend's pid, waits
-    for "go", commits transactions at a steady rate, sends the Writes, and waits for "close": a
-    backend that ends while the cluster's CPU is read may be missed (between its exit and the
-    postmaster's wait)."""
-    os.setsid()   # Ctrl-C reaches it no more: the benchmark ends it
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        backend = conn.info.backend_pid
-        channel.send(backend)
-        channel.recv()
-        cpu = process_cpu(backend)
-        commits = [0.0] * int(per_second * seconds)
-        started = time.monotonic()
-        for i in range(len(commits)):
-            delay = started + i / per_second - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            conn.execute("SELECT fanout_write(%s, %s)", (first + i, UPDATES))
-            commits[i] = time.time()
-        channel.send(Writes(commits, process_cpu(backend) - cpu))
-        channel.recv()
-
-
-def put_ahead(*, processes: Sequence[int] = (), sessions: Sequence[int] = ()) -> bool:
-    """Gives the CPU first to these processes (their nice) and to the sessions of these (their
-    autogroup's nice: with kernel.sched_autogroup_enabled, the kernel shares the CPU between sessions
-    first, then between their processes). Needs root or CAP_SYS_NICE; returns whether it was done."""
+    """The writer, in a process of its own: sends its backend's pid, waits for "go", commits
+    transactions at a steady rate, sends the Writes, and waits for "close": a backend that ends
+    while the cluster's CPU is read may be missed (between its exit and the postmaster's wait)."""
     try:
-        for pid in processes:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            backend = conn.info.backend_pid
+            channel.send(backend)
+            channel.recv()
+            cpu = process_cpu(backend)
+            commits = [0.0] * int(per_second * seconds)
+            started = time.monotonic()
+            for i in range(len(commits)):
+                delay = started + i / per_second - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                conn.execute("SELECT fanout_write(%s, %s)", (first + i, UPDATES))
+                commits[i] = time.time()
+            channel.send(Writes(commits, process_cpu(backend) - cpu))
+            channel.recv()
+    except KeyboardInterrupt:   # Ctrl-C reaches this process too: the benchmark reports it
+        pass
+
+
+# the CPU: servers first --------------------------------------------------------------------
+
+
+def session_nice(pid: int, nice: int) -> int | None:
+    """Sets the nice of the session of pid (its autogroup: with kernel.sched_autogroup_enabled, the
+    kernel shares the CPU between sessions first, then within each); returns the nice it had, None
+    where there are no autogroups or no right to (root or CAP_SYS_NICE)."""
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    try:
+        before = int(autogroup.read_text().rsplit("nice", 1)[1])
+        autogroup.write_text(f"{nice}\n")
+    except (OSError, IndexError, ValueError):
+        return None
+    return before
+
+
+@contextmanager
+def servers_first(postmaster: int) -> Iterator[bool]:
+    """PostgreSQL's session and this one (the broker's and the writer's) first for the CPU until the
+    end of the block, as servers of their own; yields whether it was done."""
+    own = session_nice(os.getpid(), AHEAD_NICE)
+    try:
+        yield own is not None and session_nice(postmaster, AHEAD_NICE) is not None
+    finally:
+        if own is not None:
+            session_nice(os.getpid(), own)
+
+
+def processes_first(*pids: int) -> bool:
+    """These processes (the writer, its backend) first for the CPU within their sessions; returns
+    whether it was done (root or CAP_SYS_NICE)."""
+    try:
+        for pid in pids:
             os.setpriority(os.PRIO_PROCESS, pid, AHEAD_NICE)
-        for pid in sessions:
-            autogroup = Path(f"/proc/{pid}/autogroup")
-            if autogroup.exists():
-                autogroup.write_text(f"{AHEAD_NICE}\n")
     except PermissionError:
         return False
     return True
@@ -388,7 +415,7 @@ class Phase:
     lag_max: float
     lag_samples: int
     read_interval: float     # achieved seconds between reads of a replica
-    source_first: bool       # whether the source and the writer went first for the CPU (put_ahead)
+    writer_first: bool       # whether the writer and its backend went first for the CPU (processes_first)
 
     @property
     def name(self) -> str:
@@ -433,7 +460,6 @@ class FanoutBench:
         self.phases: list[Phase] = []
         self.throughputs: list[Throughput] = []
         self.poll_option = ("--poll-interval", str(args.poll_interval))
-        self.source_first = put_ahead(sessions=(self.postmaster,))
 
     def setup(self) -> None:
         install(self.monitor)
@@ -534,7 +560,7 @@ class FanoutBench:
                     raise RuntimeError("the writer did not connect (its error, if any, is above)")
             backend = channel.recv()
             assert writer.pid is not None   # started
-            source_first = self.source_first and put_ahead(processes=(writer.pid, backend), sessions=(writer.pid,))
+            writer_first = processes_first(writer.pid, backend)
             for replica in replicas:
                 replica.forget()
             before = self.usage()
@@ -572,7 +598,7 @@ class FanoutBench:
             clients_cpu=(after.clients - before.clients) / seconds, broker_cpu=(after.broker - before.broker) / seconds,
             machine_cpu=(after.machine - before.machine) / seconds, load=os.getloadavg()[0],
             lag_p50=percentile(lags, 50), lag_p99=percentile(lags, 99), lag_max=lags[-1], lag_samples=len(lags),
-            read_interval=seconds / max(rounds, 1), source_first=source_first)
+            read_interval=seconds / max(rounds, 1), writer_first=writer_first)
         self.phases.append(result)
         console.print(f"    source CPU {result.source_cpu:.2f} s/s, {result.queries:,.0f} queries/s; lag p50 "
                       f"{result.lag_p50:.2f}s, p99 {result.lag_p99:.2f}s; machine {result.machine_cpu:.1f} cores busy, "
@@ -625,7 +651,7 @@ class FanoutBench:
 
     # report ----------------------------------------------------------------------------------
 
-    def report(self) -> dict[str, Any]:
+    def report(self, servers_first: bool) -> dict[str, Any]:
         args = self.args
         by_name = {p.name: p for p in self.phases}
         count = args.followers
@@ -665,11 +691,11 @@ class FanoutBench:
                       "", "", "")
         console.print(table)
         burst = self.throughputs[0].rows
-        priority = (f"it, its backend and the source's other processes first for the CPU (nice {AHEAD_NICE}, and "
-                    f"their sessions'), as on a server of their own"
-                    if all(p.source_first for p in self.phases) else
-                    "not first for the CPU, nor the source (that needs root or CAP_SYS_NICE): where the replicas "
-                    "keep the machine busy, it writes less")
+        priority = (f"first for the CPU with its backend (nice {AHEAD_NICE}), as are PostgreSQL's and the broker's "
+                    f"sessions (servers of their own), each replicator process in a session of its own"
+                    if servers_first and all(p.writer_first for p in self.phases) else
+                    "not first for the CPU, nor PostgreSQL and the broker (that needs root or CAP_SYS_NICE, and "
+                    "autogroups): where the replicas keep the machine busy, it writes less")
         console.print(
             f"Writer: transactions of 1 insert + {UPDATES} updates (row changes), as role {WRITER_ROLE}, "
             f"{priority}. Source CPU: "
@@ -721,13 +747,14 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         console.print("starting a Kafka broker")
         with KafkaServer() as kafka:
             daemons = Daemons(logs, env)
+            bench = FanoutBench(args, workdir, server, monitor, kafka, daemons)
             try:
-                bench = FanoutBench(args, workdir, server, monitor, kafka, daemons)
-                bench.setup()
-                bench.direct()
-                bench.via_kafka()
-                bench.throughput()
-                return bench.report()
+                with servers_first(bench.postmaster) as first:
+                    bench.setup()
+                    bench.direct()
+                    bench.via_kafka()
+                    bench.throughput()
+                return bench.report(first)
             finally:
                 daemons.stop_all()
 
