@@ -675,7 +675,8 @@ def consume(ctx: Context, queue_name: str | None, source_url: str | None, target
         raise UserError("--once and --until-caught-up exclude each other")
     if source_url is not None:
         if queue_name is not None:
-            raise UserError(f"give QUEUE or --source, not both: a follower of {source_url} reads no queue")
+            from replicator.targets.kafka.settings import shown
+            raise UserError(f"give QUEUE or --source, not both: a follower of {shown(source_url)} reads no queue")
         if recopy or consumer_name:
             raise UserError("--recopy and --consumer apply to consumers of a queue, not to followers of Kafka "
                             "topics (a new follower bootstraps from the topics)")

@@ -590,6 +590,8 @@ class Consumer:
         new_structure = TableStructure.from_source(event["structure"], event["columns"], event["key"])
         # "copy": rows changed without row triggers (a rewrite; a descendant attached, detached, dropped or truncated)
         changes = None if event.get("copy") else reconcile(table.structure, new_structure)
+        if changes and self.target.copies_renamed_tables and any(c.action == "rename_table" for c in changes):
+            changes = None
         if changes is not None:
             # reconcile copies a table whose key changed: pending keys still name its rows
             assert [c.attnum for c in new_structure.key_columns()] == [c.attnum for c in table.structure.key_columns()]

@@ -31,6 +31,9 @@ class Target(Protocol):
 
     name: str            # a stable description, the default consumer name derives from it
     exactly_once: bool   # whether position and rows commit atomically
+    # whether a renamed table is copied again rather than renamed in place (Kafka: a topic per table
+    # name; the records before the rename stay on the old name's topic)
+    copies_renamed_tables: bool
 
     def positions(self, queue: str) -> dict[str, int]:
         """The last tick applied of each consumer of `queue` this target holds."""

@@ -48,6 +48,8 @@ def _committed_tables(state: dict[str, Any]) -> dict[str, TargetTable]:
 
 
 class StreamTarget:
+    copies_renamed_tables = False
+
     def __init__(self, where: str, fmt: str) -> None:
         self.format = fmt
         self.name = f"{fmt}:{where}"

@@ -73,11 +73,11 @@ class WarehouseState:
         return recorded
 
     def commit(self, position: tuple[str, int] | None, versions: Iterable[tuple[str, str, int]],
-               directories: dict[str, str]) -> None:
+               directories: dict[str, str], others: dict[str, int] | None = None) -> None:
         """Records a transaction: the position (consumer, tick), the (table, directory, version) of
-        each table it committed, and the directories of the tables as it leaves them. A
-        transaction without a position (a table's copy) records its versions at the
-        positions the consumers have."""
+        each table it committed, and the directories of the tables as it leaves them; `others`,
+        positions stored beside it (a follower's offsets). A transaction without a position (a
+        table's copy) records its versions at the positions the consumers have."""
         actions: list[dict[str, Any]] = []
         if not self.snapshot.exists:
             actions.append({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}})
@@ -94,8 +94,8 @@ class WarehouseState:
                 for table, directory, version in versions]
         if rows:
             actions.append({"add": self._write_rows(rows)})
-        if position is not None:
-            actions.append({"txn": {"appId": position[0], "version": position[1], "lastUpdated": delta_log.now_ms()}})
+        for app, version in [*(others or {}).items(), *([position] if position is not None else [])]:
+            actions.append({"txn": {"appId": app, "version": version, "lastUpdated": delta_log.now_ms()}})
         if not actions:
             return
         while True:

@@ -102,6 +102,7 @@ class _Tables:
 
 class DeltaTarget:
     exactly_once = True
+    copies_renamed_tables = False
 
     def __init__(self, url: str, *, spark_master: str | None = None, spark_conf: dict[str, str] | None = None,
                  session: Callable[[], Any] | None = None) -> None:
@@ -124,7 +125,8 @@ class DeltaTarget:
         except BaseException:
             self.close()
             raise
-        self._position: tuple[str, int] | None = None
+        # set in the open transaction; the last one set is the batch's: its tick versions each table's txn
+        self._positions: dict[str, int] = {}
         self._directories: dict[str, str] | None = None   # as the open transaction leaves them
         positions = self.state.positions()
         self._last: tuple[str, int] | None = next(iter(positions.items())) if len(positions) == 1 else None
@@ -216,11 +218,19 @@ class DeltaTarget:
 
     def begin(self) -> None:
         self.state.take_in_others()   # one read: a second consumer is stopped before it writes
-        self._position = None
+        self._positions = {}
         self._directories = dict(self.state.directories())
 
     def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
-        self._position = (f"{queue}/{consumer}", tick_id)
+        """Several positions may be set in one transaction (a follower's offsets): all are stored;
+        the last one set is the batch's."""
+        key = f"{queue}/{consumer}"
+        self._positions.pop(key, None)
+        self._positions[key] = tick_id
+
+    @property
+    def _position(self) -> tuple[str, int] | None:
+        return next(reversed(self._positions.items()), None)
 
     def commit(self) -> None:
         assert self._directories is not None, "no open transaction: call begin() first"
@@ -240,16 +250,18 @@ class DeltaTarget:
             if version is not None:
                 versions.append((self._directories.get(directory, directory), directory, version))
                 committed.append(table)
-        self.state.commit(self._position, versions, self._directories)
+        others = dict(list(self._positions.items())[:-1])
+        self.state.commit(self._position, versions, self._directories, others=others)
         if self._position is not None:   # tables that held this batch already show their own structure again
             for table in self._tables.values():
                 if table.rewound is not None and (table.applied(self._position[0]) or 0) <= self._position[1]:
                     table.rewound = None
         crash_point("delta-committed")
         self._directories = None
-        self._position = None
-        if app is not None and tick is not None:
-            self._last = (app, tick)
+        position = self._position
+        self._positions = {}
+        if position is not None:
+            self._last = position
             self._refresh_views(wait=False)
         self._maintain(committed)
 
@@ -299,7 +311,7 @@ class DeltaTarget:
         for table in self._tables.values():
             table.rollback()
         self._directories = None
-        self._position = None
+        self._positions = {}
 
     # views ------------------------------------------------------------------------------
 

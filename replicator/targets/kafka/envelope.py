@@ -204,12 +204,14 @@ class TableEnvelope:
         self._key_head_bytes = self._key_head.encode()
         lossy_key = {**key_schema, "fields": [*key_field_schemas, _exact_schema(self._key_exact_field)]}
         self._lossy_key_head, _ = _record(lossy_key, settings)
-        # every key field null: optional, for the record to be valid Connect data
+        # every key field null (optional, for the record to be valid Connect data), and an empty map of
+        # exact texts: no row's key (a row of a NULL --key column has no map, or one naming a column)
         truncate_schema = {**key_schema, "fields": [
-            connect_schema(f.codec.schema, optional=True, field_name=f.column.name) for f in key_fields]}
+            *(connect_schema(f.codec.schema, optional=True, field_name=f.column.name) for f in key_fields),
+            _exact_schema(self._key_exact_field)]}
         head, tail = _record(truncate_schema, settings)
         nulls = ",".join(f"{encode_basestring(name)}:null" for name in key_names)
-        self._truncate_key = f"{head}{{{nulls}}}{tail}".encode()
+        self._truncate_key = f"{head}{{{nulls},{encode_basestring(self._key_exact_field)}:{{}}}}{tail}".encode()
 
         self._source_head = (f'{{"version":{encode_basestring(__version__)},"connector":"{CONNECTOR}",'
                              f'"name":{encode_basestring(settings.prefix)},')
@@ -229,8 +231,8 @@ class TableEnvelope:
         return f"{self._lossy_key_head}{payload}{self._key_tail}".encode()
 
     def truncate_key(self) -> bytes:
-        """The key of a truncate record: every key field null (compacted topics refuse records
-        without a key)."""
+        """The key of a truncate record (compacted topics refuse records without a key): every key
+        field null and an empty map of exact texts, which no row's key has."""
         return self._truncate_key
 
     def source(self, *, ts_ms: int, snapshot: str, tick: int, event: int | None, txid: int | None) -> str:

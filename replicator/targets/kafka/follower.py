@@ -23,13 +23,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from replicator.errors import UserError
 from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.structure import TableStructure, reconcile
 from replicator.targets.kafka.envelope import EnvelopeSettings, TableEnvelope, decode_schema_change
+from replicator.targets.kafka.history import TableHistory
 from replicator.targets.kafka.reader import Partition, PartitionReader
 from replicator.targets.kafka.settings import KafkaSettings
 from replicator.targets.kafka.state import COMMIT_KEY, Commit, committed_consumer, data, sequence_of, where
@@ -41,7 +42,11 @@ log = logging.getLogger("replicator")
 
 BATCH_RECORDS = 200000   # records of several commits applied in one target transaction, about
 TICK = "tick"            # the position that holds the publisher's tick (the others are TOPIC:PARTITION)
+COMMIT = "commit"        # and the number of the publisher's commit applied last
 RUN_ROWS = 5000          # rows applied in one target call, at most (a bootstrap reads whole tables)
+READ_COMMITS_TIMEOUT = 60.0   # seconds --until-caught-up may take to read the commits to their end
+PROBE_EVERY = 5.0        # seconds between the metadata requests that ask whether Kafka is back after an outage
+PROBE_TIMEOUT = 1.0      # seconds one may take
 
 
 @dataclass
@@ -95,29 +100,92 @@ class Follower:
         self.poll_interval = poll_interval
         self.stats_interval = stats_interval
         self.table_filter = [t if "." in t else f"public.{t}" for t in tables or []]
-        self._check_table_filter()
         self._state = (state_topic(settings.prefix), 0)
         self._schema = (schema_topic(settings.prefix), 0)
-        self.consumer = committed_consumer(settings, **{"group.id": f"replicator-follower.{settings.prefix}"})
+        # with --tables: the ids of the tables followed (None: every table), every topic each has had,
+        # and the offset of the schema change topic from which a table created under a name listed
+        # is followed too (before it, the names were resolved at start)
+        self._followed: set[int] | None = None
+        self._topics: dict[int, set[str]] = {}
+        self._names_resolved_until = 0
+        if self.table_filter:
+            self._follow_tables()
+        self.consumer = committed_consumer(settings, **{"group.id": f"replicator-follower.{settings.prefix}",
+                                                        "error_cb": self._client_error})
         self.reader = PartitionReader(self.consumer, self._outage)
+        self._check_published()
         self._commits: list[Commit] = []   # read, not applied yet
         self._envelopes: dict[int, TableEnvelope] = {}
-        self._outage_reported = False
+        self._envelope_options = (True, "precise")   # schemas, decimals: the commits' (_check_envelope)
+        self._unreachable: str | None = None   # why Kafka is unreachable, while it is
+        self._probed = 0.0                       # when it was last asked whether it is back
 
-    def _check_table_filter(self) -> None:
-        held = set(self.target.tables())
-        if not self.table_filter or not self.target.positions(self.queue):
+    def _follow_tables(self) -> None:
+        """The tables --tables names, followed by id. At the first run, the tables of those names now
+        (one renamed before is read from each of its topics). At later runs, the tables the target
+        holds, which --tables must name by a name each has or had (one renamed since is still
+        followed); a name of another table the target lacks is refused (its earlier rows are not
+        here)."""
+        history = TableHistory.read(self.settings, self._schema[0])
+        self._topics = history.topics
+        wanted = set(self.table_filter)
+        if not self.target.positions(self.queue):
+            self._followed = {table_id for table_id in history.names if history.current(table_id) in wanted}
+            self._names_resolved_until = history.end
             return
-        left_out = sorted(held - set(self.table_filter))
+        held = {t.table_id: t.source_name for t in self.target.tables().values()}
+        left_out = sorted(name for table_id, name in held.items() if not wanted & set(history.names.get(table_id, ())))
         if left_out:
             raise UserError(f"{self.target.name} follows {', '.join(left_out)}, which --tables leaves out: its changes "
                             f"would be skipped from now on; list it in --tables, or follow into a new target")
+        named = {name for table_id in held for name in history.names.get(table_id, ())}
+        position = self._offset(self._schema)
+        added = sorted(name for table_id in history.names
+                       if (name := history.current(table_id)) in wanted - named and table_id not in held
+                       and history.first[table_id] < position)
+        if added:
+            raise UserError(f"{self.target.name} has not followed {', '.join(added)}, which --tables lists: its "
+                            f"earlier changes are not in it; to follow it, follow into a new target")
+        self._followed = set(held)
+
+    def _client_error(self, error: KafkaError) -> None:
+        """librdkafka's errors of the client as a whole, which it retries (and logs) itself: every broker
+        down is an outage."""
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._outage(error.str())
+
+    def _check_published(self) -> None:
+        """Refuses a prefix no publisher writes (a typo would follow nothing, in silence)."""
+        try:
+            topics = self.consumer.list_topics(timeout=PROBE_TIMEOUT * 10).topics
+        except KafkaException as exc:
+            raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
+        if self._state[0] not in topics:
+            raise UserError(f"nothing is published to {self.settings.name} (no topic {self._state[0]}): check the "
+                            f"prefix, or start its publisher (`replicator consume QUEUE --target {self.settings.name}`)"
+                            f" first")
 
     def _outage(self, reason: str) -> None:
-        if not self._outage_reported:
+        """Kafka unreachable: said once, and by /health until it answers again."""
+        if self._unreachable is None:
             log.warning("Kafka at %s unavailable (%s); waiting for it", self.settings.brokers, reason)
-            self._outage_reported = True
-        self.metrics.source_unavailable(reason)
+            self.metrics.source_unavailable(reason)
+        self._unreachable = reason
+
+    def _reachable(self) -> bool:
+        """Whether Kafka answers: after an outage, once a metadata request succeeds (one every
+        PROBE_EVERY seconds: each makes librdkafka try, and log, its connections again)."""
+        if self._unreachable is not None:
+            if time.monotonic() - self._probed < PROBE_EVERY:
+                return False
+            self._probed = time.monotonic()
+            try:
+                self.consumer.list_topics(timeout=PROBE_TIMEOUT)
+            except KafkaException:
+                return False
+            log.info("Kafka at %s reachable again", self.settings.brokers)
+            self._unreachable = None
+        return True
 
     def close(self) -> None:
         self.consumer.close()
@@ -139,8 +207,6 @@ class Follower:
         for message in self.reader.available(self._state, wait):
             if message.key() == COMMIT_KEY and message.value() is not None:
                 self._commits.append(Commit.from_json(data(message.value()), where(message)[2]))
-        if self._outage_reported and self._commits:
-            self._outage_reported = False
 
     def _next_goal(self) -> tuple[Commit, dict[Partition, int]] | None:
         """The commits to apply next (about BATCH_RECORDS records), as their last commit and the last
@@ -187,6 +253,8 @@ class Follower:
                 self.target.set_position(self.queue, f"{tp[0]}:{tp[1]}", ends[tp] + 1)
             self.target.set_position(self.queue, f"{self._state[0]}:0", goal.offset + 1)
             self.target.set_position(self.queue, TICK, goal.tick)
+            # last: the step's own position, rising at each (a Delta table's txn version)
+            self.target.set_position(self.queue, COMMIT, goal.number)
             self.target.commit()
         except BaseException:
             self.target.rollback()
@@ -205,31 +273,35 @@ class Follower:
         return self.reader.records(tp, ends[tp])
 
     def _check_envelope(self, commit: Commit) -> None:
-        if commit.envelope.get("decimals") == "double":
-            log.debug("%s publishes numerics as doubles: followers get them rounded", self.settings.name)
+        """Records are decoded with the options the publisher wrote them with (its commits say)."""
+        options = (bool(commit.envelope.get("schemas", True)), str(commit.envelope.get("decimals", "precise")))
+        if options != self._envelope_options:
+            self._envelope_options = options
+            self._envelopes.clear()
 
     def _known_topics(self, ends: dict[Partition, int]) -> set[str]:
-        """The table topics to read, as far as known before this step's schema changes: all, or those of
-        the tables --tables names and of the tables the target holds."""
-        if not self.table_filter:
+        """The table topics to read, as far as known before this step's schema changes: all, or every
+        topic the tables followed have had."""
+        if self._followed is None:
             return {topic for topic, _ in ends} - {self._state[0], self._schema[0]}
-        prefix = self.settings.prefix
-        topics = {table_topic(prefix, *name.split(".", 1)) for name in self.table_filter}
-        held = self.target.tables().values()
-        return topics | {table_topic(prefix, t.structure.schema, t.structure.name) for t in held}
+        return {topic for table_id in self._followed for topic in self._topics.get(table_id, ())}
 
     def _followed_topics(self, schema_records: list[Message], ends: dict[Partition, int]) -> set[str]:
         """The table topics to read: the known ones, and those the followed tables get in these schema
-        changes (a renamed table's records go to a new topic)."""
+        changes (a renamed table's records go to a new topic; a table created under a name --tables
+        lists is followed)."""
         topics = self._known_topics(ends)
-        if not self.table_filter:
+        if self._followed is None:
             return topics
-        followed_ids = {t.table_id for t in self.target.tables().values()}
         for message in schema_records:
             change = decode_schema_change(data(message.value()))
-            if change["table_id"] in followed_ids or change["name"] in self.table_filter:
-                followed_ids.add(change["table_id"])
-                topics.add(change["topic"])
+            table_id, topic = change["table_id"], change.get("topic")
+            if (change["call"] == "create" and change["name"] in self.table_filter
+                    and where(message)[2] >= self._names_resolved_until):
+                self._followed.add(table_id)
+            if table_id in self._followed and topic is not None:
+                self._topics.setdefault(table_id, set()).add(topic)
+                topics.add(topic)
         return topics
 
     def _apply(self, records: Iterable[Message]) -> int:
@@ -238,6 +310,7 @@ class Follower:
         by_topic = {table_topic(self.settings.prefix, t.structure.schema, t.structure.name): t
                     for t in tables.values()}
         changes = _Changes(self.target)
+        deletes: dict[tuple[str, int], bytes | None] = {}   # partition → the key of its last record, a delete's
         count = 0
         for message in records:
             count += 1
@@ -253,11 +326,17 @@ class Follower:
                                 f"which bootstraps every table it lists")
             envelope = self._envelope(table)
             value = message.value()
-            if value is None:   # a tombstone: the row is gone (its delete may have been compacted away)
-                changes.add(table, "D", envelope.decode_key(data(message.key())))
+            partition = where(message)[:2]
+            deleted, deletes[partition] = deletes.get(partition), None
+            if value is None:
+                # a tombstone: the row is gone; applied unless it follows its delete record (cleaned away
+                # by Kafka after a while: then the tombstone alone says so)
+                if deleted != message.key():
+                    changes.add(table, "D", envelope.decode_key(data(message.key())))
                 continue
             change = envelope.decode_value(value)
             if change.op == "d":
+                deletes[partition] = message.key()
                 changes.add(table, "D", envelope.decode_key(data(message.key())))
             elif change.op == "t":
                 changes.flush()
@@ -271,15 +350,16 @@ class Follower:
     def _envelope(self, table: TargetTable) -> TableEnvelope:
         envelope = self._envelopes.get(table.table_id)
         if envelope is None or envelope.structure is not table.structure:
-            envelope = self._envelopes[table.table_id] = TableEnvelope(
-                table.structure, EnvelopeSettings(prefix=self.settings.prefix, database=""))
+            schemas, decimals = self._envelope_options
+            envelope = self._envelopes[table.table_id] = TableEnvelope(table.structure, EnvelopeSettings(
+                prefix=self.settings.prefix, database="", schemas=schemas, decimals=decimals))
         return envelope
 
     def _schema_change(self, change: dict[str, Any], tables: dict[int, TargetTable],
                        by_topic: dict[str, TargetTable]) -> None:
         """Repeats the publisher's target call on this follower's target."""
         call, table_id = change["call"], change["table_id"]
-        if self.table_filter and table_id not in tables and change["name"] not in self.table_filter:
+        if self._followed is not None and table_id not in self._followed:
             return
         old = tables.get(table_id)
         if change.get("event") and old is not None:
@@ -322,15 +402,22 @@ class Follower:
         stop = stop or StopFlag()
         applied = 0
         goal: int | None = None
-        if until_caught_up:
+        if until_caught_up:   # the goal: the last commit Kafka holds now
+            deadline = time.monotonic() + READ_COMMITS_TIMEOUT
             self._read_commits(self.poll_interval)
+            while not self.reader.at_end(self._state):
+                if time.monotonic() > deadline:
+                    raise UserError(f"cannot read the commits of {self.settings.name} to their end within "
+                                    f"{READ_COMMITS_TIMEOUT:.0f}s: is Kafka at {self.settings.brokers} up?")
+                self._read_commits(max(self.poll_interval, 0.1))
             goal = self._commits[-1].number if self._commits else None
             if goal is None:
                 return 0
         summary_started, records, lag = time.monotonic(), 0, 0.0
         while not stop.is_set:
             stats = self.step(wait=self.poll_interval)
-            self.metrics.ran()
+            if self._reachable():
+                self.metrics.ran()
             if stats is not None:
                 applied += 1
                 records += stats.records

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from replicator.targets.kafka.state import (
 from replicator.targets.kafka.topics import SCHEMA_CONFIG, STATE_CONFIG, Topics, schema_topic, state_topic, table_topic
 from replicator.targets.protocol import Row, TargetTable, queue_positions
 
-KAFKA_TIMEOUT = 60.0          # seconds a flush or a transaction call may wait for the brokers
+log = logging.getLogger("replicator")
 _OPS = {"I": "c", "U": "u", "R": "r"}
 PRODUCER: dict[str, str | int | float | bool] = {
     "enable.idempotence": True,
@@ -69,18 +70,25 @@ def _kafka_error(exc: KafkaException) -> KafkaError:
 
 class KafkaTarget:
     exactly_once = True
+    # A renamed table is published anew on its new name's topic (a truncate on the old one): a new
+    # follower then finds each table whole on one topic, and a table created later under the old
+    # name cannot compact the renamed table's rows away.
+    copies_renamed_tables = True
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
         self.name = settings.name
         self.topics = Topics(settings)
+        self._timeout = settings.timeout   # a flush or a transaction call waits this long for the brokers
         self._state_topic = state_topic(settings.prefix)
         self._schema_topic = schema_topic(settings.prefix)
-        self.topics.ensure(self._state_topic, STATE_CONFIG)
-        self.topics.ensure(self._schema_topic, SCHEMA_CONFIG)
-        self.producer = Producer(settings.config(**{**PRODUCER, "transactional.id": f"replicator.{settings.prefix}"}))
         try:
-            self.producer.init_transactions(KAFKA_TIMEOUT)
+            self.topics.ensure(self._state_topic, STATE_CONFIG)
+            self.topics.ensure(self._schema_topic, SCHEMA_CONFIG)
+        except TargetUnavailable as exc:
+            raise UserError(f"cannot start publishing to {self.name}: {exc}") from None
+        try:
+            self.producer = self._start_producer()
         except KafkaException as exc:
             raise UserError(f"cannot start publishing to {self.name}: {_kafka_error(exc).str()}") from None
         state = PublisherState.read(settings, self._state_topic)
@@ -94,12 +102,16 @@ class KafkaTarget:
         self._database = ""
         self._envelopes: dict[str, TableEnvelope] = {}
         self._in_transaction = False
+        self._aborting = False   # an abort_transaction call to resume
+        self._broken = False     # the producer stopped by a fatal error: a new one takes over
         self._number = state.commit.number if state.commit else 0
         self._index = 0
         self._offsets: dict[tuple[str, int], int] = {}
-        self._errors: list[KafkaError] = []
+        self._dropped_topics: set[str] = set()   # by this transaction
+        self._errors: list[tuple[KafkaError, str, int]] = []   # the error, the record's topic and size
         self._tables_changed = False
-        self._pending_event: tuple[TargetTable, dict[str, Any]] | None = None
+        # a schema event, and the event it came in, until the table call that follows it
+        self._pending_event: tuple[TargetTable, dict[str, Any], _Event] | None = None
         self._event = _Event(tick=self._tick(), event=None, txid=None, ts_ms=0)
         self._sources: dict[str, str] = {}
 
@@ -137,11 +149,27 @@ class KafkaTarget:
     # transactions -----------------------------------------------------------------------------
 
     def begin(self) -> None:
+        if self._broken:
+            held = self._replace_producer().commit
+            if held is not None and (self._committed.commit is None or held.number != self._committed.commit.number):
+                # a commit whose outcome the error hid reached Kafka: the source must be moved to it, as a
+                # publisher starting does
+                raise UserError(f"Kafka committed a batch of {self.name} (tick {held.tick}) whose commit this "
+                                f"publisher lost track of: start it again, it resumes from that tick")
+        elif self._aborting:   # an abort an outage cut short: librdkafka takes no other call before it ends
+            self._call(self.producer.abort_transaction, self._timeout)
+            self._aborting = False
+        self._serve(self.producer.poll, 0)   # reports on the records of an aborted transaction: not this one's
         self._call(self.producer.begin_transaction)
+        # until the consumer says where the records come from (a batch's events): from the position
+        # the transaction starts at (a table's copy)
+        self._event = _Event(tick=self._tick(), event=None, txid=None, ts_ms=int(time.time() * 1000))
+        self._sources.clear()
         self._in_transaction = True
         self._number += 1
         self._index = 0
         self._offsets.clear()
+        self._dropped_topics.clear()
         self._errors.clear()
 
     def commit(self) -> None:
@@ -155,6 +183,8 @@ class KafkaTarget:
                                                            if self._committed.commit else {}).items()}
         for (topic, partition), offset in self._offsets.items():
             offsets.setdefault(topic, {})[partition] = offset
+        for topic in self._dropped_topics:
+            offsets.pop(topic, None)
         commit = Commit(number=self._number, queue=queue, consumer=consumer, tick=tick,
                         ts_ms=int(time.time() * 1000), offsets=offsets, envelope=self._envelope_settings,
                         records=self._index)
@@ -163,7 +193,17 @@ class KafkaTarget:
             self._produce(self._state_topic, TABLES_KEY, tables_to_json(self._tables))
         self._flush()
         crash_point("kafka-commit-sent")
-        self._call(self.producer.commit_transaction, KAFKA_TIMEOUT)
+        # Once asked, Kafka may commit the batch whatever this call says: until Kafka says how the
+        # transaction ended, neither the batch again nor an abort may follow
+        try:
+            self._call(self.producer.commit_transaction, self._timeout, until_known=f"the commit of tick {tick}")
+        except TargetUnavailable:
+            if not self._broken:
+                raise
+            # a new producer's start ends the transaction, committed if Kafka had the commit: the state says
+            held = self._replace_producer(until_known=f"the commit of tick {tick}").commit
+            if held is None or held.number != self._number:
+                raise
         crash_point("kafka-committed")
         self._in_transaction = False
         self._committed = PublisherState(commit=commit, tables=dict(self._tables))
@@ -174,9 +214,12 @@ class KafkaTarget:
         back to the last commit's tables and position."""
         if self._in_transaction:
             self._in_transaction = False
-            # fenced or unreachable: the next publisher's init_transactions aborts it
-            with contextlib.suppress(KafkaException):
-                self.producer.abort_transaction(KAFKA_TIMEOUT)
+            try:
+                self.producer.abort_transaction(self._timeout)
+            except KafkaException as exc:
+                # unreachable: the abort is resumed before the next transaction; fenced: the next
+                # publisher's init_transactions aborts it
+                self._aborting = _kafka_error(exc).retriable()
         self._number = self._committed.commit.number if self._committed.commit else 0
         self._tables = dict(self._committed.tables)
         self._position = _position_of(self._committed.commit)
@@ -187,37 +230,85 @@ class KafkaTarget:
         if self._in_transaction:
             self.rollback()
 
-    def _call(self, method: Callable[..., None], *args: Any) -> None:
-        """A transaction call, retried while Kafka says it may succeed; an outage that outlasts
-        KAFKA_TIMEOUT is TargetUnavailable (the consumer aborts and retries the batch later), a
-        fenced publisher a UserError."""
-        deadline = time.monotonic() + KAFKA_TIMEOUT
+    def _start_producer(self) -> Producer:
+        """The transactional producer of replicator.PREFIX, ready: its start fences an older producer
+        of the id (another publisher's, or this one's) and ends that one's open transaction,
+        committed if its commit had reached Kafka, else aborted."""
+        producer = self.settings.make(Producer, **PRODUCER,
+                                      **{"transactional.id": f"replicator.{self.settings.prefix}"})
+        producer.init_transactions(self._timeout)
+        return producer
+
+    def _replace_producer(self, until_known: str = "") -> PublisherState:
+        """A new producer for the one a fatal error stopped (a broker killed can leave the idempotent
+        producer's sequence numbers behind its own, which it cannot recover from), as a new publisher
+        would start; and the state Kafka holds then. With until_known, an outage is waited out."""
+        with contextlib.suppress(KafkaException):
+            self.producer.purge()
+
+        def start() -> None:
+            self.producer = self._start_producer()
+
+        self._call(start, until_known=until_known)
+        self._broken = self._aborting = False
+        log.warning("a new Kafka producer took over from the one a fatal error stopped")
+        return PublisherState.read(self.settings, self._state_topic)
+
+    def _call(self, method: Callable[..., None], *args: Any, until_known: str = "") -> None:
+        """A transaction call, retried while Kafka says it may succeed; an outage that outlasts the
+        timeout (socket.timeout.ms) is TargetUnavailable (the consumer aborts and retries the batch
+        later), a fenced publisher a UserError. With until_known (what the call does), an outage
+        is waited out, a line logged each timeout."""
+        deadline = time.monotonic() + self._timeout
         while True:
             try:
                 method(*args)
                 return
             except KafkaException as exc:
                 error = _kafka_error(exc)
-                if error.fatal() or error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                                                     KafkaError.INVALID_PRODUCER_EPOCH):
-                    raise UserError(f"another publisher took over {self.name} (transactional.id "
-                                    f"replicator.{self.settings.prefix}): this one stops; run one publisher per "
-                                    f"prefix") from None
-                if error.retriable() and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                    continue
-                raise TargetUnavailable(f"Kafka at {self.settings.brokers}: {error.str()}") from None
+                if not error.retriable() or error.fatal():
+                    raise self._failure(error) from None
+                if time.monotonic() >= deadline:
+                    if not until_known:
+                        raise self._failure(error) from None
+                    log.warning("target unavailable (Kafka at %s: %s); %s resumes when Kafka answers",
+                                self.settings.brokers, error.str(), until_known)
+                    deadline = time.monotonic() + self._timeout
+                time.sleep(0.2)
+
+    def _failure(self, error: KafkaError) -> Exception:
+        """What an error of Kafka's means: this publisher fenced by another, a UserError (it stops);
+        else the brokers cannot take the batch now, TargetUnavailable."""
+        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+            return UserError(f"another publisher took over {self.name} (transactional.id "
+                             f"replicator.{self.settings.prefix}): this one stops; run one publisher per prefix")
+        if error.fatal():   # this producer can do nothing more: the next transaction starts a new one
+            self._broken = True
+        return TargetUnavailable(f"Kafka at {self.settings.brokers}: {error.str()}")
+
+    def _serve(self, wait: Callable[[float], int], timeout: float) -> int:
+        """The producer's poll or flush: delivery reports served, waiting up to timeout. confluent_kafka
+        raises a fatal error (this producer fenced) out of them, as a SystemError caused by it when a
+        delivery report is served after it."""
+        try:
+            return wait(timeout)
+        except KafkaException as exc:
+            raise self._failure(_kafka_error(exc)) from None
+        except SystemError as exc:
+            if isinstance(exc.__cause__, KafkaException):
+                raise self._failure(_kafka_error(exc.__cause__)) from None
+            raise
 
     def _flush(self) -> None:
-        left = self.producer.flush(KAFKA_TIMEOUT)
+        left = self._serve(self.producer.flush, self._timeout)
         if left:
             raise TargetUnavailable(f"Kafka at {self.settings.brokers} took none of the last {left:,} records "
-                                    f"within {KAFKA_TIMEOUT:.0f}s")
+                                    f"within {self._timeout:g}s")
+        for error, topic, size in self._errors:
+            if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:   # the broker's limit, below the producer's
+                raise UserError(_too_large(topic, size))
         if self._errors:
-            error = self._errors[0]
-            if error.fatal():
-                raise UserError(f"publishing to {self.name} failed: {error.str()}")
-            raise TargetUnavailable(f"Kafka at {self.settings.brokers}: {error.str()}")
+            raise self._failure(self._errors[0][0])
 
     # records ------------------------------------------------------------------------------------
 
@@ -225,7 +316,7 @@ class KafkaTarget:
         """Notes the offset of each record written: a partition's reports come in order, so the last
         one noted is its last offset."""
         if error is not None:
-            self._errors.append(error)
+            self._errors.append((error, message.topic() or "", len(message.value() or b"")))
             return
         self._offsets[(message.topic(), message.partition())] = message.offset()  # type: ignore[index,assignment]
 
@@ -238,14 +329,12 @@ class KafkaTarget:
                                       on_delivery=self._delivered)
                 return
             except BufferError:   # librdkafka's queue is full: let it send
-                self.producer.poll(0.05)
+                self._serve(self.producer.poll, 0.05)
             except KafkaException as exc:
                 error = _kafka_error(exc)
-                if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-                    raise UserError(f"a record of {len(value or b''):,} bytes for {topic} is larger than Kafka takes: "
-                                    f"raise the producer's limit (?kafka.message.max.bytes=N in the URL) and the "
-                                    f"topic's max.message.bytes") from None
-                raise
+                if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:   # the producer's limit
+                    raise UserError(_too_large(topic, len(value or b""))) from None
+                raise self._failure(error) from None
 
     def _envelope(self, table: TargetTable) -> TableEnvelope:
         envelope = self._envelopes.get(table.source_name)
@@ -289,7 +378,7 @@ class KafkaTarget:
             key = key_of(row)
             self._produce(topic, envelope.key((key,) if single else key),
                           envelope.value(debezium_op, row, source, ts_ms))
-        self.producer.poll(0)
+        self._serve(self.producer.poll, 0)
 
     def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
         envelope = self._envelope(table)
@@ -300,7 +389,7 @@ class KafkaTarget:
             key = envelope.key(values)
             self._produce(topic, key, envelope.delete_value(values, source, ts_ms))
             self._produce(topic, key, None)   # the tombstone: compaction forgets the row
-        self.producer.poll(0)
+        self._serve(self.producer.poll, 0)
 
     def truncate(self, table: TargetTable) -> None:
         """A 't' record in every partition of the table's topic: a reader of any partition sees it
@@ -322,23 +411,25 @@ class KafkaTarget:
         """A record on the schema change topic: Debezium's schema change event (change CREATE, ALTER or
         DROP, with the statement of the pending schema event as its ddl), and in its `replicator` member
         the target call a follower repeats (create, alter, drop, or event alone)."""
-        event, self._pending_event = self._pending_event, None
+        pending, self._pending_event = self._pending_event, None
+        event, origin = (pending[1], pending[2]) if pending else (None, self._event)
         payload = json.loads(json.dumps({"call": call, "table_id": table.table_id, "mode": table.mode,
                                          "name": table.source_name, "structure": table.structure.to_json(),
-                                         "event": event[1] if event else None, **replicator}, default=str))
+                                         "event": event, **replicator}, default=str))
         envelope = self._envelope(table)
         ts_ms = int(time.time() * 1000)
-        source = envelope.source(ts_ms=ts_ms, snapshot="false", tick=self._tick(), event=self._event.event,
-                                 txid=self._event.txid)
+        source = envelope.source(ts_ms=origin.ts_ms, snapshot="false", tick=origin.tick, event=origin.event,
+                                 txid=origin.txid)
         value = schema_change_value(self._settings(), change=change, structure=table.structure,
-                                    ddl=event[1].get("sql") if event else None, source=source, ts_ms=ts_ms,
+                                    ddl=event.get("sql") if event else None, source=source, ts_ms=ts_ms,
                                     replicator=payload)
         self._produce(self._schema_topic, schema_change_key(self._settings()), value)
 
     def _claim_topic(self, table: TargetTable) -> str:
         topic = self.topic(table)
         for other in self._tables.values():
-            if other.table_id != table.table_id and self.topic(other) == topic:
+            # (a table of the same name is the one this replaces: dropped and created again)
+            if other.source_name != table.source_name and self.topic(other) == topic:
                 raise UserError(f"{table.source_name} and {other.source_name} would both publish to topic {topic} "
                                 f"(characters a topic name cannot hold become '_'): rename one, or replicate it "
                                 f"through another queue")
@@ -357,18 +448,33 @@ class KafkaTarget:
         self._schema_record("ALTER", "alter", new, {"topic": topic, "old_name": old.source_name})
 
     def drop_table(self, table: TargetTable) -> None:
-        self._tables.pop(table.source_name, None)
-        self._tables_changed = True
+        held = self._tables.get(table.source_name)
+        if held is not None and held.table_id == table.table_id:   # not a table of its name created since
+            del self._tables[table.source_name]
+            self._tables_changed = True
+            self._forget_topic(table)
         self._schema_record("DROP", "drop", table, {"topic": self.topic(table)})
+
+    def _forget_topic(self, table: TargetTable) -> None:
+        """The commits stop listing a dropped table's topic (unless a table holds it again): a
+        new follower has nothing to read there, and an operator may delete it."""
+        topic = self.topic(table)
+        if all(self.topic(other) != topic for other in self._tables.values()):
+            self._dropped_topics.add(topic)
 
     def schema_event(self, table: TargetTable, event: dict[str, Any]) -> None:
         """Kept for the schema change record of the table call that follows it (alter, drop, or the
         copy again): one record per change, with the statement as Debezium's `ddl`."""
-        self._pending_event = (table, event)
+        self._pending_event = (table, event, self._event)
 
 
 def _position_of(commit: Commit | None) -> dict[str, int]:
     return {} if commit is None else {f"{commit.queue}/{commit.consumer}": commit.tick}
+
+
+def _too_large(topic: str, size: int) -> str:
+    return (f"a record of {size:,} bytes for {topic} is larger than Kafka takes: raise the producer's limit "
+            f"(?kafka.message.max.bytes=N in the URL) and the topic's max.message.bytes")
 
 
 def _options(envelope: dict[str, Any]) -> str:

@@ -15,7 +15,8 @@ from replicator.targets.kafka.state import where
 log = logging.getLogger("replicator")
 
 Partition = tuple[str, int]
-BUFFERED = 20000          # records of one partition held before it is paused
+BUFFERED = 200000         # records held in all, about: a partition holding its share of them is paused
+MIN_SHARE = 500           # the least a partition may hold before it is paused
 FETCH = 5000              # records asked of the consumer at a time
 
 
@@ -39,8 +40,15 @@ class PartitionReader:
 
     def available(self, tp: Partition, wait: float) -> list[Message]:
         """Every record of tp committed so far (after those taken), waiting up to `wait` seconds for a first."""
-        self._fetch(wait, until=lambda: self._at_end(tp))
+        # the end reached last time may have moved on since: read to the end Kafka reports next (none
+        # comes while nothing new does)
+        self._end.pop(tp, None)
+        self._fetch(wait, until=lambda: self._at_end(tp), wanted=tp)
         return self._take(tp, None)
+
+    def at_end(self, tp: Partition) -> bool:
+        """Whether the last read of tp reached its end (every committed record of it taken)."""
+        return self._at_end(tp)
 
     def records(self, tp: Partition, last: int) -> Iterator[Message]:
         """The records of tp up to offset last, in order, fetched as they are needed."""
@@ -52,6 +60,8 @@ class PartitionReader:
                 yield buffer.popleft()
             if self._next[tp] > last or (tp in self._end and self._end[tp] > last and self._at_end(tp)):
                 return
+            # an end reached before `last` is stale: the transaction's end shows in this partition later
+            self._end.pop(tp, None)
             self._fetch(1.0, until=lambda: bool(buffer) or self._next[tp] > last or self._at_end(tp), wanted=tp)
 
     def _take(self, tp: Partition, last: int | None) -> list[Message]:
@@ -97,8 +107,10 @@ class PartitionReader:
             self._next[tp] = max(self._next[tp], offset)
 
     def _balance(self, wanted: Partition | None) -> None:
-        """Pauses partitions holding BUFFERED records (the wanted one never), resumes the others."""
-        full = {tp for tp, buffer in self._buffers.items() if len(buffer) >= BUFFERED and tp != wanted}
+        """Pauses partitions holding their share of BUFFERED records (the wanted one never), resumes the
+        others."""
+        share = max(MIN_SHARE, BUFFERED // max(1, len(self._buffers)))
+        full = {tp for tp, buffer in self._buffers.items() if len(buffer) >= share and tp != wanted}
         pause, resume = full - self._paused, self._paused - full
         if pause:
             self.consumer.pause([TopicPartition(t, p) for t, p in pause])

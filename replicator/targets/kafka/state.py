@@ -98,12 +98,12 @@ def sequence_of(message: Message) -> tuple[int, int]:
                     f"header: the topic holds records replicator's publisher did not write")
 
 
-def committed_consumer(settings: KafkaSettings, **extra: str | int | float | bool) -> Consumer:
+def committed_consumer(settings: KafkaSettings, **extra: Any) -> Consumer:
     """A consumer of committed records only, assigned by hand, committing nothing to Kafka."""
-    settings_: dict[str, str | int | float | bool] = {
+    settings_: dict[str, Any] = {
         "group.id": "replicator", "enable.auto.commit": False, "enable.auto.offset.store": False,
         "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest", **extra}
-    return Consumer(settings.config(**settings_))
+    return settings.make(Consumer, **settings_)
 
 
 def read_to_end(consumer: Consumer, topic: str, start: int, what: str, brokers: str) -> Iterator[Message]:

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import re
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # not in its stub
 
-from replicator.errors import UserError
+from replicator.errors import TargetUnavailable, UserError
 from replicator.targets.kafka.settings import KafkaSettings
 
 _NOT_IN_TOPIC = re.compile(r"[^A-Za-z0-9_-]")
-ADMIN_TIMEOUT = 30.0
+ADMIN_TIMEOUT = 30.0   # at most: less when the URL's kafka.socket.timeout.ms says so
+# what an admin request fails with while the brokers are away (a restart): the batch is tried again later
+_UNREACHABLE = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT)
 
 
 def table_topic(prefix: str, schema: str, table: str) -> str:
@@ -38,18 +40,22 @@ def state_topic(prefix: str) -> str:
     return f"__replicator.{prefix}"
 
 
-TABLE_CONFIG = {"cleanup.policy": "compact"}
+# A delete's tombstone is kept a week (Kafka's default: a day): a follower stopped longer than
+# that may miss deletes (docs/kafka.md, "Followers")
+TABLE_CONFIG = {"cleanup.policy": "compact", "delete.retention.ms": str(7 * 24 * 3600 * 1000)}
 SCHEMA_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 # Small segments and an eager cleaner: a publisher starting reads this topic whole.
 STATE_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"}
 
 
 class Topics:
-    """Creates topics once per process; knows their partition counts."""
+    """Creates topics once per process; knows their partition counts. Brokers out of reach are
+    TargetUnavailable (a consumer retries the batch); a topic refused is a UserError."""
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
-        self.admin = AdminClient(settings.config())
+        self.admin = settings.make(AdminClient)
+        self.timeout = min(ADMIN_TIMEOUT, settings.timeout)
         self._partitions: dict[str, int] = {}
 
     def ensure(self, topic: str, config: dict[str, str], partitions: int = 1) -> int:
@@ -60,13 +66,18 @@ class Topics:
         if count is None:
             futures = self.admin.create_topics([NewTopic(topic, num_partitions=partitions,
                                                          replication_factor=self.settings.replication,
-                                                         config=config)], request_timeout=ADMIN_TIMEOUT)
+                                                         config=config)], request_timeout=self.timeout)
             try:
-                futures[topic].result(timeout=ADMIN_TIMEOUT)
+                futures[topic].result(timeout=self.timeout)
             except KafkaException as exc:
-                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-                    raise UserError(f"cannot create topic {topic} at {self.settings.brokers}: "
-                                    f"{exc.args[0].str()}") from None
+                error = exc.args[0]
+                if error.name() == "TOPIC_ALREADY_EXISTS":
+                    pass
+                elif error.retriable() or error.code() in _UNREACHABLE:
+                    raise TargetUnavailable(f"cannot create topic {topic} at {self.settings.brokers}: "
+                                            f"{error.str()}") from None
+                else:   # refused: a policy, an ACL, a bad setting
+                    raise UserError(f"cannot create topic {topic} at {self.settings.brokers}: {error.str()}") from None
             count = self._existing(topic) or partitions
         self._partitions[topic] = count
         return count
@@ -77,9 +88,9 @@ class Topics:
     def _existing(self, topic: str) -> int | None:
         try:
             # all topics: a request naming one may create it with the broker's defaults (auto.create.topics.enable)
-            metadata = self.admin.list_topics(timeout=ADMIN_TIMEOUT)
+            metadata = self.admin.list_topics(timeout=self.timeout)
         except KafkaException as exc:
-            raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
+            raise TargetUnavailable(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
         found = metadata.topics.get(topic)
         if found is None or found.error is not None:
             return None

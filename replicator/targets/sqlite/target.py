@@ -251,6 +251,7 @@ def quote(name: str) -> str:
 
 class SqliteTarget:
     exactly_once = True
+    copies_renamed_tables = False
 
     def __init__(self, path: Path, *, numeric: str | None = None) -> None:
         """numeric: how numeric values are stored (types.NUMERIC_MODES) in a new replica;

@@ -1,0 +1,616 @@
+"""The Kafka publisher, `replicator consume QUEUE --target kafka://BROKERS/PREFIX`, against a real
+broker and a real PostgreSQL.
+
+1. The records docs/kafka.md describes: the initial copy, each kind of change, truncates in every
+   partition, the `source` block, schema changes in order with the rows, the commit record, and
+   records without schemas.
+2. Exactly once through kill -9 at each commit step, and through random kills of the daemon.
+3. A broker killed and restarted under a running publisher.
+4. A second publisher of the prefix fencing the first.
+5. Bad input refused in one line.
+
+What Kafka holds is read by a plain read_committed consumer (kafka_helpers), never by replicator's
+own reader, and checked against two oracles: the queue's events, read by a consumer of the test's
+own registered beside the publisher (each event's rows are records exactly once), and the source's
+tables (replaying the topics gives them)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import socket
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from consumer_helpers import Daemon, forced_tick, run_cli, set_fast_ticks, wait_until
+from kafka_helpers import (
+    Record,
+    in_publishing_order,
+    last_commit,
+    publish,
+    publisher_daemon,
+    read_committed,
+    replay,
+)
+from kafkaserver import KafkaServer
+from queue_util import Event, read_events
+from replicator.source import Source
+
+ORACLE = "oracle"   # the test's own consumer of the queue: the events the publisher must publish
+
+
+# the source and the oracle -------------------------------------------------------------------
+
+TABLES_DDL = """
+    CREATE TABLE t (id int PRIMARY KEY, v text, n bigint NOT NULL DEFAULT 0);
+    CREATE TABLE u (a int, b text, qty int, PRIMARY KEY (a, b));
+    INSERT INTO t SELECT g, 'v' || g, 0 FROM generate_series(1, 200) g;
+    INSERT INTO u SELECT g % 10, 'b' || (g / 10), g FROM generate_series(1, 50) g;
+"""
+
+
+def capture(conn: psycopg.Connection, source: Source, *tables: str) -> None:
+    source.create_queue("q")
+    for table in tables:
+        source.add_table("q", table)
+
+
+def url(kafka: KafkaServer, prefix: str, options: str = "") -> str:
+    return f"kafka://{kafka.bootstrap}/{prefix}{'?' + options if options else ''}"
+
+
+def key_text(key: Any) -> str:
+    return json.dumps(key, sort_keys=True)
+
+
+def source_rows(conn: psycopg.Connection, table: str) -> dict[str, dict[str, Any]]:
+    """The source table as {key as JSON text: the row as JSON}: what its topic's replay must give
+    (the tables' columns are of types whose Debezium payload is their JSON: int, bigint, text)."""
+    key = [r[0] for r in conn.execute(
+        "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, n)"
+        " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+        " WHERE i.indrelid = %s::regclass AND i.indisprimary ORDER BY k.n", (table,))]
+    return {key_text({k: row[k] for k in key}): row
+            for (row,) in conn.execute(f"SELECT to_jsonb(x) FROM {table} x")}
+
+
+def topic_of(prefix: str, table: str) -> str:
+    return f"{prefix}.public.{table}"
+
+
+def table_records(bootstrap: str, prefix: str, tables: tuple[str, ...]) -> list[Record]:
+    return [r for table in tables for r in read_committed(bootstrap, topic_of(prefix, table))]
+
+
+def assert_topics_replay_to_the_source(conn: psycopg.Connection, bootstrap: str, prefix: str,
+                                       tables: tuple[str, ...]) -> None:
+    replayed = replay(table_records(bootstrap, prefix, tables))
+    for table in tables:
+        expected, got = source_rows(conn, table), replayed.get(topic_of(prefix, table), {})
+        missing = sorted(expected.keys() - got.keys())
+        extra = sorted(got.keys() - expected.keys())
+        differ = sorted(k for k in expected.keys() & got.keys() if expected[k] != got[k])
+        assert not (missing or extra or differ), (f"{table}: {len(missing)} rows missing {missing[:5]}, "
+                                                  f"{len(extra)} extra {extra[:5]}, {len(differ)} differ "
+                                                  f"{[(expected[k], got[k]) for k in differ[:3]]}")
+
+
+class Oracle:
+    """A consumer of the queue of the test's own, registered once the publisher has copied the
+    tables: the events it reads are the changes the publisher must publish."""
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        source.register_consumer("q", ORACLE)
+        self.events: list[Event] = []
+
+    def changes(self, prefix: str, partition_count: int) -> Counter[tuple]:
+        """(topic, op, key, event id) of every change record the events so far make (tombstones
+        aside): each inserted, updated or deleted row one record, a truncate one per partition."""
+        self.events += read_events(self.source, "q", ORACLE)
+        return expected_changes(self.events, self.source, prefix, partition_count)
+
+
+def expected_changes(events: list[Event], source: Source, prefix: str, partition_count: int) -> Counter[tuple]:
+    tables = {t.table_id: t for t in source.tables("q")}
+    changes: Counter[tuple] = Counter()
+    for event in events:
+        table = tables[event.table]
+        topic = topic_of(prefix, table.table)
+        positions = [table.columns.index(k) for k in table.key]
+        if event.type == "T":
+            changes[(topic, "t", key_text({k: None for k in table.key}), event.ev_id)] += partition_count
+        for item in event.items:
+            values = item if event.type == "D" else [item[p] for p in positions]
+            op = {"I": "c", "U": "u", "D": "d"}[event.type]
+            changes[(topic, op, key_text(dict(zip(table.key, values))), event.ev_id)] += 1
+    return changes
+
+
+def published_changes(records: list[Record]) -> Counter[tuple]:
+    return Counter((r.topic, r.value_payload["op"], key_text(r.key_payload), r.value_payload["source"]["event"])
+                   for r in records if r.value is not None and r.value_payload["op"] != "r")
+
+
+def assert_deletes_are_followed_by_their_tombstone(records: list[Record]) -> None:
+    ordered = in_publishing_order(records)
+    deletes = [i for i, r in enumerate(ordered) if r.value is not None and r.value_payload["op"] == "d"]
+    for i in deletes:
+        tombstone = ordered[i + 1] if i + 1 < len(ordered) else None
+        assert tombstone is not None and tombstone.value is None and tombstone.key == ordered[i].key, \
+            f"the delete {ordered[i].key!r} at {ordered[i].sequence} is not followed by its tombstone"
+    assert sum(r.value is None for r in records) == len(deletes), "a tombstone without its delete"
+
+
+def assert_published_exactly_once(oracle: Oracle, bootstrap: str, prefix: str, tables: tuple[str, ...],
+                                  partition_count: int = 1) -> None:
+    """Every change the oracle consumer reads from the queue is a record once, and no other is."""
+    expected = oracle.changes(prefix, partition_count)
+    records = table_records(bootstrap, prefix, tables)
+    got = published_changes(records)
+    missing, extra = expected - got, got - expected
+    assert not missing and not extra, (f"{sum(missing.values())} changes missing {list(missing.items())[:5]}, "
+                                       f"{sum(extra.values())} published too often {list(extra.items())[:5]}")
+    assert expected, "the workload made no change"
+    assert_deletes_are_followed_by_their_tombstone(records)
+
+
+def assert_copied_once(records: list[Record], keys: set[str]) -> None:
+    copied = Counter(key_text(r.key_payload) for r in records if r.value is not None and r.value_payload["op"] == "r")
+    assert set(copied) == keys and set(copied.values()) == {1}, \
+        f"{len(keys - set(copied))} rows not copied, {sum(n > 1 for n in copied.values())} copied twice"
+
+
+def published(result: Any) -> None:
+    assert result.returncode == 0, result.stderr
+
+
+def one_line_error(result: Any) -> str:
+    """The error a run stopped with: exit status 1, one line, no traceback."""
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: "), result.stderr
+    return last
+
+
+def clock_ms(conn: psycopg.Connection, rounding: str = "floor") -> int:
+    """The source's clock in milliseconds since 1970 (rounding: floor or ceil)."""
+    return conn.execute(f"SELECT {rounding}(extract(epoch FROM clock_timestamp()) * 1000)::bigint").fetchone()[0]
+
+
+# 1. the records ------------------------------------------------------------------------------
+
+def test_an_initial_copy_is_a_create_record_then_op_r_records_keyed_by_the_rows_keys(dsn, conn, source, kafka,
+                                                                                      kafka_prefix):
+    conn.execute(TABLES_DDL)
+    capture(conn, source, "t", "u")
+    published(publish(dsn, url(kafka, kafka_prefix)))
+
+    for table in ("t", "u"):
+        records = read_committed(kafka.bootstrap, topic_of(kafka_prefix, table))
+        rows = source_rows(conn, table)
+        assert_copied_once(records, set(rows))
+        for record in records:
+            value = record.value_payload
+            assert value["op"] == "r" and value["before"] is None
+            assert value["after"] == rows[key_text(record.key_payload)]
+            assert value["source"]["snapshot"] == "true"
+            assert value["source"]["event"] is None and value["source"]["txId"] is None
+            assert (value["source"]["schema"], value["source"]["table"]) == ("public", table)
+    creates = [r.value_payload for r in read_committed(kafka.bootstrap, kafka_prefix)]
+    assert [(c["tableChanges"][0]["type"], c["tableChanges"][0]["id"]) for c in creates] == [
+        ("CREATE", '"public"."t"'), ("CREATE", '"public"."u"')]
+    assert [c["name"] for c in creates[1]["tableChanges"][0]["table"]["columns"]] == ["a", "b", "qty"]
+    assert creates[1]["tableChanges"][0]["table"]["primaryKeyColumnNames"] == ["a", "b"]
+
+
+def test_changes_are_c_u_d_tombstone_and_t_records_with_their_tick_event_and_transaction(dsn, conn, source, kafka,
+                                                                                          kafka_prefix):
+    conn.execute(TABLES_DDL)
+    capture(conn, source, "t")
+    target = url(kafka, kafka_prefix, "partitions=3")
+    published(publish(dsn, target))
+    started = clock_ms(conn)
+    with conn.transaction():
+        (txid,) = conn.execute("SELECT txid_current()").fetchone()
+        conn.execute("INSERT INTO t VALUES (1000, 'new', 1)")
+        conn.execute("UPDATE t SET v = 'changed' WHERE id = 5")
+        conn.execute("DELETE FROM t WHERE id = 6")
+        conn.execute("UPDATE t SET id = 2000 WHERE id = 7")   # a key change
+    with conn.transaction():
+        (truncating,) = conn.execute("SELECT txid_current()").fetchone()
+        conn.execute("TRUNCATE t")
+        conn.execute("INSERT INTO t VALUES (1, 'after the truncate', 0)")
+    ended = clock_ms(conn, "ceil")
+    published(publish(dsn, target))
+
+    records = read_committed(kafka.bootstrap, topic_of(kafka_prefix, "t"))
+    assert {r.partition for r in records} == {0, 1, 2}
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    changes = [r for r in in_publishing_order(records) if r.sequence[0] == commit["commit"]]
+    seen = [(r.value_payload["op"] if r.value is not None else "tombstone", r.key_payload["id"]) for r in changes]
+    assert seen == [("c", 1000), ("u", 5), ("d", 6), ("tombstone", 6),
+                    # the capture's order: the new row (U), then the key that vanished (D)
+                    ("u", 2000), ("d", 7), ("tombstone", 7),
+                    ("t", None), ("t", None), ("t", None), ("c", 1)]
+    truncates = [r for r in changes if r.value is not None and r.value_payload["op"] == "t"]
+    assert sorted(r.partition for r in truncates) == [0, 1, 2]
+    values = {(r.value_payload["op"], r.key_payload["id"]): r.value_payload for r in changes if r.value is not None}
+    assert values[("c", 1000)]["after"] == {"id": 1000, "v": "new", "n": 1}
+    assert values[("u", 5)]["after"] == {"id": 5, "v": "changed", "n": 0}
+    assert values[("u", 5)]["before"] is None
+    assert values[("d", 6)]["before"] == {"id": 6, "v": None, "n": 0} and values[("d", 6)]["after"] is None
+    assert values[("t", None)]["after"] is None and values[("t", None)]["before"] is None
+
+    sources = [r.value_payload["source"] for r in changes if r.value is not None]
+    assert {s["tick"] for s in sources} == {commit["tick"]}
+    events = [s["event"] for s in sources]
+    assert events == sorted(events) and len(set(events)) == 7   # I, U, D, U and D of the key change, T, I
+    assert [s["txId"] for s in sources] == [txid] * 5 + [truncating] * 4
+    assert all(started <= s["ts_ms"] <= ended for s in sources), (started, [s["ts_ms"] for s in sources], ended)
+    assert {(s["snapshot"], s["db"], s["connector"], s["name"]) for s in sources} == {
+        ("false", conn.info.dbname, "replicator", kafka_prefix)}
+
+
+def test_schema_changes_are_records_on_the_prefix_topic_in_order_with_the_rows(dsn, conn, source, kafka,
+                                                                                kafka_prefix):
+    conn.execute(TABLES_DDL)
+    capture(conn, source, "t")
+    published(publish(dsn, url(kafka, kafka_prefix)))
+    started = clock_ms(conn)
+    conn.execute("INSERT INTO t VALUES (1000, 'before', 0)")
+    conn.execute("ALTER TABLE t ADD COLUMN w int")
+    conn.execute("INSERT INTO t VALUES (1001, 'added', 0, 7)")
+    conn.execute("ALTER TABLE t RENAME COLUMN v TO renamed")
+    conn.execute("UPDATE t SET renamed = 'after' WHERE id = 1001")
+    conn.execute("DROP TABLE t")
+    ended = clock_ms(conn, "ceil")
+    published(publish(dsn, url(kafka, kafka_prefix)))
+
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    records = read_committed(kafka.bootstrap, kafka_prefix) + read_committed(kafka.bootstrap,
+                                                                            topic_of(kafka_prefix, "t"))
+    batch = [r.value_payload for r in in_publishing_order(records) if r.sequence[0] == commit["commit"]]
+
+    def described(value: dict[str, Any]) -> tuple[Any, ...]:
+        if "tableChanges" in value:
+            change = value["tableChanges"][0]
+            return change["type"], value["ddl"], [c["name"] for c in change["table"]["columns"]]
+        return value["op"], value["after"]
+
+    assert [described(v) for v in batch] == [
+        ("c", {"id": 1000, "v": "before", "n": 0}),
+        ("ALTER", "ALTER TABLE t ADD COLUMN w int", ["id", "v", "n", "w"]),
+        ("c", {"id": 1001, "v": "added", "n": 0, "w": 7}),
+        ("ALTER", "ALTER TABLE t RENAME COLUMN v TO renamed", ["id", "renamed", "n", "w"]),
+        ("u", {"id": 1001, "renamed": "after", "n": 0, "w": 7}),
+        ("DROP", "DROP TABLE t", ["id", "renamed", "n", "w"]),
+    ]
+    schema_changes = [v for v in batch if "tableChanges" in v]
+    assert {(v["databaseName"], v["schemaName"], v["tableChanges"][0]["id"]) for v in schema_changes} == {
+        (conn.info.dbname, "public", '"public"."t"')}
+    # the source of a schema change is its event's, as a row's is
+    sources = [v["source"] for v in batch]
+    assert {s["tick"] for s in sources} == {commit["tick"]}
+    assert [s["event"] for s in sources] == sorted(s["event"] for s in sources)
+    assert all(started <= s["ts_ms"] <= ended for s in sources), (started, [s["ts_ms"] for s in sources], ended)
+
+
+def test_the_commit_record_holds_the_source_consumers_tick_and_each_partitions_last_offset(dsn, conn, source, kafka,
+                                                                                          kafka_prefix):
+    conn.execute(TABLES_DDL)
+    capture(conn, source, "t", "u")
+    target = url(kafka, kafka_prefix, "partitions=2")
+    published(publish(dsn, target))
+    conn.execute("UPDATE t SET n = n + 1 WHERE id % 3 = 0")
+    conn.execute("DELETE FROM u WHERE a = 1")
+    published(publish(dsn, target))
+
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    (consumer,) = [c for c in source.consumers() if c["queue_name"] == "q"]
+    assert (commit["queue"], commit["consumer"], commit["tick"]) == ("q", consumer["consumer_name"],
+                                                                     consumer["last_tick"])
+    assert commit["envelope"] == {"schemas": True, "decimals": "precise"}
+    last_offsets: dict[str, dict[str, int]] = {}
+    for topic in (kafka_prefix, topic_of(kafka_prefix, "t"), topic_of(kafka_prefix, "u")):
+        for record in read_committed(kafka.bootstrap, topic):
+            last_offsets.setdefault(topic, {})[str(record.partition)] = record.offset
+    assert commit["offsets"] == last_offsets
+    assert len(last_offsets[topic_of(kafka_prefix, "t")]) == 2
+
+
+def test_records_without_schemas_are_the_payload_alone(dsn, conn, source, kafka, kafka_prefix):
+    conn.execute(TABLES_DDL)
+    capture(conn, source, "u")
+    target = url(kafka, kafka_prefix, "schemas=false")
+    published(publish(dsn, target))
+    conn.execute("UPDATE u SET qty = -1 WHERE a = 2 AND b = 'b0'")
+    published(publish(dsn, target))
+
+    records = read_committed(kafka.bootstrap, topic_of(kafka_prefix, "u"))
+    key, value = json.loads(records[-1].key or b""), json.loads(records[-1].value or b"")
+    assert key == {"a": 2, "b": "b0"}
+    assert value["op"] == "u" and value["after"] == {"a": 2, "b": "b0", "qty": -1}
+    assert all("schema" not in json.loads(r.value or b"{}") for r in records)
+    (create,) = read_committed(kafka.bootstrap, kafka_prefix)
+    assert json.loads(create.value or b"")["tableChanges"][0]["type"] == "CREATE"
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None and commit["envelope"] == {"schemas": False, "decimals": "precise"}
+
+
+# 2. exactly once through kill -9 ----------------------------------------------------------------
+
+def changes_in_one_transaction(conn: psycopg.Connection, round_: int) -> None:
+    """Every kind of change to both tables, one transaction: one batch."""
+    with conn.transaction():
+        conn.execute("UPDATE t SET n = n + 1, v = v || '!' WHERE id %% 3 = %s", (round_ % 3,))
+        conn.execute("DELETE FROM t WHERE id = %s", (10 + round_,))
+        conn.execute("INSERT INTO t VALUES (%s, 'new', 0)", (1000 + round_,))
+        conn.execute("UPDATE t SET id = id + 2000 WHERE id = %s", (20 + round_,))
+        conn.execute("UPDATE u SET qty = qty + 1")
+        conn.execute("UPDATE u SET b = b || '+' WHERE a = %s", (round_,))
+        if round_ == 1:
+            conn.execute("TRUNCATE u")
+            conn.execute("INSERT INTO u VALUES (1, 'after the truncate', 1)")
+
+
+def start_published(dsn: str, conn: psycopg.Connection, source: Source, target: str) -> tuple[Oracle, set[str]]:
+    """The tables copied to Kafka, then the oracle registered: it reads every later change. Returns
+    it and the keys of t the copy held."""
+    conn.execute(TABLES_DDL)
+    capture(conn, source, "t", "u")
+    copied = set(source_rows(conn, "t"))
+    published(publish(dsn, target))
+    return Oracle(source), copied
+
+
+@pytest.mark.parametrize("point", ["kafka-records-sent", "kafka-commit-sent", "kafka-committed"])
+def test_kill_9_at_each_commit_step_then_a_restart_publishes_each_change_once(dsn, conn, source, kafka,
+                                                                              kafka_prefix, point):
+    target = url(kafka, kafka_prefix, "partitions=2")
+    oracle, copied = start_published(dsn, conn, source, target)
+    for round_ in range(2):
+        changes_in_one_transaction(conn, round_)
+        before = last_commit(kafka.bootstrap, kafka_prefix)
+        crashed = publish(dsn, target, REPLICATOR_CRASH_AT=point)
+        assert crashed.returncode == -9, crashed.stderr
+        after = last_commit(kafka.bootstrap, kafka_prefix)
+        assert before is not None and after is not None
+        # only a kill after Kafka's commit leaves Kafka ahead of the source
+        assert (after["commit"] > before["commit"]) == (point == "kafka-committed")
+        published(publish(dsn, target))
+        assert_published_exactly_once(oracle, kafka.bootstrap, kafka_prefix, ("t", "u"), partition_count=2)
+        assert_topics_replay_to_the_source(conn, kafka.bootstrap, kafka_prefix, ("t", "u"))
+    assert_copied_once(read_committed(kafka.bootstrap, topic_of(kafka_prefix, "t")), copied)
+
+
+@pytest.mark.parametrize("point", ["kafka-records-sent@2", "kafka-commit-sent@2"])
+def test_kill_9_in_the_initial_copy_then_a_restart_copies_each_row_once(dsn, conn, source, kafka, kafka_prefix,
+                                                                        point):
+    conn.execute(TABLES_DDL)
+    capture(conn, source, "t")
+    target = url(kafka, kafka_prefix)
+    # the first Kafka transaction registers the consumer, the second is the copy
+    crashed = publish(dsn, target, REPLICATOR_CRASH_AT=point)
+    assert crashed.returncode == -9, crashed.stderr
+    assert read_committed(kafka.bootstrap, topic_of(kafka_prefix, "t")) == []
+    published(publish(dsn, target))
+    assert_copied_once(read_committed(kafka.bootstrap, topic_of(kafka_prefix, "t")), set(source_rows(conn, "t")))
+    assert len(read_committed(kafka.bootstrap, kafka_prefix)) == 1   # one CREATE
+
+
+class Workload(threading.Thread):
+    """Seeded transactions of one to four statements over t and u: inserts, upserts, updates of
+    many rows, deletes, key changes, now and then a TRUNCATE; a statement that collides with a key
+    is skipped (a savepoint). Stops after `transactions`, or when told to (`stopping`); `pace`
+    seconds apart."""
+
+    def __init__(self, dsn: str, seed: int, transactions: int, pace: float = 0.0) -> None:
+        super().__init__(name=f"workload-{seed}")
+        self.dsn, self.rng, self.transactions, self.pace = dsn, random.Random(seed), transactions, pace
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                for _ in range(self.transactions):
+                    if self.stopping.wait(self.pace):
+                        return
+                    with conn.transaction():
+                        for _ in range(self.rng.randint(1, 4)):
+                            statement, parameters = self.statement()
+                            with contextlib.suppress(psycopg.errors.UniqueViolation), conn.transaction():
+                                conn.execute(statement, parameters)
+        except BaseException as exc:   # reported by the test
+            self.error = exc
+
+    def statement(self) -> tuple[str, tuple[Any, ...]]:
+        rng = self.rng
+        i, a = rng.randint(1, 300), rng.randint(0, 12)
+        return rng.choices([
+            ("INSERT INTO t VALUES (%s, %s, 0) ON CONFLICT (id) DO UPDATE SET v = excluded.v, n = t.n + 1",
+             (i, f"w{rng.random():.3f}")),
+            ("UPDATE t SET n = n + 1 WHERE id %% 11 = %s", (rng.randint(0, 10),)),
+            ("DELETE FROM t WHERE id BETWEEN %s AND %s", (i, i + rng.randint(0, 2))),
+            ("UPDATE t SET id = %s WHERE id = %s", (rng.randint(1, 300), i)),
+            ("INSERT INTO u VALUES (%s, %s, %s) ON CONFLICT (a, b) DO UPDATE SET qty = u.qty + 1",
+             (a, f"b{rng.randint(0, 5)}", i)),
+            ("UPDATE u SET b = b || '+' WHERE a = %s AND length(b) < 6", (a,)),
+            ("DELETE FROM u WHERE a = %s", (a,)),
+            ("TRUNCATE u", ()),
+        ], weights=[8, 2, 3, 3, 6, 2, 2, 0.3])[0]
+
+
+def test_a_publisher_killed_at_random_moments_under_writes_publishes_each_change_once(dsn, conn, source, kafka,
+                                                                                      kafka_prefix, tmp_path):
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    target = url(kafka, kafka_prefix, "partitions=3")
+    oracle, _ = start_published(dsn, conn, source, target)
+    set_fast_ticks(conn, max_lag="50 ms", idle="200 ms", max_count=40)
+    ticker = Daemon(dsn, "ticker", "--interval", "0.05", log=tmp_path / "ticker.log")
+    logs: list[Path] = []
+
+    def start() -> Daemon:
+        logs.append(tmp_path / f"publisher-{len(logs)}.log")
+        return publisher_daemon(dsn, target, logs[-1])
+
+    daemon = start()
+    workload = Workload(dsn, seed, 400)
+    workload.start()
+    kills = 0
+    try:
+        while workload.is_alive() or kills < 4:
+            time.sleep(rng.uniform(0.1, 1.2))   # a random moment of its work, not a wait for a state
+            assert daemon.alive(), daemon.log()[-3000:]
+            assert daemon.kill9() == -9
+            kills += 1
+            daemon = start()
+        workload.join()
+        assert workload.error is None, workload.error
+        # SIGTERM ends a daemon that has started (not one still starting: that one it kills)
+        wait_until(lambda: "resumes queue" in daemon.log(), 60, "the last publisher's start",
+                   check=lambda: daemon.alive() or pytest.fail(daemon.log()))
+        assert daemon.terminate() == 0, daemon.log()[-3000:]
+    finally:
+        daemon.stop()
+        ticker.stop()
+    published(publish(dsn, target))
+    assert_published_exactly_once(oracle, kafka.bootstrap, kafka_prefix, ("t", "u"), partition_count=3)
+    assert_topics_replay_to_the_source(conn, kafka.bootstrap, kafka_prefix, ("t", "u"))
+    text = "".join(p.read_text() for p in logs)
+    assert "Traceback" not in text and "\nerror: " not in text, text[-3000:]
+    commits = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commits is not None and commits["commit"] > kills   # it published between the kills
+
+
+# 3. a broker restart -----------------------------------------------------------------------------
+
+def test_a_broker_killed_and_restarted_under_a_running_publisher_loses_and_repeats_nothing(dsn, conn, source,
+                                                                                           own_kafka, tmp_path):
+    prefix = "restart"
+    # the publisher says the broker is unavailable after 3 s (socket.timeout.ms), not the default 60 s
+    target = url(own_kafka, prefix, "partitions=2&kafka.socket.timeout.ms=3000")
+    oracle, _ = start_published(dsn, conn, source, target)
+    set_fast_ticks(conn, max_lag="50 ms", idle="200 ms", max_count=40)
+    ticker = Daemon(dsn, "ticker", "--interval", "0.05", log=tmp_path / "ticker.log")
+    daemon = publisher_daemon(dsn, target, tmp_path / "publisher.log")
+    workload = Workload(dsn, 7, 100000, pace=0.01)   # until stopped
+    try:
+        workload.start()
+        wait_until(lambda: (last_commit(own_kafka.bootstrap, prefix) or {}).get("commit", 0) >= 5, 60,
+                   "batches published", check=lambda: daemon.alive() or pytest.fail(daemon.log()))
+        own_kafka.kill()
+        wait_until(lambda: "target unavailable" in daemon.log(), 60, "the publisher to notice",
+                   check=lambda: daemon.alive() or pytest.fail(daemon.log()))
+        own_kafka.start()
+        workload.stopping.set()
+        workload.join()
+        assert workload.error is None, workload.error
+        tick = forced_tick(conn)
+        wait_until(lambda: (last_commit(own_kafka.bootstrap, prefix) or {}).get("tick", 0) >= tick, 120,
+                   f"tick {tick} published", check=lambda: daemon.alive() or pytest.fail(daemon.log()))
+        assert daemon.terminate() == 0, daemon.log()[-3000:]
+    finally:
+        workload.stopping.set()
+        daemon.stop()
+        ticker.stop()
+    assert "Traceback" not in daemon.log(), daemon.log()[-3000:]
+    assert_published_exactly_once(oracle, own_kafka.bootstrap, prefix, ("t", "u"), partition_count=2)
+    assert_topics_replay_to_the_source(conn, own_kafka.bootstrap, prefix, ("t", "u"))
+
+
+# 4. a second publisher -----------------------------------------------------------------------------
+
+def test_a_second_publisher_fences_the_first_which_stops_in_one_line_when_it_commits(dsn, conn, source, kafka,
+                                                                                     kafka_prefix, tmp_path):
+    target = url(kafka, kafka_prefix)
+    oracle, _ = start_published(dsn, conn, source, target)
+    first = publisher_daemon(dsn, target, tmp_path / "first.log")
+    try:
+        changes_in_one_transaction(conn, 0)
+        tick = forced_tick(conn)
+        wait_until(lambda: (last_commit(kafka.bootstrap, kafka_prefix) or {}).get("tick", 0) >= tick, 60,
+                   "the first publisher's batch", check=lambda: first.alive() or pytest.fail(first.log()))
+        # the second starts (its producer fences the first's) and finds nothing to publish
+        published(run_cli(dsn, "consume", "q", "--target", target, "--once"))
+        assert first.alive()
+        changes_in_one_transaction(conn, 1)
+        forced_tick(conn)
+        assert first.proc.wait(60) == 1
+    finally:
+        first.stop()
+    lines = [line for line in first.log().splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "another publisher took over" in lines[0], first.log()
+    assert "Traceback" not in first.log()
+    published(publish(dsn, target))
+    assert_published_exactly_once(oracle, kafka.bootstrap, kafka_prefix, ("t", "u"))
+    assert_topics_replay_to_the_source(conn, kafka.bootstrap, kafka_prefix, ("t", "u"))
+
+
+# 5. bad input ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("address", "says"), [
+    ("{broker}", "no topic prefix"),
+    ("{broker}/shop?colour=red", "unknown option 'colour'"),
+    ("{broker}/shop?partitions=0", "invalid partitions='0'"),
+    ("{broker}/shop?schemas=maybe", "invalid schemas='maybe'"),
+    ("{broker}/shop?decimals=float", "invalid decimals='float'"),
+    ("{broker}/sh op", "invalid topic prefix"),
+    ("{broker}/shop?kafka.no.such=1", 'No such configuration property: "no.such"'),
+    ("{broker}/shop?kafka.socket.timeout.ms=soon", 'Invalid value for configuration property "socket.timeout.ms"'),
+])
+def test_a_bad_url_is_one_line(dsn, conn, source, kafka, address, says):
+    conn.execute(TABLES_DDL)
+    capture(conn, source, "t")
+    line = one_line_error(publish(dsn, "kafka://" + address.format(broker=kafka.bootstrap)))
+    assert says in line, line
+
+
+def test_an_unreachable_broker_is_one_line_within_the_socket_timeout(dsn, conn, source):
+    conn.execute(TABLES_DDL)
+    capture(conn, source, "t")
+    with socket.socket() as unused:   # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    started = time.monotonic()
+    line = one_line_error(publish(dsn, f"kafka://127.0.0.1:{port}/shop?kafka.socket.timeout.ms=2000"))
+    assert f"cannot reach Kafka at 127.0.0.1:{port}" in line, line
+    assert time.monotonic() - started < 15
+
+
+def test_a_prefix_published_with_other_decimals_is_refused_in_one_line(dsn, conn, source, kafka, kafka_prefix):
+    conn.execute(TABLES_DDL)
+    capture(conn, source, "t")
+    published(publish(dsn, url(kafka, kafka_prefix)))
+    line = one_line_error(publish(dsn, url(kafka, kafka_prefix, "decimals=string")))
+    assert "was published with decimals=precise&schemas=true" in line, line
+    published(publish(dsn, url(kafka, kafka_prefix, "decimals=precise")))
+
+
+@pytest.mark.parametrize("refused_by", ["the producer", "the broker"])
+def test_a_record_larger_than_kafka_takes_is_one_line(dsn, conn, source, kafka, kafka_prefix, refused_by):
+    conn.execute(TABLES_DDL)
+    capture(conn, source, "t")
+    # the producer's limit raised past the broker's (1 MB): the broker refuses the record
+    options = "kafka.message.max.bytes=8000000" if refused_by == "the broker" else ""
+    target = url(kafka, kafka_prefix, options)
+    published(publish(dsn, target))
+    # random text: 2 MB that compression does not bring under 1 MB
+    conn.execute("UPDATE t SET v = (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 64000))"
+                 " WHERE id = 1")
+    line = one_line_error(publish(dsn, target, timeout=60))
+    assert f"for {topic_of(kafka_prefix, 't')} is larger than Kafka takes" in line, line
