@@ -18,8 +18,9 @@ follower reads the topics' whole history). Per phase, over the writes' window:
     source CPU  utime + stime of the cluster's processes (/proc: the postmaster, the children it
                 reaped, the children alive), per second; also without the writer's own backend
     queries     top-level statements counted by pg_stat_statements, the writer's role left out
-    lag         from a transaction's commit (client side, once it returned) to the first read that
-                finds its marker in a replica: every replica's max(id) is read, read-only, every
+    connections the source's client connections at the end, the writer's and the benchmark's left out
+    lag         from a transaction's commit (the source's clock after its COMMIT) to the first read
+                that finds its marker in a replica: every replica's max(id) is read, read-only, every
                 POLL_INTERVAL; one sample per marker and replica
     clients     CPU of the replicator processes (ticker included), of the broker's JVM, and of the
                 whole machine (/proc/stat), with the load average
@@ -103,28 +104,24 @@ CREATE TABLE {TABLE} (
 );
 INSERT INTO {TABLE} (id, payload) SELECT g, md5(g::text) FROM generate_series(1, {INITIAL_ROWS}) g;
 
--- One writer transaction: a new row (its id p_id is the marker), then p_updates updates of
--- random rows among the first p_id.
-CREATE FUNCTION fanout_write(p_id bigint, p_updates integer) RETURNS void
+-- p_count writer transactions from marker p_first on, each committed: a new row (its id is the
+-- marker), then p_updates updates of random rows among those before it. Returns each one's commit
+-- time (after its COMMIT, seconds since the epoch).
+CREATE PROCEDURE fanout_write(p_first bigint, p_count integer, p_updates integer,
+                              INOUT p_commits double precision[] DEFAULT NULL)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint;
 BEGIN
-    INSERT INTO {TABLE} (id, payload) VALUES (p_id, md5(p_id::text));
-    FOR k IN 1..p_updates LOOP
-        v_id := 1 + floor(random() * p_id)::bigint;   -- a variable: random() in WHERE would scan the table
-        UPDATE {TABLE} SET n = n + 1, updated_at = clock_timestamp() WHERE id = v_id;
-    END LOOP;
-END;
-$$;
-
--- p_count writer transactions in a row, as fast as they go.
-CREATE PROCEDURE fanout_burst(p_first bigint, p_count integer, p_updates integer)
-LANGUAGE plpgsql AS $$
-BEGIN
-    FOR i IN 0..p_count - 1 LOOP
-        PERFORM fanout_write(p_first + i, p_updates);
+    p_commits := '{{}}';
+    FOR i IN p_first..p_first + p_count - 1 LOOP
+        INSERT INTO {TABLE} (id, payload) VALUES (i, md5(i::text));
+        FOR k IN 1..p_updates LOOP
+            v_id := 1 + floor(random() * i)::bigint;   -- a variable: random() in WHERE would scan the table
+            UPDATE {TABLE} SET n = n + 1, updated_at = clock_timestamp() WHERE id = v_id;
+        END LOOP;
         COMMIT;
+        p_commits := p_commits || extract(epoch FROM clock_timestamp())::double precision;
     END LOOP;
 END;
 $$;
@@ -315,28 +312,32 @@ def poll(replicas: Sequence[Replica], done: Callable[[], bool]) -> int:
 
 @dataclass
 class Writes:
-    commits: list[float]   # the commit time of each transaction, wall clock (its marker: first + index)
+    commits: list[float]   # the commit time of each transaction, server side (its marker: first + index)
     backend_cpu: float     # CPU seconds of the writer's backend over the writes
 
 
 def _write(dsn: str, first: int, per_second: float, seconds: float, channel: Connection) -> None:
     """The writer, in a process of its own: sends its backend's pid, waits for "go", commits
     transactions at a steady rate, sends the Writes, and waits for "close": a backend that ends
-    while the cluster's CPU is read may be missed (between its exit and the postmaster's wait)."""
+    while the cluster's CPU is read may be missed (between its exit and the postmaster's wait).
+    A call commits the transactions due: one, unless the writer fell behind (a round trip can take
+    longer than the interval between two transactions on a busy machine)."""
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             backend = conn.info.backend_pid
             channel.send(backend)
             channel.recv()
             cpu = process_cpu(backend)
-            commits = [0.0] * int(per_second * seconds)
+            count = int(per_second * seconds)
+            commits: list[float] = []
             started = time.monotonic()
-            for i in range(len(commits)):
-                delay = started + i / per_second - time.monotonic()
+            while len(commits) < count:
+                delay = started + len(commits) / per_second - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-                conn.execute("SELECT fanout_write(%s, %s)", (first + i, UPDATES))
-                commits[i] = time.time()
+                due = min(count, 1 + int((time.monotonic() - started) * per_second))
+                commits += _one(conn.execute("CALL fanout_write(%s, %s, %s)",
+                                             (first + len(commits), due - len(commits), UPDATES)))[0]
             channel.send(Writes(commits, process_cpu(backend) - cpu))
             channel.recv()
     except KeyboardInterrupt:   # Ctrl-C reaches this process too: the benchmark reports it
@@ -632,7 +633,7 @@ class FanoutBench:
         console.print(f"[bold]throughput[/]: queueing {rows:,} row changes")
         started = time.monotonic()
         with psycopg.connect(self.writer_dsn, autocommit=True) as conn:
-            conn.execute("CALL fanout_burst(%s, %s, %s)", (self.next_id, transactions, UPDATES))
+            conn.execute("CALL fanout_write(%s, %s, %s)", (self.next_id, transactions, UPDATES))
         self.next_id += transactions
         console.print(f"  queued in {time.monotonic() - started:.0f}s")
         direct, follower = self.workdir / "direct-00.db", self.workdir / "kafka-00.db"
@@ -667,7 +668,7 @@ class FanoutBench:
 
         def flat(value: Callable[[Phase], float]) -> str:
             share = (value(phases[3]) - value(phases[2])) / (value(phases[1]) - value(phases[0]))
-            return f"{_met(share <= FLAT)}: {share:.0%} of direct's"
+            return f"{_met(share <= FLAT)}: {round(share, 2) + 0.0:.0%} of direct's"   # + 0.0: no "-0%"
 
         def row(label: str, value: Callable[[Phase], str], goal: str = "", met: str = "") -> None:
             table.add_row(label, *(value(p) for p in phases), goal, met)
@@ -707,7 +708,8 @@ class FanoutBench:
             "consumers adds (the percentage shown).",
             f"Ticker --interval {args.tick_interval}, queue ticker_max_lag {args.ticker_max_lag}; consumers, publisher",
             f"and followers --poll-interval {args.poll_interval}.",
-            "Lag: commit (client side) to the first read finding the row in a replica, each replica read every",
+            "Lag: commit (the source's clock after COMMIT) to the first read finding the row in a replica, each",
+            "replica read every",
             f"{POLL_INTERVAL * 1000:.0f} ms (achieved: {worst_read * 1000:.0f} ms at worst),",
             f"{sum(p.lag_samples for p in self.phases):,} samples. Applied: each replica checked against the source.",
             "CPU of the replicator processes (ticker included) and of the broker's JVM; busy cores of the",
