@@ -26,10 +26,10 @@ follower reads the topics' whole history). Per phase, over the writes' window:
                 whole machine (/proc/stat), with the load average
 
 The machine has fewer cores than 50 replicas can use. PostgreSQL and the Kafka broker stand for
-servers of their own, the writer for the application: they go first for the CPU (servers_first),
-so that every phase gets the same writes. Each replicator process runs in a session of its own, as
-on a machine of its own (the kernel shares the CPU between sessions first, where autogroups are
-on); they share what is left with the machine's other jobs.
+servers of their own, the writer for the application: they go first for the CPU (benchmark_first,
+source_first), so that every phase gets the same writes. Each replicator process runs in a session
+of its own, as on a machine of its own (the kernel shares the CPU between sessions first, where
+autogroups are on); they share what is left with the machine's other jobs.
 
 Every replica is checked against the source after each phase. Then throughput: with the daemons
 stopped, --burst-rows row changes are queued (the same transactions, by a procedure); the time of
@@ -90,7 +90,7 @@ POLL_INTERVAL = 0.05           # seconds between reads of a replica's last marke
 READY_TIMEOUT = 600.0          # for new replicas to copy or bootstrap the table
 DRAIN_TIMEOUT = 300.0          # after the writes, for every replica to reach the last marker
 STOP_TIMEOUT = 30.0            # for a daemon to finish its batch after SIGTERM
-AHEAD_NICE = -10               # the nice of the servers' sessions and of the writer (servers_first)
+AHEAD_NICE = -10               # the nice of the servers' sessions and of the writer (source_first)
 # The source's cost counts as flat in the followers where going from 1 to N of them adds at most this share of what
 # going from 1 to N direct consumers adds (two runs of one phase differ by up to a quarter in queries/s here)
 FLAT = 0.1
@@ -146,19 +146,23 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def children(parent: int) -> Iterator[tuple[int, list[str]]]:
+    """The processes alive whose parent is `parent`: pid and _stat()."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                fields = _stat(int(entry.name))
+            except OSError:   # ended meanwhile
+                continue
+            if int(fields[1]) == parent:
+                yield int(entry.name), fields
+
+
 def cluster_cpu(postmaster: int) -> float:
     """CPU seconds a PostgreSQL cluster has used: its postmaster, the children it has reaped (cutime +
     cstime: backends that ended count too) and the children alive."""
     ticks = sum(int(value) for value in _stat(postmaster)[11:15])
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = _stat(int(entry.name))
-        except OSError:   # ended meanwhile
-            continue
-        if int(fields[1]) == postmaster:
-            ticks += int(fields[11]) + int(fields[12])
+    ticks += sum(int(fields[11]) + int(fields[12]) for _, fields in children(postmaster))
     return ticks / CLOCK_TICKS
 
 
@@ -317,7 +321,7 @@ class Writes:
 
 
 def _write(dsn: str, first: int, per_second: float, seconds: float, channel: Connection) -> None:
-    """The writer, in a process of its own: sends its backend's pid, waits for "go", commits
+    """The writer, in a process of its own: says it is connected, waits for "go", commits
     transactions at a steady rate, sends the Writes, and waits for "close": a backend that ends
     while the cluster's CPU is read may be missed (between its exit and the postmaster's wait).
     A call commits the transactions due: one, unless the writer fell behind (a round trip can take
@@ -325,7 +329,7 @@ def _write(dsn: str, first: int, per_second: float, seconds: float, channel: Con
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             backend = conn.info.backend_pid
-            channel.send(backend)
+            channel.send("connected")
             channel.recv()
             cpu = process_cpu(backend)
             count = int(per_second * seconds)
@@ -361,26 +365,26 @@ def session_nice(pid: int, nice: int) -> int | None:
 
 
 @contextmanager
-def servers_first(postmaster: int) -> Iterator[bool]:
-    """PostgreSQL's session and this one (the broker's and the writer's) first for the CPU until the
-    end of the block, as servers of their own; yields whether it was done."""
+def benchmark_first() -> Iterator[bool]:
+    """This session (the benchmark, the broker, the writer) first for the CPU until the end of the
+    block; yields whether it was done."""
     own = session_nice(os.getpid(), AHEAD_NICE)
     try:
-        yield own is not None and session_nice(postmaster, AHEAD_NICE) is not None
+        yield own is not None
     finally:
         if own is not None:
             session_nice(os.getpid(), own)
 
 
-def processes_first(*pids: int) -> bool:
-    """These processes (the writer, its backend) first for the CPU within their sessions; returns
-    whether it was done (root or CAP_SYS_NICE)."""
+def source_first(postmaster: int, writer: int) -> bool:
+    """Every PostgreSQL process first for the CPU (each backend is a session of its own), and the
+    writer ahead of the others in the benchmark's session; returns whether it was done (root or
+    CAP_SYS_NICE)."""
     try:
-        for pid in pids:
-            os.setpriority(os.PRIO_PROCESS, pid, AHEAD_NICE)
+        os.setpriority(os.PRIO_PROCESS, writer, AHEAD_NICE)
     except PermissionError:
         return False
-    return True
+    return all([session_nice(pid, AHEAD_NICE) is not None for pid, _ in children(postmaster)])
 
 
 # measuring ---------------------------------------------------------------------------------
@@ -418,7 +422,7 @@ class Phase:
     lag_max: float
     lag_samples: int
     read_interval: float     # achieved seconds between reads of a replica
-    writer_first: bool       # whether the writer and its backend went first for the CPU (processes_first)
+    source_first: bool       # whether PostgreSQL and the writer went first for the CPU (source_first)
 
     @property
     def name(self) -> str:
@@ -561,9 +565,9 @@ class FanoutBench:
             while not channel.poll(0.1):
                 if not writer.is_alive() or time.monotonic() > connected_by:
                     raise RuntimeError("the writer did not connect (its error, if any, is above)")
-            backend = channel.recv()
+            channel.recv()   # connected
             assert writer.pid is not None   # started
-            writer_first = processes_first(writer.pid, backend)
+            first = source_first(self.postmaster, writer.pid)
             for replica in replicas:
                 replica.forget()
             before = self.usage()
@@ -601,7 +605,7 @@ class FanoutBench:
             clients_cpu=(after.clients - before.clients) / seconds, broker_cpu=(after.broker - before.broker) / seconds,
             machine_cpu=(after.machine - before.machine) / seconds, load=os.getloadavg()[0],
             lag_p50=percentile(lags, 50), lag_p99=percentile(lags, 99), lag_max=lags[-1], lag_samples=len(lags),
-            read_interval=seconds / max(rounds, 1), writer_first=writer_first)
+            read_interval=seconds / max(rounds, 1), source_first=first)
         self.phases.append(result)
         console.print(f"    source CPU {result.source_cpu:.2f} s/s, {result.queries:,.0f} queries/s; lag p50 "
                       f"{result.lag_p50:.2f}s, p99 {result.lag_p99:.2f}s; machine {result.machine_cpu:.1f} cores busy, "
@@ -654,7 +658,7 @@ class FanoutBench:
 
     # report ----------------------------------------------------------------------------------
 
-    def report(self, servers_first: bool) -> dict[str, Any]:
+    def report(self, benchmark_first: bool) -> dict[str, Any]:
         args = self.args
         by_name = {p.name: p for p in self.phases}
         count = args.followers
@@ -692,9 +696,9 @@ class FanoutBench:
         table.add_row("one replica, changes/s", f"{rates['direct consumer']:,.0f}", "", f"{rates['follower']:,.0f}",
                       "", "", "")
         console.print(table)
-        priority = (f"it and its backend first for the CPU (nice {AHEAD_NICE}), as are PostgreSQL's and the broker's "
-                    f"sessions (servers of their own); each replicator process in a session of its own"
-                    if servers_first and all(p.writer_first for p in self.phases) else
+        priority = (f"it, every PostgreSQL process and the broker first for the CPU (their sessions at nice "
+                    f"{AHEAD_NICE}: servers of their own); each replicator process in a session of its own"
+                    if benchmark_first and all(p.source_first for p in self.phases) else
                     "not first for the CPU, nor PostgreSQL and the broker (that needs root or CAP_SYS_NICE, and "
                     "autogroups): where the replicas keep the machine busy, it writes less")
         worst_read = max(p.read_interval for p in self.phases)
@@ -754,7 +758,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             daemons = Daemons(logs, env)
             bench = FanoutBench(args, workdir, server, monitor, kafka, daemons)
             try:
-                with servers_first(bench.postmaster) as first:
+                with benchmark_first() as first:
                     bench.setup()
                     bench.direct()
                     bench.via_kafka()
