@@ -567,7 +567,7 @@ class FanoutBench:
                     raise RuntimeError("the writer did not connect (its error, if any, is above)")
             channel.recv()   # connected
             assert writer.pid is not None   # started
-            first = source_first(self.postmaster, writer.pid)
+            prioritized = source_first(self.postmaster, writer.pid)
             for replica in replicas:
                 replica.forget()
             before = self.usage()
@@ -605,7 +605,7 @@ class FanoutBench:
             clients_cpu=(after.clients - before.clients) / seconds, broker_cpu=(after.broker - before.broker) / seconds,
             machine_cpu=(after.machine - before.machine) / seconds, load=os.getloadavg()[0],
             lag_p50=percentile(lags, 50), lag_p99=percentile(lags, 99), lag_max=lags[-1], lag_samples=len(lags),
-            read_interval=seconds / max(rounds, 1), source_first=first)
+            read_interval=seconds / max(rounds, 1), source_first=prioritized)
         self.phases.append(result)
         console.print(f"    source CPU {result.source_cpu:.2f} s/s, {result.queries:,.0f} queries/s; lag p50 "
                       f"{result.lag_p50:.2f}s, p99 {result.lag_p99:.2f}s; machine {result.machine_cpu:.1f} cores busy, "
@@ -758,12 +758,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             daemons = Daemons(logs, env)
             bench = FanoutBench(args, workdir, server, monitor, kafka, daemons)
             try:
-                with benchmark_first() as first:
+                with benchmark_first() as prioritized:
                     bench.setup()
                     bench.direct()
                     bench.via_kafka()
                     bench.throughput()
-                return bench.report(first)
+                return bench.report(prioritized)
             finally:
                 daemons.stop_all()
 
