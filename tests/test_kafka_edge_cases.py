@@ -645,3 +645,23 @@ def test_a_publisher_publishes_again_once_kafka_is_back_after_an_outage_longer_t
                 assert time.monotonic() < deadline, f"still unavailable 60 s after Kafka came back: {exc}"
     finally:
         target.close()
+
+
+def test_a_batch_rolled_back_finds_the_tables_as_the_last_commit_left_them(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str) -> None:
+    """The consumer clears a table's copy snapshot in place (its events then stop being skipped) and
+    saves it; a batch rolled back after that must see the snapshot again, or its retry publishes the
+    events the copy holds a second time."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    target = KafkaTarget(parse_url(url))
+    try:
+        committed = target.tables()["public.orders"].copy_snapshot
+        target.begin()
+        table = target.tables()["public.orders"]
+        table.copy_snapshot = None if committed else "1:1:"   # in place, as the consumer does
+        target.save_table(table)
+        target.rollback()
+        assert target.tables()["public.orders"].copy_snapshot == committed
+    finally:
+        target.close()

@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from operator import itemgetter
 from typing import Any
@@ -140,10 +140,12 @@ class KafkaTarget:
         self._position = {f"{queue}/{consumer}": tick_id}
 
     def tables(self) -> dict[str, TargetTable]:
-        return dict(self._tables)
+        # copies, and copies kept: the consumer changes its tables in place (copy_snapshot), and a
+        # batch rolled back must find the tables as the last commit left them
+        return {name: replace(table) for name, table in self._tables.items()}
 
     def save_table(self, table: TargetTable) -> None:
-        self._tables[table.source_name] = table
+        self._tables[table.source_name] = replace(table)
         self._tables_changed = True
 
     # transactions -----------------------------------------------------------------------------
