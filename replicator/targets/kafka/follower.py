@@ -113,7 +113,6 @@ class Follower:
         self.consumer = committed_consumer(settings, **{"group.id": f"replicator-follower.{settings.prefix}",
                                                         "error_cb": self._client_error})
         self.reader = PartitionReader(self.consumer, self._outage)
-        self._check_published()
         self._commits: list[Commit] = []   # read, not applied yet
         self._envelopes: dict[int, TableEnvelope] = {}
         self._envelope_settings = EnvelopeSettings(prefix=settings.prefix, database="")   # as the commits give
@@ -159,16 +158,26 @@ class Follower:
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
             self._outage(error.str())
 
-    def _check_published(self) -> None:
-        """Refuses a prefix no publisher writes (a typo would follow nothing, in silence)."""
+    def _published(self) -> bool:
+        """Whether a publisher has written to the prefix (its commit topic exists)."""
         try:
             topics = self.consumer.list_topics(timeout=PROBE_TIMEOUT * 10).topics
         except KafkaException as exc:
             raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
-        if self._state[0] not in topics:
-            raise UserError(f"nothing is published to {self.settings.name} (no topic {self._state[0]}): check the "
-                            f"prefix, or start its publisher (`replicator consume QUEUE --target {self.settings.name}`)"
-                            f" first")
+        return self._state[0] in topics
+
+    def _wait_for_publisher(self, stop: StopFlag, waits: bool) -> None:
+        """A run that stops by itself refuses a prefix nothing is published to (a typo would follow
+        nothing, in silence); a daemon waits for its publisher, saying so."""
+        if self._published():
+            return
+        message = (f"nothing is published to {self.settings.name} (no topic {self._state[0]}): check the prefix, or "
+                   f"start its publisher (`replicator consume QUEUE --target {self.settings.name}`)")
+        if not waits:
+            raise UserError(message + " first")
+        log.warning("%s; waiting for it", message)
+        while not stop.is_set and not self._published():
+            stop.wait(PROBE_EVERY)
 
     def _outage(self, reason: str) -> None:
         """Kafka unreachable: said once, and by /health until it answers again."""
@@ -414,6 +423,7 @@ class Follower:
         stop = stop or StopFlag()
         applied = 0
         goal: int | None = None
+        self._wait_for_publisher(stop, waits=not (once or until_caught_up))
         if until_caught_up:   # the goal: the last commit Kafka holds now
             deadline = time.monotonic() + READ_COMMITS_TIMEOUT
             self._read_commits(self.poll_interval)
