@@ -493,8 +493,9 @@ def test_a_bootstrap_holds_at_most_a_few_partitions_worth_of_records_whatever_th
         follower.close()
         target.close()
     assert replica(tmp_path / "follower.db", "t0") == source_table(conn, "t0")
-    # the share of each partition, plus what one fetch brings before a pause: not 13 x BUFFERED
-    assert peak <= 5 * reader.BUFFERED, f"{peak} records buffered at once"
+    # each partition's share, plus what librdkafka had fetched before a pause took hold: far from the
+    # 13 x BUFFERED (and more) a limit per partition let 13 partitions hold
+    assert peak <= 8 * reader.BUFFERED, f"{peak} records buffered at once"
 
 
 # errors and credentials --------------------------------------------------------------------
