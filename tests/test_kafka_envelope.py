@@ -470,7 +470,7 @@ def test_without_schemas_a_record_is_its_payload():
     assert json.loads(envelope.value("u", ORDER, source, TS_MS)) == json.loads(
         with_schemas.value("u", ORDER, source, TS_MS))["payload"]
     assert json.loads(envelope.key([7])) == {"id": 7}
-    assert json.loads(envelope.truncate_key()) == {"id": None}
+    assert json.loads(envelope.truncate_key()) == {"id": None, "replicator": {}}
     assert json.loads(schema_change_key(plain)) == {"databaseName": "appdb"}
 
 
@@ -527,12 +527,15 @@ def test_names_are_written_as_json_strings():
     assert envelope.decode_value(record).after == (1, "x")
 
 
-def test_a_truncate_key_has_every_key_field_null_and_optional():
+def test_a_truncate_key_has_every_key_field_null_and_optional_and_an_empty_map_no_row_key_has():
     envelope = TableEnvelope(ORDERS, SETTINGS)
     record = json.loads(envelope.truncate_key())
-    assert record["payload"] == {"id": None}
-    assert record["schema"]["fields"] == [{"type": "int32", "optional": True, "field": "id"}]
+    assert record["payload"] == {"id": None, "replicator": {}}
+    assert record["schema"]["fields"][0] == {"type": "int32", "optional": True, "field": "id"}
+    assert record["schema"]["fields"][1]["field"] == "replicator" and record["schema"]["fields"][1]["optional"]
     assert not connect_errors(record["schema"], record["payload"])
+    nullable = TableEnvelope(table(column("k", "text", category="S"), column("v", "integer"), key=["k"]), SETTINGS)
+    assert nullable.key([None]) != nullable.truncate_key()
 
 
 def test_a_nullable_key_column_is_an_optional_key_field():
