@@ -444,6 +444,9 @@ def serve(metrics: DaemonMetrics, address: str, port: int) -> int:
     listener = socket.socket(family, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # a restart finds its port free
+        if hasattr(socket, "TCP_DEFER_ACCEPT"):   # Linux: a connection is accepted with its request's first bytes,
+            # so that a flood cannot close it before they are read (nor one that sends nothing take a descriptor)
+            listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, int(CLIENT_TIMEOUT))
         listener.bind(sockaddr)
         listener.listen(_BACKLOG)
     except OSError as exc:

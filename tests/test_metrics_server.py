@@ -7,12 +7,12 @@ applying, and the daemon's open files stay bounded."""
 from __future__ import annotations
 
 import http.client
+import multiprocessing
 import os
 import re
 import resource
 import socket
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -98,52 +98,63 @@ def closed_by_peer(sock: socket.socket) -> bool:
 
 
 class Attack:
-    """Keeps up to `count` connections open to a port, each sending the start of a request
-    head and then nothing (held), or a byte a second (trickled, slowloris-style). Every
-    second it opens connections again in place of those the server closed (counted),
-    until three in a row do not connect within a second each."""
+    """Keeps up to `count` connections open to a port from a process of its own (as an
+    attacker would: not slowed down by this one's probes), each sending the start of a
+    request head and then nothing (held), or a byte a second (trickled, slowloris-style).
+    Every second it opens connections again in place of those the server closed
+    (counted), until three in a row do not connect within a second each."""
 
     def __init__(self, port: int, count: int, *, trickle: bool) -> None:
-        self._port = port
-        self._count = count
-        self._trickle = trickle
-        self._connections: list[list] = []   # [socket, bytes of the head sent]
-        self.rounds = 0
-        self.dropped = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="attack", daemon=True)
-        self._thread.start()
+        processes = multiprocessing.get_context("fork")
+        self._rounds = processes.Value("i", 0)
+        self._dropped = processes.Value("i", 0)
+        self._stop = processes.Event()
+        self._process = processes.Process(target=self._run, args=(port, count, trickle), name="attack", daemon=True)
+        self._process.start()
 
-    def _run(self) -> None:
+    @property
+    def rounds(self) -> int:
+        return self._rounds.value
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped.value
+
+    def _run(self, port: int, count: int, trickle: bool) -> None:
+        connections: list[list] = []   # [socket, bytes of the head sent]
         while True:
-            for connection in list(self._connections):
-                sock, sent = connection
-                if closed_by_peer(sock):
-                    sock.close()
-                    self._connections.remove(connection)
-                    self.dropped += 1
-                elif self._trickle and sent < len(PARTIAL_HEAD):
-                    with suppress(BlockingIOError):
-                        connection[1] += sock.send(PARTIAL_HEAD[sent:sent + 1])
+            still_open = []
+            for connection in connections:
+                if closed_by_peer(connection[0]):
+                    connection[0].close()
+                    self._dropped.value += 1
+                else:
+                    still_open.append(connection)
+            connections = still_open
             failures = 0
-            while len(self._connections) < self._count and failures < 3:
+            while len(connections) < count and failures < 3:
                 try:
-                    sock = socket.create_connection(("127.0.0.1", self._port), timeout=1)
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=1)
                 except OSError:   # its backlog full: the server takes no more now, or is slow to
                     failures += 1
                     continue
                 failures = 0
                 sock.setblocking(False)
-                self._connections.append([sock, sock.send(PARTIAL_HEAD[:1] if self._trickle else PARTIAL_HEAD)])
-            self.rounds += 1
+                connections.append([sock, 0])
+            for connection in connections:
+                sock, sent = connection
+                more = PARTIAL_HEAD[sent:sent + 1] if trickle else PARTIAL_HEAD[sent:]
+                with suppress(OSError):   # closed meanwhile: seen in the next round
+                    connection[1] += sock.send(more) if more else 0
+            self._rounds.value += 1
             if self._stop.wait(1.0):   # the pace of the attack: a byte a second
                 return
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(30)
-        for sock, _ in self._connections:
-            sock.close()
+        self._process.join(30)
+        if self._process.is_alive():
+            self._process.kill()
 
 
 @pytest.mark.parametrize("trickle", [False, True], ids=["half-sent requests held", "a byte a second"])
