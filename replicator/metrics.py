@@ -227,7 +227,7 @@ _BACKLOG = 1024         # connections the kernel holds until accepted: a burst w
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _LINE_END = re.compile(r"\r?\n")
 _VERSION = re.compile(r"HTTP/1\.[01]")
-_HOST_NAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+_HOST_NAME = re.compile(r"(?!-)[\w-]{1,63}(?<!-)(\.(?!-)[\w-]{1,63}(?<!-))*\.?", re.ASCII)   # _: a container's name
 
 Answer = tuple[int, list[tuple[str, str]], bytes]   # status, header fields, body
 Route = Callable[[Mapping[str, str]], Answer]       # from the request's header fields (names in lower case)
