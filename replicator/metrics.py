@@ -288,8 +288,10 @@ class _Endpoint:
     starve nor make hold more than MAX_CONNECTIONS descriptors: a connection that
     does not send its request head within CLIENT_TIMEOUT, or take the response within
     as much again, is closed, and a connection beyond MAX_CONNECTIONS closes the
-    oldest one (a new one never waits behind a flood, and a client sends its request
-    at once). Each connection carries one request: answered with Connection: close."""
+    oldest one: a new one never waits behind a flood, and is read before
+    MAX_CONNECTIONS more come (its request is there: a client sends it at once, and
+    on Linux the kernel hands a connection over with its first bytes). Each
+    connection carries one request: answered with Connection: close."""
 
     def __init__(self, listener: socket.socket, routes: Mapping[str, Route]) -> None:
         self._listener = listener
