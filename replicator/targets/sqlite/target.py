@@ -338,14 +338,18 @@ class SqliteTarget:
                         for (structure,) in self.db.execute(f"SELECT structure FROM {_TABLES}")]
         except (sqlite3.Error, ValueError, KeyError, TypeError):
             self._taken_over(f"public.{_TABLES}", _TABLES)
+        def exists(name: str) -> bool:
+            return self.db.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
+                                   (name,)).fetchone() is not None
+
         for s in recorded:
             old = s.name if s.schema == "public" else f"{s.schema}__{s.name}"
             new = target_table_name(s.schema, s.name)
-            if old == new:
+            if old == new or exists(new):
                 continue
             if old.lower() in own or old.lower().startswith(STORAGE_PREFIX):
                 self._taken_over(s.qualified_name, old)
-            if self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (old,)).fetchone():
+            if exists(old):
                 self.db.execute(f"ALTER TABLE {quote(old)} RENAME TO {quote(new)}")
                 self.db.execute(f"UPDATE {_FORMS} SET table_name = ? WHERE table_name = ?", (new, old))
 
