@@ -275,3 +275,19 @@ def test_a_table_named_like_a_view_stops_the_consumer_in_one_line_until_the_view
     assert run_cli(dsn, "view", "drop", "summary", "--target", target).returncode == 0
     consume(dsn, replica)
     assert_replica_equals_source(conn, replica, [('public.Summary', "Summary", ["id"]), ("public.t", "t", ["id"])])
+
+
+def test_a_table_renamed_into_the_reserved_space_is_renamed_to_its_escaped_name(dsn, conn, app, tmp_path):
+    replica = tmp_path / "r.db"
+    with psycopg.connect(_as(dsn, app), autocommit=True) as hostile:
+        hostile.execute("CREATE TABLE public.x (name text PRIMARY KEY, value text); INSERT INTO x VALUES ('a', 'b')")
+        consume(dsn, replica)
+        hostile.execute("ALTER TABLE x RENAME TO \"_replicator_Settings\"")
+        hostile.execute("INSERT INTO \"_replicator_Settings\" VALUES ('numeric', 'evil')")
+    consume(dsn, replica)
+    escaped = target_table_name("public", "_replicator_Settings")
+    assert "x" not in replica_tables(replica)
+    assert_replica_equals_source(conn, replica, [("public._replicator_Settings", escaped, ["name"])])
+    with closing(sqlite_reader(replica)) as db:
+        assert db.execute("SELECT name, value FROM _replicator_settings").fetchall() == [("numeric", "number")]
+    assert positions(replica) == [("q", "replica", source_position(conn))]
