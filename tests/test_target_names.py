@@ -291,3 +291,23 @@ def test_a_table_renamed_into_the_reserved_space_is_renamed_to_its_escaped_name(
     with closing(sqlite_reader(replica)) as db:
         assert db.execute("SELECT name, value FROM _replicator_settings").fetchall() == [("numeric", "number")]
     assert positions(replica) == [("q", "replica", source_position(conn))]
+
+
+def test_a_replica_whose_tables_list_an_older_version_replaced_with_a_source_table_is_refused(dsn, conn, app,
+                                                                                               tmp_path):
+    replica = tmp_path / "r.db"
+    consume(dsn, replica)
+    db = sqlite3.connect(replica, isolation_level=None)
+    try:   # as an older version copied public._replicator_tables (source_name, name, value) over it
+        db.execute("DROP TABLE _replicator_tables")
+        db.execute("CREATE TABLE _replicator_tables (source_name TEXT PRIMARY KEY, name TEXT, value TEXT)")
+        db.execute("INSERT INTO _replicator_tables VALUES ('public.t', 'numeric', 'evil')")
+    finally:
+        db.close()
+    done = run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--consumer", "replica", "--once")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: {replica} holds source table public._replicator_tables in place of replicator's own table "
+        f"_replicator_tables (an older replicator did not keep replicated tables apart from its own): what the "
+        f"replica says of itself cannot be trusted; move it aside and run `replicator consume` again to build the "
+        f"replica anew")

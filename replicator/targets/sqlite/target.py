@@ -333,25 +333,28 @@ class SqliteTarget:
         took the replica over (its position or its tables list may be the source's rows):
         refused, with the way out."""
         own = {n.lower() for n in (_STATE, _TABLES, _SETTINGS, _FORMS, VIEWS, REFRESHES)}
+        columns = [r[1] for r in self.db.execute(f"PRAGMA main.table_info({_TABLES})")]
+        if columns != ["source_name", "table_id", "mode", "structure", "copy_snapshot"]:
+            self._taken_over(f"public.{_TABLES}", _TABLES)
         try:
             recorded = [TableStructure.from_json(structure)
                         for (structure,) in self.db.execute(f"SELECT structure FROM {_TABLES}")]
-        except (sqlite3.Error, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             self._taken_over(f"public.{_TABLES}", _TABLES)
-        def exists(name: str) -> bool:
-            return self.db.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
-                                   (name,)).fetchone() is not None
-
         for s in recorded:
-            old = s.name if s.schema == "public" else f"{s.schema}__{s.name}"
+            old = s.name if s.schema == "public" else f"{s.schema}__{s.name}"   # the mapping before escaping
             new = target_table_name(s.schema, s.name)
-            if old == new or exists(new):
+            if old == new or self._has_table(new):
                 continue
             if old.lower() in own or old.lower().startswith(STORAGE_PREFIX):
                 self._taken_over(s.qualified_name, old)
-            if exists(old):
+            if self._has_table(old):
                 self.db.execute(f"ALTER TABLE {quote(old)} RENAME TO {quote(new)}")
                 self.db.execute(f"UPDATE {_FORMS} SET table_name = ? WHERE table_name = ?", (new, old))
+
+    def _has_table(self, name: str) -> bool:
+        return self.db.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
+                               (name,)).fetchone() is not None
 
     def _taken_over(self, source_name: str, table: str) -> NoReturn:
         self.db.execute("ROLLBACK")
