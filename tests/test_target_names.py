@@ -23,8 +23,9 @@ from psycopg import sql
 from consumer_helpers import assert_replica_equals_source, run_cli, sqlite_reader
 from replicator.consumer import Consumer
 from replicator.errors import UserError
-from replicator.structure import target_table_name
+from replicator.structure import ESCAPED_PREFIX, RESERVED_PREFIXES, target_table_name
 from replicator.targets.sqlite.target import SqliteTarget
+from replicator.targets.sqlite.views import names
 
 _roles = itertools.count()
 REPLICATOR_TABLES = ("_replicator_position", "_replicator_tables", "_replicator_settings",
@@ -162,6 +163,14 @@ def test_reserved_names_are_escaped_readably_and_without_capitals():
     assert target_table_name("sqlite_s", "t") == "_replicator_src8_sqlite_s_t"
     upper = target_table_name("public", "_REPLICATOR_POSITION")
     assert upper == upper.lower() and upper != target_table_name("public", "_replicator_position")
+
+
+def test_no_object_of_replicators_is_named_in_the_escaped_tables_space():
+    own = [*REPLICATOR_TABLES, names.VIEWS, names.REFRESHES, names.STORAGE_PREFIX, names.INDEX_PREFIX,
+           names.helper_index("t", ["a"]), names.delta_table("t"), names.changed_keys_table("t"),
+           names.capture_trigger("t"), names.keys_table("v"), names.rows_table("v"), names.fold_table("v")]
+    assert all(n.lower().startswith(RESERVED_PREFIXES) for n in own)
+    assert not [n for n in own if n.lower().startswith(ESCAPED_PREFIX)]
 
 
 _names = st.text(st.sampled_from("_aAbB.0_"), max_size=6)
