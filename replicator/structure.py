@@ -375,6 +375,25 @@ def decoder_for(column: Column) -> Decoder:
     return identity
 
 
+# The names a target keeps for its own objects: replicator's tables, the views' catalog,
+# storage and indexes (_replicator_*), and SQLite's (sqlite_*), ignoring ASCII case as SQLite
+# compares names. None of replicator's own objects starts with ESCAPED_PREFIX: that part of
+# the space holds the replicated tables whose names fall in it.
+RESERVED_PREFIXES = ("_replicator", "sqlite_")
+ESCAPED_PREFIX = "_replicator_src"
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
 def target_table_name(schema: str, name: str) -> str:
-    """public.t → t, s.t → s__t."""
-    return name if schema == "public" else f"{schema}__{name}"
+    """A source table's name in a target: public.t → t, s.t → s__t, unless that name is in
+    the reserved space (RESERVED_PREFIXES): then _replicator_src<N>[u<MASK>]_<schema>_<table>,
+    N the schema's length, MASK (hexadecimal) the places of the ASCII capitals in schema and
+    table, both in lower case: public._replicator_position → _replicator_src6_public__replicator_position.
+    No source table can name a target's own object, and no two escaped tables share a name,
+    even ignoring case (the escaped name has no capital and tells schema, table and capitals)."""
+    plain = name if schema == "public" else f"{schema}__{name}"
+    if not plain.translate(_ASCII_LOWER).startswith(RESERVED_PREFIXES):
+        return plain
+    capitals = sum(1 << i for i, c in enumerate(schema + name) if "A" <= c <= "Z")
+    mask = f"u{capitals:x}" if capitals else ""
+    return f"{ESCAPED_PREFIX}{len(schema)}{mask}_{schema}_{name}".translate(_ASCII_LOWER)

@@ -7,6 +7,7 @@ import re
 from typing import Any, Protocol
 
 from replicator.errors import UserError
+from replicator.structure import RESERVED_PREFIXES
 
 POLICIES = ("auto", "incremental", "full")
 
@@ -34,7 +35,7 @@ class ViewStore(Protocol):
 def check_name(name: str) -> str:
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", name or ""):
         raise UserError(f"invalid view name {name!r}: use letters, digits and _ (not starting with a digit)")
-    if name.lower().startswith("_replicator") or name.lower().startswith("sqlite_"):
+    if name.lower().startswith(RESERVED_PREFIXES):
         raise UserError(f"invalid view name {name!r}: names starting with _replicator or sqlite_ are reserved")
     return name
 

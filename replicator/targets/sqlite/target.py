@@ -13,13 +13,14 @@ import sqlite3
 from collections.abc import Callable, Iterable
 from contextlib import closing, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from replicator.errors import UserError
 from replicator.structure import Change, Column, RowsDecoder, TableStructure, target_table_name
 from replicator.targets.files import file_changed, special_file
 from replicator.targets.protocol import Row, TargetTable
 from replicator.targets.sqlite.types import FORMS, LEGACY_FORMS, NUMERIC_MODES, adapter, sqlite_type, value_adapters
+from replicator.targets.sqlite.views.names import REFRESHES, STORAGE_PREFIX, VIEWS
 from replicator.targets.sqlite.views.store import SqliteViews
 
 # WAL: readers are never blocked and see whole batches. FULL: a commit is on
@@ -275,6 +276,7 @@ class SqliteTarget:
             self.db.execute(f"CREATE TABLE IF NOT EXISTS {_FORMS} (table_name TEXT PRIMARY KEY COLLATE NOCASE,"
                             " forms INTEGER NOT NULL)")
             self.numeric = self._numeric_mode(numeric)
+            self._escape_reserved_names()
             # 0: a new file, or a replica made before replicator marked them (adopted).
             unmarked = self.db.execute("PRAGMA application_id").fetchone()[0] == 0
             if unmarked:
@@ -323,6 +325,44 @@ class SqliteTarget:
                             f"one aside, with ?numeric={numeric}); or leave the option out to go on with this one")
         mode: str = recorded[0]
         return mode
+
+    def _escape_reserved_names(self) -> None:
+        """Gives the tables a version before escaping made under reserved names (a source
+        table public._replicator_x was table _replicator_x) their escaped names
+        (structure.target_table_name). A source table that replaced one of replicator's own
+        took the replica over (its position or its tables list may be the source's rows):
+        refused, with the way out."""
+        own = {n.lower() for n in (_STATE, _TABLES, _SETTINGS, _FORMS, VIEWS, REFRESHES)}
+        columns = [r[1] for r in self.db.execute(f"PRAGMA main.table_info({_TABLES})")]
+        if columns != ["source_name", "table_id", "mode", "structure", "copy_snapshot"]:
+            self._taken_over(f"public.{_TABLES}", _TABLES)
+        try:
+            recorded = [TableStructure.from_json(structure)
+                        for (structure,) in self.db.execute(f"SELECT structure FROM {_TABLES}")]
+        except (ValueError, KeyError, TypeError):
+            self._taken_over(f"public.{_TABLES}", _TABLES)
+        for s in recorded:
+            old = s.name if s.schema == "public" else f"{s.schema}__{s.name}"   # the mapping before escaping
+            new = target_table_name(s.schema, s.name)
+            if old == new or self._has_table(new):
+                continue
+            if old.lower() in own or old.lower().startswith(STORAGE_PREFIX):
+                self._taken_over(s.qualified_name, old)
+            if self._has_table(old):
+                self.db.execute(f"ALTER TABLE {quote(old)} RENAME TO {quote(new)}")
+                self.db.execute(f"UPDATE {_FORMS} SET table_name = ? WHERE table_name = ?", (new, old))
+
+    def _has_table(self, name: str) -> bool:
+        return self.db.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
+                               (name,)).fetchone() is not None
+
+    def _taken_over(self, source_name: str, table: str) -> NoReturn:
+        self.db.execute("ROLLBACK")
+        self.db.close()
+        raise UserError(f"{self.path} holds source table {source_name} in place of replicator's own table {table} "
+                        f"(an older replicator did not keep replicated tables apart from its own): what the replica "
+                        f"says of itself cannot be trusted; move it aside and run `replicator consume` again to "
+                        f"build the replica anew")
 
     # state ---------------------------------------------------------------------
 
@@ -490,12 +530,19 @@ class SqliteTarget:
 
     def _check_name_is_free(self, table: TargetTable) -> None:
         """Two source tables must not become one SQLite table (public."s__t" and s.t,
-        or "T" and t: SQLite names are case-insensitive)."""
+        or "T" and t: SQLite names are case-insensitive; escaped names never meet another
+        table's, see structure.target_table_name), nor a table a view's SQL view."""
         name = self.table_name(table)
         for other in self.tables().values():
             if other.source_name != table.source_name and self.table_name(other).lower() == name.lower():
                 raise UserError(f"{other.source_name} and {table.source_name} would both be table {name!r} of "
                                 f"{self.name}: replicate them into separate targets (consume --tables)")
+        view = self.db.execute("SELECT name FROM main.sqlite_master WHERE type = 'view' AND name = ? COLLATE NOCASE",
+                               (name,)).fetchone()
+        if view is not None:
+            raise UserError(f"{table.source_name} would be table {name!r} of {self.name}, which has view {view[0]!r} "
+                            f"of that name: drop the view (`replicator view drop {view[0]} --target {self.name}`) "
+                            f"and run the consumer again, or leave the table out of this target (consume --tables)")
 
     def drop_table(self, table: TargetTable) -> None:
         self.views.schema_changing(self.table_name(table))
