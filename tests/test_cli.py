@@ -388,3 +388,17 @@ def test_a_name_that_means_two_captured_tables_names_the_one_sql_means(app):
         assert run("table", "alter", "q", "Orders", "--mode", "full", dsn=app).returncode == 0
     assert run("table", "remove", "q", "Orders", dsn=app).returncode == 0
     assert [t["table"] for t in json.loads(run("table", "list", "q", "--json", dsn=app).stdout)] == ["public.Orders"]
+
+
+@pytest.mark.parametrize("dsn", [
+    "postgresql://postgres:s3cret@[::1/nowhere",          # libpq quotes the whole URI it cannot read
+    "postgresql://postgres:s3cret@localhost/db?no_such=1",
+    "postgresql://postgres:s3%zzcret@localhost/db",
+    "host=localhost password=s3 cret dbname=db",          # the password's second word: a keyword without "="
+    "host=localhost password='s3cret dbname=db",
+])
+def test_a_dsn_libpq_cannot_read_is_one_line_without_its_password(dsn, tmp_path):
+    for result in run_all([["status"], ["ticker"], ["consume", "q", "--target", f"sqlite:{tmp_path / 'r.db'}"]], dsn):
+        line = assert_user_error(result, "invalid DSN")
+        assert "s3" not in line and "cret" not in line, line
+
