@@ -43,6 +43,7 @@ FENCED = [
     ("ssl.engine.location", "/tmp/x.so"),
     ("ssl.providers", "legacy"),
     ("sasl.kerberos.kinit.cmd", "touch /tmp/x"),
+    ("sasl.kerberos.principal", "x; touch /tmp/x"),   # pasted into kinit's shell command
     ("enable.ssl.certificate.verification", "false"),
     ("ssl.endpoint.identification.algorithm", "none"),
     ("partitioner", "random"),

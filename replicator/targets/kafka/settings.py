@@ -17,7 +17,7 @@ from a librdkafka properties file ($REPLICATOR_KAFKA_CONFIG); secrets come only 
 from the command line, where ps shows them. A setting outside CLIENT_SETTINGS is refused before
 any client is made: the ones replicator's guarantees rest on (isolation.level, transactional.id,
 group.id, the brokers), the ones that load code or run commands (plugin.library.paths,
-ssl.engine.location, sasl.kerberos.kinit.cmd) and TLS verification switched off.
+ssl.engine.location, sasl.kerberos.*) and TLS verification switched off.
 """
 
 from __future__ import annotations
@@ -55,8 +55,7 @@ CLIENT_SETTINGS: dict[str, frozenset[str] | None] = {
     name: None for name in (
         # who and how: authentication and TLS (files and secrets, never code)
         "client.id", "client.rack", "security.protocol", "sasl.mechanism", "sasl.mechanisms",
-        "sasl.username", "sasl.password", "sasl.kerberos.service.name", "sasl.kerberos.principal",
-        "sasl.kerberos.keytab", "sasl.kerberos.min.time.before.relogin", "sasl.oauthbearer.method",
+        "sasl.username", "sasl.password", "sasl.oauthbearer.method",
         "sasl.oauthbearer.client.id", "sasl.oauthbearer.client.secret", "sasl.oauthbearer.scope",
         "sasl.oauthbearer.extensions", "sasl.oauthbearer.token.endpoint.url",
         "ssl.ca.location", "ssl.ca.pem", "ssl.crl.location", "ssl.certificate.location", "ssl.certificate.pem",
@@ -99,6 +98,10 @@ _REFUSED = {
     "ssl.engine.location": "it loads code into replicator",
     "ssl.providers": "it loads code into replicator",
     "sasl.kerberos.kinit.cmd": "it runs a command",
+    # librdkafka's Kerberos runs kinit through a shell, the principal and keytab pasted in unquoted
+    **dict.fromkeys(("sasl.kerberos.principal", "sasl.kerberos.keytab", "sasl.kerberos.service.name",
+                     "sasl.kerberos.min.time.before.relogin"),
+                    "Kerberos (GSSAPI) runs a shell command made of these settings"),
     "enable.ssl.certificate.verification": "TLS verification stays on",
     "ssl.endpoint.identification.algorithm": "the brokers' host names are verified (https)",
 }
