@@ -1154,7 +1154,7 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except UserError as exc:
-        _fail(f"{exc}")
+        _fail(str(exc))
     except psycopg.Error as exc:
         message = (exc.diag.message_primary if getattr(exc, "diag", None) and exc.diag.message_primary
                    else first_line(exc))
