@@ -15,7 +15,7 @@ import sys
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import psycopg
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from replicator.errors import UserError, first_line
+from replicator.errors import UserError, first_line, printable
 from replicator.shutdown import StopFlag
 from replicator.source import Source, db, format_duration, jobs, parse_duration
 from replicator.source import install as installer
@@ -101,9 +101,19 @@ def cli(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
         replicator ticker &
         replicator consume main --target sqlite:replica.db
     """
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLineFormatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.basicConfig(handlers=[handler])
     _log_debug(verbose)
     ctx.obj = Context(dsn)
+
+
+class _OneLineFormatter(logging.Formatter):
+    """Each message one line: control characters of the names it holds (a table named "a\\nINFO b")
+    are escaped, so no name splits a log line or forges one. A traceback stays as it is."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
 
 
 def _log_debug(verbose: bool) -> None:
@@ -1139,38 +1149,37 @@ def main() -> None:
     except click.UsageError as exc:
         # One line, like every other mistake, naming where the full usage is.
         command = exc.ctx.command_path if exc.ctx else _command_named(sys.argv[1:])
-        click.echo(f"error: {exc.format_message()} (see: {command} --help)", err=True)
-        sys.exit(exc.exit_code)
+        _fail(f"{exc.format_message()} (see: {command} --help)", exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
     except UserError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        _fail(str(exc))
     except psycopg.Error as exc:
         message = (exc.diag.message_primary if getattr(exc, "diag", None) and exc.diag.message_primary
                    else first_line(exc))
-        click.echo(f"error: database: {message}", err=True)
-        sys.exit(1)
+        _fail(f"database: {message}")
     except sqlite3.Error as exc:
         from replicator.targets.sqlite.target import sqlite_error
-        click.echo(f"error: sqlite: {sqlite_error(exc)}", err=True)
-        sys.exit(1)
+        _fail(f"sqlite: {sqlite_error(exc)}")
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename else ""
-        click.echo(f"error: {exc.strerror or exc}{where}", err=True)
-        sys.exit(1)
+        _fail(f"{exc.strerror or exc}{where}")
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:
         if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] in _SPARK_EXTRA:
-            click.echo(f"error: Spark (views on a Delta warehouse, reading it from Spark) needs the spark extra "
-                       f"({exc}): pip install 'replicator[spark]'",
-                       err=True)
-            sys.exit(1)
+            _fail(f"Spark (views on a Delta warehouse, reading it from Spark) needs the spark extra ({exc}): "
+                  f"pip install 'replicator[spark]'")
         # A bug, not a mistake of the user's: one line still, the traceback on request.
         if os.environ.get("REPLICATOR_DEBUG"):
             raise
-        click.echo(f"error: internal error: {type(exc).__name__}: {exc} "
-                   f"(REPLICATOR_DEBUG=1 shows the traceback; please report it)", err=True)
-        sys.exit(1)
+        _fail(f"internal error: {type(exc).__name__}: {exc} (REPLICATOR_DEBUG=1 shows the traceback; please "
+              f"report it)")
+
+
+def _fail(message: str, status: int = 1) -> NoReturn:
+    """An error as one line on stderr (control characters escaped: a name holding a newline cannot
+    split it), then exit."""
+    click.echo(f"error: {printable(message)}", err=True)
+    sys.exit(status)

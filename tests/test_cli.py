@@ -388,3 +388,32 @@ def test_a_name_that_means_two_captured_tables_names_the_one_sql_means(app):
         assert run("table", "alter", "q", "Orders", "--mode", "full", dsn=app).returncode == 0
     assert run("table", "remove", "q", "Orders", dsn=app).returncode == 0
     assert [t["table"] for t in json.loads(run("table", "list", "q", "--json", dsn=app).stdout)] == ["public.Orders"]
+
+
+@pytest.mark.parametrize("dsn", [
+    "postgresql://postgres:s3cret@[::1/nowhere",          # libpq quotes the whole URI it cannot read
+    "postgresql://postgres:s3cret@localhost/db?no_such=1",
+    "postgresql://postgres:s3%zzcret@localhost/db",
+    "host=localhost password=s3 cret dbname=db",          # the password's second word: a keyword without "="
+    "host=localhost password='s3cret dbname=db",
+])
+def test_a_dsn_libpq_cannot_read_is_one_line_without_its_password(dsn, tmp_path):
+    for result in run_all([["status"], ["ticker"], ["consume", "q", "--target", f"sqlite:{tmp_path / 'r.db'}"]], dsn):
+        line = assert_user_error(result, "invalid DSN")
+        assert "s3" not in line and "cret" not in line, line
+
+
+def test_a_name_holding_a_newline_never_splits_a_log_line_or_an_error(app, tmp_path):
+    """Names come from the database and the command line: a newline in one is escaped where replicator
+    prints it (its log lines and its one-line errors), so none forges a line of its own."""
+    name = "evil\nINFO fake line"
+    with psycopg.connect(app, autocommit=True) as c:
+        c.execute(f'CREATE TABLE "{name}" (id int PRIMARY KEY, v text)')
+        c.execute(f'INSERT INTO "{name}" VALUES (1, \'a\')')
+    added = run("table", "add", "q", f'"{name}"', dsn=app)
+    assert added.returncode == 0, added.stderr
+    assert_user_error(run("table", "add", "q", "public.nope\nINFO fake line", dsn=app), "nope\\nINFO fake line")
+    result = run("consume", "q", "--target", f"sqlite:{tmp_path / 'r.db'}", "--until-caught-up", dsn=app)
+    assert result.returncode == 0, result.stderr
+    assert "evil\\nINFO fake line" in result.stderr, result.stderr
+    assert not any(line.startswith("INFO fake line") for line in result.stderr.splitlines()), result.stderr

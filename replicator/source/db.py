@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import psycopg
 import psycopg.conninfo
 
-from replicator.errors import UserError
+from replicator.errors import UserError, first_line
 
 
 def resolve_dsn(dsn: str | None) -> str:
@@ -33,7 +34,7 @@ def open_connection(conninfo: str, *, autocommit: bool = True,
     """Opens a connection with replicator's session settings and TCP keepalives
     (where the DSN sets none); raises psycopg.OperationalError when the server is
     unreachable, for callers that retry."""
-    given = psycopg.conninfo.conninfo_to_dict(conninfo)
+    given = parse_dsn(conninfo)
     keepalives = {name: value for name, value in KEEPALIVES.items() if name not in given}
     conn = psycopg.connect(psycopg.conninfo.make_conninfo(conninfo, **keepalives), autocommit=True,
                            application_name=application_name)
@@ -43,9 +44,42 @@ def open_connection(conninfo: str, *, autocommit: bool = True,
     return conn
 
 
+# A password in a DSN: a URI's user:password@ or ?password= parameter; key=value's password=, quoted
+# (to the end if the quote is never closed) or unquoted (to the next space)
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_URI_PASSWORDS = (re.compile(r"^([^/]*//[^/?#@:]*:)[^@]*(?=@)"), re.compile(r"([?&]password=)[^&]*", re.IGNORECASE))
+_KEY_VALUE_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*(?:'|$)|\S+)", re.IGNORECASE)
+
+
+def parse_dsn(conninfo: str) -> dict[str, Any]:
+    """The parameters of a DSN; one libpq cannot read is a UserError saying why, its password masked
+    (libpq's message quotes the text it stopped at: a URI whole)."""
+    try:
+        return psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError as exc:
+        first_reason = first_line(exc)
+    uri = _URI.match(conninfo) is not None
+    masked = conninfo
+    for password in _URI_PASSWORDS if uri else (_KEY_VALUE_PASSWORD,):
+        masked = password.sub(r"\1***", masked)
+    try:
+        psycopg.conninfo.conninfo_to_dict(masked)
+        reason = _unquoted(first_reason)   # the mistake is in the password (a quote never closed)
+    except psycopg.ProgrammingError as exc:
+        # libpq quotes the word it stopped at: of a key=value DSN, maybe the rest of a password that
+        # holds a space; of a URI, the URI (masked)
+        reason = first_line(exc) if uri or masked == conninfo else _unquoted(first_line(exc))
+    raise UserError(f"invalid DSN (--dsn or $REPLICATOR_DSN): {reason}") from None
+
+
+def _unquoted(message: str) -> str:
+    """libpq's message without the text it quotes (but its "=")."""
+    return re.sub(r'"[^"]*"', lambda quoted: quoted.group() if quoted.group() == '"="' else '"…"', message)
+
+
 def without_password(conninfo: str) -> str:
     """The connection string with its password masked, for messages and logs."""
-    params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    params = parse_dsn(conninfo)
     if "password" not in params:
         return conninfo
     return psycopg.conninfo.make_conninfo("", **{**params, "password": "***"})

@@ -8,6 +8,10 @@
 - __replicator.PREFIX: the publisher's commits (state.py), compacted: the last of each
   key is what a publisher resumes from. Named apart so that a subscription to PREFIX\\..*
   (a Connect sink's topics.regex) takes the tables only.
+
+No topic of one prefix is another's: a prefix is one or two names and starts with no "__"
+(settings.PREFIX), so PREFIX has one or two parts, a table topic three or four. Two tables of one
+prefix whose names map to the same topic are refused by the publisher (_claim_topic).
 """
 
 from __future__ import annotations
