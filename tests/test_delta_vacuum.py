@@ -241,3 +241,18 @@ def test_a_short_forced_retention_never_deletes_the_files_a_running_copy_has_not
     finally:
         target.close()
     assert delta_rows(str(t), ["id"])[1] == {(i,): {"id": i, "v": v, "cnt": c} for i, v, c in rows}
+
+
+def test_a_tables_own_retention_property_is_its_floor(dsn, conn, source, tmp_path):
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    optimize(dsn, path)
+    DeltaTable(str(path / "public.t")).alter.set_table_properties(
+        {"delta.deletedFileRetentionDuration": "interval 10 days"})
+    line = refused(dsn, path, "--retain", "8d")
+    assert "public.t's retention (10d, delta.deletedFileRetentionDuration)" in line and "--retain 10d or more" in line
+    assert vacuum(dsn, path, "--retain", "10d").strip() == "nothing to delete"
+    DeltaTable(str(path / "public.u")).alter.set_table_properties(
+        {"delta.deletedFileRetentionDuration": "a while"})
+    line = refused(dsn, path, "--retain", "30d")
+    assert "public.u: delta.deletedFileRetentionDuration is 'a while', not an interval Delta reads" in line, line
