@@ -13,6 +13,7 @@ import re
 import time
 from pathlib import Path
 
+import boto3
 import pyarrow as pa
 import pytest
 
@@ -22,6 +23,7 @@ from deltalake import DeltaTable
 from consumer_helpers import run_cli
 from replicator.errors import UserError
 from replicator.structure import Column, TableStructure
+from replicator.targets.delta.object_storage import ObjectStorage
 from replicator.targets.delta.reader import table_uris
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import LocalStorage
@@ -130,7 +132,7 @@ def followed_table(name: str, table_id: int) -> TargetTable:
                        structure=TableStructure(schema=schema, name=bare, columns=STRUCTURE_COLUMNS, key=("id",)))
 
 
-def follow(path: Path, names: list[str], tick: int, rows: dict[str, list[tuple[int, str]]]) -> None:
+def follow(path: Path | str, names: list[str], tick: int, rows: dict[str, list[tuple[int, str]]]) -> None:
     """One transaction as a follower runs it: each table copied (anew, the second time)."""
     target = DeltaTarget(str(path))
     try:
@@ -146,8 +148,8 @@ def follow(path: Path, names: list[str], tick: int, rows: dict[str, list[tuple[i
         target.close()
 
 
-def delta_table(uri: str) -> dict[int, str]:
-    data = pa.table(DeltaTable(uri).scan().read_all())
+def delta_table(uri: str, options: dict[str, str] | None = None) -> dict[int, str]:
+    data = pa.table(DeltaTable(uri, storage_options=options).scan().read_all())
     return dict(zip(data.column("id").to_pylist(), data.column("v").to_pylist()))
 
 
@@ -167,6 +169,22 @@ def test_a_followed_table_named_dot_dot_or_after_an_entry_of_replicator_stays_in
     uris = table_uris(str(path))
     for name in FOLLOWED:
         assert delta_table(uris[name]) == dict(rows[name]), name
+
+
+def test_a_followed_table_named_dot_dot_stays_inside_an_s3_warehouse(s3_url):
+    bucket, prefix = s3_url.removeprefix("s3://").split("/", 1)
+    s3 = boto3.client("s3")
+    s3.put_object(Bucket=bucket, Key="beside/_delta_log/00000000000000000000.json", Body=b"another table's")
+    names = ["..", ".", ".replicator.lock", "public.orders"]
+    rows = {name: [(i, f"{name} {i}") for i in range(1, 30)] for name in names}
+    follow(s3_url, names, 1, rows)
+    keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket) for o in page["Contents"]]
+    assert [k for k in keys if not k.startswith(f"{prefix}/")] == ["beside/_delta_log/00000000000000000000.json"]
+    uris = table_uris(s3_url)
+    assert sorted(uris) == sorted(names)
+    for name in names:
+        assert uris[name].startswith(f"{s3_url}/table-") or name == "public.orders", uris[name]
+        assert delta_table(uris[name], ObjectStorage(s3_url).delta_rs()[1]) == dict(rows[name]), name
 
 
 def test_vacuum_of_a_warehouse_with_such_tables_deletes_nothing_outside_their_directories(dsn, tmp_path):
