@@ -822,9 +822,9 @@ def delta_optimize(target_url: str, tables: tuple[str, ...], purge: bool) -> Non
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted, delete nothing.")
 def delta_vacuum(target_url: str, retain: str | None, force: bool, dry_run: bool) -> None:
     """Delete the files no current table version uses, once removed longer than --retain
-    ago, and old log entries (Delta VACUUM). Only files of the names Delta writers give,
-    directly in the tables' directories, are deleted; a file no version ever named (a copy
-    still writing it) only once older than the table's retention and 7 days.
+    ago, and old log entries (Delta VACUUM). Only files of the names Delta writers give are
+    deleted; a file no version ever named (a copy still writing it) only directly in a table's
+    directory, once older than the table's retention and 7 days.
 
     \b
     Example:

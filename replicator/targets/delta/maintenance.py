@@ -18,12 +18,13 @@ the retention (a table's ``delta.deletedFileRetentionDuration``, 7 days by defau
 readers time-travelling within it still find theirs), and log entries before the
 last checkpoint past the log retention. A shorter retention is refused unless
 forced (Delta's ``retentionDurationCheck``), and one under MIN_RETENTION always. It
-deletes only files directly in a table's directory, of the names replicator and Delta
-writers give data files and deletion vectors (and replicator's own temporary files):
-never a file in a subdirectory, never another tool's. A file no log names (a crashed
-writer's, or one a copy or batch is writing and has not committed yet) is deleted
-only once older than the table's retention and ORPHAN_SECONDS, whatever the
-retention asked: a short retention never takes a file a running copy will commit.
+deletes only files of the names replicator and Delta writers give data files and
+deletion vectors (and replicator's own temporary files), never another tool's: a
+file the log removed where the log named it, and a file no log names (a crashed
+writer's, or one a copy or batch is writing and has not committed yet) only
+directly in a table's directory and once older than the table's retention and
+ORPHAN_SECONDS, whatever the retention asked: a short retention never takes a file
+a running copy will commit, and no subdirectory of another tool's is walked into.
 
 The views' tables (replicator.targets.delta.view_table) are kept the same way:
 the consumer optimizes them after its refreshes; both commands cover them.
@@ -351,8 +352,9 @@ def _shown(seconds: float) -> str:
 
 def _vacuum_table(storage: Storage, snapshot: delta_log.Snapshot, retention: float, table_retention: float,
                   dry_run: bool) -> tuple[int, int]:
-    """Deletes the table's files the log removed longer than `retention` ago, and those it never
-    named once older than its own retention and ORPHAN_SECONDS: files and bytes deleted."""
+    """Deletes the table's files the log removed longer than `retention` ago, and those directly in
+    its directory it never named once older than its own retention and ORPHAN_SECONDS: files and
+    bytes deleted."""
     assert snapshot.tombstones is not None
     now = time.time()
     in_use = {name for add in snapshot.files.values() for name in _named(add)}
@@ -364,10 +366,13 @@ def _vacuum_table(storage: Storage, snapshot: delta_log.Snapshot, retention: flo
     deleted = size = 0
     for entry in storage.list(snapshot.table):
         name = entry.path[len(snapshot.table) + 1:]
-        if "/" in name or name in in_use or not _DATA_FILE.fullmatch(name):
+        if name in in_use or not _DATA_FILE.fullmatch(name.rsplit("/", 1)[-1]):
             continue
         when = removed.get(name)
-        if (now - when < retention) if when is not None else entry.modified > orphan_before:
+        if when is not None:   # where the log put it (a view's full refresh: a subdirectory of its own)
+            if now - when < retention:
+                continue
+        elif "/" in name or entry.modified > orphan_before:   # no subdirectory is replicator's layout
             continue
         if not dry_run:
             storage.delete(entry.path)
