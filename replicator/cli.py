@@ -826,23 +826,25 @@ def delta_optimize(target_url: str, tables: tuple[str, ...], purge: bool) -> Non
 
 @delta.command("vacuum")
 @click.option("--target", "target_url", required=True, help="delta:PATH or delta:URI, the warehouse.")
-@click.option("--retain", default="7d", show_default=True,
-              help="Keep files replaced less than this long ago (time travel within it still works).")
+@click.option("--retain", help="Keep files removed less than this long ago (time travel within it still works); "
+                               "default: each table's delta.deletedFileRetentionDuration (7d unless set).")
+@click.option("--force", is_flag=True, help="Take a --retain shorter than a table's retention (at least 1s).")
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted, delete nothing.")
-def delta_vacuum(target_url: str, retain: str, dry_run: bool) -> None:
-    """Delete the files no current table version uses, once replaced longer than --retain
-    ago, and old log entries (Delta VACUUM). Only files of the names Delta writers give, in the
-    tables' directories, are deleted.
+def delta_vacuum(target_url: str, retain: str | None, force: bool, dry_run: bool) -> None:
+    """Delete the files no current table version uses, once removed longer than --retain
+    ago, and old log entries (Delta VACUUM). Only files of the names Delta writers give are
+    deleted; a file no version ever named (a copy still writing it) only directly in a table's
+    directory, once older than the table's retention and 7 days.
 
     \b
     Example:
         replicator delta vacuum --target delta:/data/warehouse --dry-run
-        replicator delta vacuum --target delta:s3://lake/replica --retain 2d
+        replicator delta vacuum --target delta:s3://lake/replica --retain 30d
     """
     from replicator.targets.delta import maintenance
 
-    retention = parse_duration(retain).total_seconds()
-    done = maintenance.vacuum(_delta_storage(target_url), retention=retention, dry_run=dry_run)
+    retention = parse_duration(retain).total_seconds() if retain is not None else None
+    done = maintenance.vacuum(_delta_storage(target_url), retention=retention, force=force, dry_run=dry_run)
     for d in done:
         click.echo(f"{d.table}: {counted(d.files, 'file')} ({d.bytes:,} bytes) "
                    f"{'would be ' if dry_run else ''}deleted")

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import boto3
@@ -238,3 +240,46 @@ def test_a_url_naming_no_object_store_is_one_line(url, message):
     with pytest.raises(UserError) as error:
         open_storage(url)
     assert str(error.value) == message
+
+
+OUTSIDE = ["../escaped", "/escaped", "t/../../escaped", "t/./x", "t//x", "..", "."]
+
+
+def _every_operation(storage: Storage, path: str) -> dict[str, Callable[[], object]]:
+    def open_write() -> None:
+        with storage.open_write(path) as f:
+            f.write(b"x")
+
+    return {"read": lambda: storage.read(path), "exists": lambda: storage.exists(path),
+            "write": lambda: storage.write(path, b"x"), "put_if_absent": lambda: storage.put_if_absent(path, b"x"),
+            "open_write": open_write, "open_read": lambda: storage.open_read(path),
+            "list": lambda: storage.list(path), "delete": lambda: storage.delete(path)}
+
+
+def test_every_operation_refuses_a_path_leading_outside_the_warehouse_in_one_line(storage, url, tmp_path):
+    storage.write("t/kept", b"kept")
+    (tmp_path / "escaped").write_bytes(b"a file beside the warehouse")
+    for path in OUTSIDE:
+        for name, operation in _every_operation(storage, path).items():
+            with pytest.raises(UserError, match=f"refused the path {re.escape(repr(path))}") as refused:
+                operation()
+            assert "\n" not in str(refused.value), (name, path)
+    assert (tmp_path / "escaped").read_bytes() == b"a file beside the warehouse"
+    assert [e.path for e in storage.list("")] == ["t/kept"]
+
+
+def test_a_symbolic_link_out_of_a_local_warehouse_is_refused(tmp_path):
+    storage = LocalStorage(tmp_path / "warehouse")
+    storage.write("t/kept", b"kept")
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    (beside / "part-0.parquet").write_bytes(b"theirs")
+    (tmp_path / "warehouse" / "t" / "link").symlink_to(beside)
+    for name, operation in _every_operation(storage, "t/link/part-0.parquet").items():
+        with pytest.raises(UserError, match="a symbolic link leads it outside the warehouse"):
+            operation()
+        assert (beside / "part-0.parquet").read_bytes() == b"theirs", name
+    assert sorted(p.name for p in beside.iterdir()) == ["part-0.parquet"]
+    assert storage.read("t/kept") == b"kept"   # links inside it are followed
+    (tmp_path / "warehouse" / "u").symlink_to(tmp_path / "warehouse" / "t")
+    assert storage.read("u/kept") == b"kept"

@@ -29,6 +29,7 @@ from test_delta_target import (
     consume_cli,
     delta_rows,
     log_commits,
+    referenced_files,
     table_files,
 )
 
@@ -65,6 +66,26 @@ def vacuum(dsn: str, path: Path, *args: str) -> str:
     return str(done.stdout)
 
 
+def refused(dsn: str, path: Path, *args: str) -> str:
+    """vacuum refused in one line (exit status 1): the line."""
+    done = run_cli(dsn, "delta", "vacuum", "--target", f"delta:{path}", *args)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and not done.stdout, (done.stdout, done.stderr)
+    return lines[0]
+
+
+SHORTEST = ("--retain", "1s", "--force")   # the shortest retention vacuum takes
+
+
+def vacuum_past_the_shortest(dsn: str, path: Path, table: str, *args: str) -> str:
+    """vacuum with the shortest retention once the files removed by the last commit are older
+    than it (a second: polled, with a deadline, on what a dry run would delete)."""
+    deadline = time.monotonic() + 30
+    while f"{table}: " not in vacuum(dsn, path, *SHORTEST, "--dry-run"):
+        assert time.monotonic() < deadline, f"nothing of {table} to delete after 30s"
+    return vacuum(dsn, path, *SHORTEST, *args)
+
+
 def optimize(dsn: str, path: Path) -> None:
     done = run_cli(dsn, "delta", "optimize", "--target", f"delta:{path}", "--purge")
     assert done.returncode == 0 and "public.t: " in done.stdout, (done.stdout, done.stderr)
@@ -84,11 +105,11 @@ def test_vacuum_retaining_nothing_after_optimize_deletes_the_replaced_files_and_
     files = {d: table_files(path / d) for d in ("public.t", "public.u", "_replicator")}
     logs = {p for p in path.rglob("*") if "_delta_log" in p.parts}
 
-    dry = vacuum(dsn, path, "--retain", "0s", "--dry-run")
+    dry = vacuum_past_the_shortest(dsn, path, "public.t", "--dry-run")
     assert "public.t: " in dry and "would be deleted" in dry, dry
     assert {d: table_files(path / d) for d in files} == files
 
-    vacuum(dsn, path, "--retain", "0s")
+    vacuum(dsn, path, *SHORTEST)
     for directory, had in files.items():
         kept = table_files(path / directory)
         assert kept == current_files(path / directory) | ({"notes.txt", "mine/data.csv"} & had), directory
@@ -122,10 +143,10 @@ def test_vacuum_keeps_a_file_removed_within_the_retention_however_long_ago_it_wa
     old_rows = delta_rows(str(t), ["id"], before_optimize)
     optimize(dsn, path)
     files = table_files(t)
-    assert vacuum(dsn, path, "--retain", "1h").strip() == "nothing to delete"
+    assert vacuum(dsn, path, "--retain", "1h", "--force").strip() == "nothing to delete"
     assert table_files(t) == files
     assert delta_rows(str(t), ["id"], before_optimize) == old_rows   # time travel within the retention
-    assert "public.t: " in vacuum(dsn, path, "--retain", "0s")
+    assert "public.t: " in vacuum_past_the_shortest(dsn, path, "public.t")
 
 
 def test_vacuum_deletes_a_dropped_tables_files_once_past_the_retention_and_keeps_its_log(dsn, conn, source, tmp_path):
@@ -136,8 +157,102 @@ def test_vacuum_deletes_a_dropped_tables_files_once_past_the_retention_and_keeps
     assert done.returncode == 0, done.stderr
     u = path / "public.u"
     assert DeltaTable(str(u)).count() == 0 and table_files(u), "the drop left its files: time travel"
-    assert vacuum(dsn, path, "--retain", "1h").strip() == "nothing to delete"
-    assert "public.u: " in vacuum(dsn, path, "--retain", "0s")
+    assert vacuum(dsn, path, "--retain", "1h", "--force").strip() == "nothing to delete"
+    assert "public.u: " in vacuum_past_the_shortest(dsn, path, "public.u")
     assert table_files(u) == set()
     assert [c[0]["commitInfo"]["operation"] for c in log_commits(u)][:1] == ["CREATE OR REPLACE TABLE"]
     assert_equal_to_source(conn, path, ["t"])
+
+
+def test_a_retention_of_zero_negative_or_malformed_is_refused_in_one_line_even_forced(dsn, conn, source, tmp_path):
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    optimize(dsn, path)
+    before = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    for retain in ("0s", "0", "-5", "500ms"):
+        for force in ((), ("--force",)):
+            line = refused(dsn, path, "--retain", retain, *force)
+            assert "the smallest accepted is 1s" in line, (retain, line)
+    for retain in ("a week", "-1h", "nan", ""):
+        assert "invalid duration" in refused(dsn, path, "--retain", retain, "--force")
+    assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
+
+
+def test_a_retention_below_a_tables_own_is_refused_unless_forced(dsn, conn, source, tmp_path):
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    optimize(dsn, path)
+    _age(path / "public.t", 3 * 24 * 3600)
+    before = {p: p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    line = refused(dsn, path, "--retain", "1h")
+    assert "--retain 1h is shorter than" in line and "(7d, delta.deletedFileRetentionDuration)" in line, line
+    assert "--retain 7d or more, or --force" in line, line
+    assert {p: p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
+    assert vacuum(dsn, path).strip() == "nothing to delete"   # the tables' own retention: 7 days
+    assert "public.t: " in vacuum_past_the_shortest(dsn, path, "public.t")
+    assert_equal_to_source(conn, path, ["t", "u"])
+
+
+def test_vacuum_deletes_only_delta_named_files_directly_in_a_tables_directory(dsn, conn, source, tmp_path):
+    """Delta's VACUUM deletes files no version names once past the retention; replicator's, only
+    the names Delta writers give, and not in subdirectories (none is its layout)."""
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    t = path / "public.t"
+    orphan = "part-00000-0b8f0d2e-0000-4000-8000-000000000000-c000.snappy.parquet"   # a crashed writer's
+    ours = f".{orphan}.0123456789abcdef0123456789abcdef.tmp"                         # storage.open_write's
+    theirs = ["notes.tmp", ".spark-staging.tmp", f"{orphan}.tmp", f".{orphan}.crc", "sub/" + orphan,
+              "_temporary/0/" + orphan, "part-00000-x.csv"]
+    for name in [orphan, ours, *theirs]:
+        (t / name).parent.mkdir(parents=True, exist_ok=True)
+        (t / name).write_text(name)
+    _age(t, 8 * 24 * 3600)
+    kept = table_files(t) - {orphan, ours}
+    assert "public.t: 2 files" in vacuum(dsn, path)
+    assert table_files(t) == kept
+    assert_equal_to_source(conn, path, ["t", "u"])
+
+
+def test_a_short_forced_retention_never_deletes_the_files_a_running_copy_has_not_committed(dsn, conn, source, tmp_path,
+                                                                                            monkeypatch):
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    optimize(dsn, path)   # files removed: something for the short retention to delete
+    from replicator.targets.delta import table as delta_table
+    from replicator.targets.delta.target import DeltaTarget
+
+    monkeypatch.setattr(delta_table, "ROW_GROUP", 10)
+    monkeypatch.setattr(delta_table, "FILE_ROWS", 20)
+    t = path / "public.t"
+    target = DeltaTarget(str(path))
+    try:   # a copy anew of t, as the consumer runs it: a file written, and one being written
+        target.begin()
+        table = target.tables()["public.t"]
+        target.create_table(table)
+        rows = [(i, f"copied {i}", i) for i in range(1, 41)]
+        target.upsert(table, "R", rows[:25])
+        target.upsert(table, "R", rows[25:])
+        uncommitted = table_files(t) - current_files(t) - referenced_files(t)
+        assert any(n.startswith("part-") for n in uncommitted) and any(n.endswith(".tmp") for n in uncommitted)
+        _age(t, 3600)   # a copy that has run for an hour
+        assert "public.t: " in vacuum_past_the_shortest(dsn, path, "public.t")
+        assert uncommitted <= table_files(t)
+        target.commit()   # a copy's transaction: no position of its own
+    finally:
+        target.close()
+    assert delta_rows(str(t), ["id"])[1] == {(i,): {"id": i, "v": v, "cnt": c} for i, v, c in rows}
+
+
+def test_a_tables_own_retention_property_is_its_floor(dsn, conn, source, tmp_path):
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    optimize(dsn, path)
+    DeltaTable(str(path / "public.t")).alter.set_table_properties(
+        {"delta.deletedFileRetentionDuration": "interval 10 days"})
+    line = refused(dsn, path, "--retain", "8d")
+    assert "public.t's retention (10d, delta.deletedFileRetentionDuration)" in line and "--retain 10d or more" in line
+    assert vacuum(dsn, path, "--retain", "10d").strip() == "nothing to delete"
+    DeltaTable(str(path / "public.u")).alter.set_table_properties(
+        {"delta.deletedFileRetentionDuration": "a while"})
+    line = refused(dsn, path, "--retain", "30d")
+    assert "public.u: delta.deletedFileRetentionDuration is 'a while', not an interval Delta reads" in line, line

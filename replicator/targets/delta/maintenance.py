@@ -12,12 +12,19 @@ nothing) rewrites one file with deletions at a time (purge_next);
 the second of the two to commit re-reads the log (the consumer then rebuilds its
 index; an OPTIMIZE whose files changed meanwhile gives up and says so).
 
-VACUUM deletes the files no current version names once they were removed
-(the deletionTimestamp of their remove action) longer ago than the retention
-(7 days, Delta's default: readers time-travelling within it still find
-theirs), as Delta's VACUUM does, and log entries before the last checkpoint
-past the log retention. Only files of the names Delta writers give data and deletion
-vector files are deleted, and only in the tables' own directories.
+VACUUM deletes, as Delta's VACUUM does, the files no current version names once
+they were removed (the deletionTimestamp of their remove action) longer ago than
+the retention (a table's ``delta.deletedFileRetentionDuration``, 7 days by default:
+readers time-travelling within it still find theirs), and log entries before the
+last checkpoint past the log retention. A shorter retention is refused unless
+forced (Delta's ``retentionDurationCheck``), and one under MIN_RETENTION always. It
+deletes only files of the names replicator and Delta writers give data files and
+deletion vectors (and replicator's own temporary files), never another tool's: a
+file the log removed where the log named it, and a file no log names (a crashed
+writer's, or one a copy or batch is writing and has not committed yet) only
+directly in a table's directory and once older than the table's retention and
+ORPHAN_SECONDS, whatever the retention asked: a short retention never takes a file
+a running copy will commit, and no subdirectory of another tool's is walked into.
 
 The views' tables (replicator.targets.delta.view_table) are kept the same way:
 the consumer optimizes them after its refreshes; both commands cover them.
@@ -32,7 +39,9 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -40,13 +49,14 @@ import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 from replicator.errors import UserError
+from replicator.source import format_duration
 from replicator.targets.delta import deletion_vectors as dv
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import SCHEMA as STATE_SCHEMA
 from replicator.targets.delta.state import WarehouseState
-from replicator.targets.delta.storage import Storage
+from replicator.targets.delta.storage import Storage, is_directory_name
 from replicator.targets.delta.table import FILE_ROWS, ROW_GROUP, CountingWriter, ReplicaTable, file_stats
 from replicator.targets.delta.view_table import ViewTable, view_directories
 
@@ -56,9 +66,19 @@ SMALL_FILE_BYTES = 32 << 20    # a file smaller than this is folded with the oth
 SMALL_FILES_DUE = 8            # small files of a table before the consumer folds them (cheap: they are small)
 PURGE_RATIO = 0.2              # share of a file's rows deleted before it is rewritten after a commit
 IDLE_PURGE_RATIO = 0.01        # ... while the consumer is idle (below it a rewrite would cost more than it saves)
-RETENTION_SECONDS = 7 * 24 * 3600
+RETENTION_SECONDS = 7 * 24 * 3600   # delta.deletedFileRetentionDuration's default
+RETENTION = "delta.deletedFileRetentionDuration"
+MIN_RETENTION = 1.0                 # seconds: shorter, a retention would take the files of the commit just made
+ORPHAN_SECONDS = RETENTION_SECONDS  # a file no log names is kept at least this long: a copy may still commit it
 LOG_RETENTION_SECONDS = 2 * 24 * 3600
-_DATA_FILE = re.compile(r"(?:.*/)?(part-[^/]*\.parquet|deletion_vector_[0-9a-f-]{36}\.bin|\.[^/]*\.tmp)")
+# data files and deletion vectors as Delta writers name them, and the temporary files storage.open_write
+# writes them through (a crashed writer's): other names are another tool's
+_DATA_FILE = re.compile(r"part-[^/]*\.parquet|deletion_vector_[0-9a-f-]{36}\.bin"
+                        r"|\.(?:part-[^/]*\.parquet|deletion_vector_[0-9a-f-]{36}\.bin)\.[0-9a-f]{32}\.tmp")
+_INTERVAL_PART = re.compile(r"\s*(\d+)\s*(nanosecond|microsecond|millisecond|second|minute|hour|day|week)s?",
+                            re.IGNORECASE)
+_INTERVAL_SECONDS = {"nanosecond": 1e-9, "microsecond": 1e-6, "millisecond": 1e-3, "second": 1, "minute": 60,
+                     "hour": 3600, "day": 86400, "week": 7 * 86400}
 _LOG_FILE = re.compile(r"(\d{20})\.(?:json|checkpoint(?:\.\d{10}\.\d{10})?\.parquet|crc)")
 
 
@@ -290,45 +310,103 @@ class Vacuumed:
     bytes: int
 
 
-def vacuum(storage: Storage, *, retention: float = RETENTION_SECONDS, dry_run: bool = False) -> list[Vacuumed]:
-    """VACUUM of every table, a dropped one's too (its rows' files: its log stays), and of
-    _replicator (see the module docstring)."""
+def vacuum(storage: Storage, *, retention: float | None = None, force: bool = False,
+           dry_run: bool = False) -> list[Vacuumed]:
+    """VACUUM of every table, a dropped one's too (its rows' files: its log stays), of the views'
+    and of _replicator (see the module docstring). retention: seconds, None for each table's own;
+    force: a retention shorter than a table's is taken."""
+    if retention is not None and not retention >= MIN_RETENTION:
+        raise UserError(f"--retain {_shown(retention)} would delete the files readers and writers use: the smallest "
+                        f"accepted is {_shown(MIN_RETENTION)} (with --force)")
     state = WarehouseState(storage)
     if not state.exists:
         raise UserError(f"{storage.url} is not a replicator Delta warehouse (no {STATE_DIRECTORY} table)")
+    recorded = sorted(state.every_directory())
+    for directory in recorded:   # before anything is deleted
+        if not is_directory_name(directory):
+            raise UserError(f"{storage.url}: the warehouse records a table in the directory {directory!r}, which is "
+                            f"not one of its own: nothing vacuumed")
+    snapshots = [delta_log.load(storage, directory, tombstones=True)
+                 for directory in [*recorded, *view_directories(storage), STATE_DIRECTORY]]
+    kept = {snapshot.table: table_retention(snapshot) for snapshot in snapshots}
+    if retention is not None and not force:
+        short = sorted((seconds, table) for table, seconds in kept.items() if retention < seconds)
+        if short:
+            seconds, table = short[-1]
+            raise UserError(f"--retain {_shown(retention)} is shorter than {table}'s retention ({_shown(seconds)}, "
+                            f"{RETENTION}): time travel within it and a concurrent reader would lose files; give "
+                            f"--retain {_shown(seconds)} or more, or --force")
     done = []
-    now = time.time()
-    cutoff_ms = (now - retention) * 1000
-    for directory in [*sorted(state.every_directory()), *view_directories(storage), STATE_DIRECTORY]:
-        snapshot = delta_log.load(storage, directory, tombstones=True)
-        assert snapshot.tombstones is not None
-        # what the current version uses, and what the versions within the retention do: the
-        # files removed since the cutoff (a file written long before may be removed just now)
-        used = [*snapshot.files.values(),
-                *(r for r in snapshot.tombstones.values() if int(r.get("deletionTimestamp") or 0) > cutoff_ms)]
-        referenced = set()
-        for action in used:
-            referenced.add(action["path"])
-            vector = action.get("deletionVector")
-            if vector:
-                file = dv.descriptor_file(vector)
-                if file:
-                    referenced.add(file)
-        deleted = size = 0
-        for entry in storage.list(directory):
-            relative = entry.path[len(directory) + 1:]
-            if relative.startswith(f"{delta_log.LOG_DIR}/") or relative in referenced:
-                continue
-            if not _DATA_FILE.fullmatch(relative) or now - entry.modified < retention:
-                continue
-            if not dry_run:
-                storage.delete(entry.path)
-            deleted += 1
-            size += entry.size
+    for snapshot in snapshots:
+        deleted, size = _vacuum_table(storage, snapshot, kept[snapshot.table] if retention is None else retention,
+                                      kept[snapshot.table], dry_run)
         deleted += clean_log(storage, snapshot, dry_run=dry_run)
         if deleted:
-            done.append(Vacuumed(directory, deleted, size))
+            done.append(Vacuumed(snapshot.table, deleted, size))
     return done
+
+
+def _shown(seconds: float) -> str:
+    return format_duration(timedelta(seconds=seconds))
+
+
+def _vacuum_table(storage: Storage, snapshot: delta_log.Snapshot, retention: float, table_retention: float,
+                  dry_run: bool) -> tuple[int, int]:
+    """Deletes the table's files the log removed longer than `retention` ago, and those directly in
+    its directory it never named once older than its own retention and ORPHAN_SECONDS: files and
+    bytes deleted."""
+    assert snapshot.tombstones is not None
+    now = time.time()
+    in_use = {name for add in snapshot.files.values() for name in _named(add)}
+    removed: dict[str, float] = {}   # file → when its last remove action removed it (seconds)
+    for remove in snapshot.tombstones.values():
+        for name in _named(remove):
+            removed[name] = max(removed.get(name, 0.0), int(remove.get("deletionTimestamp") or 0) / 1000)
+    orphan_before = now - max(table_retention, ORPHAN_SECONDS)
+    deleted = size = 0
+    for entry in storage.list(snapshot.table):
+        name = entry.path[len(snapshot.table) + 1:]
+        if name in in_use or not _DATA_FILE.fullmatch(name.rsplit("/", 1)[-1]):
+            continue
+        when = removed.get(name)
+        if when is not None:   # where the log put it (a view's full refresh: a subdirectory of its own)
+            if now - when < retention:
+                continue
+        elif "/" in name or entry.modified > orphan_before:   # no subdirectory is replicator's layout
+            continue
+        if not dry_run:
+            storage.delete(entry.path)
+        deleted += 1
+        size += entry.size
+    return deleted, size
+
+
+def _named(action: dict[str, Any]) -> list[str]:
+    """The files an add or remove action names in the table's directory: its data file, and its
+    deletion vector's file when stored beside it (paths in the log are URIs: percent-encoded)."""
+    names = [unquote(action["path"])]
+    vector = action.get("deletionVector")
+    if vector and vector.get("storageType") == "u":
+        file = dv.descriptor_file(vector)
+        if file:
+            names.append(file)
+    return names
+
+
+def table_retention(snapshot: delta_log.Snapshot) -> float:
+    """The table's delta.deletedFileRetentionDuration in seconds ('interval 7 days', Spark's
+    interval syntax), RETENTION_SECONDS when unset."""
+    value = snapshot.configuration.get(RETENTION)
+    if value is None:
+        return float(RETENTION_SECONDS)
+    text = value.strip()
+    if text.lower().startswith("interval"):
+        text = text[len("interval"):]
+    parts = list(_INTERVAL_PART.finditer(text))
+    if not parts or "".join(m.group(0) for m in parts).strip() != text.strip():
+        raise UserError(f"{snapshot.table}: {RETENTION} is {value!r}, not an interval Delta reads (e.g. "
+                        f"'interval 7 days'): correct the table's property")
+    return sum(int(m[1]) * _INTERVAL_SECONDS[m[2].lower()] for m in parts)
 
 
 def clean_log(storage: Storage, snapshot: delta_log.Snapshot, *, retention: float = LOG_RETENTION_SECONDS,

@@ -26,7 +26,7 @@ from obstore.exceptions import AlreadyExistsError, BaseError, PermissionDeniedEr
 from obstore.store import from_url
 
 from replicator.errors import UserError, first_line
-from replicator.targets.delta.storage import Entry
+from replicator.targets.delta.storage import Entry, inside
 from replicator.targets.s3_endpoint import s3_endpoint
 
 if TYPE_CHECKING:
@@ -72,10 +72,12 @@ class ObjectStorage:
             obstore.list_with_delimiter(self._store, None)
 
     def read(self, path: str) -> bytes:
+        inside(self.url, path)
         with self._errors(path):
             return bytes(obstore.get(self._store, path).bytes())
 
     def exists(self, path: str) -> bool:
+        inside(self.url, path)
         try:
             with self._errors(path):
                 obstore.head(self._store, path)
@@ -84,10 +86,12 @@ class ObjectStorage:
         return True
 
     def write(self, path: str, data: bytes) -> None:
+        inside(self.url, path)
         with self._errors(path):
             obstore.put(self._store, path, data)
 
     def put_if_absent(self, path: str, data: bytes) -> bool:
+        inside(self.url, path)
         try:
             with self._errors(path):
                 obstore.put(self._store, path, data, mode="create")
@@ -97,6 +101,7 @@ class ObjectStorage:
 
     @contextlib.contextmanager
     def open_write(self, path: str) -> Iterator[IO[bytes]]:
+        inside(self.url, path)
         with self._errors(path):
             upload = obstore.open_writer(self._store, path)
         try:
@@ -108,19 +113,22 @@ class ObjectStorage:
             upload.close()   # completes it: the file appears whole
 
     def open_read(self, path: str) -> IO[bytes]:
+        inside(self.url, path)
         with self._errors(path):
             reader = obstore.open_reader(self._store, path)
         return cast("IO[bytes]", _Reader(reader, self, path))
 
     def list(self, prefix: str) -> list[Entry]:
         entries: list[Entry] = []
+        prefix = inside(self.url, prefix.rstrip("/"))
         with self._errors(prefix):
-            for chunk in obstore.list(self._store, prefix.strip("/") or None):
+            for chunk in obstore.list(self._store, prefix or None):
                 entries.extend(Entry(meta["path"], meta["size"], meta["last_modified"].timestamp())
                                for meta in chunk)
         return entries
 
     def delete(self, path: str) -> None:
+        inside(self.url, path)
         with self._errors(path):
             obstore.delete(self._store, path)   # no error for a missing object
 

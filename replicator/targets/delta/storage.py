@@ -6,7 +6,9 @@ of the same version must not both succeed). A local directory has it as a
 hard link of a fully written temporary file; an object store as a
 conditional PUT (``If-None-Match: *``), which S3, GCS and Azure honour.
 
-Paths are relative to the warehouse's root, with ``/`` separators.
+Paths are relative to the warehouse's root, with ``/`` separators, and both storages refuse
+one that would lead outside it (an absolute path, a ``..`` part; locally a symbolic link out of
+it too), whatever built it: a table's name or a log another writer wrote is data, never a path.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
+
+from replicator.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,20 @@ class Storage(Protocol):
         ...
 
 
+def inside(url: str, path: str) -> str:
+    """path, if it names a place inside the warehouse at url: relative, without '.', '..' or empty
+    parts ('' is the root); else a UserError."""
+    if path and (path.startswith("/") or any(part in ("", ".", "..") for part in path.split("/"))):
+        raise UserError(f"{url}: refused the path {path!r}: it is not a path inside the warehouse (an absolute path, "
+                        f"or a '.', '..' or empty part)")
+    return path
+
+
+def is_directory_name(name: str) -> bool:
+    """Whether name is one directory of the warehouse's root (a table's as _replicator records it)."""
+    return name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\0" not in name
+
+
 class LocalStorage:
     """A directory on a local (or POSIX-mounted) filesystem."""
 
@@ -76,7 +94,12 @@ class LocalStorage:
         self.url = str(self.root)
 
     def _path(self, path: str) -> Path:
-        return self.root / path
+        full = self.root / inside(self.url, path)
+        real = os.path.realpath(full)
+        if real != str(self.root) and not real.startswith(f"{self.root}{os.sep}"):
+            raise UserError(f"{self.url}: refused the path {path!r}: a symbolic link leads it outside the warehouse "
+                            f"(to {real})")
+        return full
 
     def read(self, path: str) -> bytes:
         return self._path(path).read_bytes()
@@ -125,7 +148,7 @@ class LocalStorage:
         return open(self._path(path), "rb")
 
     def list(self, prefix: str) -> list[Entry]:
-        base = self._path(prefix) if prefix else self.root
+        base = self._path(prefix.rstrip("/"))
         entries = []
         for directory, _, files in os.walk(base):
             for name in files:

@@ -44,7 +44,7 @@ from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import maintenance
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import WarehouseState
-from replicator.targets.delta.storage import LocalStorage, Storage
+from replicator.targets.delta.storage import LocalStorage, Storage, is_directory_name
 from replicator.targets.delta.stores import open_storage
 from replicator.targets.delta.table import ReplicaTable
 from replicator.targets.delta.view_table import view_directories
@@ -71,9 +71,14 @@ def target_table(meta: dict[str, Any]) -> TargetTable:
 
 
 def directory_name(source_name: str) -> str:
-    """A table's directory: its schema-qualified name, characters other than letters, digits,
-    '.', '_' and '-' replaced (object stores and Hadoop paths take these as they are)."""
-    return re.sub(r"[^\w.-]", "_", source_name)[:120] or "table"
+    """A new table's directory: its schema-qualified name, characters other than letters, digits,
+    '.', '_' and '-' replaced (object stores and Hadoop paths take these as they are). A name
+    starting with '.' or '_' gets the prefix 'table-': readers (Spark, Delta, Hadoop) skip such
+    directories as hidden, and every entry of replicator's own (_replicator, _views, the lock
+    file, a table's _delta_log) starts so, as do '.' and '..': no table takes one, or leaves the
+    warehouse. Storage refuses a path out of it all the same."""
+    name = re.sub(r"[^\w.-]", "_", source_name)[:120]
+    return name if name and not name.startswith((".", "_")) else f"table-{name}"
 
 
 class _Tables:
@@ -115,6 +120,7 @@ class DeltaTarget:
             self.state = WarehouseState(self.storage)
             if not self.state.exists:
                 self._check_new_warehouse()
+            self._check_directories()
             self._tables: dict[str, ReplicaTable] = {}
             for directory in self.state.directories():
                 self._open(directory)
@@ -165,6 +171,15 @@ class DeltaTarget:
             raise UserError(f"{self.storage.url} holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''} "
                             f"and is not a replicator Delta warehouse (no {STATE_DIRECTORY}): give the warehouse "
                             f"another path, or an empty one")
+
+    def _check_directories(self) -> None:
+        """The directories _replicator records are kept as they are (only new tables get
+        directory_name's), unless one is no directory of the warehouse's own: an older
+        version's table named '..' wrote outside it."""
+        for directory, name in sorted(self.state.directories().items()):
+            if not is_directory_name(directory):
+                raise UserError(f"{self.storage.url}: the warehouse records table {name} in the directory "
+                                f"{directory!r}, which is not one of its own: replicate into a new warehouse")
 
     def _rewind_ahead(self) -> None:
         """A crash between a batch's table commits and _replicator's leaves tables holding the
@@ -399,12 +414,16 @@ class DeltaTarget:
         replica.reset(table_meta(table), table.structure)
 
     def _free_directory(self, wanted: str, table_id: int) -> str:
-        """wanted, or wanted-2, -3...: a directory no kept table has. A dropped table's is taken
-        again (dropped in this transaction too), and so is one holding this very table, which
-        a crash left out of _replicator (the table committed, the warehouse's commit not)."""
+        """wanted, or wanted-2, -3...: a directory no kept table has, compared without case (object
+        stores served through case-insensitive gateways, macOS and Windows folders, and Spark's
+        catalog fold it): public.T and public.t both replicate, the second one created taking
+        public.t-2, rather than one refused. A dropped table's is taken again (dropped in this
+        transaction too), and so is one holding this very table, which a crash left out of
+        _replicator (the table committed, the warehouse's commit not)."""
         assert self._directories is not None
+        taken = {directory.casefold() for directory in self._directories}
         candidate, n = wanted, 1
-        while candidate in self._directories or candidate == STATE_DIRECTORY or not self._reusable(candidate, table_id):
+        while candidate.casefold() in taken or not self._reusable(candidate, table_id):
             n += 1
             candidate = f"{wanted}-{n}"
         return candidate
