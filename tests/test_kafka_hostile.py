@@ -113,6 +113,31 @@ def test_a_publisher_does_not_resume_from_a_commit_a_plain_producer_wrote(
     assert replica(db) == source_rows(conn)
 
 
+def test_a_publisher_whose_last_commit_is_at_a_tick_the_source_consumer_is_not_at_stops_in_one_line(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str) -> None:
+    """A commit in a transaction of another transactional.id (a principal the ACLs let write) passes the
+    marker check: the publisher checks its tick against the source consumer's."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    conn.execute("INSERT INTO orders SELECT g, 'late' || g FROM generate_series(6, 8) g")
+    tick = forced_tick(conn)
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    transactional_write(kafka.bootstrap, kafka_prefix, {**commit, "commit": commit["commit"] + 1, "tick": tick})
+    line = one_error_line(run_cli(dsn, "consume", "q", "--target", url, "--until-caught-up"))
+    assert f"at tick {tick}, but consumer" in line
+
+
+def transactional_write(bootstrap: str, prefix: str, commit: dict[str, Any]) -> None:
+    """A commit record written in a transaction of a transactional.id other than the publisher's."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"other.{prefix}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(f"__replicator.{prefix}", json.dumps(commit).encode(), b"commit",
+                     headers=[(SEQUENCE_HEADER, b"%d.%d" % (commit["commit"], commit["records"]))])
+    producer.commit_transaction(30)
+
+
 # finding 4 ---------------------------------------------------------------------------------
 
 def test_a_follower_applies_nothing_after_a_commit_numbered_far_ahead_by_a_plain_producer(
@@ -192,13 +217,7 @@ def test_a_follower_waiting_for_offsets_no_partition_reaches_stops_on_sigterm_an
     assert commit is not None
     forged = {**commit, "commit": commit["commit"] + 1,
               "offsets": {topic: {p: o + 1000 for p, o in parts.items()} for topic, parts in commit["offsets"].items()}}
-    producer = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": f"other.{kafka_prefix}"})
-    producer.init_transactions(30)
-    producer.begin_transaction()
-    producer.produce(f"__replicator.{kafka_prefix}", json.dumps(forged).encode(), b"commit",
-                     headers=[(SEQUENCE_HEADER, b"%d.%d" % (forged["commit"], forged["records"]))])
-    producer.commit_transaction(30)
-    del producer
+    transactional_write(kafka.bootstrap, kafka_prefix, forged)
     # a daemon: SIGTERM stops it promptly, its target transaction rolled back
     daemon = Daemon(dsn, "consume", "--source", url, "--target", f"sqlite:{db}", "--poll-interval", "0.05",
                     log=tmp_path / "daemon.log")

@@ -74,6 +74,8 @@ class KafkaTarget:
     # follower then finds each table whole on one topic, and a table created later under the old
     # name cannot compact the renamed table's rows away.
     copies_renamed_tables = True
+    # its position is in topics others may be able to write: it must match the source consumer's
+    resumes_where_the_source_is = True
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
