@@ -428,6 +428,10 @@ class Follower:
         count = 0
         for message in records:
             count += 1
+            topic = where(message)[0]
+            table = by_topic.get(topic)
+            if topic != self._schema[0] and table is None and self._followed is not None:
+                continue   # a table not followed, before or after a followed one in the same topic
             number, index = sequence = sequence_of(message)
             commit = self._step_commits.get(number)
             if not applied < number <= goal or (commit is not None and index >= commit.records):
@@ -436,14 +440,10 @@ class Follower:
             if sequence in seen:
                 raise bad_record(message, f"is record {number}.{index} again")
             seen.add(sequence)
-            topic = where(message)[0]
             if topic == self._schema[0]:
                 changes.flush()
                 self._schema_change(message, tables, by_topic, truncated)
                 continue
-            table = by_topic.get(topic)
-            if table is None and self._followed is not None:
-                continue   # a table not followed, before or after a followed one in the same topic
             if table is None:
                 raise UserError(f"{topic} holds changes of a table this follower has no structure of (its schema "
                                 f"changes came before this follower's position): follow it into a new target, "
