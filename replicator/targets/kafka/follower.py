@@ -107,6 +107,7 @@ class Follower:
                  skip: Iterable[str] = ()) -> None:
         self.settings = settings
         self.skip = frozenset(skip)   # records to pass over, TOPIC:PARTITION:OFFSET (--skip-record)
+        self._skipped: set[str] = set()   # those met
         self._stop = StopFlag()
         self.target = target
         self.queue = f"kafka:{settings.prefix}"
@@ -245,6 +246,7 @@ class Follower:
         if located(message) not in self.skip:
             return False
         log.warning("record %s passed over (--skip-record)", located(message))
+        self._skipped.add(located(message))
         return True
 
     def _read_commits(self, wait: float) -> None:
@@ -586,4 +588,7 @@ class Follower:
             if done:
                 settle(self.target)
                 break
+        for record in sorted(self.skip - self._skipped):
+            log.warning("--skip-record %s: no such record was read (the follower is past it, or it is not there)",
+                        record)
         return applied
