@@ -288,7 +288,7 @@ class Follower:
                 low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, int(partition)),
                                                                 timeout=READ_COMMITS_TIMEOUT)
             except KafkaException as exc:
-                if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
                     continue   # a dropped table's topic, deleted: nothing more to read there
                 raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
             if not low <= offset <= high:

@@ -28,7 +28,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # (OffsetSpec is not in its __all__)
+    AdminClient,
+    OffsetSpec,
+)
 
 from replicator.errors import UserError
 from replicator.structure import TableStructure
@@ -214,11 +218,11 @@ class PublisherState:
         end: list[int] = []
         try:
             messages = list(read_to_end(consumer, topic, 0, "the publisher's commits", settings.brokers, end))
-            state._read(messages, end[0] if end else None)
-            if state.commit is not None:
-                _check_offsets(consumer, state.commit, topic)
         finally:
             consumer.close()
+        state._read(messages, end[0] if end else None)
+        if state.commit is not None:
+            _check_offsets(settings, state.commit, topic)
         return state
 
     def _read(self, messages: list[Message], end: int | None) -> None:
@@ -236,19 +240,26 @@ class PublisherState:
                     self.tables = tables_from_record(message)
 
 
-def _check_offsets(consumer: Consumer, commit: Commit, topic: str) -> None:
+def _check_offsets(settings: KafkaSettings, commit: Commit, topic: str) -> None:
     """The offsets a publisher copies into its commits from the last: each within its partition (a
-    dropped table's topic may be gone)."""
-    for name, parts in commit.offsets.items():
-        for partition, offset in parts.items():
-            try:
-                _, high = consumer.get_watermark_offsets(TopicPartition(name, partition), timeout=READ_TIMEOUT)
-            except KafkaException as exc:
-                if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    continue
-                raise
-            if offset >= high:
-                raise UserError(f"the last commit of {topic} ({topic}:0:{commit.offset}) says offset {offset} of "
-                                f"{name}:{partition} was written, but the partition ends at {high}: the publisher "
-                                f"did not write that commit, or the topics were deleted and made anew; check who may "
-                                f"write the topics (docs/kafka.md, Trust model), or publish to a new prefix")
+    dropped table's topic may be gone). One request for all."""
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    wanted = {TopicPartition(name, partition): latest
+              for name, parts in commit.offsets.items() for partition in parts}
+    if not wanted:
+        return
+    admin = settings.make(AdminClient)
+    answers = admin.list_offsets(wanted, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=READ_TIMEOUT)
+    for partition, answer in answers.items():
+        try:
+            high = answer.result().offset
+        except KafkaException as exc:
+            if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
+                continue
+            raise
+        offset = commit.offsets[partition.topic][partition.partition]
+        if offset >= high:
+            raise UserError(f"the last commit of {topic} ({topic}:0:{commit.offset}) says offset {offset} of "
+                            f"{partition.topic}:{partition.partition} was written, but the partition ends at {high}: "
+                            f"the publisher did not write that commit, or the topics were deleted and made anew; check "
+                            f"who may write the topics (docs/kafka.md, Trust model), or publish to a new prefix")
