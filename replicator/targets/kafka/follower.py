@@ -12,6 +12,12 @@ stored in the target as positions of the queue "kafka:PREFIX" in the same target
 A new follower starts at offset 0 of every topic: compacted table topics hold each row's
 last record (and the last truncate), the schema change topic every change, so replaying them
 in order builds every table as of the last commit.
+
+Nothing is trusted for having been read: a commit counts only when a transaction wrote it
+(state.transactions), commit numbers and stored offsets only move forward within the partitions,
+each record applied is one of the commits applied, read once, and decodes; anything else stops
+the follower in one line naming the record (--skip-record passes over it). docs/kafka.md, Trust
+model.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from replicator.errors import UserError
 from replicator.metrics import ConsumerMetrics
@@ -40,6 +46,7 @@ from replicator.targets.kafka.state import (
     committed_consumer,
     data,
     located,
+    partition_bounds,
     sequence_of,
     transactions,
     where,
@@ -280,22 +287,22 @@ class Follower:
     def _check_positions(self) -> None:
         """Stops when a stored offset lies past its partition's end, or before its start: the topics were
         deleted and made anew (or records the follower had not read were deleted)."""
+        stored: dict[Partition, int] = {}
         for name, offset in self.target.positions(self.queue).items():
-            topic, _, partition = name.rpartition(":")
-            if not topic or not partition.isdigit():
-                continue   # the tick, the commit number
-            try:
-                low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, int(partition)),
-                                                                timeout=READ_COMMITS_TIMEOUT)
-            except KafkaException as exc:
-                if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
-                    continue   # a dropped table's topic, deleted: nothing more to read there
-                raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
+            topic, _, number = name.rpartition(":")
+            if topic and number.isdigit():   # not the tick, the commit number
+                stored[(topic, int(number))] = offset
+        try:
+            bounds = partition_bounds(self.settings, stored)
+        except KafkaException as exc:
+            raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
+        for tp, (low, high) in bounds.items():   # a dropped table's topic may be gone
+            offset = stored[tp]
             if not low <= offset <= high:
-                raise UserError(f"{self.target.name} has read {name} up to offset {offset}, but the partition holds "
-                                f"offsets {low} to {high}: the topics of {self.settings.name} were deleted and made "
-                                f"anew, or records it had not read were deleted; follow into a new target (a new "
-                                f"follower bootstraps from the topics)")
+                raise UserError(f"{self.target.name} has read {tp[0]}:{tp[1]} up to offset {offset}, but the "
+                                f"partition holds offsets {low} to {high}: the topics of {self.settings.name} were "
+                                f"deleted and made anew, or records it had not read were deleted; follow into a new "
+                                f"target (a new follower bootstraps from the topics)")
 
     def _next_goal(self) -> tuple[Commit, dict[Partition, int]] | None:
         """The commits to apply next (about BATCH_RECORDS records), as their last commit and the last

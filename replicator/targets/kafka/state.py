@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,26 +240,36 @@ class PublisherState:
                     self.tables = tables_from_record(message)
 
 
-def _check_offsets(settings: KafkaSettings, commit: Commit, topic: str) -> None:
-    """The offsets a publisher copies into its commits from the last: each within its partition (a
-    dropped table's topic may be gone). One request for all."""
-    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-    wanted = {TopicPartition(name, partition): latest
-              for name, parts in commit.offsets.items() for partition in parts}
+def partition_bounds(settings: KafkaSettings, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int],
+                                                                                        tuple[int, int]]:
+    """(first offset, end) of each partition a read_committed reader sees, asked in one request each (a
+    partition of a topic deleted is left out)."""
+    wanted = [TopicPartition(topic, partition) for topic, partition in partitions]
     if not wanted:
-        return
+        return {}
     admin = settings.make(AdminClient)
-    answers = admin.list_offsets(wanted, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=READ_TIMEOUT)
-    for partition, answer in answers.items():
+    answers = []
+    for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):  # type: ignore[no-untyped-call]
+        answers.append(admin.list_offsets({tp: spec for tp in wanted}, isolation_level=IsolationLevel.READ_COMMITTED,
+                                          request_timeout=READ_TIMEOUT))
+    bounds = {}
+    for tp in wanted:
         try:
-            high = answer.result().offset
+            bounds[(tp.topic, tp.partition)] = (answers[0][tp].result().offset, answers[1][tp].result().offset)
         except KafkaException as exc:
-            if exc.args[0].code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
-                continue
-            raise
-        offset = commit.offsets[partition.topic][partition.partition]
-        if offset >= high:
-            raise UserError(f"the last commit of {topic} ({topic}:0:{commit.offset}) says offset {offset} of "
-                            f"{partition.topic}:{partition.partition} was written, but the partition ends at {high}: "
-                            f"the publisher did not write that commit, or the topics were deleted and made anew; check "
-                            f"who may write the topics (docs/kafka.md, Trust model), or publish to a new prefix")
+            if exc.args[0].code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
+                raise
+    return bounds
+
+
+def _check_offsets(settings: KafkaSettings, commit: Commit, topic: str) -> None:
+    """The offsets a publisher copies into its commits from the last: each within its partition."""
+    offsets = {(name, partition): offset
+               for name, parts in commit.offsets.items() for partition, offset in parts.items()}
+    for (name, partition), (_, end) in partition_bounds(settings, offsets).items():
+        if offsets[(name, partition)] >= end:
+            raise UserError(f"the last commit of {topic} ({topic}:0:{commit.offset}) says offset "
+                            f"{offsets[(name, partition)]} of {name}:{partition} was written, but the partition ends "
+                            f"at {end}: the publisher did not write that commit, or the topics were deleted and made "
+                            f"anew; check who may write the topics (docs/kafka.md, Trust model), or publish to a new "
+                            f"prefix")
