@@ -634,6 +634,9 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
               help="Consumer name; default derived from the target. A stream to stdout (jsonl:-, tsv:-) without it "
                    "is a temporary consumer, unregistered when the command ends.")
 @click.option("--tables", help="Only these tables of the queue (T,...).")
+@click.option("--skip-record", "skip_records", multiple=True, metavar="TOPIC:PARTITION:OFFSET",
+              help="A follower passes over this record, one its publisher did not write, at which it stopped "
+                   "(repeatable; docs/kafka.md).")
 @click.option("--once", is_flag=True, help="Apply one batch and exit.")
 @click.option("--until-caught-up", is_flag=True, help="Tick, apply everything committed before now, exit.")
 @click.option("--recopy", is_flag=True,
@@ -654,7 +657,7 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
               help="delta: targets: a Spark setting for the views (repeatable).")
 @pass_ctx
 def consume(ctx: Context, queue_name: str | None, source_url: str | None, target_url: str,
-            consumer_name: str | None, tables: str | None,
+            consumer_name: str | None, tables: str | None, skip_records: tuple[str, ...],
             once: bool, until_caught_up: bool, recopy: bool, poll_interval: float, stats_interval: float,
             progress_interval: float, metrics_port: int | None, metrics_address: str, health_max_lag: str,
             spark_master: str | None, spark_conf: tuple[str, ...]) -> None:
@@ -690,13 +693,16 @@ def consume(ctx: Context, queue_name: str | None, source_url: str | None, target
         if recopy or consumer_name:
             raise UserError("--recopy and --consumer apply to consumers of a queue, not to followers of Kafka "
                             "topics (a new follower bootstraps from the topics)")
-        _follow(source_url, target_url, _split(tables) or None, once=once, until_caught_up=until_caught_up,
+        _follow(source_url, target_url, _split(tables) or None, skip_records, once=once,
+                until_caught_up=until_caught_up,
                 poll_interval=poll_interval, stats_interval=stats_interval, metrics_port=metrics_port,
                 metrics_address=metrics_address, health_max_lag=parse_duration(health_max_lag).total_seconds(),
                 spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
         return
     if queue_name is None:
         raise UserError("give the QUEUE to replicate (or --source kafka://BROKERS/PREFIX to follow a publisher)")
+    if skip_records:
+        raise UserError("--skip-record applies to followers of Kafka topics (--source), not to consumers of a queue")
     if (spark_master or spark_conf) and not target_url.startswith("delta:"):
         raise UserError("--spark-master and --spark-conf apply to a delta: target only (Spark computes "
                         "their views)")
@@ -719,7 +725,8 @@ def consume(ctx: Context, queue_name: str | None, source_url: str | None, target
         target.close()
 
 
-def _follow(source_url: str, target_url: str, tables: list[str] | None, *, once: bool, until_caught_up: bool,
+def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_records: tuple[str, ...], *,
+            once: bool, until_caught_up: bool,
             poll_interval: float, stats_interval: float, metrics_port: int | None, metrics_address: str,
             health_max_lag: float, spark_master: str | None, spark_conf: dict[str, str]) -> None:
     from replicator.targets import open_target
@@ -727,13 +734,17 @@ def _follow(source_url: str, target_url: str, tables: list[str] | None, *, once:
     from replicator.targets.kafka.settings import parse_url
 
     settings = parse_url(source_url)
+    for record in skip_records:
+        topic, _, offset = record.rpartition(":")
+        if not (topic.rpartition(":")[0] and topic.rpartition(":")[2].isdigit() and offset.isdigit()):
+            raise UserError(f"--skip-record {record}: give TOPIC:PARTITION:OFFSET, as the follower's error names it")
     if target_url.startswith("kafka:"):
         raise UserError("a follower writes a target of its own (sqlite:, delta:, jsonl:, tsv:), not Kafka")
     target = open_target(target_url, spark_master=spark_master, spark_conf=spark_conf)
     follower: Follower | None = None
     try:
         follower = Follower(settings, target, tables=tables, poll_interval=poll_interval,
-                            stats_interval=stats_interval, health_max_lag=health_max_lag)
+                            stats_interval=stats_interval, health_max_lag=health_max_lag, skip=skip_records)
         stop = StopFlag() if once or until_caught_up else StopFlag().install()
         _serve_metrics(follower.metrics, metrics_address, metrics_port, once=False)
         follower.run(once=once, until_caught_up=until_caught_up, stop=stop)

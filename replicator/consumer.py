@@ -289,6 +289,8 @@ class Consumer:
                      " (unregistered when this run ends; --consumer NAME registers one that stays)"
                      if self.temporary else "")
         else:
+            if getattr(self.target, "resumes_where_the_source_is", False):
+                self._check_resume(position)
             try:
                 self.source.set_consumer_position(self.queue, self.name, position)
             except UserError as exc:
@@ -303,6 +305,24 @@ class Consumer:
             log.info("consumer %s resumes queue %s at tick %s", self.name, self.queue, position)
         self._connected_once = True
         return self.source
+
+    def _check_resume(self, position: int) -> None:
+        """A target whose position others could have written (a Kafka publisher's commits) resumes only where
+        the source consumer is: at its last tick, or at the end of the batch it has open (the target
+        committed the batch, finish_batch did not run)."""
+        assert self.source is not None
+        info = next(c for c in self.source.consumers()
+                    if c["queue_name"] == self.queue and c["consumer_name"] == self.name)
+        ticks = {info["last_tick"]}
+        if info["batch_open"]:
+            batch = self.source.next_batch(self.queue, self.name)   # the batch open
+            if batch is not None:
+                ticks.add(self.source.batch_info(batch).tick_id)
+        if position not in ticks:
+            raise UserError(f"{self.target.name} holds queue {self.queue!r} at tick {position}, but consumer "
+                            f"{self.name} is at tick {info['last_tick']}: the target's position was not written "
+                            f"by this consumer (check who may write it), or the source was restored; publish to a "
+                            f"new target")
 
     def _recopy(self) -> None:
         """Rebuilds the target in place: every table it replicates, and every one the

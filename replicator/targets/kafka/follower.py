@@ -12,6 +12,12 @@ stored in the target as positions of the queue "kafka:PREFIX" in the same target
 A new follower starts at offset 0 of every topic: compacted table topics hold each row's
 last record (and the last truncate), the schema change topic every change, so replaying them
 in order builds every table as of the last commit.
+
+Nothing is trusted for having been read: a commit counts only when a transaction wrote it
+(state.transactions), commit numbers and stored offsets only move forward within the partitions,
+each record applied is one of the commits applied, read once, and decodes; anything else stops
+the follower in one line naming the record (--skip-record passes over it). docs/kafka.md, Trust
+model.
 """
 
 from __future__ import annotations
@@ -19,9 +25,8 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
@@ -29,11 +34,23 @@ from replicator.errors import UserError
 from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.structure import TableStructure, reconcile
-from replicator.targets.kafka.envelope import EnvelopeSettings, TableEnvelope, decode_schema_change
-from replicator.targets.kafka.history import TableHistory
+from replicator.targets.kafka.envelope import EnvelopeSettings, TableEnvelope
+from replicator.targets.kafka.history import TableHistory, schema_change_of
 from replicator.targets.kafka.reader import Partition, PartitionReader
 from replicator.targets.kafka.settings import KafkaSettings
-from replicator.targets.kafka.state import COMMIT_KEY, Commit, committed_consumer, data, sequence_of, where
+from replicator.targets.kafka.state import (
+    COMMIT_KEY,
+    TABLES_KEY,
+    Commit,
+    bad_record,
+    committed_consumer,
+    data,
+    located,
+    partition_bounds,
+    sequence_of,
+    transactions,
+    where,
+)
 from replicator.targets.kafka.topics import schema_topic, state_topic, table_topic
 from replicator.targets.protocol import Row, Target, TargetTable, settle
 from replicator.wording import counted
@@ -47,6 +64,12 @@ RUN_ROWS = 5000          # rows applied in one target call, at most (a bootstrap
 READ_COMMITS_TIMEOUT = 60.0   # seconds --until-caught-up may take to read the commits to their end
 PROBE_EVERY = 5.0        # seconds between the metadata requests that ask whether Kafka is back after an outage
 PROBE_TIMEOUT = 1.0      # seconds one may take
+VISIBLE_WAIT = 30.0      # seconds a partition may stay short of the offset a commit names (Kafka ends a
+                         # transaction partition by partition) before the follower gives up
+
+
+class _Stopped(Exception):
+    """The stop flag, set while a step waited: the step is rolled back."""
 
 
 @dataclass
@@ -87,8 +110,12 @@ _KINDS = {"c": "I", "u": "U", "r": "R"}
 
 class Follower:
     def __init__(self, settings: KafkaSettings, target: Target, *, tables: list[str] | None = None,
-                 poll_interval: float = 0.2, stats_interval: float = 30.0, health_max_lag: float = 300.0) -> None:
+                 poll_interval: float = 0.2, stats_interval: float = 30.0, health_max_lag: float = 300.0,
+                 skip: Iterable[str] = ()) -> None:
         self.settings = settings
+        self.skip = frozenset(skip)   # records to pass over, TOPIC:PARTITION:OFFSET (--skip-record)
+        self._skipped: set[str] = set()   # those met
+        self._stop = StopFlag()
         self.target = target
         self.queue = f"kafka:{settings.prefix}"
         others = sorted(target.queues() - {self.queue})
@@ -114,6 +141,9 @@ class Follower:
                                                         "error_cb": self._client_error})
         self.reader = PartitionReader(self.consumer, self._outage)
         self._commits: list[Commit] = []   # read, not applied yet
+        self._unchecked: list[Message] = []   # of the state topic, read before what follows them was
+        self._goal: Commit | None = None             # the last commit of the step being applied
+        self._step_commits: dict[int, Commit] = {}   # number → each commit of that step
         self._envelopes: dict[int, TableEnvelope] = {}
         self._envelope_settings = EnvelopeSettings(prefix=settings.prefix, database="")   # as the commits give
         self._unreachable: str | None = None   # why Kafka is unreachable, while it is
@@ -125,7 +155,7 @@ class Follower:
         holds, which --tables must name by a name each has or had (one renamed since is still
         followed); a name of another table the target lacks is refused (its earlier rows are not
         here)."""
-        history = TableHistory.read(self.settings, self._schema[0])
+        history = TableHistory.read(self.settings, self._schema[0], self.skip)
         self._topics = history.topics
         wanted = set(self.table_filter)
         published = {name for names in history.names.values() for name in names}
@@ -218,12 +248,61 @@ class Follower:
 
     # reading ---------------------------------------------------------------------------------
 
+    def _passed_over(self, message: Message) -> bool:
+        """Whether --skip-record names the record (said at WARNING when it does)."""
+        if located(message) not in self.skip:
+            return False
+        log.warning("record %s passed over (--skip-record)", located(message))
+        self._skipped.add(located(message))
+        return True
+
     def _read_commits(self, wait: float) -> None:
-        """Commit records that came since the last read (or the position, at first)."""
+        """Commit records that came since the last read (or the position, at first), each checked: written
+        by a transaction (state.transactions), numbered after the one before."""
         self.reader.assign({self._state: self._offset(self._state)})
-        for message in self.reader.available(self._state, wait):
-            if message.key() == COMMIT_KEY and message.value() is not None:
-                self._commits.append(Commit.from_json(data(message.value()), where(message)[2]))
+        read = [m for m in self.reader.available(self._state, wait) if not self._passed_over(m)]
+        runs, self._unchecked = transactions(self._unchecked + read, self.reader.end(self._state))
+        for run, transactional in runs:
+            if not transactional:
+                raise bad_record(run[0], f"is of no transaction: no transaction marker follows it (if a record of "
+                                         f"another producer took the marker's place, at offset "
+                                         f"{where(run[-1])[2] + 1}, pass over that one instead)")
+            for message in run:
+                if message.key() == TABLES_KEY:
+                    continue
+                if message.key() != COMMIT_KEY:
+                    raise bad_record(message, "has a key no record of the state topic has")
+                commit = Commit.from_record(message)
+                if sequence_of(message)[0] != commit.number:
+                    raise bad_record(message, f"is commit {commit.number}, but its header says another")
+                last = self._commits[-1].number if self._commits else self.target.positions(self.queue).get(COMMIT, 0)
+                if commit.number <= last:
+                    raise UserError(f"commit {commit.number} ({located(message)}) comes after commit {last}: the "
+                                    f"topics of {self.settings.name} were deleted and made anew (their commits number "
+                                    f"from 1 again), or something else writes them; {self.target.name} holds what the "
+                                    f"old ones held: follow into a new target (a new follower bootstraps from the "
+                                    f"topics)")
+                self._commits.append(commit)
+
+    def _check_positions(self) -> None:
+        """Stops when a stored offset lies past its partition's end, or before its start: the topics were
+        deleted and made anew (or records the follower had not read were deleted)."""
+        stored: dict[Partition, int] = {}
+        for name, offset in self.target.positions(self.queue).items():
+            topic, _, number = name.rpartition(":")
+            if topic and number.isdigit():   # not the tick, the commit number
+                stored[(topic, int(number))] = offset
+        try:
+            bounds = partition_bounds(self.settings, stored)
+        except KafkaException as exc:
+            raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
+        for tp, (low, high) in bounds.items():   # a dropped table's topic may be gone
+            offset = stored[tp]
+            if not low <= offset <= high:
+                raise UserError(f"{self.target.name} has read {tp[0]}:{tp[1]} up to offset {offset}, but the "
+                                f"partition holds offsets {low} to {high}: the topics of {self.settings.name} were "
+                                f"deleted and made anew, or records it had not read were deleted; follow into a new "
+                                f"target (a new follower bootstraps from the topics)")
 
     def _next_goal(self) -> tuple[Commit, dict[Partition, int]] | None:
         """The commits to apply next (about BATCH_RECORDS records), as their last commit and the last
@@ -238,6 +317,7 @@ class Follower:
             if records >= BATCH_RECORDS:
                 break
         goal = self._commits[taken - 1]
+        self._step_commits = {c.number: c for c in self._commits[:taken]}
         del self._commits[:taken]
         return goal, {(topic, partition): last for topic, parts in goal.offsets.items()
                       for partition, last in parts.items()}
@@ -250,6 +330,7 @@ class Follower:
         if planned is None:
             return None
         goal, ends = planned
+        self._goal = goal
         self._use_envelope(goal)
         started = time.monotonic()
         stats = FollowStats(commit=goal.number, tick=goal.tick)
@@ -265,7 +346,8 @@ class Follower:
                 if tp[0] in topics:
                     streams.append(self._partition(tp, ends))
                     read.append(tp)
-            stats.records = self._apply(heapq.merge(*streams, key=sequence_of))
+            stats.records = self._apply(heapq.merge(*streams, key=sequence_of),
+                                        self.target.positions(self.queue).get(COMMIT, 0), goal.number)
             for tp in read:
                 self.target.set_position(self.queue, f"{tp[0]}:{tp[1]}", ends[tp] + 1)
             self.target.set_position(self.queue, f"{self._state[0]}:0", goal.offset + 1)
@@ -287,7 +369,23 @@ class Follower:
         if tp not in ends or self._offset(tp) > ends[tp]:
             return iter(())
         self._assign([tp], ends)
-        return self.reader.records(tp, ends[tp])
+        return (m for m in self.reader.records(tp, ends[tp], self._stalled(tp, ends[tp]))
+                if not self._passed_over(m))
+
+    def _stalled(self, tp: Partition, last: int) -> Callable[[float], None]:
+        """What a read waiting for tp to reach offset last does each second: stops when asked to, and gives
+        up after VISIBLE_WAIT seconds."""
+        def check(seconds: float) -> None:
+            if self._stop.is_set:
+                raise _Stopped
+            if seconds > VISIBLE_WAIT:
+                assert self._goal is not None
+                commit = f"{self._state[0]}:0:{self._goal.offset}"
+                raise UserError(f"commit {self._goal.number} ({commit}) says the publisher wrote {tp[0]}:{tp[1]} up "
+                                f"to offset {last}, but the partition has ended before it for {VISIBLE_WAIT:.0f}s: "
+                                f"the publisher did not write that commit (pass over it with --skip-record {commit}), "
+                                f"or the topics were deleted and made anew (follow into a new target)")
+        return check
 
     def _use_envelope(self, commit: Commit) -> None:
         """Records are read as the publisher wrote them, which its commits say: with schemas or not,
@@ -315,7 +413,7 @@ class Follower:
         if self._followed is None:
             return topics
         for message in schema_records:
-            change = decode_schema_change(data(message.value()))
+            change = schema_change_of(message)
             table_id, topic = change["table_id"], change.get("topic")
             if (change["call"] == "create" and change["name"] in self.table_filter
                     and where(message)[2] >= self._names_resolved_until):
@@ -325,50 +423,76 @@ class Follower:
                 topics.add(topic)
         return topics
 
-    def _apply(self, records: Iterable[Message]) -> int:
-        """Applies merged records in order; returns how many."""
+    def _apply(self, records: Iterable[Message], applied: int, goal: int) -> int:
+        """Applies merged records in order; returns how many. Each must be one the commits after commit
+        `applied` up to commit `goal` cover: of one of their numbers, within the count of records its
+        commit gives (when the commit is still there to say), and read once."""
         tables = {t.table_id: t for t in self.target.tables().values()}
         by_topic = {table_topic(self.settings.prefix, t.structure.schema, t.structure.name): t
                     for t in tables.values()}
         changes = _Changes(self.target)
         deletes: dict[tuple[str, int], bytes | None] = {}   # partition → the key of its last record, a delete's
+        seen: set[tuple[int, int]] = set()
+        truncated: set[tuple[int, int]] = set()   # (table id, commit) of each truncate applied
         count = 0
         for message in records:
             count += 1
             topic = where(message)[0]
+            table = by_topic.get(topic)
+            if topic != self._schema[0] and table is None and self._followed is not None:
+                continue   # a table not followed, before or after a followed one in the same topic
+            number, index = sequence = sequence_of(message)
+            commit = self._step_commits.get(number)
+            if not applied < number <= goal or (commit is not None and index >= commit.records):
+                raise bad_record(message, f"is record {number}.{index}, which no commit from {applied + 1} to "
+                                          f"{goal} holds")
+            if sequence in seen:
+                raise bad_record(message, f"is record {number}.{index} again")
+            seen.add(sequence)
             if topic == self._schema[0]:
                 changes.flush()
-                self._schema_change(decode_schema_change(data(message.value())), tables, by_topic)
+                self._schema_change(message, tables, by_topic, truncated)
                 continue
-            table = by_topic.get(topic)
-            if table is None and self._followed is not None:
-                continue   # a table not followed, before or after a followed one in the same topic
             if table is None:
                 raise UserError(f"{topic} holds changes of a table this follower has no structure of (its schema "
                                 f"changes came before this follower's position): follow it into a new target, "
                                 f"which bootstraps every table it lists")
-            envelope = self._envelope(table)
-            value = message.value()
             partition = where(message)[:2]
             deleted, deletes[partition] = deletes.get(partition), None
-            if value is None:
-                # a tombstone: the row is gone; applied unless it follows its delete record (cleaned away
-                # by Kafka after a while: then the tombstone alone says so)
+            kind, row = self._decoded(message, table)
+            if kind == "tombstone":
+                # the row is gone; applied unless it follows its delete record (cleaned away by Kafka after a
+                # while: then the tombstone alone says so)
                 if deleted != message.key():
-                    changes.add(table, "D", envelope.decode_key(data(message.key())))
-                continue
-            change = envelope.decode_value(value)
-            if change.op == "d":
-                deletes[partition] = message.key()
-                changes.add(table, "D", envelope.decode_key(data(message.key())))
-            elif change.op == "t":
+                    changes.add(table, "D", row)
+            elif kind == "T":
                 changes.flush()
                 self.target.truncate(table)
+                truncated.add((table.table_id, number))
             else:
-                assert change.after is not None
-                changes.add(table, _KINDS[change.op], change.after)
+                if kind == "D":
+                    deletes[partition] = message.key()
+                changes.add(table, kind, row)
         changes.flush()
         return count
+
+    def _decoded(self, message: Message, table: TargetTable) -> tuple[str, Row]:
+        """What a change record says: (kind, the key or row); kind I, U, R, D, T or tombstone."""
+        envelope = self._envelope(table)
+        try:
+            value = message.value()
+            if value is None:
+                return "tombstone", envelope.decode_key(data(message.key()))
+            change = envelope.decode_value(value)
+            if change.op == "d":
+                return "D", envelope.decode_key(data(message.key()))
+            if change.op == "t":
+                return "T", ()
+            if change.op not in _KINDS or change.after is None:
+                raise ValueError(f"op {change.op!r} without a row")
+            return _KINDS[change.op], change.after
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise bad_record(message, f"is no change of {table.source_name} ({type(exc).__name__}: {exc})") from None
 
     def _envelope(self, table: TargetTable) -> TableEnvelope:
         envelope = self._envelopes.get(table.table_id)
@@ -376,13 +500,19 @@ class Follower:
             envelope = self._envelopes[table.table_id] = TableEnvelope(table.structure, self._envelope_settings)
         return envelope
 
-    def _schema_change(self, change: dict[str, Any], tables: dict[int, TargetTable],
-                       by_topic: dict[str, TargetTable]) -> None:
-        """Repeats the publisher's target call on this follower's target."""
+    def _schema_change(self, message: Message, tables: dict[int, TargetTable], by_topic: dict[str, TargetTable],
+                       truncated: set[tuple[int, int]]) -> None:
+        """Repeats the publisher's target call on this follower's target. A create of a table held is a copy
+        again, which the publisher marks (`again`), or, before it did, truncated first in the same commit."""
+        change = schema_change_of(message)
         call, table_id = change["call"], change["table_id"]
         if self._followed is not None and table_id not in self._followed:
             return
         old = tables.get(table_id)
+        if (call == "create" and old is not None and change.get("again") is not True
+                and (table_id, sequence_of(message)[0]) not in truncated):
+            raise bad_record(message, f"creates {old.source_name} again, which this follower holds, as no copy again "
+                                      f"does (applied, it would empty the table)")
         if change.get("event") and old is not None:
             self.target.schema_event(old, change["event"])
         structure = TableStructure.from_json(change["structure"])
@@ -420,10 +550,11 @@ class Follower:
     def run(self, *, once: bool = False, until_caught_up: bool = False, stop: StopFlag | None = None) -> int:
         """Runs until stopped, for one step (once), or until every commit made before the call is
         applied (until_caught_up). Returns the number of steps that applied something."""
-        stop = stop or StopFlag()
+        stop = self._stop = stop or StopFlag()
         applied = 0
         goal: int | None = None
         self._wait_for_publisher(stop, waits=not (once or until_caught_up))
+        self._check_positions()
         if until_caught_up:   # the goal: the last commit Kafka holds now
             deadline = time.monotonic() + READ_COMMITS_TIMEOUT
             self._read_commits(self.poll_interval)
@@ -437,7 +568,10 @@ class Follower:
                 return 0
         summary_started, records, lag = time.monotonic(), 0, 0.0
         while not stop.is_set:
-            stats = self.step(wait=self.poll_interval)
+            try:
+                stats = self.step(wait=self.poll_interval)
+            except _Stopped:
+                break
             if self._reachable(applied=stats is not None):
                 self.metrics.ran()
             if stats is not None:
@@ -461,4 +595,7 @@ class Follower:
             if done:
                 settle(self.target)
                 break
+        for record in sorted(self.skip - self._skipped):
+            log.warning("--skip-record %s: no such record was read (the follower is past it, or it is not there)",
+                        record)
         return applied

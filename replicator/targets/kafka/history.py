@@ -8,9 +8,35 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from confluent_kafka import Message
+
+from replicator.structure import TableStructure
 from replicator.targets.kafka.envelope import decode_schema_change
 from replicator.targets.kafka.settings import KafkaSettings
-from replicator.targets.kafka.state import committed_consumer, data, read_to_end, where
+from replicator.targets.kafka.state import bad_record, committed_consumer, data, located, read_to_end, where
+
+_FIELDS: dict[str, type | tuple[type, ...]] = {"call": str, "table_id": int, "name": str, "mode": str, "structure": str,
+                                               "topic": str, "old_name": str, "event": (dict, type(None))}
+_REQUIRED = {"call", "table_id", "name", "mode", "structure"}
+
+
+def schema_change_of(message: Message) -> dict[str, Any]:
+    """The target call a record of the schema change topic holds (decode_schema_change), checked: a record
+    that holds none is a located UserError."""
+    try:
+        change = decode_schema_change(data(message.value()))
+        if not isinstance(change, dict):
+            raise TypeError("not an object")
+        missing = sorted(_REQUIRED - change.keys())
+        if missing:
+            raise KeyError(", ".join(missing))
+        wrong = sorted(name for name, kind in _FIELDS.items() if name in change and not isinstance(change[name], kind))
+        if wrong or type(change["table_id"]) is not int:
+            raise TypeError(f"{', '.join(wrong or ['table_id'])} of the wrong type")
+        TableStructure.from_json(change["structure"]).key_positions()   # its key among its columns
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise bad_record(message, f"is no schema change ({type(exc).__name__}: {exc})") from None
+    return change
 
 
 @dataclass
@@ -22,14 +48,17 @@ class TableHistory:
     end: int = 0                                                 # the offset after the last record read
 
     @classmethod
-    def read(cls, settings: KafkaSettings, topic: str) -> TableHistory:
-        """The history the committed records of the schema change topic tell, to their end now."""
+    def read(cls, settings: KafkaSettings, topic: str, skip: frozenset[str] = frozenset()) -> TableHistory:
+        """The history the committed records of the schema change topic tell, to their end now (but the
+        records `skip` names: TOPIC:PARTITION:OFFSET)."""
         history = cls()
         consumer = committed_consumer(settings)
         try:
             for message in read_to_end(consumer, topic, 0, "the schema changes", settings.brokers):
                 offset = where(message)[2]
-                history.note(decode_schema_change(data(message.value())), offset)
+                if located(message) in skip:
+                    continue
+                history.note(schema_change_of(message), offset)
                 history.end = offset + 1
         finally:
             consumer.close()

@@ -74,6 +74,8 @@ class KafkaTarget:
     # follower then finds each table whole on one topic, and a table created later under the old
     # name cannot compact the renamed table's rows away.
     copies_renamed_tables = True
+    # its position is in topics others may be able to write: it must match the source consumer's
+    resumes_where_the_source_is = True
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
@@ -187,12 +189,14 @@ class KafkaTarget:
             offsets.setdefault(topic, {})[partition] = offset
         for topic in self._dropped_topics:
             offsets.pop(topic, None)
+        if self._tables_changed:
+            self._produce(self._state_topic, TABLES_KEY, tables_to_json(self._tables))
+        # the transaction's last record on the state topic: its COMMIT marker follows it there, which
+        # followers check (state.transactions)
         commit = Commit(number=self._number, queue=queue, consumer=consumer, tick=tick,
                         ts_ms=int(time.time() * 1000), offsets=offsets, envelope=self._envelope_settings,
                         records=self._index)
         self._produce(self._state_topic, COMMIT_KEY, commit.to_json())
-        if self._tables_changed:
-            self._produce(self._state_topic, TABLES_KEY, tables_to_json(self._tables))
         self._flush()
         crash_point("kafka-commit-sent")
         # Once asked, Kafka may commit the batch whatever this call says: until Kafka says how the
@@ -442,8 +446,10 @@ class KafkaTarget:
 
     def create_table(self, table: TargetTable) -> None:
         topic = self._claim_topic(table)
+        # a table held already is copied again: followers take no other create of a table they hold
+        again = any(held.table_id == table.table_id for held in self._tables.values())
         self.save_table(table)
-        self._schema_record("CREATE", "create", table, {"topic": topic})
+        self._schema_record("CREATE", "create", table, {"topic": topic, **({"again": True} if again else {})})
 
     def alter_table(self, old: TargetTable, new: TargetTable, changes: list[Change]) -> None:
         topic = self._claim_topic(new)

@@ -5,6 +5,7 @@ buffered until taken, partitions far ahead of the others paused."""
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
@@ -50,19 +51,31 @@ class PartitionReader:
         """Whether the last read of tp reached its end (every committed record of it taken)."""
         return self._at_end(tp)
 
-    def records(self, tp: Partition, last: int) -> Iterator[Message]:
-        """The records of tp up to offset last, in order, fetched as they are needed."""
+    def end(self, tp: Partition) -> int | None:
+        """tp's end, when the last read of it reached it (every committed record of it taken); else None."""
+        return self._end[tp] if self._at_end(tp) else None
+
+    def records(self, tp: Partition, last: int, stalled: Callable[[float], None] | None = None) -> Iterator[Message]:
+        """The records of tp up to offset last, in order, fetched as they are needed; while none comes,
+        stalled(seconds without one) is called about each second (it raises to give up)."""
         buffer = self._buffers[tp]
+        idle_since: float | None = None
         while True:
             while buffer:
                 if where(buffer[0])[2] > last:
                     return
+                idle_since = None
                 yield buffer.popleft()
             if self._next[tp] > last or (tp in self._end and self._end[tp] > last and self._at_end(tp)):
                 return
             # an end reached before `last` is stale: the transaction's end shows in this partition later
             self._end.pop(tp, None)
+            reached = self._next[tp]
             self._fetch(1.0, until=lambda: bool(buffer) or self._next[tp] > last or self._at_end(tp), wanted=tp)
+            if not buffer and self._next[tp] == reached:
+                idle_since = idle_since or time.monotonic()
+                if stalled is not None:
+                    stalled(time.monotonic() - idle_since)
 
     def _take(self, tp: Partition, last: int | None) -> list[Message]:
         buffer = self._buffers[tp]

@@ -2,12 +2,19 @@
 as its last record, so that it commits with the rows it describes.
 
 Two keys, compacted: "commit", one per transaction: the queue, consumer and tick it brings
-Kafka to (the position a restarted publisher resumes from), its number, the last offset the
+Kafka to (the position a restarted publisher resumes from), its number, how many records the
+transaction wrote before it (their indexes, below), the last offset the
 publisher has written in each partition so far (how a follower knows it has read a whole
 transaction: Kafka makes a transaction's records visible partition by partition; and, the
 commits before being compacted away, where every partition ends for a new follower) and the
 envelope settings; "tables",
-written when they change: the tables the publisher replicates, as a file target keeps them.
+written when they change, before the commit: the tables the publisher replicates, as a file
+target keeps them.
+
+Kafka cannot say which producer wrote a record; a record of a committed transaction is followed,
+in its partition, by the transaction's marker, which readers are not given (transactions()): a
+commit counts only with one, and a record that does not decode stops a follower at it, named as
+--skip-record takes it (bad_record). docs/kafka.md, Trust model.
 
 Every record the publisher writes carries a header SEQUENCE, "COMMIT.INDEX": its transaction
 and its place in it. A follower applies the records of all topics in that order.
@@ -16,16 +23,23 @@ and its place in it. A follower applies the records of all topics in that order.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # (OffsetSpec is not in its __all__)
+    AdminClient,
+    OffsetSpec,
+)
 
 from replicator.errors import UserError
 from replicator.structure import TableStructure
 from replicator.targets.kafka.settings import KafkaSettings
 from replicator.targets.protocol import TargetTable
+
+log = logging.getLogger("replicator")
 
 SEQUENCE = "replicator.sequence"
 COMMIT_KEY = b"commit"
@@ -54,11 +68,24 @@ class Commit:
                            }).encode()
 
     @classmethod
-    def from_json(cls, data: bytes, offset: int) -> Commit:
-        d = json.loads(data)
-        return cls(number=d["commit"], queue=d["queue"], consumer=d["consumer"], tick=d["tick"], ts_ms=d["ts_ms"],
-                   records=d["records"], envelope=d["envelope"], offset=offset,
-                   offsets={t: {int(p): o for p, o in parts.items()} for t, parts in d["offsets"].items()})
+    def from_record(cls, message: Message) -> Commit:
+        """The commit a record of the state topic holds; a record that holds none is a located UserError."""
+        try:
+            d = json.loads(data(message.value()))
+            commit = cls(number=d["commit"], queue=d["queue"], consumer=d["consumer"], tick=d["tick"],
+                         ts_ms=d["ts_ms"], records=d["records"], envelope=d["envelope"], offset=where(message)[2],
+                         offsets={t: {int(p): o for p, o in parts.items()} for t, parts in d["offsets"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise bad_record(message, f"is no commit ({type(exc).__name__}: {exc})") from None
+        numbers = [commit.number, commit.tick, commit.ts_ms, commit.records,
+                   *(o for parts in commit.offsets.values() for o in parts.values())]
+        if (not all(type(n) is int and n >= 0 for n in numbers) or commit.number < 1
+                or not isinstance(commit.queue, str) or not isinstance(commit.consumer, str)
+                or not isinstance(commit.envelope, dict)
+                or commit.envelope.get("decimals") not in ("precise", "string", "double")
+                or type(commit.envelope.get("schemas")) is not bool):
+            raise bad_record(message, "is no commit (a field is missing or of the wrong type)")
+        return commit
 
 
 def tables_to_json(tables: dict[str, TargetTable]) -> bytes:
@@ -66,10 +93,13 @@ def tables_to_json(tables: dict[str, TargetTable]) -> bytes:
                               "copy_snapshot": t.copy_snapshot} for name, t in tables.items()}).encode()
 
 
-def tables_from_json(data: bytes) -> dict[str, TargetTable]:
-    return {name: TargetTable(source_name=name, table_id=t["table_id"], mode=t["mode"],
-                              structure=TableStructure.from_json(t["structure"]), copy_snapshot=t["copy_snapshot"])
-            for name, t in json.loads(data).items()}
+def tables_from_record(message: Message) -> dict[str, TargetTable]:
+    try:
+        return {name: TargetTable(source_name=name, table_id=t["table_id"], mode=t["mode"],
+                                  structure=TableStructure.from_json(t["structure"]), copy_snapshot=t["copy_snapshot"])
+                for name, t in json.loads(data(message.value())).items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise bad_record(message, f"is no list of tables ({type(exc).__name__}: {exc})") from None
 
 
 def where(message: Message) -> tuple[str, int, int]:
@@ -79,23 +109,66 @@ def where(message: Message) -> tuple[str, int, int]:
     return topic, partition, offset
 
 
+def located(message: Message) -> str:
+    """TOPIC:PARTITION:OFFSET, as --skip-record takes it."""
+    topic, partition, offset = where(message)
+    return f"{topic}:{partition}:{offset}"
+
+
+def bad_record(message: Message, what: str) -> UserError:
+    """A record replicator's publisher did not write: the follower stops at it, naming the way past."""
+    return UserError(f"record {located(message)} {what}: the publisher did not write it (check who may write the "
+                     f"topics: docs/kafka.md, Trust model); to pass over it, run the follower again with "
+                     f"--skip-record {located(message)}")
+
+
 def data(value: bytes | str | None) -> bytes:
     """A key or value that cannot be missing (the publisher writes each)."""
     if value is None:
-        raise UserError("a record replicator's publisher wrote has lost its key or value: the topic holds records "
-                        "replicator did not write")
+        raise ValueError("no value")
     return value.encode() if isinstance(value, str) else value
 
 
 def sequence_of(message: Message) -> tuple[int, int]:
     """(commit, index) from a record's SEQUENCE header."""
     headers = message.headers() or []
-    for name, value in headers.items() if isinstance(headers, dict) else headers:
-        if name == SEQUENCE and value is not None:
-            commit, _, index = data(value).partition(b".")
-            return int(commit), int(index)
-    raise UserError(f"record {message.offset()} of {message.topic()}[{message.partition()}] has no {SEQUENCE} "
-                    f"header: the topic holds records replicator's publisher did not write")
+    values = [value for name, value in (headers.items() if isinstance(headers, dict) else headers) if name == SEQUENCE]
+    if len(values) != 1 or values[0] is None:
+        raise bad_record(message, f"has no {SEQUENCE} header, or more than one")
+    commit, dot, index = data(values[0]).partition(b".")
+    if not (dot and commit.isdigit() and index.isdigit()):
+        raise bad_record(message, f"has a {SEQUENCE} header that is not COMMIT.INDEX")
+    return int(commit), int(index)
+
+
+def _commit_number(message: Message) -> int | None:
+    try:
+        return sequence_of(message)[0]
+    except UserError:
+        return None
+
+
+def transactions(messages: list[Message], end: int | None) -> tuple[list[tuple[list[Message], bool]], list[Message]]:
+    """The state topic's records in runs that one transaction of the publisher ends with, each with whether
+    Kafka shows it is one: a run is records of consecutive offsets and one SEQUENCE commit number; the
+    transaction's COMMIT marker takes the offset after its last record, which no reader is given, so the
+    record read next (or the end, when the partition's end was reached) is at least two offsets further.
+    A plain producer's records have no marker. Returns the runs, and the last records, whose run cannot
+    be told yet (what follows them has not been read: the end is None)."""
+    runs: list[tuple[list[Message], bool]] = []
+    run: list[Message] = []
+    for i, message in enumerate(messages):
+        run.append(message)
+        offset = where(message)[2]
+        following = where(messages[i + 1])[2] if i + 1 < len(messages) else end
+        if following is None:
+            return runs, run
+        if (following == offset + 1 and i + 1 < len(messages)
+                and None is not _commit_number(messages[i + 1]) == _commit_number(message)):
+            continue   # the same transaction goes on
+        runs.append((run, following >= offset + 2))
+        run = []
+    return runs, []
 
 
 def committed_consumer(settings: KafkaSettings, **extra: Any) -> Consumer:
@@ -106,8 +179,10 @@ def committed_consumer(settings: KafkaSettings, **extra: Any) -> Consumer:
     return settings.make(Consumer, **settings_)
 
 
-def read_to_end(consumer: Consumer, topic: str, start: int, what: str, brokers: str) -> Iterator[Message]:
-    """The committed records of partition 0 of topic from offset start to its current end."""
+def read_to_end(consumer: Consumer, topic: str, start: int, what: str, brokers: str,
+                end: list[int] | None = None) -> Iterator[Message]:
+    """The committed records of partition 0 of topic from offset start to its current end (appended to
+    `end`, when given)."""
     consumer.assign([TopicPartition(topic, 0, start)])
     try:
         while True:
@@ -119,6 +194,8 @@ def read_to_end(consumer: Consumer, topic: str, start: int, what: str, brokers: 
             if error is None:
                 yield message
             elif error.code() in (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART):
+                if end is not None:
+                    end.append((message.offset() or 0) if error.code() == KafkaError._PARTITION_EOF else 0)
                 return
             else:
                 raise KafkaException(error)
@@ -134,17 +211,65 @@ class PublisherState:
 
     @classmethod
     def read(cls, settings: KafkaSettings, topic: str) -> PublisherState:
+        """The last commit, and the tables, that transactions of the publisher wrote; records a plain producer
+        wrote to the topic are passed over, said at WARNING (the followers stop at them)."""
         state = cls()
         consumer = committed_consumer(settings)
+        end: list[int] = []
         try:
-            for message in read_to_end(consumer, topic, 0, "the publisher's commits", settings.brokers):
-                value = message.value()
-                if value is None:
-                    continue
-                if message.key() == COMMIT_KEY:
-                    state.commit = Commit.from_json(data(value), where(message)[2])
-                elif message.key() == TABLES_KEY:
-                    state.tables = tables_from_json(data(value))
+            messages = list(read_to_end(consumer, topic, 0, "the publisher's commits", settings.brokers, end))
         finally:
             consumer.close()
+        state._read(messages, end[0] if end else None)
+        if state.commit is not None:
+            _check_offsets(settings, state.commit, topic)
         return state
+
+    def _read(self, messages: list[Message], end: int | None) -> None:
+        runs, _ = transactions(messages, end)
+        for run, transactional in runs:
+            if not transactional:
+                log.warning("%s passed over: no transaction of the publisher wrote %s (check who may write "
+                            "the topics: docs/kafka.md, Trust model)", ", ".join(located(m) for m in run),
+                            "them" if len(run) > 1 else "it")
+                continue
+            for message in run:
+                if message.key() == COMMIT_KEY:
+                    self.commit = Commit.from_record(message)
+                elif message.key() == TABLES_KEY:
+                    self.tables = tables_from_record(message)
+
+
+def partition_bounds(settings: KafkaSettings, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int],
+                                                                                        tuple[int, int]]:
+    """(first offset, end) of each partition a read_committed reader sees, asked in one request each (a
+    partition of a topic deleted is left out)."""
+    wanted = [TopicPartition(topic, partition) for topic, partition in partitions]
+    if not wanted:
+        return {}
+    admin = settings.make(AdminClient)
+    answers = []
+    for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):  # type: ignore[no-untyped-call]
+        answers.append(admin.list_offsets({tp: spec for tp in wanted}, isolation_level=IsolationLevel.READ_COMMITTED,
+                                          request_timeout=READ_TIMEOUT))
+    bounds = {}
+    for tp in wanted:
+        try:
+            bounds[(tp.topic, tp.partition)] = (answers[0][tp].result().offset, answers[1][tp].result().offset)
+        except KafkaException as exc:
+            if exc.args[0].code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
+                raise
+    return bounds
+
+
+def _check_offsets(settings: KafkaSettings, commit: Commit, topic: str) -> None:
+    """The offsets a publisher copies into its commits from the last: each within its partition."""
+    offsets = {(name, partition): offset
+               for name, parts in commit.offsets.items() for partition, offset in parts.items()}
+    for (name, partition), (_, end) in partition_bounds(settings, offsets).items():
+        if offsets[(name, partition)] >= end:
+            raise UserError(f"the last commit of {topic} ({topic}:0:{commit.offset}) says offset "
+                            f"{offsets[(name, partition)]} of {name}:{partition} was written, but the partition ends "
+                            f"at {end}: the publisher did not write that commit, or the topics were deleted and made "
+                            f"anew; check who may write the topics (docs/kafka.md, Trust model), or publish to a new "
+                            f"prefix")

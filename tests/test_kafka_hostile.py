@@ -1,0 +1,308 @@
+"""Kafka topics written by something other than the publisher (issue 26, findings 3-7): a plain,
+non-transactional confluent_kafka Producer with write access to the topics, or an operator's topic
+reset. Nothing is applied that the publisher did not commit; a follower stops in one line naming
+the record and the way out; --skip-record gets past a record the publisher did not write.
+
+Everything is real: PostgreSQL, the session's broker, the `replicator` command, SQLite replicas."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from consumer_helpers import Daemon, forced_tick, run_cli, wait_until
+from kafka_helpers import SEQUENCE_HEADER, last_commit, read_committed, replay
+from kafkaserver import KafkaServer
+from replicator.errors import UserError
+from replicator.shutdown import StopFlag
+from replicator.source import Source
+from replicator.targets.kafka import follower as follower_module
+from replicator.targets.kafka.follower import Follower
+from replicator.targets.kafka.settings import parse_url
+from replicator.targets.sqlite.target import SqliteTarget
+
+
+def publish(dsn: str, url: str, *args: str) -> None:
+    result = run_cli(dsn, "consume", "q", "--target", url, "--until-caught-up", *args)
+    assert result.returncode == 0, result.stderr
+
+
+def follow(dsn: str, url: str, db: Path | str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A follower run --until-caught-up into db (a SQLite file, or a target URL)."""
+    target = db if isinstance(db, str) else f"sqlite:{db}"
+    return run_cli(dsn, "consume", "--source", url, "--target", target, "--until-caught-up", *args, timeout=180)
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def replica(path: Path) -> dict[int, Any]:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        return dict(db.execute('SELECT id, v FROM "orders"').fetchall())
+    finally:
+        db.close()
+
+
+def source_rows(conn: psycopg.Connection) -> dict[int, Any]:
+    return dict(conn.execute("SELECT id, v FROM orders").fetchall())
+
+
+def plain_write(bootstrap: str, topic: str, key: bytes | None, value: bytes | None,
+                header: bytes | None = None) -> int:
+    """A record written by a plain producer (no transaction); returns its offset."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    offsets: list[int] = []
+    producer.produce(topic, value, key, partition=0, headers=[(SEQUENCE_HEADER, header)] if header else None,
+                     on_delivery=lambda error, message: offsets.append(message.offset()))
+    assert producer.flush(30) == 0
+    return offsets[0]
+
+
+def forged_commit(bootstrap: str, prefix: str, **changes: Any) -> tuple[int, dict[str, Any]]:
+    """The publisher's last commit, changed, written again by a plain producer: its offset and value."""
+    commit = last_commit(bootstrap, prefix)
+    assert commit is not None
+    forged = {**commit, **changes}
+    offset = plain_write(bootstrap, f"__replicator.{prefix}", b"commit", json.dumps(forged).encode(),
+                         b"%d.%d" % (forged["commit"], forged["records"]))
+    return offset, forged
+
+
+@pytest.fixture
+def orders(dsn: str, conn: psycopg.Connection, source: Source) -> str:
+    conn.execute("CREATE TABLE orders (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO orders SELECT g, 'v' || g FROM generate_series(1, 5) g")
+    source.create_queue("q")
+    source.add_table("q", "orders")
+    return "orders"
+
+
+# finding 3 ---------------------------------------------------------------------------------
+
+def test_a_publisher_does_not_resume_from_a_commit_a_plain_producer_wrote(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path) -> None:
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    conn.execute("INSERT INTO orders SELECT g, 'late' || g FROM generate_series(6, 8) g")
+    tick = forced_tick(conn)
+    offset, _ = forged_commit(kafka.bootstrap, kafka_prefix, tick=tick, commit=99)
+    publish(dsn, url)
+    rows = replay(read_committed(kafka.bootstrap, f"{kafka_prefix}.public.orders"))[f"{kafka_prefix}.public.orders"]
+    assert sorted(row["id"] for row in rows.values()) == list(range(1, 9))
+    # a follower stops at the forged commit, naming it; passed over, it equals the source
+    db = tmp_path / "f.db"
+    forged = f"__replicator.{kafka_prefix}:0:{offset}"
+    line = one_error_line(follow(dsn, url, db))
+    assert forged in line and "--skip-record" in line
+    result = follow(dsn, url, db, "--skip-record", forged)
+    assert result.returncode == 0, result.stderr
+    assert f"record {forged} passed over" in result.stderr
+    assert replica(db) == source_rows(conn)
+
+
+def test_a_publisher_whose_last_commit_is_at_a_tick_the_source_consumer_is_not_at_stops_in_one_line(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str) -> None:
+    """A commit in a transaction of another transactional.id (a principal the ACLs let write) passes the
+    marker check: the publisher checks its tick against the source consumer's."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    conn.execute("INSERT INTO orders SELECT g, 'late' || g FROM generate_series(6, 8) g")
+    tick = forced_tick(conn)
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    transactional_write(kafka.bootstrap, kafka_prefix, {**commit, "commit": commit["commit"] + 1, "tick": tick})
+    line = one_error_line(run_cli(dsn, "consume", "q", "--target", url, "--until-caught-up"))
+    assert f"at tick {tick}, but consumer" in line
+
+
+def transactional_write(bootstrap: str, prefix: str, commit: dict[str, Any]) -> None:
+    """A commit record written in a transaction of a transactional.id other than the publisher's."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"other.{prefix}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(f"__replicator.{prefix}", json.dumps(commit).encode(), b"commit",
+                     headers=[(SEQUENCE_HEADER, b"%d.%d" % (commit["commit"], commit["records"]))])
+    producer.commit_transaction(30)
+
+
+# finding 4 ---------------------------------------------------------------------------------
+
+def test_a_follower_applies_nothing_after_a_commit_numbered_far_ahead_by_a_plain_producer(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path) -> None:
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    db = tmp_path / "f.db"
+    assert follow(dsn, url, db).returncode == 0
+    offset, _ = forged_commit(kafka.bootstrap, kafka_prefix, commit=10 ** 12)
+    conn.execute("INSERT INTO orders VALUES (6, 'six')")
+    publish(dsn, url)
+    forged = f"__replicator.{kafka_prefix}:0:{offset}"
+    assert forged in one_error_line(follow(dsn, url, db))
+    assert follow(dsn, url, db, "--skip-record", forged).returncode == 0
+    assert replica(db) == source_rows(conn)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "delta"])
+def test_a_follower_of_topics_deleted_and_made_anew_stops_in_one_line(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path, kind: str) -> None:
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    for i in range(6, 9):   # commits and offsets beyond those the new topics will have
+        conn.execute("INSERT INTO orders VALUES (%s, 'x')", (i,))
+        forced_tick(conn)
+        publish(dsn, url)
+    db = tmp_path / "f.db"
+    target = f"{kind}:{db}"
+    assert follow(dsn, url, target).returncode == 0
+    topics = [kafka_prefix, f"{kafka_prefix}.public.orders", f"__replicator.{kafka_prefix}"]
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for future in admin.delete_topics(topics).values():
+        future.result(30)
+    wait_until(lambda: not set(topics) & set(admin.list_topics(timeout=10).topics), 30, "the topics deleted")
+    conn.execute("DELETE FROM orders WHERE id = 1")
+    publish(dsn, url, "--consumer", "again")   # a new publisher copies the tables into new topics
+    line = one_error_line(follow(dsn, url, target))
+    assert "made anew" in line and "new target" in line
+    if kind == "sqlite":
+        assert 1 in replica(db)   # nothing applied: the replica is as the old topics left it
+
+
+# finding 5 ---------------------------------------------------------------------------------
+
+def test_a_create_record_written_again_by_a_plain_producer_does_not_empty_the_table(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path) -> None:
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    db = tmp_path / "f.db"
+    assert follow(dsn, url, db).returncode == 0
+    create = read_committed(kafka.bootstrap, kafka_prefix)[0]
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    offset = plain_write(kafka.bootstrap, kafka_prefix, create.key, create.value, b"%d.0" % (commit["commit"] + 1))
+    conn.execute("ALTER TABLE orders ADD COLUMN w int")   # the next commit covers the schema topic's end
+    conn.execute("INSERT INTO orders VALUES (6, 'six')")
+    publish(dsn, url)
+    forged = f"{kafka_prefix}:0:{offset}"
+    for target in (db, tmp_path / "new.db"):   # a follower, and a new one
+        assert forged in one_error_line(follow(dsn, url, target))
+        assert follow(dsn, url, target, "--skip-record", forged).returncode == 0
+        assert replica(target) == source_rows(conn)
+
+
+# finding 6 ---------------------------------------------------------------------------------
+
+def test_a_follower_waiting_for_offsets_no_partition_reaches_stops_on_sigterm_and_in_one_line(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit written in a transaction of another transactional.id (a principal the ACLs let write)
+    passes the marker check: its offsets past the partitions' ends are waited for a bounded time."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    db = tmp_path / "f.db"
+    assert follow(dsn, url, db).returncode == 0
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    forged = {**commit, "commit": commit["commit"] + 1,
+              "offsets": {topic: {p: o + 1000 for p, o in parts.items()} for topic, parts in commit["offsets"].items()}}
+    transactional_write(kafka.bootstrap, kafka_prefix, forged)
+    # a daemon: SIGTERM stops it promptly, its target transaction rolled back
+    daemon = Daemon(dsn, "consume", "--source", url, "--target", f"sqlite:{db}", "--poll-interval", "0.05",
+                    log=tmp_path / "daemon.log")
+    try:
+        wait_until(lambda: _writing(db), 60, "the daemon waiting inside a target transaction",
+                   check=lambda: _alive(daemon))
+        started = time.monotonic()
+        assert daemon.terminate(timeout=10) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        daemon.stop()
+    sqlite3.connect(db, timeout=1).execute("BEGIN IMMEDIATE").connection.rollback()   # no transaction left open
+    # in process, with a short wait: one line naming the commit
+    monkeypatch.setattr(follower_module, "VISIBLE_WAIT", 2.0)
+    target = SqliteTarget(db)
+    follower = Follower(parse_url(url), target)
+    try:
+        with pytest.raises(UserError, match=r"commit \d+ \(__replicator\.\S+:0:\d+\) says the publisher wrote"):
+            follower.run(until_caught_up=True, stop=StopFlag())
+    finally:
+        follower.close()
+        target.close()
+    assert replica(db) == {i: f"v{i}" for i in range(1, 6)}
+    # a restarted publisher does not copy the forged offsets into its commits
+    result = run_cli(dsn, "consume", "q", "--target", url, "--until-caught-up")
+    assert "says offset" in one_error_line(result)
+
+
+def _alive(daemon: Daemon) -> None:
+    assert daemon.alive(), daemon.log()
+
+
+def _writing(db: Path) -> bool:
+    """Whether another connection holds SQLite's write lock on db."""
+    if not db.exists():
+        return False
+    try:
+        sqlite3.connect(db, timeout=0).execute("BEGIN IMMEDIATE").connection.rollback()
+    except sqlite3.OperationalError:
+        return True
+    return False
+
+
+# finding 7 ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("poison", ["no header", "not JSON", "no change", "schema without structure"])
+def test_a_poison_record_stops_a_follower_in_one_line_and_skip_record_gets_past_it(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path, poison: str) -> None:
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    db = tmp_path / "f.db"
+    assert follow(dsn, url, db).returncode == 0
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    header = b"%d.0" % (commit["commit"] + 1)
+    topic = f"{kafka_prefix}.public.orders"
+    if poison == "no header":
+        offset = plain_write(kafka.bootstrap, topic, b"{}", b"{}")
+    elif poison == "not JSON":
+        offset = plain_write(kafka.bootstrap, topic, b"k", b"\xff not json", header)
+    elif poison == "no change":
+        offset = plain_write(kafka.bootstrap, topic, b"{}", b'{"payload": {"op": "c"}}', header)
+    else:
+        topic = kafka_prefix
+        value = {"payload": {"replicator": json.dumps({"call": "create", "table_id": 1, "name": "x", "mode": "full"})}}
+        offset = plain_write(kafka.bootstrap, topic, b"k", json.dumps(value).encode(), header)
+        conn.execute("ALTER TABLE orders ADD COLUMN w int")
+    conn.execute("INSERT INTO orders VALUES (6, 'six')")
+    publish(dsn, url)
+    poisoned = f"{topic}:0:{offset}"
+    for target in (db, tmp_path / "new.db"):   # a follower, and a new one
+        line = one_error_line(follow(dsn, url, target))
+        assert poisoned in line and "internal error" not in line
+        result = follow(dsn, url, target, "--skip-record", poisoned)
+        assert result.returncode == 0, result.stderr
+        assert replica(target) == source_rows(conn)
+
+
+def test_skip_record_takes_topic_partition_offset_only(dsn: str, kafka: KafkaServer, kafka_prefix: str,
+                                                      tmp_path: Path) -> None:
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    assert "TOPIC:PARTITION:OFFSET" in one_error_line(follow(dsn, url, tmp_path / "f.db", "--skip-record", "x:1"))
+
