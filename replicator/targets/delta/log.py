@@ -16,7 +16,6 @@ by delta-rs (the deltalake package), every CHECKPOINT_EVERY commits.
 from __future__ import annotations
 
 import copy
-import io
 import json
 import re
 import time
@@ -25,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replicator.targets.delta.storage import Storage
@@ -37,6 +37,13 @@ _COMMIT = re.compile(r"(\d{20})\.json")
 
 class CommitConflict(Exception):
     """Another writer committed the version this commit was for."""
+
+
+def read_parquet(data: bytes, columns: list[str] | None = None) -> pa.Table:
+    """A whole Parquet file's rows, read on this thread: pyarrow's thread pools reading
+    (use_threads, pre_buffer) abort a short-lived process at its exit now and then
+    ("terminate called without an active exception")."""
+    return pq.read_table(pa.BufferReader(data), columns=columns, use_threads=False, pre_buffer=False)
 
 
 def commit_path(table: str, version: int) -> str:
@@ -175,7 +182,7 @@ def _read_checkpoint(storage: Storage, snapshot: Snapshot, log_dir: str, last: d
              [f"{version:020d}.checkpoint.{i:010d}.{parts:010d}.parquet" for i in range(1, parts + 1)])
     for name in names:
         with storage.open_read(f"{log_dir}/{name}") as f:
-            rows = pq.read_table(io.BytesIO(f.read())).to_pylist()
+            rows = read_parquet(f.read()).to_pylist()
         for row in rows:
             if row.get("add"):
                 snapshot.files[row["add"]["path"]] = _checkpoint_add(row["add"])

@@ -264,7 +264,7 @@ def _live_rows(storage: Storage, directory: str, path: str, deleted: BitMap | No
     added since it was written are NULL, dropped ones left out); and which rows of the file they
     are, and how many it has."""
     with storage.open_read(f"{directory}/{path}") as f:
-        data = pq.read_table(f)
+        data = delta_log.read_parquet(f.read())
     total = data.num_rows
     kept = np.arange(total, dtype=np.int64)
     if deleted:

@@ -69,7 +69,7 @@ class WarehouseState:
         recorded = set(self.directories())
         for path in self.snapshot.files:
             with self.storage.open_read(f"{DIRECTORY}/{path}") as f:
-                recorded.update(pq.read_table(f, columns=["directory"]).column("directory").to_pylist())
+                recorded.update(delta_log.read_parquet(f.read(), ["directory"]).column("directory").to_pylist())
         return recorded
 
     def commit(self, position: tuple[str, int] | None, versions: Iterable[tuple[str, str, int]],
