@@ -256,13 +256,13 @@ class DeltaTarget:
             if table.staged is None:
                 continue
             applied = table.applied(app) if app is not None else None
-            if applied is not None and tick is not None and applied > tick:
-                # never skipped: a batch holds a tick after the last the table holds (a follower's topics made
-                # anew number their commits from 1 again)
-                raise UserError(f"{directory} holds tick {applied} of {app}, past tick {tick} this batch ends at: "
-                                f"what feeds the warehouse went back (topics made anew, a source restored); "
-                                f"rebuild the warehouse into a new directory")
-            if applied is not None and tick is not None and applied == tick:
+            if app is not None and applied is not None and tick is not None and applied >= tick:
+                if applied > tick and applied <= self.state.positions().get(app, 0):
+                    # ahead of the batch, not ahead of the position as a crash leaves it: what feeds the
+                    # warehouse went back (a follower's topics made anew number their commits from 1 again)
+                    raise UserError(f"{directory} holds tick {applied} of {app}, past tick {tick} this batch ends "
+                                    f"at: what feeds the warehouse went back (topics made anew, a source restored); "
+                                    f"rebuild the warehouse into a new directory")
                 log.debug("%s holds tick %s already: the batch is skipped for it", directory, applied)
                 table.rollback()
                 continue
