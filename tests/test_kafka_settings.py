@@ -69,7 +69,10 @@ def test_the_fence_holds_for_the_environment_and_the_settings_file(tmp_path: Pat
         parse_url(url_with(), environ={variable: value})
     config = tmp_path / "kafka.properties"
     config.write_text(f"# ours\nsecurity.protocol=SSL\n{setting} = {value}\n")
-    with pytest.raises(UserError, match=f"'{setting}' in {config} line 3 is refused"):
+    # a name the fence knows is named with why; another (a misspelling may be a secret) by its line only
+    refused = (f"'{setting}' in {config} line 3 is refused" if setting != "partitioner" else
+               f"{config} line 3 is not NAME=VALUE with NAME a librdkafka setting")
+    with pytest.raises(UserError, match=refused):
         parse_url(url_with(), environ={"REPLICATOR_KAFKA_CONFIG": str(config)})
 
 
@@ -294,3 +297,50 @@ def test_parsing_any_url_text_is_settings_or_a_user_error(text: str) -> None:
         pass
     else:
         assert isinstance(parsed, KafkaSettings) and parsed.prefix and parsed.brokers
+
+
+@pytest.mark.parametrize("line", [
+    "sasl.password: c2VjcmV0Cg==",     # Java properties' "name: value" (base64 secrets end in "=")
+    "sasl.password c2VjcmV0Cg==",      # Java properties' "name value"
+    "sasl.pass=word=c2VjcmV0Cg==",     # an unknown name
+    "c2VjcmV0Cg==",
+])
+def test_a_settings_file_line_it_cannot_take_is_named_by_its_number_only(tmp_path: Path, line: str) -> None:
+    config = tmp_path / "kafka.properties"
+    config.write_text("# the client's settings\n" + line + "\n")
+    with pytest.raises(UserError, match=f"{config} line 2") as raised:
+        parse_url(url_with(), {"REPLICATOR_KAFKA_CONFIG": str(config)})
+    assert "c2VjcmV0" not in str(raised.value) and "sasl.pass" not in str(raised.value), str(raised.value)
+
+
+@pytest.mark.parametrize("url", [f"kafka:user:{SECRET}@broker:9092/p", f"kafka:/user:{SECRET}@broker:9092/p",
+                                 f"kafka:user:{SECRET}@a@broker:9092/p", f"Kafka://user:{SECRET}@broker:9092/p"])
+def test_a_kafka_url_missing_a_slash_is_refused_without_its_credentials(url: str) -> None:
+    with pytest.raises(UserError) as raised:
+        parse_url(url, {})
+    assert SECRET not in str(raised.value) and "user" not in str(raised.value), str(raised.value)
+
+
+def test_the_projects_test_broker_variable_is_outside_the_settings_space() -> None:
+    """bin/kafkaserver.py reads where the test broker's jars are cached from a variable outside
+    REPLICATOR_KAFKA_* (every name there is a setting, or refused): a developer who sets it can use
+    kafka:// URLs."""
+    kafkaserver = (Path(__file__).parent.parent / "bin" / "kafkaserver.py").read_text()
+    assert "REPLICATOR_TEST_KAFKA_JARS" in kafkaserver and "REPLICATOR_KAFKA_JARS" not in kafkaserver
+    with pytest.raises(UserError, match="REPLICATOR_KAFKA_JARS names no Kafka setting"):
+        parse_url(url_with(), {"REPLICATOR_KAFKA_JARS": "/opt/kafka-jars"})
+    assert parse_url(url_with(), {"REPLICATOR_TEST_KAFKA_JARS": "/opt/kafka-jars"}).prefix == "shop"
+
+
+@pytest.mark.parametrize("url", [f"https://app:{SECRET}@idp.example/token", f"https://idp.example/token?key={SECRET}"])
+def test_a_token_endpoint_url_librdkafka_would_log_with_credentials_is_refused(url: str) -> None:
+    with pytest.raises(UserError, match=r"sasl\.oauthbearer\.token\.endpoint\.url.* is refused") as raised:
+        parse_url(url_with(), {"REPLICATOR_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": url})
+    assert SECRET not in str(raised.value)
+    assert parse_url(url_with(), {"REPLICATOR_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": "https://idp.example/token"})
+
+
+@pytest.mark.parametrize("ciphers", ["aNULL", "ALL:@SECLEVEL=0", "HIGH"])
+def test_a_cipher_list_that_could_admit_an_unauthenticated_broker_is_refused(ciphers: str) -> None:
+    with pytest.raises(UserError, match=r"'ssl\.cipher\.suites'.* is refused"):
+        parse_url(url_with(f"kafka.ssl.cipher.suites={ciphers}"), environ={})
