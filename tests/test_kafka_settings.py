@@ -6,6 +6,7 @@ malformed URL is one line."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -22,7 +23,7 @@ from consumer_helpers import REPLICATOR, cli_env, run_cli, wait_until
 from kafka_helpers import publish, read_committed
 from replicator.errors import UserError
 from replicator.targets.kafka.settings import KafkaSettings, parse_url
-from replicator.targets.kafka.topics import schema_topic, state_topic, table_topic
+from replicator.targets.kafka.topics import SCHEMA_CONFIG, STATE_CONFIG, Topics, schema_topic, state_topic, table_topic
 
 SECRET = "s3cret-Zq8"
 
@@ -344,3 +345,31 @@ def test_a_token_endpoint_url_librdkafka_would_log_with_credentials_is_refused(u
 def test_a_cipher_list_that_could_admit_an_unauthenticated_broker_is_refused(ciphers: str) -> None:
     with pytest.raises(UserError, match=r"'ssl\.cipher\.suites'.* is refused"):
         parse_url(url_with(f"kafka.ssl.cipher.suites={ciphers}"), environ={})
+
+
+def test_a_prefix_whose_topics_kafka_reads_as_anothers_is_refused_naming_both(kafka, kafka_prefix: str) -> None:
+    """Kafka refuses a topic whose name equals an existing one's with '.' read as '_' (their metrics
+    collide): prefixes x.y and x_y both pass the prefix rule; the second is refused in one line."""
+    first, second = f"{kafka_prefix}.y", f"{kafka_prefix}_y"
+    Topics(parse_url(f"kafka://{kafka.bootstrap}/{first}", environ={})).ensure(schema_topic(first), SCHEMA_CONFIG)
+    topics = Topics(parse_url(f"kafka://{kafka.bootstrap}/{second}", environ={}))
+    with pytest.raises(UserError, match=f"topic {second} would collide with topic {re.escape(first)}"):
+        topics.ensure(schema_topic(second), SCHEMA_CONFIG)
+    with pytest.raises(UserError, match=f"topic {re.escape(state_topic(second))} .*topic {re.escape(state_topic(first))}"):
+        Topics(parse_url(f"kafka://{kafka.bootstrap}/{first}", environ={})).ensure(state_topic(first), STATE_CONFIG)
+        topics.ensure(state_topic(second), STATE_CONFIG)
+
+
+def test_two_tables_whose_topics_kafka_reads_as_one_are_refused_naming_both(dsn: str, kafka,
+                                                                             kafka_prefix: str) -> None:
+    """a.b_c and a_b.c publish to PREFIX.a.b_c and PREFIX.a_b.c, one topic to Kafka."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute('CREATE SCHEMA a; CREATE SCHEMA a_b; CREATE TABLE a.b_c (id int PRIMARY KEY);'
+                     ' CREATE TABLE a_b.c (id int PRIMARY KEY)')
+        conn.execute("SELECT replicator.create_queue('q')")
+        conn.execute("SELECT replicator.add_table('q', 'a.b_c')")
+        conn.execute("SELECT replicator.add_table('q', 'a_b.c')")
+    result = publish(dsn, f"kafka://{kafka.bootstrap}/{kafka_prefix}")
+    error = result.stderr.splitlines()[-1]
+    assert result.returncode == 1 and error.startswith("error: "), result.stderr
+    assert "a_b.c and a.b_c would both publish" in error or "a.b_c and a_b.c would both publish" in error, error
