@@ -2,9 +2,10 @@
 controller in one JVM) in its own directory, listening on 127.0.0.1 only.
 
 Kafka runs from its Maven Central jars rather than a distribution: Maven fetches them once into
-$REPLICATOR_KAFKA_JARS, else ~/.cache/replicator/kafka-broker ($XDG_CACHE_HOME), one directory per
-Kafka version. `python bin/kafkaserver.py fetch` does it ahead and prints the jars' directory
-(bin/setup-env runs it for the dev extra); a broker's first start does it otherwise.
+$REPLICATOR_TEST_KAFKA_JARS (not REPLICATOR_KAFKA_*: every name there is a Kafka setting), else
+~/.cache/replicator/kafka-broker ($XDG_CACHE_HOME), one directory per Kafka version.
+`python bin/kafkaserver.py fetch` does it ahead and prints the jars' directory (bin/setup-env runs
+it for the dev extra); a broker's first start does it otherwise.
 
 The cache also keeps the classes a broker loads, as the JVM archives them (class data sharing),
 for the Java that runs it: the first broker stopped cleanly writes the archive, and later ones
@@ -92,8 +93,8 @@ _QUIET.propagate = False
 
 def cache_dir(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
-    if env.get("REPLICATOR_KAFKA_JARS"):
-        root = Path(env["REPLICATOR_KAFKA_JARS"])
+    if env.get("REPLICATOR_TEST_KAFKA_JARS"):
+        root = Path(env["REPLICATOR_TEST_KAFKA_JARS"])
     else:
         root = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "replicator" / "kafka-broker"
     return root.expanduser() / KAFKA_VERSION

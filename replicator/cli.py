@@ -68,14 +68,15 @@ def _print_rows(rows: list[dict[str, Any]], title: str | None = None) -> None:
     terminal, cells too wide for it wrap (names must stay whole: they are typed back
     into commands such as `queue unregister`)."""
     if not rows:
-        console.print(Text(f"(no {title or 'rows'})"))
+        console.print(Text(printable(f"(no {title or 'rows'})")))
         return
-    # Cells are Text, never markup: names come from the database ("feed[b]eu", "[/x]").
-    table = Table(title=Text(title) if title else None, title_justify="left")
+    # Cells are Text, never markup, their control characters escaped: names come from the database
+    # ("feed[b]eu", "[/x]", an escape sequence that would clear the terminal).
+    table = Table(title=Text(printable(title)) if title else None, title_justify="left")
     for column in rows[0]:
-        table.add_column(Text(column), overflow="fold")
+        table.add_column(Text(printable(column)), overflow="fold")
     for row in rows:
-        table.add_row(*(Text("" if v is None else ", ".join(map(str, v)) if isinstance(v, list) else str(v))
+        table.add_row(*(Text(printable("" if v is None else ", ".join(map(str, v)) if isinstance(v, list) else str(v)))
                         for v in row.values()))
     if console.is_terminal:
         console.print(table)

@@ -16,6 +16,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from replicator.errors import UserError
+from replicator.source import db
+from replicator.source.db import parse_dsn
+
 SCRIPT = Path(sys.executable).parent / "replicator"
 
 
@@ -417,3 +421,46 @@ def test_a_name_holding_a_newline_never_splits_a_log_line_or_an_error(app, tmp_p
     assert result.returncode == 0, result.stderr
     assert "evil\\nINFO fake line" in result.stderr, result.stderr
     assert not any(line.startswith("INFO fake line") for line in result.stderr.splitlines()), result.stderr
+
+
+@pytest.mark.parametrize("dsn", [
+    "host=localhost sslpassword=s3 cret dbname=db",             # sslpassword: the client key's passphrase
+    "postgresql://localhost/db?sslpassword=s3 cret",
+    "postgresql://postgres:s3@cret word@localhost/db",           # a password holding "@" (and a space)
+    "postgresql://localhost:5432/db?password=s3@cret%zz",        # "@" in the query's password
+    'host=localhost password=s3"cret dbname=db x',               # a quote in the secret
+])
+def test_a_dsn_libpq_cannot_read_shows_no_part_of_any_secret_and_the_forms_it_takes(dsn):
+    with pytest.raises(UserError) as raised:
+        parse_dsn(dsn)
+    message = str(raised.value)
+    assert "cret" not in message, message
+    assert "invalid DSN" in message and "postgresql://" in message and "key=value" in message, message
+
+
+def test_a_dsn_without_secrets_libpq_cannot_read_is_named_by_libpqs_reason():
+    with pytest.raises(UserError, match='invalid connection option "no_such_option"'):
+        parse_dsn("host=localhost no_such_option=1")
+
+
+@pytest.mark.parametrize("secret", ["password", "sslpassword", "oauth_client_secret"])
+def test_a_server_out_of_reach_is_named_without_any_secret_parameter_of_the_dsn(secret):
+    """The ticker and maint log this line and report it as /health's reason while the source is away."""
+    with pytest.raises(UserError) as raised:
+        db.connect(f"host=127.0.0.1 port={_free_port()} sslmode=disable {secret}=s3cret connect_timeout=2")
+    assert "cannot connect" in str(raised.value) and f"{secret}=***" in str(raised.value), str(raised.value)
+    assert "s3cret" not in str(raised.value), str(raised.value)
+
+
+def test_a_name_holding_an_escape_sequence_reaches_no_terminal_through_a_list(app):
+    name = "evil\n\x1b[2Jpublic.forged"
+    with psycopg.connect(app, autocommit=True) as c:
+        c.execute(f'CREATE TABLE "{name}" (id int PRIMARY KEY)')
+    added = run("table", "add", "q", f'"{name}"', dsn=app)
+    assert added.returncode == 0, added.stderr
+    for listing in (["table", "list", "q"], ["status"]):
+        listed = run(*listing, dsn=app)
+        assert listed.returncode == 0, listed.stderr
+        assert "\x1b" not in listed.stdout and "evil\\n\\x1b[2Jpublic.forged" in listed.stdout, repr(listed.stdout)
+    as_json = run("table", "list", "q", "--json", dsn=app).stdout
+    assert "\x1b" not in as_json and [t["table"] for t in json.loads(as_json)] == [f"public.{name}"]

@@ -6,6 +6,7 @@ malformed URL is one line."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -22,7 +23,7 @@ from consumer_helpers import REPLICATOR, cli_env, run_cli, wait_until
 from kafka_helpers import publish, read_committed
 from replicator.errors import UserError
 from replicator.targets.kafka.settings import KafkaSettings, parse_url
-from replicator.targets.kafka.topics import schema_topic, state_topic, table_topic
+from replicator.targets.kafka.topics import SCHEMA_CONFIG, STATE_CONFIG, Topics, schema_topic, state_topic, table_topic
 
 SECRET = "s3cret-Zq8"
 
@@ -69,7 +70,10 @@ def test_the_fence_holds_for_the_environment_and_the_settings_file(tmp_path: Pat
         parse_url(url_with(), environ={variable: value})
     config = tmp_path / "kafka.properties"
     config.write_text(f"# ours\nsecurity.protocol=SSL\n{setting} = {value}\n")
-    with pytest.raises(UserError, match=f"'{setting}' in {config} line 3 is refused"):
+    # a name the fence knows is named with why; another (a misspelling may be a secret) by its line only
+    refused = (f"'{setting}' in {config} line 3 is refused" if setting != "partitioner" else
+               f"{config} line 3 is not NAME=VALUE with NAME a librdkafka setting")
+    with pytest.raises(UserError, match=refused):
         parse_url(url_with(), environ={"REPLICATOR_KAFKA_CONFIG": str(config)})
 
 
@@ -294,3 +298,78 @@ def test_parsing_any_url_text_is_settings_or_a_user_error(text: str) -> None:
         pass
     else:
         assert isinstance(parsed, KafkaSettings) and parsed.prefix and parsed.brokers
+
+
+@pytest.mark.parametrize("line", [
+    "sasl.password: c2VjcmV0Cg==",     # Java properties' "name: value" (base64 secrets end in "=")
+    "sasl.password c2VjcmV0Cg==",      # Java properties' "name value"
+    "sasl.pass=word=c2VjcmV0Cg==",     # an unknown name
+    "c2VjcmV0Cg==",
+])
+def test_a_settings_file_line_it_cannot_take_is_named_by_its_number_only(tmp_path: Path, line: str) -> None:
+    config = tmp_path / "kafka.properties"
+    config.write_text("# the client's settings\n" + line + "\n")
+    with pytest.raises(UserError, match=f"{config} line 2") as raised:
+        parse_url(url_with(), {"REPLICATOR_KAFKA_CONFIG": str(config)})
+    assert "c2VjcmV0" not in str(raised.value) and "sasl.pass" not in str(raised.value), str(raised.value)
+
+
+@pytest.mark.parametrize("url", [f"kafka:user:{SECRET}@broker:9092/p", f"kafka:/user:{SECRET}@broker:9092/p",
+                                 f"kafka:user:{SECRET}@a@broker:9092/p", f"Kafka://user:{SECRET}@broker:9092/p"])
+def test_a_kafka_url_missing_a_slash_is_refused_without_its_credentials(url: str) -> None:
+    with pytest.raises(UserError) as raised:
+        parse_url(url, {})
+    assert SECRET not in str(raised.value) and "user" not in str(raised.value), str(raised.value)
+
+
+def test_the_projects_test_broker_variable_is_outside_the_settings_space() -> None:
+    """bin/kafkaserver.py reads where the test broker's jars are cached from a variable outside
+    REPLICATOR_KAFKA_* (every name there is a setting, or refused): a developer who sets it can use
+    kafka:// URLs."""
+    kafkaserver = (Path(__file__).parent.parent / "bin" / "kafkaserver.py").read_text()
+    assert "REPLICATOR_TEST_KAFKA_JARS" in kafkaserver and "REPLICATOR_KAFKA_JARS" not in kafkaserver
+    with pytest.raises(UserError, match="REPLICATOR_KAFKA_JARS names no Kafka setting"):
+        parse_url(url_with(), {"REPLICATOR_KAFKA_JARS": "/opt/kafka-jars"})
+    assert parse_url(url_with(), {"REPLICATOR_TEST_KAFKA_JARS": "/opt/kafka-jars"}).prefix == "shop"
+
+
+@pytest.mark.parametrize("url", [f"https://app:{SECRET}@idp.example/token", f"https://idp.example/token?key={SECRET}"])
+def test_a_token_endpoint_url_librdkafka_would_log_with_credentials_is_refused(url: str) -> None:
+    with pytest.raises(UserError, match=r"sasl\.oauthbearer\.token\.endpoint\.url.* is refused") as raised:
+        parse_url(url_with(), {"REPLICATOR_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": url})
+    assert SECRET not in str(raised.value)
+    assert parse_url(url_with(), {"REPLICATOR_KAFKA_SASL_OAUTHBEARER_TOKEN_ENDPOINT_URL": "https://idp.example/token"})
+
+
+@pytest.mark.parametrize("ciphers", ["aNULL", "ALL:@SECLEVEL=0", "HIGH"])
+def test_a_cipher_list_that_could_admit_an_unauthenticated_broker_is_refused(ciphers: str) -> None:
+    with pytest.raises(UserError, match=r"'ssl\.cipher\.suites'.* is refused"):
+        parse_url(url_with(f"kafka.ssl.cipher.suites={ciphers}"), environ={})
+
+
+def test_a_prefix_whose_topics_kafka_reads_as_anothers_is_refused_naming_both(kafka, kafka_prefix: str) -> None:
+    """Kafka refuses a topic whose name equals an existing one's with '.' read as '_' (their metrics
+    collide): prefixes x.y and x_y both pass the prefix rule; the second is refused in one line."""
+    first, second = f"{kafka_prefix}.y", f"{kafka_prefix}_y"
+    Topics(parse_url(f"kafka://{kafka.bootstrap}/{first}", environ={})).ensure(schema_topic(first), SCHEMA_CONFIG)
+    topics = Topics(parse_url(f"kafka://{kafka.bootstrap}/{second}", environ={}))
+    with pytest.raises(UserError, match=f"topic {second} would collide with topic {re.escape(first)}"):
+        topics.ensure(schema_topic(second), SCHEMA_CONFIG)
+    with pytest.raises(UserError, match=f"topic {re.escape(state_topic(second))} .*topic {re.escape(state_topic(first))}"):
+        Topics(parse_url(f"kafka://{kafka.bootstrap}/{first}", environ={})).ensure(state_topic(first), STATE_CONFIG)
+        topics.ensure(state_topic(second), STATE_CONFIG)
+
+
+def test_two_tables_whose_topics_kafka_reads_as_one_are_refused_naming_both(dsn: str, kafka,
+                                                                             kafka_prefix: str) -> None:
+    """a.b_c and a_b.c publish to PREFIX.a.b_c and PREFIX.a_b.c, one topic to Kafka."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute('CREATE SCHEMA a; CREATE SCHEMA a_b; CREATE TABLE a.b_c (id int PRIMARY KEY);'
+                     ' CREATE TABLE a_b.c (id int PRIMARY KEY)')
+        conn.execute("SELECT replicator.create_queue('q')")
+        conn.execute("SELECT replicator.add_table('q', 'a.b_c')")
+        conn.execute("SELECT replicator.add_table('q', 'a_b.c')")
+    result = publish(dsn, f"kafka://{kafka.bootstrap}/{kafka_prefix}")
+    error = result.stderr.splitlines()[-1]
+    assert result.returncode == 1 and error.startswith("error: "), result.stderr
+    assert "a_b.c and a.b_c would both publish" in error or "a.b_c and a_b.c would both publish" in error, error

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import cache
 from typing import Any
 
 import psycopg
 import psycopg.conninfo
+import psycopg.pq
 
 from replicator.errors import UserError, first_line
 
@@ -44,45 +45,47 @@ def open_connection(conninfo: str, *, autocommit: bool = True,
     return conn
 
 
-# A password in a DSN: a URI's user:password@ or ?password= parameter; key=value's password=, quoted
-# (to the end if the quote is never closed) or unquoted (to the next space)
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_URI_PASSWORDS = (re.compile(r"^([^/]*//[^/?#@:]*:)[^@]*(?=@)"), re.compile(r"([?&]password=)[^&]*", re.IGNORECASE))
-_KEY_VALUE_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*(?:'|$)|\S+)", re.IGNORECASE)
+@cache
+def secret_parameters() -> frozenset[str]:
+    """The connection parameters libpq marks as secret (password, sslpassword, oauth_client_secret
+    in libpq 18): its own list, so that a secret a later libpq adds is masked too."""
+    return frozenset(option.keyword.decode() for option in psycopg.pq.Conninfo.get_defaults()
+                     if option.dispchar == b"*")
+
+
+# What libpq reads; said when it cannot read a DSN
+_FORMS = ("use key=value pairs (host=HOST dbname=NAME ..., a value with spaces in single quotes) or a URI "
+          "postgresql://[USER[:PASSWORD]@]HOST[:PORT]/NAME[?NAME=VALUE&...], special characters percent-encoded")
 
 
 def parse_dsn(conninfo: str) -> dict[str, Any]:
-    """The parameters of a DSN; one libpq cannot read is a UserError saying why, its password masked
-    (libpq's message quotes the text it stopped at: a URI whole)."""
+    """The parameters of a DSN; one libpq cannot read is a UserError saying so and which forms it
+    reads, with libpq's reason only when the DSN can hold no secret (libpq quotes the text it stopped
+    at, which may be any part of a password: no masking of text libpq cannot read is safe)."""
     try:
         return psycopg.conninfo.conninfo_to_dict(conninfo)
     except psycopg.ProgrammingError as exc:
-        first_reason = first_line(exc)
-    uri = _URI.match(conninfo) is not None
-    masked = conninfo
-    for password in _URI_PASSWORDS if uri else (_KEY_VALUE_PASSWORD,):
-        masked = password.sub(r"\1***", masked)
-    try:
-        psycopg.conninfo.conninfo_to_dict(masked)
-        reason = _unquoted(first_reason)   # the mistake is in the password (a quote never closed)
-    except psycopg.ProgrammingError as exc:
-        # libpq quotes the word it stopped at: of a key=value DSN, maybe the rest of a password that
-        # holds a space; of a URI, the URI (masked)
-        reason = first_line(exc) if uri or masked == conninfo else _unquoted(first_line(exc))
-    raise UserError(f"invalid DSN (--dsn or $REPLICATOR_DSN): {reason}") from None
+        reason = first_line(exc)
+    if _may_hold_secret(conninfo):
+        raise UserError(f"invalid DSN (--dsn or $REPLICATOR_DSN): libpq cannot read it (its reason is not shown: "
+                        f"it may hold a password); {_FORMS}") from None
+    raise UserError(f"invalid DSN (--dsn or $REPLICATOR_DSN): {reason}; {_FORMS}") from None
 
 
-def _unquoted(message: str) -> str:
-    """libpq's message without the text it quotes (but its "=")."""
-    return re.sub(r'"[^"]*"', lambda quoted: quoted.group() if quoted.group() == '"="' else '"…"', message)
+def _may_hold_secret(conninfo: str) -> bool:
+    """Whether a DSN libpq cannot read may hold a secret: a URI's USER:PASSWORD@, a secret's name, or
+    percent-encoding (which can spell one)."""
+    lowered = conninfo.lower()
+    return "@" in conninfo or "%" in conninfo or any(secret in lowered for secret in secret_parameters())
 
 
 def without_password(conninfo: str) -> str:
-    """The connection string with its password masked, for messages and logs."""
+    """The connection string with each secret parameter libpq has masked, for messages and logs."""
     params = parse_dsn(conninfo)
-    if "password" not in params:
+    secrets = secret_parameters() & params.keys()
+    if not secrets:
         return conninfo
-    return psycopg.conninfo.make_conninfo("", **{**params, "password": "***"})
+    return psycopg.conninfo.make_conninfo("", **{**params, **dict.fromkeys(secrets, "***")})
 
 
 def connect(dsn: str | None, *, autocommit: bool = True, application_name: str = "replicator") -> psycopg.Connection:

@@ -39,7 +39,15 @@ from replicator.targets.kafka.state import (
     PublisherState,
     tables_to_json,
 )
-from replicator.targets.kafka.topics import SCHEMA_CONFIG, STATE_CONFIG, Topics, schema_topic, state_topic, table_topic
+from replicator.targets.kafka.topics import (
+    SCHEMA_CONFIG,
+    STATE_CONFIG,
+    Topics,
+    kafka_name,
+    schema_topic,
+    state_topic,
+    table_topic,
+)
 from replicator.targets.protocol import Row, TargetTable, queue_positions
 
 log = logging.getLogger("replicator")
@@ -437,10 +445,10 @@ class KafkaTarget:
         topic = self.topic(table)
         for other in self._tables.values():
             # (a table of the same name is the one this replaces: dropped and created again)
-            if other.source_name != table.source_name and self.topic(other) == topic:
+            if other.source_name != table.source_name and kafka_name(self.topic(other)) == kafka_name(topic):
                 raise UserError(f"{table.source_name} and {other.source_name} would both publish to topic {topic} "
-                                f"(characters a topic name cannot hold become '_'): rename one, or replicate it "
-                                f"through another queue")
+                                f"(characters a topic name cannot hold become '_', and Kafka reads '.' as '_'): "
+                                f"rename one, or replicate it through another queue")
         self.topics.ensure_table(topic)
         return topic
 

@@ -60,7 +60,7 @@ CLIENT_SETTINGS: dict[str, frozenset[str] | None] = {
         "sasl.oauthbearer.extensions", "sasl.oauthbearer.token.endpoint.url",
         "ssl.ca.location", "ssl.ca.pem", "ssl.crl.location", "ssl.certificate.location", "ssl.certificate.pem",
         "ssl.key.location", "ssl.key.pem", "ssl.key.password", "ssl.keystore.location", "ssl.keystore.password",
-        "ssl.cipher.suites", "ssl.curves.list", "ssl.sigalgs.list",
+        "ssl.curves.list", "ssl.sigalgs.list",
         # the network
         "socket.timeout.ms", "socket.connection.setup.timeout.ms", "socket.keepalive.enable",
         "connections.max.idle.ms", "reconnect.backoff.ms", "reconnect.backoff.max.ms", "retry.backoff.ms",
@@ -72,13 +72,17 @@ CLIENT_SETTINGS: dict[str, frozenset[str] | None] = {
         "compression.codec", "compression.level", "linger.ms", "queue.buffering.max.ms", "batch.size",
         "batch.num.messages", "queue.buffering.max.messages", "queue.buffering.max.kbytes",
         "transaction.timeout.ms",
-        # librdkafka's own log (forwarded to logger replicator.kafka; it redacts secrets)
+        # librdkafka's own log (forwarded to logger replicator.kafka): its configuration dump (debug=conf)
+        # redacts SECRETS; what else it shows whole (the token endpoint URL) holds none
         "log_level", "debug")
 } | {
     # TLS verification may be named, not switched off
     "enable.ssl.certificate.verification": frozenset({"true"}),
     "ssl.endpoint.identification.algorithm": frozenset({"https"}),
 }
+# librdkafka logs it whole (when a token cannot be fetched, and its configuration under debug=conf):
+# it may hold no credentials
+TOKEN_ENDPOINT = "sasl.oauthbearer.token.endpoint.url"
 # Settings that hold secrets: never on the command line.
 SECRETS = frozenset({"sasl.password", "sasl.oauthbearer.client.secret", "ssl.key.password", "ssl.key.pem",
                      "ssl.keystore.password"})
@@ -103,6 +107,8 @@ _REFUSED = {
                      "sasl.kerberos.min.time.before.relogin"),
                     "Kerberos (GSSAPI) runs a shell command made of these settings"),
     "enable.ssl.certificate.verification": "TLS verification stays on",
+    "ssl.cipher.suites": "it can admit ciphers that authenticate no broker (aNULL, @SECLEVEL=0): TLS verification "
+                         "stays on (OpenSSL's default list applies)",
     "ssl.endpoint.identification.algorithm": "the brokers' host names are verified (https)",
 }
 
@@ -161,12 +167,12 @@ class KafkaSettings:
 
 def shown(url: str) -> str:
     """A Kafka URL as messages show it: without its options, which may hold settings, nor anything
-    before an '@' (credentials, which parse_url refuses)."""
-    base = url.partition("?")[0]
-    if "@" in base:
-        scheme, slashes, _ = base.partition("//")
-        base = f"{scheme}{slashes}…@{base.rpartition('@')[2]}"
-    return base
+    before its last '@' whatever slashes precede it (credentials, which parse_url refuses); nothing of
+    it when a '?' precedes that '@' (a password holding '?', or an option's value holding '@')."""
+    before, at, after = url.rpartition("@")
+    if not at:
+        return url.partition("?")[0]
+    return "…" if "?" in before else f"…@{after.partition('?')[0]}"
 
 
 def parse_url(url: str, environ: Mapping[str, str] | None = None) -> KafkaSettings:
@@ -245,6 +251,9 @@ def _checked(setting: str, value: str, where: str) -> str:
         only = f" (only {', '.join(sorted(allowed))})" if allowed else ""
         raise UserError(f"Kafka setting {setting!r} {where} is refused{only}: {why} (docs/kafka.md lists "
                         f"the settings)")
+    if setting == TOKEN_ENDPOINT and any(mark in value for mark in "@?"):
+        raise UserError(f"Kafka setting {setting!r} {where} is refused with credentials or a query in it: librdkafka "
+                        f"logs the URL unredacted; put the client's secret in sasl.oauthbearer.client.secret")
     return value
 
 
@@ -264,8 +273,9 @@ def _from_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def _from_file(path: str | None) -> dict[str, str]:
-    """The settings of a librdkafka properties file: NAME=VALUE lines, # comments. A line it cannot
-    read is named by its number (it may hold a secret)."""
+    """The settings of a properties file: NAME=VALUE lines (spaces around NAME and VALUE dropped), blank
+    lines, and comments starting with # or !. A line of another syntax, or naming no setting, is named by its
+    number only (it may hold a secret)."""
     if not path:
         return {}
     try:
@@ -281,8 +291,11 @@ def _from_file(path: str | None) -> dict[str, str]:
         name, equals, value = line.partition("=")
         name = name.strip()
         where = f"in {path} line {number}"
-        if not equals or not name:
-            raise UserError(f"Kafka settings file {path} line {number} is not NAME=VALUE")
+        # a line of another syntax ("NAME: VALUE", "NAME VALUE") or a misspelt name may hold a secret:
+        # named by its number only
+        if not equals or (name not in CLIENT_SETTINGS and name not in _REFUSED):
+            raise UserError(f"Kafka settings file {path} line {number} is not NAME=VALUE with NAME a librdkafka "
+                            f"setting replicator passes on (docs/kafka.md lists them)")
         if name in settings:
             raise UserError(f"Kafka setting {name!r} is given twice {where}: give it once")
         settings[name] = _checked(name, value.strip(), where)

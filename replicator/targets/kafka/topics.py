@@ -10,8 +10,10 @@
   (a Connect sink's topics.regex) takes the tables only.
 
 No topic of one prefix is another's: a prefix is one or two names and starts with no "__"
-(settings.PREFIX), so PREFIX has one or two parts, a table topic three or four. Two tables of one
-prefix whose names map to the same topic are refused by the publisher (_claim_topic).
+(settings.PREFIX), so PREFIX has one or two parts, a table topic three or four. Kafka also reads '.'
+and '_' as one (kafka_name): a topic colliding so with an existing one (prefixes x.y and x_y) is
+refused naming both before Kafka is asked; two tables of one prefix whose names map to the same
+topic, or to colliding ones, are refused by the publisher (_claim_topic).
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ def table_topic(prefix: str, schema: str, table: str) -> str:
     """PREFIX.schema.table, each character a topic name cannot hold replaced by '_' (as Debezium
     does); a dot inside a name too, so that the parts stay apart."""
     return f"{prefix}.{_NOT_IN_TOPIC.sub('_', schema)}.{_NOT_IN_TOPIC.sub('_', table)}"
+
+
+def kafka_name(topic: str) -> str:
+    """A topic's name as Kafka compares them: '.' read as '_' (their metric names would be one), so that
+    Kafka refuses PREFIX.a.b_c beside PREFIX.a_b.c, and prefix x_y's topics beside x.y's."""
+    return topic.replace(".", "_")
 
 
 def schema_topic(prefix: str) -> str:
@@ -97,5 +105,11 @@ class Topics:
             raise TargetUnavailable(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
         found = metadata.topics.get(topic)
         if found is None or found.error is not None:
+            clash = next((name for name in metadata.topics if name != topic and kafka_name(name) == kafka_name(topic)),
+                         None)
+            if clash is not None:
+                raise UserError(f"topic {topic} would collide with topic {clash} at {self.settings.brokers}: Kafka "
+                                f"reads '.' and '_' in topic names as one; publish under a prefix whose topics differ "
+                                f"in more than that (docs/kafka.md, The URL)")
             return None
         return len(found.partitions)
