@@ -252,6 +252,11 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _name_before_escaping(source: TableStructure) -> str:
+    """A source table's name in replicas of versions before structure.target_table_name escaped any."""
+    return source.name if source.schema == "public" else f"{source.schema}__{source.name}"
+
+
 class SqliteTarget:
     exactly_once = True
     copies_renamed_tables = False
@@ -348,7 +353,7 @@ class SqliteTarget:
         own = {ascii_lower(n) for n in (_STATE, _TABLES, _SETTINGS, _FORMS, VIEWS, REFRESHES)}
         renames: dict[str, TableStructure] = {}   # a table of the replica -> the source table it holds
         for s in recorded:
-            old = s.name if s.schema == "public" else f"{s.schema}__{s.name}"   # the mapping before escaping
+            old = _name_before_escaping(s)
             if old == target_table_name(s.schema, s.name):
                 continue
             if ascii_lower(old) in own or ascii_lower(old).startswith(STORAGE_PREFIX):
@@ -372,13 +377,12 @@ class SqliteTarget:
         try:
             self.db.execute(f"ALTER TABLE {quote(table)} RENAME TO {quote(to)}")
         except sqlite3.Error as exc:
-            old = source.name if source.schema == "public" else f"{source.schema}__{source.name}"
             self.db.execute("ROLLBACK")
             self.db.close()
-            raise UserError(f"cannot rename table {old} of {self.path} (source table {source.qualified_name}) to "
-                            f"{target_table_name(source.schema, source.name)}, the name this version gives it: "
-                            f"{sqlite_error(exc)}; move that table aside, or build the replica anew (another "
-                            f"path)") from None
+            raise UserError(f"cannot rename table {_name_before_escaping(source)} of {self.path} (source table "
+                            f"{source.qualified_name}) to {target_table_name(source.schema, source.name)}, the name "
+                            f"this version gives it: {sqlite_error(exc)}; move that table aside, or build the "
+                            f"replica anew (another path)") from None
         self.db.execute(f"UPDATE {_FORMS} SET table_name = ? WHERE table_name = ?", (to, table))
 
     def _has_name(self, name: str) -> bool:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from replicator.errors import UserError
+from replicator.structure import ascii_lower
 from replicator.targets.sqlite.views.auto import COST_SAMPLES, LATEST_FULL
 from replicator.targets.sqlite.views.names import REFRESHES, VIEWS
 from replicator.targets.sqlite.views.plan import Plan
@@ -120,7 +121,7 @@ def following_renames(db: sqlite3.Connection, renamed: Mapping[str, str]) -> Ite
     query reads the table; a CTE, an alias, a string or a comment of that name stay). A query
     that does not run now (a table it reads was dropped) is left as it is: it fails as before."""
     helpers: dict[str, tuple[str, str]] = {}   # view -> (its TEMP view, the text SQLite stores of it)
-    taken = {n.lower() for (n,) in db.execute("SELECT name FROM main.sqlite_master")}   # (all ASCII below)
+    taken = {ascii_lower(n) for (n,) in db.execute("SELECT name FROM main.sqlite_master")}
     free = (n for n in (f"_replicator_renaming_view_{i}" for i in itertools.count()) if n not in taken)
     for name, sql in db.execute(f"SELECT name, sql FROM main.{VIEWS}").fetchall() if exists(db) else []:
         helper = next(free)   # no table's name: the query would read the view in its place
