@@ -384,6 +384,12 @@ ESCAPED_PREFIX = "_replicator_src"
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
+def ascii_lower(name: str) -> str:
+    """name with its ASCII capitals in lower case: names equal so are one to SQLite, which
+    ignores the case of ASCII letters only (the Kelvin sign is not k)."""
+    return name.translate(_ASCII_LOWER)
+
+
 def target_table_name(schema: str, name: str) -> str:
     """A source table's name in a target: public.t → t, s.t → s__t, unless that name is in
     the reserved space (RESERVED_PREFIXES): then _replicator_src<N>[u<MASK>]_<schema>_<table>,
@@ -392,8 +398,8 @@ def target_table_name(schema: str, name: str) -> str:
     No source table can name a target's own object, and no two escaped tables share a name,
     even ignoring case (the escaped name has no capital and tells schema, table and capitals)."""
     plain = name if schema == "public" else f"{schema}__{name}"
-    if not plain.translate(_ASCII_LOWER).startswith(RESERVED_PREFIXES):
+    if not ascii_lower(plain).startswith(RESERVED_PREFIXES):
         return plain
     capitals = sum(1 << i for i, c in enumerate(schema + name) if "A" <= c <= "Z")
     mask = f"u{capitals:x}" if capitals else ""
-    return f"{ESCAPED_PREFIX}{len(schema)}{mask}_{schema}_{name}".translate(_ASCII_LOWER)
+    return ascii_lower(f"{ESCAPED_PREFIX}{len(schema)}{mask}_{schema}_{name}")

@@ -215,20 +215,33 @@ def _unescaped(schema: str, name: str) -> str:
     return name if schema == "public" else f"{schema}__{name}"
 
 
-def test_a_replica_made_before_escaping_gets_its_reserved_tables_renamed_and_goes_on(
-        dsn, conn, app, tmp_path, monkeypatch):
-    conn.execute("CREATE TABLE public._replicator_audit (id int PRIMARY KEY, v text);"
-                 " INSERT INTO public._replicator_audit VALUES (1, 'a')")
-    replica = tmp_path / "r.db"
+def _made_by_an_older_version(dsn: str, replica: Path, monkeypatch: pytest.MonkeyPatch,
+                              view: tuple[str, str] | None = None) -> None:
+    """Replicates queue q into replica as a version before escaping did (and creates view (name, sql))."""
     with monkeypatch.context() as old_version:
         old_version.setattr("replicator.targets.sqlite.target.target_table_name", _unescaped)
         target = SqliteTarget(replica)
         consumer = Consumer(dsn, "q", target, name="replica")
         try:
             consumer.run(until_caught_up=True)
+            if view is not None:
+                target.views.create(*view)
         finally:
             consumer.close()
             target.close()
+    db = sqlite3.connect(replica, isolation_level=None)
+    try:   # an older version recorded no table names
+        db.execute("DELETE FROM _replicator_settings WHERE name = 'table_names'")
+    finally:
+        db.close()
+
+
+def test_a_replica_made_before_escaping_gets_its_reserved_tables_renamed_and_goes_on(
+        dsn, conn, app, tmp_path, monkeypatch):
+    conn.execute("CREATE TABLE public._replicator_audit (id int PRIMARY KEY, v text);"
+                 " INSERT INTO public._replicator_audit VALUES (1, 'a')")
+    replica = tmp_path / "r.db"
+    _made_by_an_older_version(dsn, replica, monkeypatch)
     assert "_replicator_audit" in replica_tables(replica)
 
     conn.execute("INSERT INTO public._replicator_audit VALUES (2, 'b'); INSERT INTO t VALUES (2, 'b')")
@@ -248,6 +261,7 @@ def test_a_replica_an_older_version_let_a_source_table_take_over_is_refused_unto
         [structure] = db.execute("SELECT structure FROM _replicator_tables WHERE source_name = 'public.t'").fetchone()
         db.execute("INSERT INTO _replicator_tables VALUES ('public._replicator_position', 99, 'full', ?, NULL)",
                    (structure.replace('"name": "t"', '"name": "_replicator_position"'),))
+        db.execute("DELETE FROM _replicator_settings WHERE name = 'table_names'")   # as an older version made it
     finally:
         db.close()
     before = replica.read_bytes()
@@ -298,7 +312,8 @@ def test_a_table_renamed_into_the_reserved_space_is_renamed_to_its_escaped_name(
     assert "x" not in replica_tables(replica)
     assert_replica_equals_source(conn, replica, [("public._replicator_Settings", escaped, ["name"])])
     with closing(sqlite_reader(replica)) as db:
-        assert db.execute("SELECT name, value FROM _replicator_settings").fetchall() == [("numeric", "number")]
+        assert db.execute("SELECT name, value FROM _replicator_settings ORDER BY name").fetchall() == [
+            ("numeric", "number"), ("table_names", "escaped")]
     assert positions(replica) == [("q", "replica", source_position(conn))]
 
 
@@ -320,3 +335,75 @@ def test_a_replica_whose_tables_list_an_older_version_replaced_with_a_source_tab
         f"_replicator_tables (an older replicator did not keep replicated tables apart from its own): what the "
         f"replica says of itself cannot be trusted; move it aside and run `replicator consume` again to build the "
         f"replica anew")
+
+
+def test_a_view_over_a_table_renamed_on_the_first_open_reads_it_by_its_new_name(dsn, conn, app, tmp_path,
+                                                                                 monkeypatch):
+    conn.execute("CREATE TABLE public._replicator_audit (id int PRIMARY KEY, v text);"
+                 " INSERT INTO public._replicator_audit VALUES (1, 'a')")
+    replica = tmp_path / "r.db"
+    # a string and a comment of that name are not the table: they stay as written
+    query = "SELECT count(*) AS n, '_replicator_audit' AS s FROM /* _replicator_audit */ _replicator_AUDIT"
+    _made_by_an_older_version(dsn, replica, monkeypatch, ("audits", query))
+
+    conn.execute("INSERT INTO public._replicator_audit VALUES (2, 'b')")
+    log = consume(dsn, replica)   # the new version renames _replicator_audit on open
+    escaped = target_table_name("public", "_replicator_audit")
+    assert escaped in replica_tables(replica)
+    refreshed = run_cli(dsn, "view", "refresh", "audits", "--target", f"sqlite:{replica}", "--full")
+    assert refreshed.returncode == 0, (log, refreshed.stderr)
+    with closing(sqlite_reader(replica)) as db:
+        assert db.execute("SELECT n FROM audits").fetchall() == [(2,)]
+        assert db.execute("SELECT sql FROM _replicator_views").fetchall() == [
+            (f"SELECT count(*) AS n, '_replicator_audit' AS s FROM /* _replicator_audit */ \"{escaped}\"",)]
+
+
+def test_the_first_open_of_an_older_replica_renames_its_tables_whatever_their_order(dsn, conn, app, tmp_path,
+                                                                                    monkeypatch):
+    """public._replicator_audit was _replicator_audit, and a table named like its escaped name was
+    itself: the first one's new name is the second one's old one."""
+    escaped = target_table_name("public", "_replicator_audit")
+    conn.execute("CREATE TABLE public._replicator_audit (id int PRIMARY KEY, v text);"
+                 " INSERT INTO public._replicator_audit VALUES (1, 'audit')")
+    conn.execute(f'CREATE TABLE public."{escaped}" (id int PRIMARY KEY, v text);'
+                 f" INSERT INTO public.\"{escaped}\" VALUES (1, 'other')")
+    replica = tmp_path / "r.db"
+    _made_by_an_older_version(dsn, replica, monkeypatch)
+
+    conn.execute("INSERT INTO public._replicator_audit VALUES (2, 'audit')")
+    consume(dsn, replica)
+    consume(dsn, replica)   # and a second open renames nothing
+    assert_replica_equals_source(conn, replica, [
+        ("public._replicator_audit", escaped, ["id"]),
+        (f"public.{escaped}", target_table_name("public", escaped), ["id"])])
+
+
+def test_a_renaming_that_cannot_be_done_is_refused_in_one_line_leaving_the_replica_as_it_was(dsn, conn, app,
+                                                                                            tmp_path, monkeypatch):
+    conn.execute("CREATE TABLE public._replicator_audit (id int PRIMARY KEY, v text);"
+                 " INSERT INTO public._replicator_audit VALUES (1, 'a')")
+    conn.execute("CREATE TABLE public._replicator_x (id int PRIMARY KEY)")
+    replica = tmp_path / "r.db"
+    _made_by_an_older_version(dsn, replica, monkeypatch)
+    escaped = target_table_name("public", "_replicator_x")
+    db = sqlite3.connect(replica, isolation_level=None)
+    try:   # a table of someone else's under the second one's new name
+        db.execute(f'CREATE TABLE "{escaped.upper()}" (x)')
+    finally:
+        db.close()
+    before = replica.read_bytes()
+    done = run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--consumer", "replica", "--once")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        f"error: cannot rename table _replicator_x of {replica} (source table public._replicator_x) to {escaped}, the "
+        f"name this version gives it: ")
+    assert replica.read_bytes() == before
+
+
+def test_names_sqlite_tells_apart_are_two_tables_though_python_folds_them_alike(dsn, conn, app, tmp_path):
+    """SQLite ignores the case of ASCII letters only: the Kelvin sign is not k to it."""
+    conn.execute('CREATE TABLE public."\u212a" (id int PRIMARY KEY); INSERT INTO public."\u212a" VALUES (1)')
+    conn.execute('CREATE TABLE public."k" (id int PRIMARY KEY); INSERT INTO public."k" VALUES (2)')
+    replica = tmp_path / "r.db"
+    consume(dsn, replica)
+    assert_replica_equals_source(conn, replica, [("public.\u212a", "\u212a", ["id"]), ("public.k", "k", ["id"])])

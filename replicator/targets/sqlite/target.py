@@ -8,6 +8,7 @@ as the rows: a crash at any point leaves the file at a batch boundary.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
 from collections.abc import Callable, Iterable
@@ -16,10 +17,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from replicator.errors import UserError
-from replicator.structure import Change, Column, RowsDecoder, TableStructure, target_table_name
+from replicator.structure import Change, Column, RowsDecoder, TableStructure, ascii_lower, target_table_name
 from replicator.targets.files import file_changed, special_file
 from replicator.targets.protocol import Row, TargetTable
 from replicator.targets.sqlite.types import FORMS, LEGACY_FORMS, NUMERIC_MODES, adapter, sqlite_type, value_adapters
+from replicator.targets.sqlite.views.catalog import following_renames as views_following_renames
 from replicator.targets.sqlite.views.names import REFRESHES, STORAGE_PREFIX, VIEWS
 from replicator.targets.sqlite.views.store import SqliteViews
 
@@ -250,6 +252,11 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def _name_before_escaping(source: TableStructure) -> str:
+    """A source table's name in replicas of versions before structure.target_table_name escaped any."""
+    return source.name if source.schema == "public" else f"{source.schema}__{source.name}"
+
+
 class SqliteTarget:
     exactly_once = True
     copies_renamed_tables = False
@@ -329,10 +336,10 @@ class SqliteTarget:
     def _escape_reserved_names(self) -> None:
         """Gives the tables a version before escaping made under reserved names (a source
         table public._replicator_x was table _replicator_x) their escaped names
-        (structure.target_table_name). A source table that replaced one of replicator's own
-        took the replica over (its position or its tables list may be the source's rows):
-        refused, with the way out."""
-        own = {n.lower() for n in (_STATE, _TABLES, _SETTINGS, _FORMS, VIEWS, REFRESHES)}
+        (structure.target_table_name), once: then `table_names` = escaped is recorded in the
+        settings (a new replica has it from the start). A source table that replaced one of
+        replicator's own took the replica over (its position or its tables list may be the
+        source's rows): refused, with the way out."""
         columns = [r[1] for r in self.db.execute(f"PRAGMA main.table_info({_TABLES})")]
         if columns != ["source_name", "table_id", "mode", "structure", "copy_snapshot"]:
             self._taken_over(f"public.{_TABLES}", _TABLES)
@@ -341,19 +348,47 @@ class SqliteTarget:
                         for (structure,) in self.db.execute(f"SELECT structure FROM {_TABLES}")]
         except (ValueError, KeyError, TypeError):
             self._taken_over(f"public.{_TABLES}", _TABLES)
+        if self.db.execute(f"SELECT 1 FROM {_SETTINGS} WHERE name = 'table_names' AND value = 'escaped'").fetchone():
+            return
+        own = {ascii_lower(n) for n in (_STATE, _TABLES, _SETTINGS, _FORMS, VIEWS, REFRESHES)}
+        renames: dict[str, TableStructure] = {}   # a table of the replica -> the source table it holds
         for s in recorded:
-            old = s.name if s.schema == "public" else f"{s.schema}__{s.name}"   # the mapping before escaping
-            new = target_table_name(s.schema, s.name)
-            if old == new or self._has_table(new):
+            old = _name_before_escaping(s)
+            if old == target_table_name(s.schema, s.name):
                 continue
-            if old.lower() in own or old.lower().startswith(STORAGE_PREFIX):
+            if ascii_lower(old) in own or ascii_lower(old).startswith(STORAGE_PREFIX):
                 self._taken_over(s.qualified_name, old)
-            if self._has_table(old):
-                self.db.execute(f"ALTER TABLE {quote(old)} RENAME TO {quote(new)}")
-                self.db.execute(f"UPDATE {_FORMS} SET table_name = ? WHERE table_name = ?", (new, old))
+            if self._has_name(old):
+                renames[old] = s
+        with views_following_renames(self.db, {old: target_table_name(s.schema, s.name)
+                                               for old, s in renames.items()}):
+            # Through names nothing has: a table's new name may be another one's old name.
+            free = (n for n in (f"_replicator_renaming_table_{i}" for i in itertools.count()) if not self._has_name(n))
+            steps = {old: next(free) for old in renames}
+            for old, step in steps.items():
+                self._rename(old, step, renames[old])
+            for old, s in renames.items():
+                self._rename(steps[old], target_table_name(s.schema, s.name), s)
+        self.db.execute(f"INSERT OR REPLACE INTO {_SETTINGS} VALUES ('table_names', 'escaped')")
 
-    def _has_table(self, name: str) -> bool:
-        return self.db.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
+    def _rename(self, table: str, to: str, source: TableStructure) -> None:
+        """Renames a table of the replica and its value forms' row; one SQLite refuses (another
+        table already has that name) stops the open, nothing written."""
+        try:
+            self.db.execute(f"ALTER TABLE {quote(table)} RENAME TO {quote(to)}")
+        except sqlite3.Error as exc:
+            self.db.execute("ROLLBACK")
+            self.db.close()
+            raise UserError(f"cannot rename table {_name_before_escaping(source)} of {self.path} (source table "
+                            f"{source.qualified_name}) to {target_table_name(source.schema, source.name)}, the name "
+                            f"this version gives it: {sqlite_error(exc)}; move that table aside, or build the "
+                            f"replica anew (another path)") from None
+        self.db.execute(f"UPDATE {_FORMS} SET table_name = ? WHERE table_name = ?", (to, table))
+
+    def _has_name(self, name: str) -> bool:
+        """Whether a table, index or view (TEMP ones too) has that name, as SQLite compares names."""
+        return self.db.execute("SELECT 1 FROM main.sqlite_master WHERE name = ?1 COLLATE NOCASE UNION ALL "
+                               "SELECT 1 FROM temp.sqlite_master WHERE name = ?1 COLLATE NOCASE",
                                (name,)).fetchone() is not None
 
     def _taken_over(self, source_name: str, table: str) -> NoReturn:
@@ -534,7 +569,7 @@ class SqliteTarget:
         table's, see structure.target_table_name), nor a table a view's SQL view."""
         name = self.table_name(table)
         for other in self.tables().values():
-            if other.source_name != table.source_name and self.table_name(other).lower() == name.lower():
+            if other.source_name != table.source_name and ascii_lower(self.table_name(other)) == ascii_lower(name):
                 raise UserError(f"{other.source_name} and {table.source_name} would both be table {name!r} of "
                                 f"{self.name}: replicate them into separate targets (consume --tables)")
         view = self.db.execute("SELECT name FROM main.sqlite_master WHERE type = 'view' AND name = ? COLLATE NOCASE",
@@ -553,7 +588,7 @@ class SqliteTarget:
 
     def alter_table(self, old: TargetTable, new: TargetTable, changes: list[Change]) -> None:
         """Applies a reconciled schema change in place (see schema.reconcile)."""
-        if self.table_name(new).lower() != self.table_name(old).lower():
+        if ascii_lower(self.table_name(new)) != ascii_lower(self.table_name(old)):
             self._check_name_is_free(new)
         name = quote(self.table_name(old))
         self.views.schema_changing(self.table_name(old), tuple(c.name for c in changes if c.action == "drop_column"))

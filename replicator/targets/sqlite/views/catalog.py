@@ -6,16 +6,21 @@ the policy auto learns from."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from replicator.errors import UserError
+from replicator.structure import ascii_lower
 from replicator.targets.sqlite.views.auto import COST_SAMPLES, LATEST_FULL
 from replicator.targets.sqlite.views.names import REFRESHES, VIEWS
 from replicator.targets.sqlite.views.plan import Plan
+from replicator.targets.sqlite.views.sql import quote
 
 KEEP_REFRESHES = 1000          # refresh records kept per view, besides those auto learns from
 
@@ -105,6 +110,41 @@ def set_plan(db: sqlite3.Connection, plan: Plan) -> None:
                " status_reason = NULL, version = version + 1 WHERE name = ?",
                (plan.mode, json.dumps(plan.reason.as_dict()) if plan.reason else None,
                 json.dumps([list(c) for c in plan.columns]), json.dumps(sorted(plan.deps)), plan.name))
+
+
+@contextmanager
+def following_renames(db: sqlite3.Connection, renamed: Mapping[str, str]) -> Iterator[None]:
+    """Around the renaming of base tables (old name -> new) in a transaction: the views' stored
+    queries then name the tables by their new names. SQLite rewrites them, as exactly as it
+    reads them: each query that runs now is a TEMP view while the tables are renamed, which
+    ALTER TABLE ... RENAME edits as it edits the schema's views (the table's name where the
+    query reads the table; a CTE, an alias, a string or a comment of that name stay). A query
+    that does not run now (a table it reads was dropped) is left as it is: it fails as before."""
+    helpers: dict[str, tuple[str, str]] = {}   # view -> (its TEMP view, the text SQLite stores of it)
+    taken = {ascii_lower(n) for (n,) in db.execute("SELECT name FROM main.sqlite_master")}
+    free = (n for n in (f"_replicator_renaming_view_{i}" for i in itertools.count()) if n not in taken)
+    for name, sql in db.execute(f"SELECT name, sql FROM main.{VIEWS}").fetchall() if exists(db) else []:
+        helper = next(free)   # no table's name: the query would read the view in its place
+        try:
+            db.execute(f"CREATE TEMP VIEW {quote(helper)} AS {sql}")
+            db.execute(f"SELECT * FROM temp.{quote(helper)} LIMIT 0")
+        except sqlite3.Error:
+            db.execute(f"DROP VIEW IF EXISTS temp.{quote(helper)}")
+            continue
+        helpers[name] = (helper, f"CREATE VIEW {quote(helper)} AS ")
+    yield
+    lowered = {old.lower(): new.lower() for old, new in renamed.items()}   # as deps keeps them
+    for name, (helper, head) in helpers.items():
+        (stored,) = db.execute("SELECT sql FROM temp.sqlite_master WHERE name = ?", (helper,)).fetchone()
+        db.execute(f"DROP VIEW temp.{quote(helper)}")
+        if not stored.startswith(head):   # not as SQLite has stored its views so far: left as it was
+            continue
+        db.execute(f"UPDATE main.{VIEWS} SET sql = ?, version = version + 1 WHERE name = ? AND sql != ?",
+                   (stored[len(head):], name, stored[len(head):]))
+        for (deps,) in db.execute(f"SELECT deps FROM main.{VIEWS} WHERE name = ? AND deps IS NOT NULL",
+                                  (name,)).fetchall():
+            db.execute(f"UPDATE main.{VIEWS} SET deps = ? WHERE name = ?",
+                       (json.dumps(sorted(lowered.get(d, d) for d in json.loads(deps))), name))
 
 
 def remove(db: sqlite3.Connection, name: str) -> None:
