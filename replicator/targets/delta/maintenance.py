@@ -329,7 +329,8 @@ def vacuum(storage: Storage, *, retention: float | None = None, force: bool = Fa
     state = WarehouseState(storage)
     if not state.exists:
         raise UserError(f"{storage.url} is not a replicator Delta warehouse (no {STATE_DIRECTORY} table)")
-    recorded = [recorded_directory(storage.url, directory) for directory in sorted(state.every_directory())]
+    recorded = [recorded_directory(storage.url, directory, "nothing vacuumed")
+                for directory in sorted(state.every_directory())]
     snapshots = [delta_log.load(storage, directory, tombstones=True)
                  for directory in [*recorded, *view_directories(storage), STATE_DIRECTORY]]
     kept = {snapshot.table: table_retention(snapshot) for snapshot in snapshots}
@@ -427,7 +428,7 @@ def _relative(storage: Storage, table: str, path: str) -> str:
     if _ABSOLUTE.match(path):   # the table's own URI (as the storage may be named) stripped; another's: outside
         prefixes = [f"{root}/{table}/" for root in storage.roots]
         name = next((name[len(prefix):] for prefix in prefixes if name.startswith(prefix)), "")
-    if not name or name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/")):
+    if any(part in ("", ".", "..") for part in name.split("/")):   # '' too: none, or a '/' it starts with
         raise UserError(f"{storage.url}/{table}: the log names the file {path!r}, which is outside the table: "
                         f"vacuum cannot tell which of the table's files are in use; nothing vacuumed")
     return name

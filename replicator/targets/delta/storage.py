@@ -82,13 +82,13 @@ def inside(url: str, path: str) -> str:
     return path
 
 
-def recorded_directory(url: str, directory: str, table: str | None = None) -> str:
+def recorded_directory(url: str, directory: str, outcome: str, table: str | None = None) -> str:
     """directory, as _replicator records a table's (table: its name, when known), if it is one
-    directory of the warehouse's root; else a UserError: an older version's table named '..'
-    wrote outside it."""
+    directory of the warehouse's root; else a UserError ending in `outcome` (what the caller
+    left undone): an older version's table named '..' wrote outside it."""
     if directory in ("", ".", "..") or any(c in directory for c in "/\\\0"):
         raise UserError(f"{url}: the warehouse records {f'table {table}' if table else 'a table'} in the directory "
-                        f"{directory!r}, which is not one of its own: replicate into a new warehouse")
+                        f"{directory!r}, which is not one of its own: {outcome}; replicate into a new warehouse")
     return directory
 
 

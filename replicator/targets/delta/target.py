@@ -177,7 +177,7 @@ class DeltaTarget:
         directory_name's), unless one is no directory of the warehouse's own: an older
         version's table named '..' wrote outside it."""
         for directory, name in sorted(self.state.directories().items()):
-            recorded_directory(self.storage.url, directory, name)
+            recorded_directory(self.storage.url, directory, "nothing written", name)
 
     def _rewind_ahead(self) -> None:
         """A crash between a batch's table commits and _replicator's leaves tables holding the
