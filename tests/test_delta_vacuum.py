@@ -10,7 +10,9 @@ retention; time travel to a version whose files are gone fails, and every later 
 from __future__ import annotations
 
 import os
+import shutil
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -256,3 +258,148 @@ def test_a_tables_own_retention_property_is_its_floor(dsn, conn, source, tmp_pat
         {"delta.deletedFileRetentionDuration": "a while"})
     line = refused(dsn, path, "--retain", "30d")
     assert "public.u: delta.deletedFileRetentionDuration is 'a while', not an interval Delta reads" in line, line
+
+
+def _readd(storage: LocalStorage, snapshot: delta_log.Snapshot, path: str, add: dict, remove: dict | None = None) -> None:
+    """As another writer: the file at path removed (remove: the remove's fields beyond the path)
+    and `add` added."""
+    old = snapshot.files[path]
+    vector = {"deletionVector": old["deletionVector"]} if old.get("deletionVector") else {}
+    fields = {"deletionTimestamp": delta_log.now_ms(), **vector} if remove is None else remove
+    delta_log.commit(storage, snapshot, [
+        {"remove": {"path": path, "dataChange": False, "extendedFileMetadata": True, "partitionValues": {},
+                    "size": old["size"], **fields}},
+        {"add": add},
+    ], operation="OPTIMIZE")
+
+
+def test_vacuum_keeps_a_file_the_current_version_names_by_absolute_uri(dsn, conn, source, tmp_path):
+    """The Delta protocol lets an add name its file by absolute URI (another writer, a clone):
+    the file is in use, and vacuum compares it with the listing relative to the table, as Delta's
+    VACUUM does."""
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    t = path / "public.t"
+    storage = LocalStorage(path)
+    snapshot = delta_log.load(storage, "public.t")
+    source_path, add = next(iter(sorted(snapshot.files.items())))
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    shutil.copy(t / source_path, t / name)
+    _readd(storage, snapshot, source_path, {**add, "path": (t / name).as_uri()})
+    rows = delta_rows(str(t), ["id"])
+    _age(t, 8 * 24 * 3600)   # the files were written more than 7 days ago
+    vacuum(dsn, path)        # the tables' own retention, 7 days: nothing removed is past it
+    assert name in table_files(t), "vacuum deleted a file the current version uses"
+    assert delta_rows(str(t), ["id"]) == rows
+
+
+def test_vacuum_keeps_a_deletion_vector_the_current_version_names_by_absolute_uri(dsn, conn, source, tmp_path):
+    """A deletion vector of storageType 'p' is named by absolute URI: it is in use too."""
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    t = path / "public.t"
+    storage = LocalStorage(path)
+    snapshot = delta_log.load(storage, "public.t")
+    file, add = next((p, a) for p, a in sorted(snapshot.files.items()) if a.get("deletionVector"))
+    vector = add["deletionVector"]
+    dv_file = deletion_vectors.descriptor_file(vector)
+    absolute = {**vector, "storageType": "p", "pathOrInlineDv": (t / dv_file).as_uri()}
+    _readd(storage, snapshot, file, {**add, "deletionVector": absolute},
+           {"deletionTimestamp": delta_log.now_ms()})   # the remove names no vector: the 'p' one only
+    _age(t, 8 * 24 * 3600)
+    vacuum(dsn, path)
+    assert dv_file in table_files(t), "vacuum deleted a deletion vector the current version uses"
+
+
+def test_vacuum_stops_in_one_line_deleting_nothing_when_the_log_names_a_file_outside_the_table(dsn, conn, source,
+                                                                                               tmp_path):
+    """A path that leaves the table (another table's file by URI, a '..') cannot be compared with
+    the table's listing: vacuum says so and deletes nothing, anywhere."""
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    optimize(dsn, path)
+    storage = LocalStorage(path)
+    u = delta_log.load(storage, "public.u")
+    elsewhere = next(iter(u.files))
+    snapshot = delta_log.load(storage, "public.t")
+    source_path, add = next(iter(sorted(snapshot.files.items())))
+    _readd(storage, snapshot, source_path, {**add, "path": (path / "public.u" / elsewhere).as_uri()})
+    files = {d: table_files(path / d) for d in ("public.t", "public.u", "_replicator")}
+    line = refused(dsn, path, *SHORTEST)
+    assert "public.t" in line and elsewhere in line and "nothing vacuumed" in line, line
+    assert {d: table_files(path / d) for d in files} == files
+
+
+def test_a_forced_vacuum_on_s3_keeps_a_file_the_current_version_names_by_absolute_uri(dsn, conn, source, s3_url):
+    """Another writer re-adds a file by its absolute s3:// URI: the current version uses it; even
+    the shortest forced retention only costs time travel, never the current version."""
+    from replicator.targets.delta.object_storage import ObjectStorage
+    from test_delta_s3 import consume_cli as consume_s3
+    from test_delta_s3 import delta_rows as s3_rows
+
+    conn.execute(CRASH_DDL)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    done = consume_s3(dsn, s3_url)
+    assert done.returncode == 0, done.stderr
+    storage = ObjectStorage(s3_url)
+    snapshot = delta_log.load(storage, "public.t")
+    name, add = next(iter(sorted(snapshot.files.items())))
+    delta_log.commit(storage, snapshot, [
+        {"remove": {"path": name, "deletionTimestamp": delta_log.now_ms(), "dataChange": False,
+                    "extendedFileMetadata": True, "partitionValues": {}, "size": add["size"]}},
+        {"add": {**add, "path": f"{s3_url}/public.t/{name}", "dataChange": False}},
+    ], operation="RESTORE")
+    rows = s3_rows(s3_url, "public.t", ["id"])
+    deadline = time.monotonic() + 30
+    while True:   # until the remove is older than the shortest retention
+        done = run_cli(dsn, "delta", "vacuum", "--target", f"delta:{s3_url}", *SHORTEST)
+        assert done.returncode == 0, done.stderr
+        if "public.t: " in done.stdout or time.monotonic() > deadline:
+            break
+    assert storage.exists(f"public.t/{name}"), f"vacuum deleted a file the current version uses: {done.stdout}"
+    assert s3_rows(s3_url, "public.t", ["id"]) == rows
+
+
+@pytest.mark.parametrize("stamp", [{}, {"deletionTimestamp": 0}], ids=["absent", "another-writers-clock-at-0"])
+def test_vacuum_keeps_a_file_removed_just_now_whose_remove_has_no_or_a_skewed_timestamp(dsn, conn, source, tmp_path,
+                                                                                        stamp):
+    """deletionTimestamp is optional and comes from another writer's clock: as Delta's VACUUM,
+    vacuum also keeps a file whose own modification time is within the retention, and takes a
+    remove without a timestamp as made now."""
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    t = path / "public.t"
+    storage = LocalStorage(path)
+    snapshot = delta_log.load(storage, "public.t")
+    first, add = next(iter(sorted(snapshot.files.items())))
+    written = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    shutil.copy(t / first, t / written)
+    _readd(storage, snapshot, first, {**add, "path": written, "dataChange": False})
+    before = snapshot.version
+    rows = delta_rows(str(t), ["id"], before)
+    again = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"   # the file just written, rewritten again
+    shutil.copy(t / written, t / again)
+    vector = {"deletionVector": add["deletionVector"]} if add.get("deletionVector") else {}
+    _readd(storage, snapshot, written, {**add, "path": again, "dataChange": False}, {**vector, **stamp})
+    vacuum(dsn, path)   # no --retain, no --force: the tables' 7 days
+    assert written in table_files(t), "vacuum deleted a file written and removed a moment ago"
+    assert delta_rows(str(t), ["id"], before) == rows   # time travel within the retention
+
+
+def test_a_tables_retention_property_under_a_second_is_refused_in_one_line(dsn, conn, source, tmp_path):
+    """docs/delta.md: a retention under 1s is refused always, a table's own
+    delta.deletedFileRetentionDuration too (0 would delete what the last commit removed, under
+    any reader of the previous version); a --retain of 1s or more, forced, is taken instead."""
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    t = path / "public.t"
+    before_optimize = DeltaTable(str(t)).version()
+    optimize(dsn, path)
+    DeltaTable(str(t)).alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 0 seconds"})
+    files = table_files(t)
+    line = refused(dsn, path)
+    assert "public.t: delta.deletedFileRetentionDuration is 'interval 0 seconds', under the 1s" in line, line
+    assert table_files(t) == files
+    delta_rows(str(t), ["id"], before_optimize)   # the version just replaced still reads
+    assert "public.t: " in vacuum_past_the_shortest(dsn, path, "public.t")

@@ -13,18 +13,25 @@ the second of the two to commit re-reads the log (the consumer then rebuilds its
 index; an OPTIMIZE whose files changed meanwhile gives up and says so).
 
 VACUUM deletes, as Delta's VACUUM does, the files no current version names once
-they were removed (the deletionTimestamp of their remove action) longer ago than
-the retention (a table's ``delta.deletedFileRetentionDuration``, 7 days by default:
-readers time-travelling within it still find theirs), and log entries before the
-last checkpoint past the log retention. A shorter retention is refused unless
-forced (Delta's ``retentionDurationCheck``), and one under MIN_RETENTION always. It
-deletes only files of the names replicator and Delta writers give data files and
-deletion vectors (and replicator's own temporary files), never another tool's: a
-file the log removed where the log named it, and a file no log names (a crashed
-writer's, or one a copy or batch is writing and has not committed yet) only
-directly in a table's directory and once older than the table's retention and
-ORPHAN_SECONDS, whatever the retention asked: a short retention never takes a file
-a running copy will commit, and no subdirectory of another tool's is walked into.
+they were removed longer ago than the retention (a table's
+``delta.deletedFileRetentionDuration``, 7 days by default: readers time-travelling
+within it still find theirs), and log entries before the last checkpoint past the
+log retention. A file's remove time is its remove action's deletionTimestamp (now
+when it has none), and its own modification time must be past the retention too:
+the timestamp is optional and another writer's clock. The log's paths are compared
+with the listing as Delta's VACUUM compares them, relative to the table: decoded,
+an absolute one (``file:///…``, ``s3://…``, a ``p`` deletion vector's) stripped of
+the table's own URI; one outside the table stops vacuum before anything is deleted.
+A shorter retention than a table's is refused unless forced (Delta's
+``retentionDurationCheck``), and one under MIN_RETENTION always, a table's own
+property's too. It deletes only files of the names replicator and Delta writers give
+data files and deletion vectors (and replicator's own temporary files), never
+another tool's: a file the log removed where the log named it, and a file no log
+names (a crashed writer's, or one a copy or batch is writing and has not committed
+yet) only directly in a table's directory and once older than the table's retention
+and ORPHAN_SECONDS, whatever the retention asked: a short retention never takes a
+file a running copy will commit, and no subdirectory of another tool's is walked
+into.
 
 The views' tables (replicator.targets.delta.view_table) are kept the same way:
 the consumer optimizes them after its refreshes; both commands cover them.
@@ -56,7 +63,7 @@ from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import SCHEMA as STATE_SCHEMA
 from replicator.targets.delta.state import WarehouseState
-from replicator.targets.delta.storage import Storage, is_directory_name
+from replicator.targets.delta.storage import Storage, recorded_directory
 from replicator.targets.delta.table import FILE_ROWS, ROW_GROUP, CountingWriter, ReplicaTable, file_stats
 from replicator.targets.delta.view_table import ViewTable, view_directories
 
@@ -79,6 +86,7 @@ _INTERVAL_PART = re.compile(r"\s*(\d+)\s*(nanosecond|microsecond|millisecond|sec
                             re.IGNORECASE)
 _INTERVAL_SECONDS = {"nanosecond": 1e-9, "microsecond": 1e-6, "millisecond": 1e-3, "second": 1, "minute": 60,
                      "hour": 3600, "day": 86400, "week": 7 * 86400}
+_ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:|/")   # a URI's scheme, or an absolute path
 _LOG_FILE = re.compile(r"(\d{20})\.(?:json|checkpoint(?:\.\d{10}\.\d{10})?\.parquet|crc)")
 
 
@@ -321,24 +329,31 @@ def vacuum(storage: Storage, *, retention: float | None = None, force: bool = Fa
     state = WarehouseState(storage)
     if not state.exists:
         raise UserError(f"{storage.url} is not a replicator Delta warehouse (no {STATE_DIRECTORY} table)")
-    recorded = sorted(state.every_directory())
-    for directory in recorded:   # before anything is deleted
-        if not is_directory_name(directory):
-            raise UserError(f"{storage.url}: the warehouse records a table in the directory {directory!r}, which is "
-                            f"not one of its own: nothing vacuumed")
+    recorded = [recorded_directory(storage.url, directory, "nothing vacuumed")
+                for directory in sorted(state.every_directory())]
     snapshots = [delta_log.load(storage, directory, tombstones=True)
                  for directory in [*recorded, *view_directories(storage), STATE_DIRECTORY]]
     kept = {snapshot.table: table_retention(snapshot) for snapshot in snapshots}
-    if retention is not None and not force:
+    if retention is None:
+        for snapshot in snapshots:
+            if kept[snapshot.table] < MIN_RETENTION:
+                floor = _shown(MIN_RETENTION)
+                raise UserError(f"{snapshot.table}: {RETENTION} is {snapshot.configuration[RETENTION]!r}, under the "
+                                f"{floor} vacuum keeps at least (readers and writers would lose the files they use): "
+                                f"set it to {floor} or more, or give --retain {floor} or more")
+    elif not force:
         short = sorted((seconds, table) for table, seconds in kept.items() if retention < seconds)
         if short:
             seconds, table = short[-1]
             raise UserError(f"--retain {_shown(retention)} is shorter than {table}'s retention ({_shown(seconds)}, "
                             f"{RETENTION}): time travel within it and a concurrent reader would lose files; give "
                             f"--retain {_shown(seconds)} or more, or --force")
+    now = time.time()
+    references = [_references(storage, snapshot, now) for snapshot in snapshots]   # before anything is deleted
     done = []
-    for snapshot in snapshots:
-        deleted, size = _vacuum_table(storage, snapshot, kept[snapshot.table] if retention is None else retention,
+    for snapshot, (in_use, removed) in zip(snapshots, references, strict=True):
+        deleted, size = _vacuum_table(storage, snapshot, in_use, removed, now,
+                                      kept[snapshot.table] if retention is None else retention,
                                       kept[snapshot.table], dry_run)
         deleted += clean_log(storage, snapshot, dry_run=dry_run)
         if deleted:
@@ -350,18 +365,12 @@ def _shown(seconds: float) -> str:
     return format_duration(timedelta(seconds=seconds))
 
 
-def _vacuum_table(storage: Storage, snapshot: delta_log.Snapshot, retention: float, table_retention: float,
-                  dry_run: bool) -> tuple[int, int]:
-    """Deletes the table's files the log removed longer than `retention` ago, and those directly in
-    its directory it never named once older than its own retention and ORPHAN_SECONDS: files and
-    bytes deleted."""
-    assert snapshot.tombstones is not None
-    now = time.time()
-    in_use = {name for add in snapshot.files.values() for name in _named(add)}
-    removed: dict[str, float] = {}   # file → when its last remove action removed it (seconds)
-    for remove in snapshot.tombstones.values():
-        for name in _named(remove):
-            removed[name] = max(removed.get(name, 0.0), int(remove.get("deletionTimestamp") or 0) / 1000)
+def _vacuum_table(storage: Storage, snapshot: delta_log.Snapshot, in_use: set[str], removed: dict[str, float],
+                  now: float, retention: float, table_retention: float, dry_run: bool) -> tuple[int, int]:
+    """Deletes the table's files the log removed once both their remove and their writing are
+    longer than `retention` ago, and those directly in its directory it never named once older
+    than its own retention and ORPHAN_SECONDS: files and bytes deleted. in_use, removed: as
+    _references gives them."""
     orphan_before = now - max(table_retention, ORPHAN_SECONDS)
     deleted = size = 0
     for entry in storage.list(snapshot.table):
@@ -370,7 +379,8 @@ def _vacuum_table(storage: Storage, snapshot: delta_log.Snapshot, retention: flo
             continue
         when = removed.get(name)
         if when is not None:   # where the log put it (a view's full refresh: a subdirectory of its own)
-            if now - when < retention:
+            # the remove's timestamp is another writer's clock, and optional: the file's own time guards it too
+            if now - when < retention or now - entry.modified < retention:
                 continue
         elif "/" in name or entry.modified > orphan_before:   # no subdirectory is replicator's layout
             continue
@@ -381,16 +391,47 @@ def _vacuum_table(storage: Storage, snapshot: delta_log.Snapshot, retention: flo
     return deleted, size
 
 
-def _named(action: dict[str, Any]) -> list[str]:
-    """The files an add or remove action names in the table's directory: its data file, and its
-    deletion vector's file when stored beside it (paths in the log are URIs: percent-encoded)."""
-    names = [unquote(action["path"])]
+def _references(storage: Storage, snapshot: delta_log.Snapshot, now: float) -> tuple[set[str], dict[str, float]]:
+    """The files the table's current version uses, and those its removes name with when the last
+    of them was made (seconds; a remove without deletionTimestamp: now), as paths relative to
+    the table's directory."""
+    assert snapshot.tombstones is not None
+    in_use = {name for add in snapshot.files.values() for name in _named(storage, snapshot.table, add)}
+    removed: dict[str, float] = {}
+    for remove in snapshot.tombstones.values():
+        stamp = remove.get("deletionTimestamp")
+        when = now if stamp is None else int(stamp) / 1000
+        for name in _named(storage, snapshot.table, remove):
+            removed[name] = max(removed.get(name, when), when)
+    return in_use, removed
+
+
+def _named(storage: Storage, table: str, action: dict[str, Any]) -> list[str]:
+    """The files an add or remove action names, its data file and its deletion vector's (unless
+    inline), relative to the table's directory as Delta's VACUUM makes them: decoded (paths in
+    the log are URIs), an absolute one stripped of the table's own URI. A path outside the
+    table is a UserError: its files could not be told in use."""
+    names = [_relative(storage, table, action["path"])]
     vector = action.get("deletionVector")
     if vector and vector.get("storageType") == "u":
         file = dv.descriptor_file(vector)
         if file:
-            names.append(file)
+            names.append(_relative(storage, table, file))
+    elif vector and vector.get("storageType") == "p":
+        names.append(_relative(storage, table, vector["pathOrInlineDv"]))
     return names
+
+
+def _relative(storage: Storage, table: str, path: str) -> str:
+    """path, from the table's log, relative to the table's directory and decoded."""
+    name = unquote(path)
+    if _ABSOLUTE.match(path):   # the table's own URI (as the storage may be named) stripped; another's: outside
+        prefixes = [f"{root}/{table}/" for root in storage.roots]
+        name = next((name[len(prefix):] for prefix in prefixes if name.startswith(prefix)), "")
+    if any(part in ("", ".", "..") for part in name.split("/")):   # '' too: none, or a '/' it starts with
+        raise UserError(f"{storage.url}/{table}: the log names the file {path!r}, which is outside the table: "
+                        f"vacuum cannot tell which of the table's files are in use; nothing vacuumed")
+    return name
 
 
 def table_retention(snapshot: delta_log.Snapshot) -> float:

@@ -39,6 +39,7 @@ PROVIDERS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "az": "azure", "azure": "azur
 CREDENTIALS = {"s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN)",
                "gcs": "GOOGLE_SERVICE_ACCOUNT or GOOGLE_APPLICATION_CREDENTIALS",
                "azure": "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or AZURE_CLIENT_ID...)"}
+SCHEME_ALIASES = {"s3": ("s3", "s3a"), "s3a": ("s3", "s3a")}   # Spark's writers name S3 files s3a://
 MISSING_BUCKET = {"NoSuchBucket", "ContainerNotFound"}
 DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
           "AuthorizationHeaderMalformed", "AuthenticationFailed", "AuthorizationFailure"}
@@ -59,6 +60,8 @@ class ObjectStorage:
         if not self._bucket:
             raise UserError(f"{url}: the URL names no bucket: use {scheme}://BUCKET/PATH")
         self._provider = provider
+        aliases = SCHEME_ALIASES.get(scheme.lower(), (scheme,))
+        self.roots: tuple[str, ...] = tuple(f"{alias}://{rest}" for alias in aliases)
         self._endpoint = s3_endpoint() if provider == "s3" else None
         options: dict[str, Any] = {}
         if self._endpoint and self._endpoint.url:

@@ -34,6 +34,7 @@ class Entry:
 
 class Storage(Protocol):
     url: str             # the warehouse as the user named it, for messages
+    roots: tuple[str, ...]   # the root as a Delta log may name it in an absolute path (decoded)
 
     def read(self, path: str) -> bytes:
         """The whole file; FileNotFoundError when there is none."""
@@ -81,9 +82,14 @@ def inside(url: str, path: str) -> str:
     return path
 
 
-def is_directory_name(name: str) -> bool:
-    """Whether name is one directory of the warehouse's root (a table's as _replicator records it)."""
-    return name not in ("", ".", "..") and "/" not in name and "\\" not in name and "\0" not in name
+def recorded_directory(url: str, directory: str, outcome: str, table: str | None = None) -> str:
+    """directory, as _replicator records a table's (table: its name, when known), if it is one
+    directory of the warehouse's root; else a UserError ending in `outcome` (what the caller
+    left undone): an older version's table named '..' wrote outside it."""
+    if directory in ("", ".", "..") or any(c in directory for c in "/\\\0"):
+        raise UserError(f"{url}: the warehouse records {f'table {table}' if table else 'a table'} in the directory "
+                        f"{directory!r}, which is not one of its own: {outcome}; replicate into a new warehouse")
+    return directory
 
 
 class LocalStorage:
@@ -92,6 +98,8 @@ class LocalStorage:
     def __init__(self, root: Path) -> None:
         self.root = root.expanduser().resolve()
         self.url = str(self.root)
+        root_path = self.root.as_posix()
+        self.roots: tuple[str, ...] = (f"file://{root_path}", f"file:{root_path}", root_path)   # file:/…: Hadoop's
 
     def _path(self, path: str) -> Path:
         full = self.root / inside(self.url, path)

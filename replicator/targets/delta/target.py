@@ -44,7 +44,7 @@ from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import maintenance
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import WarehouseState
-from replicator.targets.delta.storage import LocalStorage, Storage, is_directory_name
+from replicator.targets.delta.storage import LocalStorage, Storage, recorded_directory
 from replicator.targets.delta.stores import open_storage
 from replicator.targets.delta.table import ReplicaTable
 from replicator.targets.delta.view_table import view_directories
@@ -177,9 +177,7 @@ class DeltaTarget:
         directory_name's), unless one is no directory of the warehouse's own: an older
         version's table named '..' wrote outside it."""
         for directory, name in sorted(self.state.directories().items()):
-            if not is_directory_name(directory):
-                raise UserError(f"{self.storage.url}: the warehouse records table {name} in the directory "
-                                f"{directory!r}, which is not one of its own: replicate into a new warehouse")
+            recorded_directory(self.storage.url, directory, "nothing written", name)
 
     def _rewind_ahead(self) -> None:
         """A crash between a batch's table commits and _replicator's leaves tables holding the
