@@ -139,6 +139,7 @@ class Follower:
         self._followed: set[int] | None = None
         self._topics: dict[int, set[str]] = {}
         self._names_resolved_until = 0
+        self._step_commits: dict[int, Commit] = {}   # number → each commit of the step being applied
         if self.table_filter:
             self._follow_tables()
         self.consumer = committed_consumer(settings, **{"group.id": f"replicator-follower.{settings.prefix}",
@@ -148,7 +149,6 @@ class Follower:
         self._state_sequences: set[tuple[int, int]] = set()   # of the state topic's records but the commits
         self._unchecked: list[Message] = []   # of the state topic, read before what follows them was
         self._goal: Commit | None = None             # the last commit of the step being applied
-        self._step_commits: dict[int, Commit] = {}   # number → each commit of that step
         self._envelopes: dict[int, TableEnvelope] = {}
         self._envelope_settings = EnvelopeSettings(prefix=settings.prefix, database="")   # as the commits give
         self._unreachable: str | None = None   # why Kafka is unreachable, while it is
@@ -256,7 +256,7 @@ class Follower:
                 unlisted = True
             elif unlisted and commit.written is not None and tp[1] in commit.written.get(tp[0], {}):
                 return commit.written[tp[0]][tp[1]][0]
-        return -stored - 1 if stored < 0 else stored   # a publisher before the first offsets: as it was
+        return -stored - 1 if stored < 0 else stored   # commits without `written` (older publishers): as before
 
     @property
     def tick(self) -> int | None:
@@ -501,8 +501,8 @@ class Follower:
             if read > count:
                 raise UserError(f"{topic}:{partition} holds more records of commit {number} than the {count} it "
                                 f"wrote there, from offset {first_offset} on: one of them the publisher did not "
-                                f"write; neither is applied; check which (docs/kafka.md, Trust model), and run the "
-                                f"follower again with --skip-record TOPIC:PARTITION:OFFSET of that one")
+                                f"write; none of them is applied; check which (docs/kafka.md, Trust model), and run "
+                                f"the follower again with --skip-record TOPIC:PARTITION:OFFSET of that one")
         self._state_sequences = {s for s in self._state_sequences if s[0] > goal}
 
     def _apply(self, records: Iterable[Message]) -> int:

@@ -450,6 +450,7 @@ class KafkaTarget:
                                 f"(characters a topic name cannot hold become '_'): rename one, or replicate it "
                                 f"through another queue")
         self.topics.ensure_table(topic)
+        self._dropped_topics.discard(topic)   # listed again: written in this transaction
         return topic
 
     def create_table(self, table: TargetTable) -> None:
