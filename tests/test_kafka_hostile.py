@@ -8,8 +8,10 @@ Everything is real: PostgreSQL, the session's broker, the `replicator` command, 
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -306,3 +308,176 @@ def test_skip_record_takes_topic_partition_offset_only(dsn: str, kafka: KafkaSer
     url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
     assert "TOPIC:PARTITION:OFFSET" in one_error_line(follow(dsn, url, tmp_path / "f.db", "--skip-record", "x:1"))
 
+
+def forged_row(bootstrap: str, prefix: str, row_id: int, header: bytes) -> int:
+    """The last committed record of row `row_id` in the orders topic, its v made 'forged', written again by a
+    plain producer with the given replicator.sequence header; returns its offset."""
+    topic = f"{prefix}.public.orders"
+    genuine = [r for r in read_committed(bootstrap, topic) if r.value is not None and r.key_payload == {"id": row_id}]
+    assert genuine, "no record of the row to copy"
+    value = re.sub(rb'"v": ?"[^"]*"', b'"v": "forged"', genuine[-1].value or b"")
+    assert b"forged" in value
+    return plain_write(bootstrap, topic, genuine[-1].key, value, header)
+
+
+@pytest.mark.usefixtures(orders.__name__)
+def test_following_the_error_line_of_a_duplicated_sequence_never_applies_the_forged_record(
+        dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path) -> None:
+    """A plain producer writes a record with the header of the publisher's next record before the publisher
+    does: the follower applies the forged one (first in the merge) and names the genuine one as `again`,
+    so --skip-record as the line says drops the genuine record and keeps the forged one."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    db = tmp_path / "f.db"
+    assert follow(dsn, url, db).returncode == 0
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    forged_row(kafka.bootstrap, kafka_prefix, 1, b"%d.0" % (commit["commit"] + 1))
+    conn.execute("UPDATE orders SET v = 'six' WHERE id = 1")
+    publish(dsn, url)
+    result = follow(dsn, url, db)
+    assert result.returncode == 1, result.stderr
+    skip = re.search(r"--skip-record (\S+)", result.stderr)
+    assert skip is not None, result.stderr
+    result = follow(dsn, url, db, "--skip-record", skip.group(1))
+    assert replica(db).get(1) != "forged", (skip.group(1), result.stderr)
+
+
+@pytest.mark.usefixtures(orders.__name__)
+def test_a_follower_with_tables_does_not_apply_a_record_forged_with_the_sequence_of_a_table_it_does_not_follow(
+        dsn: str, conn: psycopg.Connection, source: Source, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path) -> None:
+    """The sequence checks pass over the topics of tables a --tables follower does not follow: a forged record
+    carrying the header of a genuine record there is no duplicate, and is applied."""
+    conn.execute("CREATE TABLE other (id int PRIMARY KEY, v text)")
+    source.add_table("q", "other")
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    db = tmp_path / "f.db"
+    assert follow(dsn, url, db, "--tables", "orders").returncode == 0
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    forged_row(kafka.bootstrap, kafka_prefix, 1, b"%d.0" % (commit["commit"] + 1))
+    with conn.transaction():   # record 0 of the next commit goes to other's topic, record 1 to orders'
+        conn.execute("INSERT INTO other VALUES (1, 'o')")
+        conn.execute("INSERT INTO orders VALUES (6, 'six')")
+    publish(dsn, url)
+    result = follow(dsn, url, db, "--tables", "orders")
+    assert replica(db).get(1) != "forged", result.stderr
+
+
+@pytest.mark.usefixtures(orders.__name__)
+def test_a_follower_does_not_apply_a_record_forged_with_the_sequence_of_the_tables_record(
+        dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path) -> None:
+    """A commit that changes the tables counts the `tables` record of the state topic among its records: a
+    record of a table topic carrying that index is a duplicate, which stops the follower before it applies
+    anything of the step; passed over, the follower catches up."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    db = tmp_path / "f.db"
+    assert follow(dsn, url, db).returncode == 0   # at commit N
+    conn.execute("ALTER TABLE orders ADD COLUMN w int")
+    conn.execute("UPDATE orders SET v = 'one' WHERE id = 1")
+    publish(dsn, url)   # commit N+1 changes the tables
+    state = read_committed(kafka.bootstrap, f"__replicator.{kafka_prefix}")
+    tables = [r for r in state if r.key == b"tables"][-1]
+    number, index = tables.sequence
+    assert [r for r in state if r.key == b"commit"][-1].sequence == (number, index + 1)   # the tables record's index
+    offset = forged_row(kafka.bootstrap, kafka_prefix, 1, b"%d.%d" % (number, index))
+    conn.execute("INSERT INTO orders VALUES (6, 'six', 6)")
+    publish(dsn, url)   # commit N+2 covers the forged record's offset
+    result = follow(dsn, url, db)   # N+1 and N+2 in one step: stops at the forged record, applying neither
+    forged = f"{kafka_prefix}.public.orders:0:{offset}"
+    assert result.returncode == 1 and f"--skip-record {forged}" in one_error_line(result), result.stderr
+    assert replica(db).get(1) == "v1"
+    result = follow(dsn, url, db, "--skip-record", forged)
+    assert result.returncode == 0, result.stderr
+    assert replica(db) == source_rows(conn)
+
+
+@pytest.mark.usefixtures(orders.__name__)
+def test_passing_over_the_record_after_a_commit_no_marker_follows_does_not_make_a_forged_commit_count(
+        dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
+    """A plain producer writes a commit and, right after it, any record: the follower stops at the commit.
+    Passing over the record after it leaves no gap that reads as the commit's transaction marker: the
+    follower stops at the commit again, and the forged row it covers is never applied."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    db = tmp_path / "f.db"
+    assert follow(dsn, url, db).returncode == 0
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    number = commit["commit"] + 1
+    row = forged_row(kafka.bootstrap, kafka_prefix, 1, b"%d.0" % number)
+    state = f"__replicator.{kafka_prefix}"
+    forged = {**commit, "commit": number, "records": 1,
+              "offsets": {**commit["offsets"], f"{kafka_prefix}.public.orders": {"0": row}}}
+    offset = plain_write(kafka.bootstrap, state, b"commit", json.dumps(forged).encode(), b"%d.1" % number)
+    assert plain_write(kafka.bootstrap, state, b"x", b"{}") == offset + 1
+    result = follow(dsn, url, db)
+    assert result.returncode == 1 and f"{state}:0:{offset}" in result.stderr
+    assert f"--skip-record {state}:0:{offset}" in one_error_line(result)
+    result = follow(dsn, url, db, "--skip-record", f"{state}:0:{offset + 1}")
+    assert result.returncode == 1 and f"--skip-record {state}:0:{offset}" in result.stderr.splitlines()[-1]
+    assert replica(db).get(1) != "forged", result.stderr
+
+
+@pytest.mark.usefixtures(orders.__name__)
+def test_a_table_dropped_whose_topic_the_operator_deleted_then_created_again_reaches_a_follower_whole(
+        dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
+    """The publisher stops listing a dropped table's topic so that "an operator may delete it"
+    (publisher._forget_topic); a table created again under the name gets a new topic from offset 0. The
+    follower keeps its offset in the old topic, and reads the new one from there: the rows before it are
+    lost without a word (or, the new topic shorter, it refuses to start, saying the topics were made anew)."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    for i in range(6, 12):   # the old topic: offsets 0 to 10
+        conn.execute("INSERT INTO orders VALUES (%s, 'x')", (i,))
+    publish(dsn, url)
+    db = tmp_path / "f.db"
+    assert follow(dsn, url, db).returncode == 0
+    conn.execute("DROP TABLE orders")
+    publish(dsn, url)
+    assert follow(dsn, url, db).returncode == 0   # the table dropped on the follower too
+    topic = f"{kafka_prefix}.public.orders"
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for future in admin.delete_topics([topic]).values():
+        future.result(30)
+    wait_until(lambda: topic not in admin.list_topics(timeout=10).topics, 30, "the dropped table's topic deleted")
+    conn.execute("CREATE TABLE orders (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO orders SELECT g, 'new' || g FROM generate_series(1, 30) g")
+    conn.execute("SELECT replicator.add_table('q', 'orders')")
+    publish(dsn, url)
+    result = follow(dsn, url, db)
+    assert result.returncode == 0, result.stderr
+    assert replica(db) == source_rows(conn)
+
+
+@pytest.mark.usefixtures(orders.__name__)
+def test_a_follower_reading_a_commits_records_while_the_broker_is_down_waits_for_it(
+        dsn: str, conn: psycopg.Connection, own_kafka: KafkaServer, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An outage longer than VISIBLE_WAIT while a step reads the partitions a commit names is taken for a
+    commit the publisher did not write: the follower (a daemon too) stops, telling the operator to
+    --skip-record a genuine commit, where before it waited for Kafka."""
+    monkeypatch.setattr(follower_module, "VISIBLE_WAIT", 2.0)   # 30 s in production; the outage is longer
+    url = f"kafka://{own_kafka.bootstrap}/shop"
+    publish(dsn, url)
+    db = tmp_path / "f.db"
+    target = SqliteTarget(db)
+    follower = Follower(parse_url(url), target)
+    try:
+        wait_until(lambda: (follower._read_commits(0.2), follower._commits)[1], 60, "the commit read")
+        own_kafka.kill()
+        restart = threading.Timer(8.0, own_kafka.restart)
+        restart.start()
+        try:
+            stats = follower.step()
+        finally:
+            restart.join()
+        assert stats is not None
+    finally:
+        follower.close()
+        target.close()
+    assert replica(db) == source_rows(conn)

@@ -15,9 +15,13 @@ in order builds every table as of the last commit.
 
 Nothing is trusted for having been read: a commit counts only when a transaction wrote it
 (state.transactions), commit numbers and stored offsets only move forward within the partitions,
-each record applied is one of the commits applied, read once, and decodes; anything else stops
-the follower in one line naming the record (--skip-record passes over it). docs/kafka.md, Trust
-model.
+each record a step reads is one of the commits applied, within the offsets and count its commit
+wrote in its partition, of a sequence read once (all checked before any is applied), and decodes;
+anything else stops the follower in one line naming the record (--skip-record passes over it).
+docs/kafka.md, Trust model.
+
+A topic the commits stop listing (its table dropped) may be deleted and made anew: its stored
+offset is marked, and reading it again starts where the commit that lists it again wrote.
 """
 
 from __future__ import annotations
@@ -135,15 +139,16 @@ class Follower:
         self._followed: set[int] | None = None
         self._topics: dict[int, set[str]] = {}
         self._names_resolved_until = 0
+        self._step_commits: dict[int, Commit] = {}   # number → each commit of the step being applied
         if self.table_filter:
             self._follow_tables()
         self.consumer = committed_consumer(settings, **{"group.id": f"replicator-follower.{settings.prefix}",
                                                         "error_cb": self._client_error})
         self.reader = PartitionReader(self.consumer, self._outage)
         self._commits: list[Commit] = []   # read, not applied yet
+        self._state_sequences: set[tuple[int, int]] = set()   # of the state topic's records but the commits
         self._unchecked: list[Message] = []   # of the state topic, read before what follows them was
         self._goal: Commit | None = None             # the last commit of the step being applied
-        self._step_commits: dict[int, Commit] = {}   # number → each commit of that step
         self._envelopes: dict[int, TableEnvelope] = {}
         self._envelope_settings = EnvelopeSettings(prefix=settings.prefix, database="")   # as the commits give
         self._unreachable: str | None = None   # why Kafka is unreachable, while it is
@@ -240,7 +245,18 @@ class Follower:
     # positions -----------------------------------------------------------------------------
 
     def _offset(self, tp: Partition) -> int:
-        return self.target.positions(self.queue).get(f"{tp[0]}:{tp[1]}", 0)
+        """Where reading tp goes on: after the last record read, but in a topic the commits stopped listing
+        (its table dropped: an operator may then delete it, and a table created again makes it anew) at the
+        first offset the commit listing it again wrote there."""
+        stored = self.target.positions(self.queue).get(f"{tp[0]}:{tp[1]}", 0)
+        unlisted = stored < 0
+        for number in sorted(self._step_commits):
+            commit = self._step_commits[number]
+            if tp[0] not in commit.offsets and tp[0] not in (self._state[0], self._schema[0]):
+                unlisted = True
+            elif unlisted and commit.written is not None and tp[1] in commit.written.get(tp[0], {}):
+                return commit.written[tp[0]][tp[1]][0]
+        return -stored - 1 if stored < 0 else stored   # commits without `written` (older publishers): as before
 
     @property
     def tick(self) -> int | None:
@@ -260,15 +276,18 @@ class Follower:
         """Commit records that came since the last read (or the position, at first), each checked: written
         by a transaction (state.transactions), numbered after the one before."""
         self.reader.assign({self._state: self._offset(self._state)})
-        read = [m for m in self.reader.available(self._state, wait) if not self._passed_over(m)]
-        runs, self._unchecked = transactions(self._unchecked + read, self.reader.end(self._state))
-        for run, transactional in runs:
-            if not transactional:
-                raise bad_record(run[0], f"is of no transaction: no transaction marker follows it (if a record of "
-                                         f"another producer took the marker's place, at offset "
-                                         f"{where(run[-1])[2] + 1}, pass over that one instead)")
+        # a record passed over still takes its offset: its gap is no transaction marker
+        runs, self._unchecked = transactions(self._unchecked + self.reader.available(self._state, wait),
+                                             self.reader.end(self._state))
+        for whole, transactional in runs:
+            run = [m for m in whole if not self._passed_over(m)]
+            if run and not transactional:
+                raise bad_record(run[0], "is of no transaction: no transaction marker follows it (a record another "
+                                         "producer wrote in the marker's place makes a commit the publisher wrote "
+                                         "look the same: pass over the commit, and that record, if so)")
             for message in run:
-                if message.key() == TABLES_KEY:
+                if message.key() == TABLES_KEY:   # counted among its commit's records: seen, read here
+                    self._state_sequences.add(sequence_of(message))
                     continue
                 if message.key() != COMMIT_KEY:
                     raise bad_record(message, "has a key no record of the state topic has")
@@ -290,7 +309,7 @@ class Follower:
         stored: dict[Partition, int] = {}
         for name, offset in self.target.positions(self.queue).items():
             topic, _, number = name.rpartition(":")
-            if topic and number.isdigit():   # not the tick, the commit number
+            if topic and number.isdigit() and offset >= 0:   # not the tick, the commit number, nor unlisted
                 stored[(topic, int(number))] = offset
         try:
             bounds = partition_bounds(self.settings, stored)
@@ -346,10 +365,13 @@ class Follower:
                 if tp[0] in topics:
                     streams.append(self._partition(tp, ends))
                     read.append(tp)
-            stats.records = self._apply(heapq.merge(*streams, key=sequence_of),
-                                        self.target.positions(self.queue).get(COMMIT, 0), goal.number)
+            # checked whole before any is applied: of two records of one sequence, neither is
+            records = list(heapq.merge(*streams, key=sequence_of))
+            self._check_sequences(records, self.target.positions(self.queue).get(COMMIT, 0), goal.number)
+            stats.records = self._apply(records)
             for tp in read:
                 self.target.set_position(self.queue, f"{tp[0]}:{tp[1]}", ends[tp] + 1)
+            self._mark_unlisted(goal)
             self.target.set_position(self.queue, f"{self._state[0]}:0", goal.offset + 1)
             self.target.set_position(self.queue, TICK, goal.tick)
             # last: the step's own position, rising at each (a Delta table's txn version)
@@ -361,6 +383,16 @@ class Follower:
         stats.seconds = time.monotonic() - started
         stats.lag_seconds = max(0.0, time.time() - goal.ts_ms / 1000)
         return stats
+
+    def _mark_unlisted(self, goal: Commit) -> None:
+        """The stored offsets of topics the goal no longer lists, marked (negative, -1 - offset): the topic
+        may be deleted and made anew before it is listed again (_offset)."""
+        for name, offset in self.target.positions(self.queue).items():
+            topic, _, number = name.rpartition(":")
+            if (topic and number.isdigit() and offset >= 0 and topic not in goal.offsets
+                    and topic not in (self._state[0], self._schema[0])):
+                self.target.set_position(self.queue, name, -1 - offset)
+                self.reader.forget((topic, int(number)))
 
     def _assign(self, partitions: list[Partition], ends: dict[Partition, int]) -> None:
         self.reader.assign({tp: self._offset(tp) for tp in partitions if tp in ends and self._offset(tp) <= ends[tp]})
@@ -374,17 +406,30 @@ class Follower:
 
     def _stalled(self, tp: Partition, last: int) -> Callable[[float], None]:
         """What a read waiting for tp to reach offset last does each second: stops when asked to, and gives
-        up after VISIBLE_WAIT seconds."""
+        up once Kafka, asked after VISIBLE_WAIT seconds, says the partition ends before it (an outage, or a
+        partition that has the offset now, is waited out)."""
+        patience = VISIBLE_WAIT
+
         def check(seconds: float) -> None:
+            nonlocal patience
             if self._stop.is_set:
                 raise _Stopped
-            if seconds > VISIBLE_WAIT:
-                assert self._goal is not None
-                commit = f"{self._state[0]}:0:{self._goal.offset}"
-                raise UserError(f"commit {self._goal.number} ({commit}) says the publisher wrote {tp[0]}:{tp[1]} up "
-                                f"to offset {last}, but the partition has ended before it for {VISIBLE_WAIT:.0f}s: "
-                                f"the publisher did not write that commit (pass over it with --skip-record {commit}), "
-                                f"or the topics were deleted and made anew (follow into a new target)")
+            if seconds <= patience:
+                return
+            try:
+                bounds = partition_bounds(self.settings, [tp])
+            except KafkaException as exc:
+                self._outage(exc.args[0].str())
+                bounds = {tp: (0, last + 1)}
+            if bounds.get(tp, (0, 0))[1] > last:   # unreachable, or the offset is there: wait on
+                patience = seconds + VISIBLE_WAIT
+                return
+            assert self._goal is not None
+            commit = f"{self._state[0]}:0:{self._goal.offset}"
+            raise UserError(f"commit {self._goal.number} ({commit}) says the publisher wrote {tp[0]}:{tp[1]} up "
+                            f"to offset {last}, but the partition has ended before it for {VISIBLE_WAIT:.0f}s: "
+                            f"the publisher did not write that commit (pass over it with --skip-record {commit}), "
+                            f"or the topics were deleted and made anew (follow into a new target)")
         return check
 
     def _use_envelope(self, commit: Commit) -> None:
@@ -423,16 +468,51 @@ class Follower:
                 topics.add(topic)
         return topics
 
-    def _apply(self, records: Iterable[Message], applied: int, goal: int) -> int:
-        """Applies merged records in order; returns how many. Each must be one the commits after commit
-        `applied` up to commit `goal` cover: of one of their numbers, within the count of records its
-        commit gives (when the commit is still there to say), and read once."""
+    def _check_sequences(self, records: list[Message], applied: int, goal: int) -> None:
+        """Each record read must be one the commits after commit `applied` up to commit `goal` cover: of one of
+        their numbers, within the count of records its commit gives, and within the offsets and count it
+        says it wrote in the record's partition (when the commit is still there to say), and no sequence
+        twice, nor one of a record of the state topic."""
+        seen: dict[tuple[int, int], Message] = {}
+        counts: dict[tuple[int, str, int], int] = {}   # (commit, topic, partition) → records read
+        for message in records:
+            number, index = sequence = sequence_of(message)
+            commit = self._step_commits.get(number)
+            if not applied < number <= goal or (commit is not None and index >= commit.records):
+                raise bad_record(message, f"is record {number}.{index}, which no commit from {applied + 1} to "
+                                          f"{goal} holds")
+            if sequence in self._state_sequences:
+                raise bad_record(message, f"is record {number}.{index}, which is a record of the state topic")
+            if sequence in seen:
+                first, second = located(seen[sequence]), located(message)
+                raise UserError(f"records {first} and {second} are both record {number}.{index}: the publisher "
+                                f"wrote one of them at most; neither is applied; check which it did not write "
+                                f"(docs/kafka.md, Trust model), and run the follower again with --skip-record "
+                                f"TOPIC:PARTITION:OFFSET of that one")
+            seen[sequence] = message
+            if commit is None or commit.written is None:
+                continue   # compacted away, or of an older publisher: docs/kafka.md, Trust model
+            topic, partition, offset = where(message)
+            first_offset, count = commit.written.get(topic, {}).get(partition, (-1, 0))
+            # (a topic dropped in its commit is no longer listed: its count bounds it)
+            if not first_offset <= offset <= commit.offsets.get(topic, {}).get(partition, offset):
+                raise bad_record(message, f"is record {number}.{index}, but commit {number} wrote no record at "
+                                          f"that offset of {topic}:{partition}")
+            read = counts[(number, topic, partition)] = counts.get((number, topic, partition), 0) + 1
+            if read > count:
+                raise UserError(f"{topic}:{partition} holds more records of commit {number} than the {count} it "
+                                f"wrote there, from offset {first_offset} on: one of them the publisher did not "
+                                f"write; none of them is applied; check which (docs/kafka.md, Trust model), and run "
+                                f"the follower again with --skip-record TOPIC:PARTITION:OFFSET of that one")
+        self._state_sequences = {s for s in self._state_sequences if s[0] > goal}
+
+    def _apply(self, records: Iterable[Message]) -> int:
+        """Applies checked records in order; returns how many."""
         tables = {t.table_id: t for t in self.target.tables().values()}
         by_topic = {table_topic(self.settings.prefix, t.structure.schema, t.structure.name): t
                     for t in tables.values()}
         changes = _Changes(self.target)
         deletes: dict[tuple[str, int], bytes | None] = {}   # partition → the key of its last record, a delete's
-        seen: set[tuple[int, int]] = set()
         truncated: set[tuple[int, int]] = set()   # (table id, commit) of each truncate applied
         count = 0
         for message in records:
@@ -441,14 +521,7 @@ class Follower:
             table = by_topic.get(topic)
             if topic != self._schema[0] and table is None and self._followed is not None:
                 continue   # a table not followed, before or after a followed one in the same topic
-            number, index = sequence = sequence_of(message)
-            commit = self._step_commits.get(number)
-            if not applied < number <= goal or (commit is not None and index >= commit.records):
-                raise bad_record(message, f"is record {number}.{index}, which no commit from {applied + 1} to "
-                                          f"{goal} holds")
-            if sequence in seen:
-                raise bad_record(message, f"is record {number}.{index} again")
-            seen.add(sequence)
+            number = sequence_of(message)[0]
             if topic == self._schema[0]:
                 changes.flush()
                 self._schema_change(message, tables, by_topic, truncated)

@@ -117,6 +117,7 @@ class KafkaTarget:
         self._number = state.commit.number if state.commit else 0
         self._index = 0
         self._offsets: dict[tuple[str, int], int] = {}
+        self._written: dict[tuple[str, int], list[int]] = {}   # partition → [first offset, records] of this transaction
         self._dropped_topics: set[str] = set()   # by this transaction
         self._errors: list[tuple[KafkaError, str, int]] = []   # the error, the record's topic and size
         self._tables_changed = False
@@ -181,6 +182,7 @@ class KafkaTarget:
         self._number += 1
         self._index = 0
         self._offsets.clear()
+        self._written.clear()
         self._dropped_topics.clear()
         self._errors.clear()
 
@@ -203,7 +205,10 @@ class KafkaTarget:
         # followers check (state.transactions)
         commit = Commit(number=self._number, queue=queue, consumer=consumer, tick=tick,
                         ts_ms=int(time.time() * 1000), offsets=offsets, envelope=self._envelope_settings,
-                        records=self._index)
+                        records=self._index,
+                        written={topic: {partition: (first, count) for (t, partition), (first, count)
+                                         in self._written.items() if t == topic}
+                                 for topic in {t for t, _ in self._written} - {self._state_topic}})
         self._produce(self._state_topic, COMMIT_KEY, commit.to_json())
         self._flush()
         crash_point("kafka-commit-sent")
@@ -328,11 +333,14 @@ class KafkaTarget:
 
     def _delivered(self, error: KafkaError | None, message: Message) -> None:
         """Notes the offset of each record written: a partition's reports come in order, so the last
-        one noted is its last offset."""
+        one noted is its last offset, the first one its first in this transaction."""
         if error is not None:
             self._errors.append((error, message.topic() or "", len(message.value() or b"")))
             return
-        self._offsets[(message.topic(), message.partition())] = message.offset()  # type: ignore[index,assignment]
+        tp, offset = (message.topic(), message.partition()), message.offset()
+        self._offsets[tp] = offset  # type: ignore[index,assignment]
+        written = self._written.setdefault(tp, [offset, 0])  # type: ignore[arg-type,list-item]
+        written[1] += 1
 
     def _produce(self, topic: str, key: bytes, value: bytes | None, partition: int = -1) -> None:
         headers: list[tuple[str, str | bytes | None]] = [(SEQUENCE, b"%d.%d" % (self._number, self._index))]
@@ -450,6 +458,7 @@ class KafkaTarget:
                                 f"(characters a topic name cannot hold become '_', and Kafka reads '.' as '_'): "
                                 f"rename one, or replicate it through another queue")
         self.topics.ensure_table(topic)
+        self._dropped_topics.discard(topic)   # listed again: written in this transaction
         return topic
 
     def create_table(self, table: TargetTable) -> None:

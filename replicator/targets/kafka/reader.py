@@ -39,6 +39,14 @@ class PartitionReader:
                 self._buffers[tp] = deque()
                 self._next[tp] = offset
 
+    def forget(self, tp: Partition) -> None:
+        """Stops reading tp (its topic may be deleted and made anew): assigned again, it starts afresh."""
+        if tp in self._buffers:
+            self.consumer.incremental_unassign([TopicPartition(*tp)])
+            for held in (self._buffers, self._next, self._end):
+                held.pop(tp, None)
+            self._paused.discard(tp)
+
     def available(self, tp: Partition, wait: float) -> list[Message]:
         """Every record of tp committed so far (after those taken), waiting up to `wait` seconds for a first."""
         # the end reached last time may have moved on since: read to the end Kafka reports next (none

@@ -6,8 +6,9 @@ Kafka to (the position a restarted publisher resumes from), its number, how many
 transaction wrote before it (their indexes, below), the last offset the
 publisher has written in each partition so far (how a follower knows it has read a whole
 transaction: Kafka makes a transaction's records visible partition by partition; and, the
-commits before being compacted away, where every partition ends for a new follower) and the
-envelope settings; "tables",
+commits before being compacted away, where every partition ends for a new follower), the first
+offset and number of records the transaction wrote in each partition (`written`: a follower
+checks each record against them) and the envelope settings; "tables",
 written when they change, before the commit: the tables the publisher replicates, as a file
 target keeps them.
 
@@ -59,12 +60,17 @@ class Commit:
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
     envelope: dict[str, Any] = field(default_factory=dict)              # schemas, decimals
     records: int = 0                                                    # in this transaction
+    # topic → partition → (first offset, records) this transaction wrote there, but the state topic; None in
+    # the commits of publishers before it was written (their records are checked less: docs/kafka.md)
+    written: dict[str, dict[int, tuple[int, int]]] | None = None
     offset: int = -1                                                    # of this record in the state topic
 
     def to_json(self) -> bytes:
         return json.dumps({"commit": self.number, "queue": self.queue, "consumer": self.consumer, "tick": self.tick,
                            "ts_ms": self.ts_ms, "records": self.records, "envelope": self.envelope,
-                           "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in self.offsets.items()}
+                           "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in self.offsets.items()},
+                           **({} if self.written is None else {"written": {
+                               t: {str(p): list(w) for p, w in parts.items()} for t, parts in self.written.items()}})
                            }).encode()
 
     @classmethod
@@ -75,10 +81,14 @@ class Commit:
             commit = cls(number=d["commit"], queue=d["queue"], consumer=d["consumer"], tick=d["tick"],
                          ts_ms=d["ts_ms"], records=d["records"], envelope=d["envelope"], offset=where(message)[2],
                          offsets={t: {int(p): o for p, o in parts.items()} for t, parts in d["offsets"].items()})
+            if "written" in d:
+                commit.written = {t: {int(p): (w[0], w[1]) for p, w in parts.items()}
+                                  for t, parts in d["written"].items()}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise bad_record(message, f"is no commit ({type(exc).__name__}: {exc})") from None
         numbers = [commit.number, commit.tick, commit.ts_ms, commit.records,
-                   *(o for parts in commit.offsets.values() for o in parts.values())]
+                   *(o for parts in commit.offsets.values() for o in parts.values()),
+                   *(n for parts in (commit.written or {}).values() for w in parts.values() for n in w)]
         if (not all(type(n) is int and n >= 0 for n in numbers) or commit.number < 1
                 or not isinstance(commit.queue, str) or not isinstance(commit.consumer, str)
                 or not isinstance(commit.envelope, dict)
