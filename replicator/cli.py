@@ -741,12 +741,13 @@ def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_rec
             raise UserError(f"--skip-record {record}: give TOPIC:PARTITION:OFFSET, as the follower's error names it")
     if target_url.startswith("kafka:"):
         raise UserError("a follower writes a target of its own (sqlite:, delta:, jsonl:, tsv:), not Kafka")
+    # before the first Kafka request: a SIGTERM while the follower starts ends it at its first step
+    stop = StopFlag() if once or until_caught_up else StopFlag().install()
     target = open_target(target_url, spark_master=spark_master, spark_conf=spark_conf)
     follower: Follower | None = None
     try:
         follower = Follower(settings, target, tables=tables, poll_interval=poll_interval,
                             stats_interval=stats_interval, health_max_lag=health_max_lag, skip=skip_records)
-        stop = StopFlag() if once or until_caught_up else StopFlag().install()
         _serve_metrics(follower.metrics, metrics_address, metrics_port, once=False)
         follower.run(once=once, until_caught_up=until_caught_up, stop=stop)
     finally:
