@@ -232,7 +232,7 @@ def commit(storage: Storage, snapshot: Snapshot, actions: Sequence[dict[str, Any
     body = "\n".join(json.dumps(action, separators=(",", ":")) for action in [info, *actions]) + "\n"
     version = snapshot.version + 1
     path = commit_path(snapshot.table, version)
-    if not storage.put_if_absent(path, body.encode()) and not _ours(storage, path, txn_id):
+    if not _put(storage, path, body.encode(), txn_id):
         raise CommitConflict(f"version {version} of {snapshot.table} was committed by another writer")
     snapshot.apply(copy.deepcopy(list(actions)))
     snapshot.version = version
@@ -240,14 +240,38 @@ def commit(storage: Storage, snapshot: Snapshot, actions: Sequence[dict[str, Any
     return version
 
 
-def _ours(storage: Storage, path: str, txn_id: str) -> bool:
-    """Whether the commit at path is this one after all: an object store's conditional PUT whose
-    answer was lost is retried by the client, and the retry finds the first attempt's object."""
+def _put(storage: Storage, path: str, body: bytes, txn_id: str) -> bool:
+    """Writes the commit at path if absent: whether the commit there is this one. A call that
+    fails may have written it all the same (the directory's fsync failing after the link, an
+    object store's answer lost after its retries): the version read back tells; absent or
+    unreadable, the outcome is not known and the error stands (the caller must not delete what
+    the commit refers to)."""
+    try:
+        if storage.put_if_absent(path, body):
+            return True
+    except Exception as error:
+        try:
+            holder = _txn_id_at(storage, path)
+        except Exception:
+            raise error from None
+        if holder is None:
+            raise
+        return holder == txn_id
+    # an object store's conditional PUT whose answer was lost is retried by the client, and the
+    # retry finds the first attempt's object
+    return _txn_id_at(storage, path) == txn_id
+
+
+def _txn_id_at(storage: Storage, path: str) -> str | None:
+    """The txnId of the commit at path ('' for none, or another writer's unreadable commit);
+    None when there is no commit there."""
     try:
         first = _actions(storage.read(path))[:1]
-    except (FileNotFoundError, ValueError):
-        return False
-    return bool(first) and first[0].get("commitInfo", {}).get("txnId") == txn_id
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return ""
+    return str(first[0].get("commitInfo", {}).get("txnId") or "") if first else ""
 
 
 def now_ms() -> int:

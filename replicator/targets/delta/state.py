@@ -15,6 +15,7 @@ complete when this table's commit records it:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import uuid
@@ -104,6 +105,12 @@ class WarehouseState:
                 return
             except delta_log.CommitConflict:
                 self.take_in_others()   # left to take in: an OPTIMIZE of this table; then again
+            except BaseException:
+                # whether the commit landed is not known: its rows file is left (VACUUM deletes it if
+                # no version refers to it), and the log read again as it is now
+                with contextlib.suppress(Exception):
+                    self.snapshot = delta_log.load(self.storage, DIRECTORY)
+                raise
 
     def take_in_others(self) -> None:
         """Reads the commits made by other processes since this snapshot. One with a position or

@@ -263,8 +263,18 @@ class ReplicaTable:
         self._discard_files(staged)
         self.index = None   # it holds the transaction's deletions and files: built again when needed
 
+    def _abandon(self) -> None:
+        """Ends the transaction after a commit whose outcome is not known (replicator.targets.delta.log
+        commit: an error it could not resolve): its version may exist and refer to the files the
+        transaction wrote, so they are left (VACUUM deletes them if no version does), not rolled
+        back; the table is read again from its log, as it is now."""
+        self.staged, self.index = None, None
+        with contextlib.suppress(Exception):   # unreadable now: it is read again at the next start
+            self.snapshot = delta_log.load(self.storage, self.directory)
+
     def _discard_files(self, staged: Staged) -> None:
-        """Deletes the data files the transaction wrote (none is committed yet)."""
+        """Deletes the data files the transaction wrote (no version refers to them: the
+        transaction never committed, or lost its version to another writer)."""
         writing, staged.writing = staged.writing, None
         if writing is not None:
             with contextlib.suppress(Exception):
@@ -508,6 +518,9 @@ class ReplicaTable:
                 staged.changes = changes
                 staged.deleted_rows, staged.changed_keys = captured
                 continue
+            except BaseException:
+                self._abandon()
+                raise
             self.staged = None
             self.rewound = None
             if self.captures is not None:

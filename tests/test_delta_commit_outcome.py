@@ -1,0 +1,195 @@
+"""A Delta commit whose call failed after its file may have landed: the version is read back
+and the commit finished when it is ours; when that cannot be told, nothing a version may refer
+to is deleted. Then the tables stay readable and, after a restart, equal to the source.
+
+Real PostgreSQL, real files and the S3 server (moto); the faults are injected into the
+project's own storage: the log directory's fsync after the hard link fails (EIO), the commit
+file cannot be read back, an S3 conditional PUT lands and its answer is lost.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("deltalake")
+
+from consumer_helpers import forced_tick
+from replicator.consumer import Consumer
+from replicator.errors import UserError
+from replicator.targets.delta import deletion_vectors
+from replicator.targets.delta import log as delta_log
+from replicator.targets.delta import storage as local_storage
+from replicator.targets.delta.object_storage import ObjectStorage
+from replicator.targets.delta.reader import table_uris
+from replicator.targets.delta.storage import LocalStorage
+from replicator.targets.delta.target import DeltaTarget
+from test_delta_target import (
+    CRASH_DDL,
+    _one_batch_of_changes,
+    assert_equal_to_source,
+    delta_rows,
+    referenced_files,
+    table_files,
+    txn_commits,
+)
+
+KEYS = {"public.t": ["id"], "public.u": ["k"]}
+
+
+def consume(dsn: str, url: str) -> None:
+    """The consumer, in this process, up to the queue's latest tick; its target closed after."""
+    target = DeltaTarget(url)
+    consumer = Consumer(dsn, "q", target, name="c")
+    try:
+        consumer.run(until_caught_up=True)
+    finally:
+        consumer.close()
+        target.close()
+
+
+def start(conn: Any, source: Any, dsn: str, url: str) -> None:
+    """Tables t and u copied, then a batch changing both waiting in the queue."""
+    conn.execute(CRASH_DDL)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    source.add_table("q", "u")
+    consume(dsn, url)
+    _one_batch_of_changes(conn, 0)
+    forced_tick(conn)
+
+
+class Fault:
+    """Fires once, for the commit files of one table's log."""
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = log_dir
+        self.fired = 0
+
+    def due(self, path: str) -> bool:
+        if self.fired or not path.rstrip("/").endswith(self.log_dir):
+            return False
+        self.fired += 1
+        return True
+
+
+def consume_with_fault(dsn: str, url: str) -> str:
+    """'committed' when the consumer finished the batch, else the failure it stopped on."""
+    try:
+        consume(dsn, url)
+    except (OSError, UserError) as exc:
+        return type(exc).__name__
+    return "committed"
+
+
+def assert_every_referenced_file_exists(path: Path) -> None:
+    for name, uri in [*table_uris(str(path)).items(), ("_replicator", str(path / "_replicator"))]:
+        missing = referenced_files(Path(uri)) - table_files(Path(uri))
+        assert not missing, f"{name}: its log refers to files that were deleted: {sorted(missing)}"
+
+
+def assert_readable(path: Path) -> None:
+    for name, uri in table_uris(str(path)).items():
+        delta_rows(uri, KEYS[name])
+
+
+@pytest.mark.parametrize("directory", ["public.t", "_replicator"])
+def test_a_commit_whose_directory_fsync_fails_after_the_link_is_finished(dsn, conn, source, tmp_path, monkeypatch,
+                                                                         directory):
+    path = tmp_path / "wh"
+    start(conn, source, dsn, str(path))
+    fault = Fault(f"{directory}/_delta_log")
+    real = local_storage._fsync_dir
+
+    def fsync_dir(where: Path) -> None:
+        if fault.due(where.as_posix()):
+            raise OSError(errno.EIO, "Input/output error")
+        real(where)
+
+    monkeypatch.setattr(local_storage, "_fsync_dir", fsync_dir)
+    outcome = consume_with_fault(dsn, str(path))
+    monkeypatch.undo()
+    assert fault.fired == 1
+    assert_every_referenced_file_exists(path)
+    assert_readable(path)
+    assert outcome == "committed"   # the version read back is the consumer's: the commit is finished
+    assert_equal_to_source(conn, path, ["t", "u"])
+
+
+@pytest.mark.parametrize("directory", ["public.t", "_replicator"])
+def test_a_commit_whose_outcome_cannot_be_read_back_deletes_nothing_and_a_restart_completes_the_batch(
+        dsn, conn, source, tmp_path, monkeypatch, directory):
+    path = tmp_path / "wh"
+    start(conn, source, dsn, str(path))
+    written, unreadable = Fault(f"{directory}/_delta_log"), Fault(f"{directory}/_delta_log")
+    put_if_absent, read = LocalStorage.put_if_absent, LocalStorage.read
+
+    def landed_then_failed(self: LocalStorage, where: str, data: bytes) -> bool:
+        done = put_if_absent(self, where, data)
+        if done and written.due(where.rsplit("/", 1)[0]):
+            raise OSError(errno.EIO, "Input/output error")
+        return done
+
+    def read_failing_once(self: LocalStorage, where: str) -> bytes:
+        if written.fired and where.endswith(".json") and unreadable.due(where.rsplit("/", 1)[0]):
+            raise OSError(errno.EIO, "Input/output error")
+        return read(self, where)
+
+    monkeypatch.setattr(LocalStorage, "put_if_absent", landed_then_failed)
+    monkeypatch.setattr(LocalStorage, "read", read_failing_once)
+    outcome = consume_with_fault(dsn, str(path))
+    monkeypatch.undo()
+    assert written.fired == 1
+    assert_every_referenced_file_exists(path)
+    assert_readable(path)
+    assert (unreadable.fired, outcome) == (1, "OSError")
+    consume(dsn, str(path))   # started again: the batch completed (a table holding it skips it)
+    assert_every_referenced_file_exists(path)
+    assert_equal_to_source(conn, path, ["t", "u"])
+    app = "q/c"
+    for name, uri in table_uris(str(path)).items():
+        ticks = txn_commits(Path(uri), app)
+        assert len(ticks) == len(set(ticks)), (name, ticks)   # each batch committed once
+
+
+def answer_lost(monkeypatch: pytest.MonkeyPatch, fault: Fault) -> None:
+    """ObjectStorage's conditional PUT performs the request, then fails as its client does when
+    every retry's answer was lost."""
+    put_if_absent: Callable[[ObjectStorage, str, bytes], bool] = ObjectStorage.put_if_absent
+
+    def lost(self: ObjectStorage, where: str, data: bytes) -> bool:
+        done = put_if_absent(self, where, data)
+        if done and fault.due(where.rsplit("/", 1)[0]):
+            raise UserError(f"{self.url}: Generic S3 error: request or response body error: operation timed out")
+        return done
+
+    monkeypatch.setattr(ObjectStorage, "put_if_absent", lost)
+
+
+@pytest.mark.parametrize("directory", ["public.t", "_replicator"])
+def test_an_s3_commit_whose_answer_is_lost_is_finished(dsn, conn, source, s3_url, monkeypatch, directory):
+    from test_delta_s3 import assert_equal_to_source as assert_s3_equal_to_source
+    from test_delta_s3 import table
+
+    start(conn, source, dsn, s3_url)
+    fault = Fault(f"{directory}/_delta_log")
+    with monkeypatch.context() as patched:
+        answer_lost(patched, fault)
+        outcome = consume_with_fault(dsn, s3_url)
+    assert fault.fired == 1
+    present = {entry.path for entry in ObjectStorage(s3_url).list("")}
+    for name in ("public.t", "public.u", "_replicator"):
+        directory = table_uris(s3_url)[name].rsplit("/", 1)[-1] if name in KEYS else name
+        for add in delta_log.load(ObjectStorage(s3_url), directory).files.values():
+            named = [add["path"], *filter(None, [deletion_vectors.descriptor_file(add.get("deletionVector") or {})
+                                                  if add.get("deletionVector") else None])]
+            missing = [f for f in named if f"{directory}/{f}" not in present]
+            assert not missing, f"{name}: its version refers to files that were deleted: {missing}"
+        if name in KEYS:
+            table(s3_url, name).version()
+    assert outcome == "committed"
+    assert_s3_equal_to_source(conn, s3_url, ["t", "u"])
