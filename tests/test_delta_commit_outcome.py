@@ -10,18 +10,27 @@ file cannot be read back, an S3 conditional PUT lands and its answer is lost.
 from __future__ import annotations
 
 import errno
+import json
+import re
+import struct
+import uuid
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from pyroaring import BitMap
 
 pytest.importorskip("deltalake")
 
 from consumer_helpers import forced_tick
 from replicator.consumer import Consumer
 from replicator.errors import UserError
-from replicator.targets.delta import deletion_vectors
+from replicator.targets.delta import deletion_vectors, maintenance
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import storage as local_storage
 from replicator.targets.delta.object_storage import ObjectStorage
@@ -30,9 +39,11 @@ from replicator.targets.delta.storage import LocalStorage
 from replicator.targets.delta.target import DeltaTarget
 from test_delta_target import (
     CRASH_DDL,
+    _commit_by_hand,
     _one_batch_of_changes,
     assert_equal_to_source,
     delta_rows,
+    log_commits,
     referenced_files,
     table_files,
     txn_commits,
@@ -193,3 +204,89 @@ def test_an_s3_commit_whose_answer_is_lost_is_finished(dsn, conn, source, s3_url
             table(s3_url, name).version()
     assert outcome == "committed"
     assert_s3_equal_to_source(conn, s3_url, ["t", "u"])
+
+
+# another writer's files: paths as URIs, deletion vectors as Delta's reader reads them ---------
+
+MOVED = "moved by hand 100%.snappy.parquet"
+
+
+def native_vector(positions: list[int]) -> bytes:
+    """A RoaringBitmapArray in Delta's native serialization: magic 1681511376, the number of
+    bitmaps (int32 LE), then each bitmap's size (int32 LE) and the bitmap (Roaring's format)."""
+    bitmap = BitMap(positions).serialize()
+    return struct.pack("<iii", 1681511376, 1, len(bitmap)) + bitmap
+
+
+def portable_vector(positions: list[int]) -> bytes:
+    bitmap = BitMap(positions).serialize()
+    return struct.pack("<iqi", 1681511377, 1, 0) + bitmap
+
+
+def vector_file(vector: bytes) -> bytes:
+    """A deletion vector file holding one vector (at offset 1)."""
+    return bytes([1]) + struct.pack(">i", len(vector)) + vector + struct.pack(">I", zlib.crc32(vector))
+
+
+def move_with_deletions(table_dir: Path, gone: set[int], storage_type: str) -> None:
+    """Another writer's commit: the table's one file moved to a name a URI encodes (a space, a
+    '%'), rows of keys `gone` marked deleted in a vector of the given kind."""
+    [add] = delta_log.load(LocalStorage(table_dir.parent), table_dir.name).files.values()
+    data = (table_dir / add["path"]).read_bytes()
+    keys = pq.read_table(pa.BufferReader(data)).column(0).to_pylist()   # the key column comes first
+    positions = [i for i, key in enumerate(keys) if key in gone]
+    (table_dir / MOVED).write_bytes(data)
+    file_id = uuid.uuid4()
+    name = f"deletion_vector_{file_id}.bin"
+    if storage_type == "native":
+        vector = native_vector(positions)
+        where = {"storageType": "u", "pathOrInlineDv": deletion_vectors.z85_encode(file_id.bytes)}
+    else:
+        vector = portable_vector(positions)
+        where = {"storageType": "p", "pathOrInlineDv": f"file:{quote((table_dir / name).as_posix())}"}
+    (table_dir / name).write_bytes(vector_file(vector))
+    stats = {**json.loads(add["stats"]), "tightBounds": False}
+    moved = {**add, "path": quote(MOVED), "stats": json.dumps(stats),
+             "deletionVector": {**where, "offset": 1, "sizeInBytes": len(vector), "cardinality": len(positions)}}
+    _commit_by_hand(table_dir, [{"remove": {"path": add["path"], "deletionTimestamp": 0, "dataChange": True}},
+                                {"add": moved}])
+
+
+@pytest.mark.parametrize("storage_type", ["native", "absolute path"])
+def test_another_writers_file_named_by_an_encoded_uri_with_its_deletion_vector_is_read(dsn, conn, source, tmp_path,
+                                                                                       storage_type):
+    path = tmp_path / "wh"
+    conn.execute(CRASH_DDL)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    consume(dsn, str(path))
+    table_dir = Path(table_uris(str(path))["public.t"])
+    move_with_deletions(table_dir, {1, 2, 3, 4, 5}, storage_type)   # as Spark's DELETE ... WHERE id <= 5
+    conn.execute("DELETE FROM t WHERE id <= 5")
+    conn.execute("UPDATE t SET cnt = cnt + 1 WHERE id <= 10")   # rows of the moved file, some deleted already
+    forced_tick(conn)
+    consume(dsn, str(path))
+    assert_equal_to_source(conn, path, ["t"])
+    maintenance.optimize(LocalStorage(path), everything=True)   # the moved file's live rows rewritten
+    assert_equal_to_source(conn, path, ["t"])
+    # what replicator writes is a URI: the moved file re-added (its deletion vector grown) as the log
+    # names it, its own files named with characters that need no encoding
+    ours = {a["add"]["path"] for commit in log_commits(table_dir) if commit[0]["commitInfo"].get("engineInfo") ==
+            delta_log.ENGINE for a in commit if "add" in a}
+    assert quote(MOVED) in ours
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", p) for p in ours - {quote(MOVED)}), ours
+
+
+def test_a_native_deletion_vector_reads_as_the_portable_one_and_one_past_2_32_rows_is_refused():
+    positions = [0, 5, 70_000, 1 << 20, (1 << 32) - 1]
+    assert list(deletion_vectors.deserialize(native_vector(positions))) == positions
+    assert list(deletion_vectors.deserialize(portable_vector(positions))) == positions
+    empty_second = native_vector(positions) + struct.pack("<i", len(BitMap().serialize())) + BitMap().serialize()
+    empty_second = empty_second[:4] + struct.pack("<i", 2) + empty_second[8:]
+    assert list(deletion_vectors.deserialize(empty_second)) == positions
+    past = native_vector([1]) + struct.pack("<i", len(BitMap([7]).serialize())) + BitMap([7]).serialize()
+    past = past[:4] + struct.pack("<i", 2) + past[8:]
+    with pytest.raises(UserError, match="past 2\\*\\*32"):
+        deletion_vectors.deserialize(past)
+    with pytest.raises(ValueError, match="not a deletion vector"):
+        deletion_vectors.deserialize(struct.pack("<iq", 1234, 0))

@@ -151,7 +151,7 @@ def read_positions(table: ReplicaTable, by_file: dict[str, BitMap], columns: Seq
         if not rows:
             continue
         positions = np.fromiter(rows, dtype=np.int64, count=len(rows))
-        with table.storage.open_read(f"{table.directory}/{path}") as f:
+        with table.storage.open_read(table.file(path)) as f:
             parquet = pq.ParquetFile(f)
             present = [n for n in wanted.names if n in set(parquet.schema_arrow.names)]
             start = 0
@@ -169,7 +169,7 @@ def read_file(table: ReplicaTable, path: str, columns: Sequence[str] | None = No
     """A data file's rows (all of them: deleted ones too), in the table's current schema."""
     schema = file_schema(table)
     wanted = schema if columns is None else pa.schema([schema.field(c) for c in columns])
-    with table.storage.open_read(f"{table.directory}/{path}") as f:
+    with table.storage.open_read(table.file(path)) as f:
         parquet = pq.ParquetFile(f)
         present = [n for n in wanted.names if n in set(parquet.schema_arrow.names)]
         return _conform(parquet.read(columns=present), wanted)
@@ -188,7 +188,7 @@ def rows_matching(table: ReplicaTable, wanted: Sequence[tuple[Sequence[str], Key
     count = 0
     for path, add in table.snapshot.files.items():
         dead = _positions(table.deletion_vector(add))
-        with table.storage.open_read(f"{table.directory}/{path}") as f:
+        with table.storage.open_read(table.file(path)) as f:
             parquet = pq.ParquetFile(f)
             names = set(parquet.schema_arrow.names)
             start = 0

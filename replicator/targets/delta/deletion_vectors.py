@@ -10,6 +10,12 @@ Format"): a RoaringBitmapArray in its portable serialization — magic 168151137
 vector, its size (int32 BE), its data and the data's CRC-32 (int32 BE). A file's
 descriptor names the file by its UUID in Z85 (storage type ``u``), the vector's
 offset (of its size field) and size, and the count of deleted rows.
+
+Read, as Delta's own reader reads them: vectors inline in the log (``i``, Z85 of the
+serialized bitmap), in a file named by absolute path (``p``), and the native
+serialization Delta's RoaringBitmapArray also reads — magic 1681511376, the number of
+bitmaps (int32 LE), then per bitmap (its high 32 bits: its place) its size (int32 LE) and
+the bitmap.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pyroaring import BitMap
 from replicator.errors import UserError
 
 MAGIC = 1681511377
+NATIVE_MAGIC = 1681511376
 FORMAT_VERSION = 1
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
@@ -64,18 +71,31 @@ def serialize(positions: BitMap) -> bytes:
 
 
 def deserialize(data: bytes) -> BitMap:
-    magic, count = struct.unpack_from("<iq", data)
-    if magic != MAGIC:
+    """The row positions of a serialized RoaringBitmapArray (portable or native)."""
+    (magic,) = struct.unpack_from("<i", data)
+    if magic == MAGIC:
+        (count,) = struct.unpack_from("<q", data, 4)
+        offset = 12
+    elif magic == NATIVE_MAGIC:
+        (count,) = struct.unpack_from("<i", data, 4)
+        offset = 8
+    else:
         raise ValueError(f"not a deletion vector (magic {magic})")
     positions = BitMap()
-    offset = 12
-    for _ in range(count):
-        (high,) = struct.unpack_from("<i", data, offset)
-        bitmap = BitMap.deserialize(data[offset + 4:])
-        if high:
+    for place in range(count):
+        if magic == MAGIC:
+            (high,) = struct.unpack_from("<i", data, offset)
+            start = offset + 4
+            bitmap = BitMap.deserialize(data[start:])
+            offset = start + len(bitmap.serialize())
+        else:
+            (size,) = struct.unpack_from("<i", data, offset)
+            high, start = place, offset + 4
+            bitmap = BitMap.deserialize(data[start:start + size])
+            offset = start + size
+        if high and bitmap:
             raise UserError("a deletion vector marks rows past 2**32 of one file: replicator does not read such files")
         positions |= bitmap
-        offset += 4 + len(bitmap.serialize())
     return positions
 
 
@@ -100,19 +120,22 @@ class VectorFile:
 
 
 def descriptor_file(descriptor: dict[str, Any]) -> str | None:
-    """The file (relative to the table) a descriptor's vector is stored in; None for an inline one."""
+    """The file a descriptor's vector is stored in, as the log names it (relative to the table;
+    absolute for storage type ``p``); None for an inline one."""
     kind, where = descriptor["storageType"], descriptor["pathOrInlineDv"]
     if kind == "i":
         return None
+    if kind == "p":
+        return str(where)
     if kind != "u":
-        raise UserError(f"a deletion vector stored by absolute path ({where}): replicator reads only those stored "
-                        f"beside the table; run OPTIMIZE on the table to purge it")
+        raise UserError(f"a deletion vector of storage type {kind!r}, which the Delta protocol does not define: "
+                        f"replicator cannot read the table; run OPTIMIZE on the table with its writer to purge it")
     prefix, encoded = where[:-20], where[-20:]
     return (f"{prefix}/" if prefix else "") + file_name(uuid.UUID(bytes=z85_decode(encoded)))
 
 
 def read(descriptor: dict[str, Any], read_file: Any) -> BitMap:
-    """The positions a descriptor marks; read_file(relative path) -> bytes reads a vector file."""
+    """The positions a descriptor marks; read_file(path as the log names it) -> bytes reads a vector file."""
     path = descriptor_file(descriptor)
     if path is None:
         return deserialize(z85_decode(descriptor["pathOrInlineDv"]))

@@ -23,16 +23,19 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from replicator.errors import UserError
 from replicator.targets.delta.storage import Storage
 
 LOG_DIR = "_delta_log"
 CHECKPOINT_EVERY = 20
 ENGINE = "replicator"
 _COMMIT = re.compile(r"(\d{20})\.json")
+_ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:|/")   # a URI's scheme, or an absolute path
 
 
 class CommitConflict(Exception):
@@ -134,6 +137,30 @@ def load(storage: Storage, table: str, *, tombstones: bool = False) -> Snapshot:
         snapshot.version = version
         snapshot.commits_since_checkpoint += 1
     return snapshot
+
+
+def relative_file(storage: Storage, table: str, path: str) -> str | None:
+    """The file a path of the table's log names (an add's or a remove's, a deletion vector's),
+    relative to the table's directory: decoded (paths in the log are URIs, percent-encoded), an
+    absolute one stripped of the table's own URI (as the storage may be named); None when it
+    names a file outside the table."""
+    name = unquote(path)
+    if _ABSOLUTE.match(path):
+        prefixes = [f"{root}/{table}/" for root in storage.roots]
+        name = next((name[len(prefix):] for prefix in prefixes if name.startswith(prefix)), "")
+    if any(part in ("", ".", "..") for part in name.split("/")):   # '' too: none, or a '/' it starts with
+        return None
+    return name
+
+
+def table_file(storage: Storage, table: str, path: str) -> str:
+    """The storage path of the file a path of the table's log names (relative_file); a UserError
+    when it is outside the table."""
+    name = relative_file(storage, table, path)
+    if name is None:
+        raise UserError(f"{storage.url}/{table}: the log names the file {path!r}, which is outside the table: "
+                        f"replicator reads only the table's own files; run OPTIMIZE on the table to rewrite it")
+    return f"{table}/{name}"
 
 
 def metadata_at(storage: Storage, table: str, version: int) -> dict[str, Any]:

@@ -48,7 +48,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
-from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -86,7 +85,6 @@ _INTERVAL_PART = re.compile(r"\s*(\d+)\s*(nanosecond|microsecond|millisecond|sec
                             re.IGNORECASE)
 _INTERVAL_SECONDS = {"nanosecond": 1e-9, "microsecond": 1e-6, "millisecond": 1e-3, "second": 1, "minute": 60,
                      "hour": 3600, "day": 86400, "week": 7 * 86400}
-_ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:|/")   # a URI's scheme, or an absolute path
 _LOG_FILE = re.compile(r"(\d{20})\.(?:json|checkpoint(?:\.\d{10}\.\d{10})?\.parquet|crc)")
 
 
@@ -271,7 +269,7 @@ def _live_rows(storage: Storage, directory: str, path: str, deleted: BitMap | No
     """A file's rows less those its deletion vector marks, in the table's current schema (columns
     added since it was written are NULL, dropped ones left out); and which rows of the file they
     are, and how many it has."""
-    with storage.open_read(f"{directory}/{path}") as f:
+    with storage.open_read(delta_log.table_file(storage, directory, path)) as f:
         data = delta_log.read_parquet(f.read())
     total = data.num_rows
     kept = np.arange(total, dtype=np.int64)
@@ -424,11 +422,8 @@ def _named(storage: Storage, table: str, action: dict[str, Any]) -> list[str]:
 
 def _relative(storage: Storage, table: str, path: str) -> str:
     """path, from the table's log, relative to the table's directory and decoded."""
-    name = unquote(path)
-    if _ABSOLUTE.match(path):   # the table's own URI (as the storage may be named) stripped; another's: outside
-        prefixes = [f"{root}/{table}/" for root in storage.roots]
-        name = next((name[len(prefix):] for prefix in prefixes if name.startswith(prefix)), "")
-    if any(part in ("", ".", "..") for part in name.split("/")):   # '' too: none, or a '/' it starts with
+    name = delta_log.relative_file(storage, table, path)
+    if name is None:
         raise UserError(f"{storage.url}/{table}: the log names the file {path!r}, which is outside the table: "
                         f"vacuum cannot tell which of the table's files are in use; nothing vacuumed")
     return name

@@ -69,7 +69,7 @@ class WarehouseState:
         in this table's rows)."""
         recorded = set(self.directories())
         for path in self.snapshot.files:
-            with self.storage.open_read(f"{DIRECTORY}/{path}") as f:
+            with self.storage.open_read(delta_log.table_file(self.storage, DIRECTORY, path)) as f:
                 recorded.update(delta_log.read_parquet(f.read(), ["directory"]).column("directory").to_pylist())
         return recorded
 

@@ -161,11 +161,15 @@ class ReplicaTable:
             return None
         return dv.read(descriptor, self._read_vector_file)
 
-    def _read_vector_file(self, relative: str) -> bytes:
-        data = self._vectors.get(relative)
+    def _read_vector_file(self, named: str) -> bytes:
+        data = self._vectors.get(named)
         if data is None:
-            data = self._vectors[relative] = self.storage.read(f"{self.directory}/{relative}")
+            data = self._vectors[named] = self.storage.read(self.file(named))
         return data
+
+    def file(self, path: str) -> str:
+        """The storage path of a file the table's log names (an add's path: a URI)."""
+        return delta_log.table_file(self.storage, self.directory, path)
 
     # the transaction ----------------------------------------------------------------------
 
@@ -373,7 +377,7 @@ class ReplicaTable:
     def _file_keys(self, path: str, key_fields: list[dict[str, Any]], integer: bool) -> Any:
         """The key columns of a data file, by their physical names (a file written before a key
         column existed has none: NULL)."""
-        with self.storage.open_read(f"{self.directory}/{path}") as f:
+        with self.storage.open_read(self.file(path)) as f:
             parquet = pq.ParquetFile(f)
             names = set(parquet.schema_arrow.names)
             wanted = [k["metadata"][delta_schema.PHYSICAL_NAME] for k in key_fields]
