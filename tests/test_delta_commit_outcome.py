@@ -167,6 +167,35 @@ def test_a_commit_whose_outcome_cannot_be_read_back_deletes_nothing_and_a_restar
         assert len(ticks) == len(set(ticks)), (name, ticks)   # each batch committed once
 
 
+def test_an_optimize_whose_directory_fsync_fails_after_the_link_is_finished(dsn, conn, source, tmp_path,
+                                                                             monkeypatch):
+    path = tmp_path / "wh"
+    start(conn, source, dsn, str(path))
+    with monkeypatch.context() as patched:   # the batch, its deletion vectors left for the OPTIMIZE
+        patched.setattr(maintenance, "PURGE_RATIO", 2.0)
+        patched.setattr(maintenance, "IDLE_PURGE_RATIO", 2.0)
+        consume(dsn, str(path))
+    fault = Fault("public.t/_delta_log")
+    real = local_storage._fsync_dir
+
+    def fsync_dir(where: Path) -> None:
+        if fault.due(where.as_posix()):
+            raise OSError(errno.EIO, "Input/output error")
+        real(where)
+
+    monkeypatch.setattr(local_storage, "_fsync_dir", fsync_dir)
+    try:
+        done = maintenance.optimize(LocalStorage(path), ["public.t"], everything=True)
+    except OSError as exc:
+        done = exc
+    monkeypatch.undo()
+    assert fault.fired == 1
+    assert_every_referenced_file_exists(path)
+    assert_readable(path)
+    assert not isinstance(done, OSError) and [(r.table, r.committed) for r in done] == [("public.t", True)], done
+    assert_equal_to_source(conn, path, ["t", "u"])
+
+
 def answer_lost(monkeypatch: pytest.MonkeyPatch, fault: Fault) -> None:
     """ObjectStorage's conditional PUT performs the request, then fails as its client does when
     every retry's answer was lost."""
