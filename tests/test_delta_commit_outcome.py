@@ -30,6 +30,7 @@ pytest.importorskip("deltalake")
 from consumer_helpers import forced_tick
 from replicator.consumer import Consumer
 from replicator.errors import UserError
+from replicator.targets import parallel_copy
 from replicator.targets.delta import deletion_vectors, maintenance
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import storage as local_storage
@@ -131,11 +132,9 @@ def test_a_commit_whose_directory_fsync_fails_after_the_link_is_finished(dsn, co
     assert_equal_to_source(conn, path, ["t", "u"])
 
 
-@pytest.mark.parametrize("directory", ["public.t", "_replicator"])
-def test_a_commit_whose_outcome_cannot_be_read_back_deletes_nothing_and_a_restart_completes_the_batch(
-        dsn, conn, source, tmp_path, monkeypatch, directory):
-    path = tmp_path / "wh"
-    start(conn, source, dsn, str(path))
+def landed_then_unreadable(monkeypatch: pytest.MonkeyPatch, directory: str) -> tuple[Fault, Fault]:
+    """The next commit of the table at `directory` lands, then its call fails (EIO), and so does
+    reading it back once."""
     written, unreadable = Fault(f"{directory}/_delta_log"), Fault(f"{directory}/_delta_log")
     put_if_absent, read = LocalStorage.put_if_absent, LocalStorage.read
 
@@ -152,6 +151,15 @@ def test_a_commit_whose_outcome_cannot_be_read_back_deletes_nothing_and_a_restar
 
     monkeypatch.setattr(LocalStorage, "put_if_absent", landed_then_failed)
     monkeypatch.setattr(LocalStorage, "read", read_failing_once)
+    return written, unreadable
+
+
+@pytest.mark.parametrize("directory", ["public.t", "_replicator"])
+def test_a_commit_whose_outcome_cannot_be_read_back_deletes_nothing_and_a_restart_completes_the_batch(
+        dsn, conn, source, tmp_path, monkeypatch, directory):
+    path = tmp_path / "wh"
+    start(conn, source, dsn, str(path))
+    written, unreadable = landed_then_unreadable(monkeypatch, directory)
     outcome = consume_with_fault(dsn, str(path))
     monkeypatch.undo()
     assert written.fired == 1
@@ -161,10 +169,32 @@ def test_a_commit_whose_outcome_cannot_be_read_back_deletes_nothing_and_a_restar
     consume(dsn, str(path))   # started again: the batch completed (a table holding it skips it)
     assert_every_referenced_file_exists(path)
     assert_equal_to_source(conn, path, ["t", "u"])
-    app = "q/c"
     for name, uri in table_uris(str(path)).items():
-        ticks = txn_commits(Path(uri), app)
+        ticks = txn_commits(Path(uri), "q/c")
         assert len(ticks) == len(set(ticks)), (name, ticks)   # each batch committed once
+
+
+def test_a_parallel_copy_whose_commit_cannot_be_read_back_keeps_its_files_and_a_restart_copies_again(
+        dsn, conn, source, tmp_path, monkeypatch):
+    conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 5000) g")
+    conn.execute("ANALYZE t")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    monkeypatch.setattr(parallel_copy, "PARALLEL_MIN_ROWS", 1000)
+    monkeypatch.setenv("REPLICATOR_COPY_WORKERS", "2")
+    path = tmp_path / "wh"
+    written, unreadable = landed_then_unreadable(monkeypatch, "public.t")
+    outcome = consume_with_fault(dsn, str(path))
+    assert written.fired == 1
+    table_dir = path / "public.t"
+    [copy] = [c for c in log_commits(table_dir) if any("add" in a for a in c)]
+    assert any(a["add"]["path"].startswith("part-00001-") for a in copy if "add" in a)   # a second worker's file
+    missing = referenced_files(table_dir) - table_files(table_dir)
+    assert not missing, f"the copy's version refers to files that were deleted: {sorted(missing)}"
+    assert (unreadable.fired, outcome) == (1, "OSError")
+    consume(dsn, str(path))   # the table, left out of _replicator, copied again into its directory
+    assert_equal_to_source(conn, path, ["t"])
 
 
 def test_an_optimize_whose_directory_fsync_fails_after_the_link_is_finished(dsn, conn, source, tmp_path,
