@@ -88,16 +88,12 @@ def consumer_of(state: WarehouseState, consumer: str | None) -> str:
 def tick_versions(storage: Storage, tick: int, consumer: str | None = None) -> dict[str, tuple[str, int]]:
     """Directory → (source table name, the version tick `tick` left it at), of the tables the
     warehouse keeps (see versions_as_of)."""
-    from deltalake import DeltaTable
-
     state = _state(storage)
     consumer = consumer_of(state, consumer)
     position = state.positions()[consumer]
     if tick > position:
         raise UserError(f"tick {tick} is past the warehouse's position (tick {position} of {consumer})")
-    root, options = storage.delta_rs()
-    rows = DeltaTable(f"{root}/{DIRECTORY}", storage_options=options).to_pyarrow_table(
-        columns=["consumer", "tick", "table", "directory", "version"])
+    rows = state.rows(["consumer", "tick", "table", "directory", "version"])
     rows = rows.filter(pc.and_(pc.equal(rows["consumer"], consumer), pc.less_equal(rows["tick"], tick)))
     latest: dict[str, tuple[int, str, int]] = {}
     for row in rows.to_pylist():
