@@ -11,6 +11,7 @@ Delta's log cleanup goes by for a commit without an in-commit timestamp.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from deltalake.exceptions import DeltaError
 from consumer_helpers import run_cli
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import maintenance
+from replicator.targets.delta.object_storage import ObjectStorage
 from replicator.targets.delta.reader import versions_as_of
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import LocalStorage
@@ -177,3 +179,70 @@ def test_delta_tables_with_a_tick_and_delta_optimize_exit_0_every_time(dsn, conn
         results = list(pool.map(lambda args: run_cli(dsn, *args), runs))
     failed = [(args[1], r.returncode, r.stderr[-300:]) for args, r in zip(runs, results, strict=True) if r.returncode]
     assert not failed
+
+
+def test_log_cleanup_on_object_storage_writes_the_checkpoint_it_keeps_and_deletes_only_below(
+        dsn, conn, source, s3_url, monkeypatch):
+    """On S3 (moto) through the warehouse's storage: keeping version 2 of a log whose first
+    checkpoint is later writes one at 2 (delta-rs), and deletes versions 0 and 1 only."""
+    monkeypatch.setattr(delta_log, "CHECKPOINT_EVERY", 4)
+    conn.execute(CRASH_DDL)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    target = DeltaTarget(s3_url)
+    try:
+        for n in range(6):
+            conn.execute("UPDATE t SET cnt = cnt + 1 WHERE id %% 6 = %s", (n,))
+            consume(dsn, target)
+    finally:
+        target.close()
+    storage = ObjectStorage(s3_url)
+    snapshot = delta_log.load(storage, "public.t")
+    assert min(delta_log.checkpoints(delta_log.log_names(storage, "public.t"))) > 2
+    deleted = maintenance.clean_log(storage, snapshot, retention=0, keep=2)
+    names = delta_log.log_names(storage, "public.t")
+    assert deleted == 2 and f"{2:020d}.checkpoint.parquet" in names
+    assert sorted(n for n in names if n.endswith(".json"))[0] == f"{2:020d}.json"
+    root, options = storage.delta_rs()
+    for version in range(snapshot.version + 1):
+        try:
+            DeltaTable(f"{root}/public.t", version=version, storage_options=options)
+            readable = True
+        except DeltaError:
+            readable = False
+        assert readable == (version >= 2), version
+    assert delta_log.load(storage, "public.t").files == snapshot.files
+
+
+def test_log_cleanup_goes_by_in_commit_timestamps_where_another_writer_enabled_them(tmp_path):
+    """A table whose commits carry in-commit timestamps (delta-rs' commits, made so as Spark
+    writes them: commitInfo first, the feature in the protocol): versions 0-3 stamped 10 days
+    ago, 4-5 now, every file 10 days old. The 7-day log retention keeps from version 3 (from
+    the checkpoint at 2), whatever the files' times say."""
+    from deltalake import write_deltalake
+
+    uri = tmp_path / "t"
+    for n in range(6):
+        write_deltalake(str(uri), pa.table({"a": [n]}), mode="append")
+    old, now = int((time.time() - 10 * DAY) * 1000), int(time.time() * 1000)
+    for version in range(6):
+        commit = uri / "_delta_log" / f"{version:020d}.json"
+        actions = [json.loads(line) for line in commit.read_text().splitlines()]
+        for action in actions:
+            if "commitInfo" in action:
+                action["commitInfo"]["inCommitTimestamp"] = (old if version <= 3 else now) + version
+            if "protocol" in action:
+                action["protocol"] = {"minReaderVersion": 1, "minWriterVersion": 7,
+                                      "writerFeatures": ["inCommitTimestamp"]}
+            if "metaData" in action:
+                action["metaData"]["configuration"] = {"delta.enableInCommitTimestamps": "true",
+                                                       "delta.logRetentionDuration": "interval 7 days"}
+        actions.sort(key=lambda action: "commitInfo" not in action)
+        commit.write_text("".join(json.dumps(action) + "\n" for action in actions))
+    for version in (2, 5):
+        DeltaTable(str(uri), version=version).create_checkpoint()
+    for log_file in (uri / "_delta_log").iterdir():
+        os.utime(log_file, (old / 1000, old / 1000))
+    storage = LocalStorage(tmp_path)
+    maintenance.clean_log(storage, delta_log.load(storage, "t"))
+    assert [v for v in range(6) if _readable(str(uri), v)] == [2, 3, 4, 5]

@@ -124,7 +124,7 @@ def load(storage: Storage, table: str, *, tombstones: bool = False) -> Snapshot:
     whole = checkpoints(names)
     if whole:
         last = max(whole)
-        _read_checkpoint(storage, snapshot, log_dir, whole[last])
+        read_checkpoint(storage, snapshot, whole[last])
         start = last + 1
         snapshot.version = last
     for version in versions:
@@ -150,7 +150,7 @@ def metadata_at(storage: Storage, table: str, version: int) -> dict[str, Any]:
             parts = checkpoints(log_names(storage, table)).get(at)
             if parts is None:
                 raise ValueError(f"{table}/{LOG_DIR} no longer holds version {at}") from None
-            _read_checkpoint(storage, found, f"{table}/{LOG_DIR}", parts)
+            read_checkpoint(storage, found, parts)
             return found.metadata
         for action in reversed(actions):
             if "metaData" in action:
@@ -218,9 +218,10 @@ def write_checkpoint(storage: Storage, table: str, version: int | None = None) -
     DeltaTable(f"{root}/{table}", version=version, storage_options=options).create_checkpoint()
 
 
-def _read_checkpoint(storage: Storage, snapshot: Snapshot, log_dir: str, names: list[str]) -> None:
+def read_checkpoint(storage: Storage, snapshot: Snapshot, names: list[str]) -> None:
+    """Applies a checkpoint (its files, as checkpoints() gives them) to an empty snapshot."""
     for name in names:
-        with storage.open_read(f"{log_dir}/{name}") as f:
+        with storage.open_read(f"{snapshot.table}/{LOG_DIR}/{name}") as f:
             rows = read_parquet(f.read()).to_pylist()
         for row in rows:
             if row.get("add"):

@@ -68,7 +68,7 @@ from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import WarehouseState
-from replicator.targets.delta.storage import Storage, recorded_directory
+from replicator.targets.delta.storage import Entry, Storage, recorded_directory
 from replicator.targets.delta.table import FILE_ROWS, ROW_GROUP, CountingWriter, ReplicaTable, file_stats
 from replicator.targets.delta.view_table import ViewTable, view_directories
 
@@ -467,6 +467,22 @@ def _interval(snapshot: delta_log.Snapshot, key: str, default: float) -> float:
     return sum(int(m[1]) * _INTERVAL_SECONDS[m[2].lower()] for m in parts)
 
 
+def _in_commit_timestamps_from(snapshot: delta_log.Snapshot) -> int | None:
+    """The version from which the table's commits carry in-commit timestamps (None: they don't)."""
+    enabled = snapshot.configuration.get("delta.enableInCommitTimestamps", "false").lower() == "true"
+    if not enabled or "inCommitTimestamp" not in (snapshot.protocol.get("writerFeatures") or ()):
+        return None
+    return int(snapshot.configuration.get("delta.inCommitTimestampEnablementVersion", 0))
+
+
+def _in_commit_timestamp(storage: Storage, entry: Entry) -> float:
+    """A commit's inCommitTimestamp in seconds (its commitInfo, the first action); the file's
+    modification time if it has none."""
+    first = storage.read(entry.path).split(b"\n", 1)[0]
+    stamp = json.loads(first or b"{}").get("commitInfo", {}).get("inCommitTimestamp")
+    return int(stamp) / 1000 if isinstance(stamp, int) else entry.modified
+
+
 def clean_log(storage: Storage, snapshot: delta_log.Snapshot, *, retention: float | None = None,
               keep: int | None = None, dry_run: bool = False) -> int:
     """Deletes the log entries of versions older than the log retention (seconds; None: the
@@ -476,8 +492,8 @@ def clean_log(storage: Storage, snapshot: delta_log.Snapshot, *, retention: floa
     The oldest version kept is the one current at the retention's start (the last of the
     versions from the log's first on that are all older), or `keep` if older (the version
     _replicator records for the ticks within the window: WarehouseState.kept_versions). A
-    version's time is its commit file's modification time (Delta's rule for commits without
-    an in-commit timestamp)."""
+    version's time is its in-commit timestamp where the table has them (another writer enabled
+    the feature), else its commit file's modification time, as Delta's cleanup takes them."""
     log_dir = f"{snapshot.table}/{delta_log.LOG_DIR}"
     now = time.time()
     cutoff = now - (log_retention(snapshot) if retention is None else retention)
@@ -486,12 +502,15 @@ def clean_log(storage: Storage, snapshot: delta_log.Snapshot, *, retention: floa
     doomed = [entry for name, entry in entries.items()
               if _LOG_TEMP.fullmatch(name) and now - entry.modified >= STALE_TEMP_SECONDS]
     oldest = None
+    stamped_from = _in_commit_timestamps_from(snapshot)
     for name, entry in sorted(entries.items()):
         match = delta_log.COMMIT.fullmatch(name)
         if match:
-            if entry.modified > cutoff:
+            version = int(match[1])
+            stamped = stamped_from is not None and version >= stamped_from
+            if (_in_commit_timestamp(storage, entry) if stamped else entry.modified) > cutoff:
                 break
-            oldest = int(match[1])
+            oldest = version
     if oldest is not None and keep is not None:
         oldest = min(oldest, keep)
     if oldest is not None:

@@ -137,12 +137,19 @@ def view_versions_as_of(url: str, tick: int, consumer: str | None = None) -> dic
 
 def _refreshed_by(storage: Storage, directory: str, latest: int, consumer: str, tick: int) -> int | None:
     """The last version of a view's table committed for a tick of the consumer at or before
-    `tick` (its commits carry txn(consumer, tick)); None when its log holds none."""
+    `tick` (its commits carry txn(consumer, tick)); None when its log holds none. Where log
+    cleanup took the commits before a checkpoint, the checkpoint's version stands for the
+    refresh its txn records."""
     for version in range(latest, -1, -1):
         try:
             data = storage.read(delta_log.commit_path(directory, version))
         except FileNotFoundError:
-            return None
+            kept = delta_log.checkpoints(delta_log.log_names(storage, directory)).get(version + 1)
+            if kept is None:
+                return None
+            at = delta_log.Snapshot(directory)
+            delta_log.read_checkpoint(storage, at, kept)
+            return version + 1 if at.txns.get(consumer, tick + 1) <= tick else None
         for line in data.splitlines():
             action = json.loads(line) if line.strip() else {}
             txn = action.get("txn")
