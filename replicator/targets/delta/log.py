@@ -203,12 +203,6 @@ def checkpoints(names: Iterable[str]) -> dict[int, list[str]]:
     return found
 
 
-def checkpoint_version(name: str) -> int | None:
-    """The version of a checkpoint file of the log (single or a part), None for another file."""
-    match = _CHECKPOINT.fullmatch(name)
-    return int(match[1]) if match else None
-
-
 def write_checkpoint(storage: Storage, table: str, version: int | None = None) -> None:
     """Writes a checkpoint of the table at `version` (None: the latest) with delta-rs, which
     leaves _last_checkpoint at the newest one."""
