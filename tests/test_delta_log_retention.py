@@ -163,7 +163,8 @@ def test_a_log_with_checkpoints_and_no_last_checkpoint_file_is_read_from_its_new
 def test_delta_tables_with_a_tick_and_delta_optimize_exit_0_every_time(dsn, conn, source, tmp_path):
     """delta-rs' to_pyarrow_table() aborted the process at its exit now and then (status 134,
     'terminate called without an active exception') after it printed its output: 22 times in 80
-    for a script calling it alone, 2 in 40 for `versions_as_of` on a loaded machine."""
+    for a script calling it alone, 2 in 40 for `versions_as_of` on a loaded machine. A few runs
+    (each a process start, seconds on a busy machine) catch it only sometimes."""
     conn.execute(CRASH_DDL)
     source.create_queue("q")
     source.add_table("q", "t")
@@ -174,7 +175,7 @@ def test_delta_tables_with_a_tick_and_delta_optimize_exit_0_every_time(dsn, conn
     [tick] = WarehouseState(LocalStorage(path)).positions().values()
     commands = [("delta", "tables", "--target", f"delta:{path}", "--tick", str(tick), "--json"),
                 ("delta", "optimize", "--target", f"delta:{path}")]
-    runs = [commands[n % 2] for n in range(8)]
+    runs = [commands[n % 2] for n in range(6)]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda args: run_cli(dsn, *args), runs))
     failed = [(args[1], r.returncode, r.stderr[-300:]) for args, r in zip(runs, results, strict=True) if r.returncode]
