@@ -1,7 +1,10 @@
 """A Delta table's transaction log: its state at a version, and new commits.
 
-The state of a table is the replay of its log (``_delta_log/``): the last
-checkpoint (Parquet), then the commits after it (JSON, one action per line).
+The state of a table is the replay of its log (``_delta_log/``): the newest
+checkpoint (Parquet) its listing holds, then the commits after it (JSON, one
+action per line). ``_last_checkpoint`` is only a hint the protocol lets a
+writer leave out: the listing says which checkpoints exist, and a multi-part
+one counts only whole.
 What replicator needs of it: the live files (add actions, with their deletion
 vectors), the schema and configuration (metaData), the protocol, and the
 application transactions (txn: the last version each writer committed, which
@@ -10,7 +13,8 @@ makes a retried batch a no-op).
 A commit is the next version's JSON file, written only if absent
 (Storage.put_if_absent): of two writers of one version, one wins and the other
 gets CommitConflict, re-reads the log and tries again. Checkpoints are written
-by delta-rs (the deltalake package), every CHECKPOINT_EVERY commits.
+by delta-rs (the deltalake package): every CHECKPOINT_EVERY commits, and one at
+the oldest version log cleanup keeps (replicator.targets.delta.maintenance).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from replicator.targets.delta.storage import Storage
 LOG_DIR = "_delta_log"
 CHECKPOINT_EVERY = 20
 ENGINE = "replicator"
-_COMMIT = re.compile(r"(\d{20})\.json")
+COMMIT = re.compile(r"(\d{20})\.json")
+_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet")
 _ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:|/")   # a URI's scheme, or an absolute path
 
 
@@ -116,17 +121,15 @@ def load(storage: Storage, table: str, *, tombstones: bool = False) -> Snapshot:
     tombstones (the remove actions its checkpoint and later commits hold) if asked."""
     snapshot = Snapshot(table, tombstones={} if tombstones else None)
     log_dir = f"{table}/{LOG_DIR}"
-    versions = sorted(int(m[1]) for entry in storage.list(log_dir)
-                      if (m := _COMMIT.fullmatch(entry.path.rsplit("/", 1)[-1])))
+    names = log_names(storage, table)
+    versions = sorted(int(m[1]) for name in names if (m := COMMIT.fullmatch(name)))
     start = 0
-    try:
-        last = json.loads(storage.read(f"{log_dir}/_last_checkpoint"))
-    except FileNotFoundError:
-        last = None
-    if last is not None:
-        _read_checkpoint(storage, snapshot, log_dir, last)
-        start = int(last["version"]) + 1
-        snapshot.version = int(last["version"])
+    whole = checkpoints(names)
+    if whole:
+        last = max(whole)
+        read_checkpoint(storage, snapshot, whole[last])
+        start = last + 1
+        snapshot.version = last
     for version in versions:
         if version < start:
             continue
@@ -171,10 +174,10 @@ def metadata_at(storage: Storage, table: str, version: int) -> dict[str, Any]:
             actions = _actions(storage.read(commit_path(table, at)))
         except FileNotFoundError:
             found = Snapshot(table)
-            try:
-                _read_checkpoint(storage, found, f"{table}/{LOG_DIR}", {"version": at})
-            except FileNotFoundError:
+            parts = checkpoints(log_names(storage, table)).get(at)
+            if parts is None:
                 raise ValueError(f"{table}/{LOG_DIR} no longer holds version {at}") from None
+            read_checkpoint(storage, found, parts)
             return found.metadata
         for action in reversed(actions):
             if "metaData" in action:
@@ -202,13 +205,44 @@ def _actions(data: bytes) -> list[dict[str, Any]]:
     return [json.loads(line) for line in data.splitlines() if line.strip()]
 
 
-def _read_checkpoint(storage: Storage, snapshot: Snapshot, log_dir: str, last: dict[str, Any]) -> None:
-    version = int(last["version"])
-    parts = int(last.get("parts") or 0)
-    names = ([f"{version:020d}.checkpoint.parquet"] if not parts else
-             [f"{version:020d}.checkpoint.{i:010d}.{parts:010d}.parquet" for i in range(1, parts + 1)])
+def log_names(storage: Storage, table: str) -> list[str]:
+    """The names of the files directly in the table's log directory."""
+    log_dir = f"{table}/{LOG_DIR}/"
+    return [name for entry in storage.list(log_dir) if "/" not in (name := entry.path[len(log_dir):])]
+
+
+def checkpoints(names: Iterable[str]) -> dict[int, list[str]]:
+    """Version → the files of its whole checkpoint, of the log's file names: a single file,
+    or every part of a multi-part one (a writer killed while writing one leaves it partial).
+    Other kinds (V2 checkpoints, named by a UUID) are not replicator's to read."""
+    single: set[int] = set()
+    parts: dict[tuple[int, int], set[int]] = {}
     for name in names:
-        with storage.open_read(f"{log_dir}/{name}") as f:
+        match = _CHECKPOINT.fullmatch(name)
+        if match and match[2] is None:
+            single.add(int(match[1]))
+        elif match:
+            parts.setdefault((int(match[1]), int(match[3])), set()).add(int(match[2]))
+    found = {version: [f"{version:020d}.checkpoint.parquet"] for version in single}
+    for (version, count), present in parts.items():
+        if version not in found and present == set(range(1, count + 1)):
+            found[version] = [f"{version:020d}.checkpoint.{i:010d}.{count:010d}.parquet" for i in range(1, count + 1)]
+    return found
+
+
+def write_checkpoint(storage: Storage, table: str, version: int | None = None) -> None:
+    """Writes a checkpoint of the table at `version` (None: the latest) with delta-rs, which
+    leaves _last_checkpoint at the newest one."""
+    from deltalake import DeltaTable
+
+    root, options = storage.delta_rs()
+    DeltaTable(f"{root}/{table}", version=version, storage_options=options).create_checkpoint()
+
+
+def read_checkpoint(storage: Storage, snapshot: Snapshot, names: list[str]) -> None:
+    """Applies a checkpoint (its files, as checkpoints() gives them) to an empty snapshot."""
+    for name in names:
+        with storage.open_read(f"{snapshot.table}/{LOG_DIR}/{name}") as f:
             rows = read_parquet(f.read()).to_pylist()
         for row in rows:
             if row.get("add"):

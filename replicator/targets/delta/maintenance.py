@@ -15,10 +15,16 @@ index; an OPTIMIZE whose files changed meanwhile gives up and says so).
 VACUUM deletes, as Delta's VACUUM does, the files no current version names once
 they were removed longer ago than the retention (a table's
 ``delta.deletedFileRetentionDuration``, 7 days by default: readers time-travelling
-within it still find theirs), and log entries before the last checkpoint past the
-log retention. A file's remove time is its remove action's deletionTimestamp (now
-when it has none), and its own modification time must be past the retention too:
-the timestamp is optional and another writer's clock. The log's paths are compared
+within it still find theirs), and cleans the log (clean_log, which the consumer
+also runs after each checkpoint it writes): log entries go once their versions
+are older than the log retention (``delta.logRetentionDuration``, set to 7 days
+on replicator's tables, Delta's 30 days where unset), and only below a checkpoint
+at or before the oldest version kept: every version within the retention stays
+readable, as delta-rs' cleanup_metadata and Spark's log cleanup keep them; so
+do temporary files a killed writer left in the log once STALE_TEMP_SECONDS old.
+A file's remove time is its remove action's deletionTimestamp (now when it has
+none), and its own modification time must be past the retention too: the
+timestamp is optional and another writer's clock. The log's paths are compared
 with the listing as Delta's VACUUM compares them, relative to the table: decoded,
 an absolute one (``file:///…``, ``s3://…``, a ``p`` deletion vector's) stripped of
 the table's own URI; one outside the table stops vacuum before anything is deleted.
@@ -54,15 +60,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap
 
-from replicator.errors import UserError
+from replicator.errors import UserError, first_line
 from replicator.source import format_duration
 from replicator.targets.delta import deletion_vectors as dv
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
-from replicator.targets.delta.state import SCHEMA as STATE_SCHEMA
 from replicator.targets.delta.state import WarehouseState
-from replicator.targets.delta.storage import Storage, recorded_directory
+from replicator.targets.delta.storage import Entry, Storage, recorded_directory
 from replicator.targets.delta.table import FILE_ROWS, ROW_GROUP, CountingWriter, ReplicaTable, file_stats
 from replicator.targets.delta.view_table import ViewTable, view_directories
 
@@ -76,7 +81,8 @@ RETENTION_SECONDS = 7 * 24 * 3600   # delta.deletedFileRetentionDuration's defau
 RETENTION = "delta.deletedFileRetentionDuration"
 MIN_RETENTION = 1.0                 # seconds: shorter, a retention would take the files of the commit just made
 ORPHAN_SECONDS = RETENTION_SECONDS  # a file no log names is kept at least this long: a copy may still commit it
-LOG_RETENTION_SECONDS = 2 * 24 * 3600
+LOG_RETENTION_SECONDS = 30 * 24 * 3600   # delta.logRetentionDuration's default (replicator's tables set 7 days)
+STALE_TEMP_SECONDS = 3600   # a temporary file in a log older than this is a killed writer's
 # data files and deletion vectors as Delta writers name them, and the temporary files storage.open_write
 # writes them through (a crashed writer's): other names are another tool's
 _DATA_FILE = re.compile(r"part-[^/]*\.parquet|deletion_vector_[0-9a-f-]{36}\.bin"
@@ -86,6 +92,8 @@ _INTERVAL_PART = re.compile(r"\s*(\d+)\s*(nanosecond|microsecond|millisecond|sec
 _INTERVAL_SECONDS = {"nanosecond": 1e-9, "microsecond": 1e-6, "millisecond": 1e-3, "second": 1, "minute": 60,
                      "hour": 3600, "day": 86400, "week": 7 * 86400}
 _LOG_FILE = re.compile(r"(\d{20})\.(?:json|checkpoint(?:\.\d{10}\.\d{10})?\.parquet|crc)")
+# a commit or checkpoint on its way (storage.put_if_absent/open_write's, delta-rs' staged commits)
+_LOG_TEMP = re.compile(r"\.[^/]+\.tmp|_commit_[0-9a-f-]{36}\.json\.tmp")
 
 
 @dataclass
@@ -184,12 +192,10 @@ def _moved(table: ReplicaTable, result: Optimized) -> None:
         table.index.move([(m.old_path, m.kept, m.total, m.new_path, m.offset) for m in result.moves])
 
 
-def compact_state(state: WarehouseState) -> Optimized | None:
-    """Folds _replicator's small files (one per batch that changed tables) once SMALL_FILES_DUE."""
-    small = {p for p, add in state.snapshot.files.items() if add.get("size", 0) < SMALL_FILE_BYTES}
-    if len(small) < SMALL_FILES_DUE:
-        return None
-    return _rewrite(state.storage, state.snapshot, small, STATE_SCHEMA, lambda add: None)
+def compact_state(state: WarehouseState) -> int | None:
+    """Folds _replicator's files (one per batch that changed tables) once SMALL_FILES_DUE, its
+    rows past the time-travel window dropped (WarehouseState.compact): rows dropped."""
+    return state.compact(log_retention(state.snapshot), SMALL_FILES_DUE)
 
 
 def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], target: pa.Schema,
@@ -348,12 +354,13 @@ def vacuum(storage: Storage, *, retention: float | None = None, force: bool = Fa
                             f"--retain {_shown(seconds)} or more, or --force")
     now = time.time()
     references = [_references(storage, snapshot, now) for snapshot in snapshots]   # before anything is deleted
+    needed = state.kept_versions(log_retention(state.snapshot))
     done = []
     for snapshot, (in_use, removed) in zip(snapshots, references, strict=True):
         deleted, size = _vacuum_table(storage, snapshot, in_use, removed, now,
                                       kept[snapshot.table] if retention is None else retention,
                                       kept[snapshot.table], dry_run)
-        deleted += clean_log(storage, snapshot, dry_run=dry_run)
+        deleted += clean_log(storage, snapshot, keep=needed.get(snapshot.table), dry_run=dry_run)
         if deleted:
             done.append(Vacuumed(snapshot.table, deleted, size))
     return done
@@ -430,33 +437,92 @@ def _relative(storage: Storage, table: str, path: str) -> str:
 
 
 def table_retention(snapshot: delta_log.Snapshot) -> float:
-    """The table's delta.deletedFileRetentionDuration in seconds ('interval 7 days', Spark's
-    interval syntax), RETENTION_SECONDS when unset."""
-    value = snapshot.configuration.get(RETENTION)
+    """The table's delta.deletedFileRetentionDuration in seconds, RETENTION_SECONDS when unset."""
+    return _interval(snapshot, RETENTION, RETENTION_SECONDS)
+
+
+def log_retention(snapshot: delta_log.Snapshot) -> float:
+    """The table's delta.logRetentionDuration in seconds, LOG_RETENTION_SECONDS when unset."""
+    return _interval(snapshot, delta_schema.LOG_RETENTION, LOG_RETENTION_SECONDS)
+
+
+def _interval(snapshot: delta_log.Snapshot, key: str, default: float) -> float:
+    """A table property that is an interval ('interval 7 days', Spark's interval syntax) in
+    seconds, default when unset."""
+    value = snapshot.configuration.get(key)
     if value is None:
-        return float(RETENTION_SECONDS)
+        return float(default)
     text = value.strip()
     if text.lower().startswith("interval"):
         text = text[len("interval"):]
     parts = list(_INTERVAL_PART.finditer(text))
     if not parts or "".join(m.group(0) for m in parts).strip() != text.strip():
-        raise UserError(f"{snapshot.table}: {RETENTION} is {value!r}, not an interval Delta reads (e.g. "
+        raise UserError(f"{snapshot.table}: {key} is {value!r}, not an interval Delta reads (e.g. "
                         f"'interval 7 days'): correct the table's property")
     return sum(int(m[1]) * _INTERVAL_SECONDS[m[2].lower()] for m in parts)
 
 
-def clean_log(storage: Storage, snapshot: delta_log.Snapshot, *, retention: float = LOG_RETENTION_SECONDS,
-              dry_run: bool = False) -> int:
-    """Deletes log entries before the last checkpoint once older than the log retention."""
-    try:
-        last = int(json.loads(storage.read(f"{snapshot.table}/{delta_log.LOG_DIR}/_last_checkpoint"))["version"])
-    except FileNotFoundError:
-        return 0
-    now, deleted = time.time(), 0
-    for entry in storage.list(f"{snapshot.table}/{delta_log.LOG_DIR}"):
-        match = _LOG_FILE.fullmatch(entry.path.rsplit("/", 1)[-1])
-        if match and int(match[1]) < last and now - entry.modified >= retention:
-            if not dry_run:
-                storage.delete(entry.path)
-            deleted += 1
-    return deleted
+def _in_commit_timestamps_from(snapshot: delta_log.Snapshot) -> int | None:
+    """The version from which the table's commits carry in-commit timestamps (None: they don't)."""
+    enabled = snapshot.configuration.get("delta.enableInCommitTimestamps", "false").lower() == "true"
+    if not enabled or "inCommitTimestamp" not in (snapshot.protocol.get("writerFeatures") or ()):
+        return None
+    return int(snapshot.configuration.get("delta.inCommitTimestampEnablementVersion", 0))
+
+
+def _in_commit_timestamp(storage: Storage, entry: Entry) -> float:
+    """A commit's inCommitTimestamp in seconds (its commitInfo, the first action); the file's
+    modification time if it has none."""
+    first = storage.read(entry.path).split(b"\n", 1)[0]
+    stamp = json.loads(first or b"{}").get("commitInfo", {}).get("inCommitTimestamp")
+    return int(stamp) / 1000 if isinstance(stamp, int) else entry.modified
+
+
+def clean_log(storage: Storage, snapshot: delta_log.Snapshot, *, retention: float | None = None,
+              keep: int | None = None, dry_run: bool = False) -> int:
+    """Deletes the log entries of versions older than the log retention (seconds; None: the
+    table's), keeping a checkpoint for the oldest version kept (written if the log has none at
+    or before it), and temporary files killed writers left; returns the files deleted.
+
+    The oldest version kept is the one current at the retention's start (the last of the
+    versions from the log's first on that are all older), or `keep` if older (the version
+    _replicator records for the ticks within the window: WarehouseState.kept_versions). A
+    version's time is its in-commit timestamp where the table has them (another writer enabled
+    the feature), else its commit file's modification time, as Delta's cleanup takes them."""
+    log_dir = f"{snapshot.table}/{delta_log.LOG_DIR}"
+    now = time.time()
+    cutoff = now - (log_retention(snapshot) if retention is None else retention)
+    entries = {entry.path[len(log_dir) + 1:]: entry for entry in storage.list(log_dir)}
+    entries = {name: entry for name, entry in entries.items() if "/" not in name}
+    doomed = [entry for name, entry in entries.items()
+              if _LOG_TEMP.fullmatch(name) and now - entry.modified >= STALE_TEMP_SECONDS]
+    oldest = None
+    stamped_from = _in_commit_timestamps_from(snapshot)
+    for name, entry in sorted(entries.items()):
+        match = delta_log.COMMIT.fullmatch(name)
+        if match:
+            version = int(match[1])
+            stamped = stamped_from is not None and version >= stamped_from
+            if (_in_commit_timestamp(storage, entry) if stamped else entry.modified) > cutoff:
+                break
+            oldest = version
+    if oldest is not None and keep is not None:
+        oldest = min(oldest, keep)
+    if oldest is not None:
+        held = [v for v in delta_log.checkpoints(entries) if v <= oldest]
+        if not held and not dry_run and any(int(m[1]) < oldest for name in entries
+                                            if (m := delta_log.COMMIT.fullmatch(name))):
+            try:
+                delta_log.write_checkpoint(storage, snapshot.table, oldest)
+                held = [oldest]
+            except Exception as exc:   # without it the entries stay: nothing lost
+                log.warning("%s: no checkpoint written at version %s, its log is kept whole: %s", snapshot.table,
+                            oldest, first_line(exc))
+        if held:
+            base = max(held)
+            doomed += [entry for name, entry in sorted(entries.items())
+                       if (m := _LOG_FILE.fullmatch(name)) and int(m[1]) < base]
+    for entry in doomed:   # in version order: a reader listing meanwhile finds the log whole from some version
+        if not dry_run:
+            storage.delete(entry.path)
+    return len(doomed)

@@ -88,16 +88,12 @@ def consumer_of(state: WarehouseState, consumer: str | None) -> str:
 def tick_versions(storage: Storage, tick: int, consumer: str | None = None) -> dict[str, tuple[str, int]]:
     """Directory → (source table name, the version tick `tick` left it at), of the tables the
     warehouse keeps (see versions_as_of)."""
-    from deltalake import DeltaTable
-
     state = _state(storage)
     consumer = consumer_of(state, consumer)
     position = state.positions()[consumer]
     if tick > position:
         raise UserError(f"tick {tick} is past the warehouse's position (tick {position} of {consumer})")
-    root, options = storage.delta_rs()
-    rows = DeltaTable(f"{root}/{DIRECTORY}", storage_options=options).to_pyarrow_table(
-        columns=["consumer", "tick", "table", "directory", "version"])
+    rows = state.rows(["consumer", "tick", "table", "directory", "version"])
     rows = rows.filter(pc.and_(pc.equal(rows["consumer"], consumer), pc.less_equal(rows["tick"], tick)))
     latest: dict[str, tuple[int, str, int]] = {}
     for row in rows.to_pylist():
@@ -141,12 +137,19 @@ def view_versions_as_of(url: str, tick: int, consumer: str | None = None) -> dic
 
 def _refreshed_by(storage: Storage, directory: str, latest: int, consumer: str, tick: int) -> int | None:
     """The last version of a view's table committed for a tick of the consumer at or before
-    `tick` (its commits carry txn(consumer, tick)); None when its log holds none."""
+    `tick` (its commits carry txn(consumer, tick)); None when its log holds none. Where log
+    cleanup took the commits before a checkpoint, the checkpoint's version stands for the
+    refresh its txn records."""
     for version in range(latest, -1, -1):
         try:
             data = storage.read(delta_log.commit_path(directory, version))
         except FileNotFoundError:
-            return None
+            kept = delta_log.checkpoints(delta_log.log_names(storage, directory)).get(version + 1)
+            if kept is None:
+                return None
+            at = delta_log.Snapshot(directory)
+            delta_log.read_checkpoint(storage, at, kept)
+            return version + 1 if at.txns.get(consumer, tick + 1) <= tick else None
         for line in data.splitlines():
             action = json.loads(line) if line.strip() else {}
             txn = action.get("txn")

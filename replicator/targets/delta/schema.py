@@ -29,6 +29,10 @@ FIELD_ID = "delta.columnMapping.id"
 PHYSICAL_NAME = "delta.columnMapping.physicalName"
 MAX_COLUMN_ID = "delta.columnMapping.maxColumnId"
 TABLE_META = "replicator.table"   # configuration key: the TargetTable replicator keeps of it (JSON)
+# how long the log keeps a version readable: the time-travel window docs/delta.md promises (the
+# files' retention, delta.deletedFileRetentionDuration, is 7 days too); a value another writer set is kept
+LOG_RETENTION = "delta.logRetentionDuration"
+LOG_RETENTION_WINDOW = "interval 7 days"
 
 
 def delta_type(typ: pa.DataType) -> str:
@@ -148,7 +152,7 @@ def protocol(schema: dict[str, Any], old: dict[str, Any] | None = None) -> dict[
 def metadata(old: dict[str, Any] | None, schema: dict[str, Any], max_column_id: int, meta: dict[str, Any],
              description: str) -> dict[str, Any]:
     """A metaData action: the table's id and creation time kept from the old one."""
-    configuration = dict((old or {}).get("configuration") or {})
+    configuration = {LOG_RETENTION: LOG_RETENTION_WINDOW, **((old or {}).get("configuration") or {})}
     configuration.update({"delta.columnMapping.mode": "name", MAX_COLUMN_ID: str(max_column_id),
                           "delta.enableDeletionVectors": "true", TABLE_META: json.dumps(meta, sort_keys=True)})
     return {"id": (old or {}).get("id") or str(uuid.uuid4()), "name": None, "description": description,

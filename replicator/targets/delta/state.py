@@ -11,6 +11,11 @@ complete when this table's commit records it:
   table at its version as of one tick gives them all as of that tick
   (replicator.targets.delta.reader.tables_as_of);
 - its configuration ``replicator.tables`` names the directory of each table.
+
+Rows older than the time-travel window (the table's ``delta.logRetentionDuration``)
+go when its files are folded into one (compact), all but the newest of each
+consumer and table: the version a tick at the window's start reads. The
+positions are its transactions, kept.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import pyarrow.parquet as pq
 
 from replicator.errors import UserError
 from replicator.targets.delta import log as delta_log
+from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.storage import Storage
 
 DIRECTORY = "_replicator"
@@ -67,11 +73,16 @@ class WarehouseState:
     def every_directory(self) -> set[str]:
         """The directories of the tables replicator keeps and of those it dropped (recorded
         in this table's rows)."""
-        recorded = set(self.directories())
-        for path in self.snapshot.files:
+        return set(self.directories()) | set(self.rows(["directory"]).column("directory").to_pylist())
+
+    def rows(self, columns: list[str]) -> pa.Table:
+        """This table's rows (those columns), read from its files on this thread: delta-rs'
+        to_pyarrow_table() aborts a short-lived process at its exit now and then."""
+        tables = []
+        for path in sorted(self.snapshot.files):
             with self.storage.open_read(delta_log.table_file(self.storage, DIRECTORY, path)) as f:
-                recorded.update(delta_log.read_parquet(f.read(), ["directory"]).column("directory").to_pylist())
-        return recorded
+                tables.append(delta_log.read_parquet(f.read(), columns))
+        return pa.concat_tables(tables) if tables else SCHEMA.empty_table().select(columns)
 
     def commit(self, position: tuple[str, int] | None, versions: Iterable[tuple[str, str, int]],
                directories: dict[str, str], others: dict[str, int] | None = None) -> None:
@@ -83,7 +94,8 @@ class WarehouseState:
         if not self.snapshot.exists:
             actions.append({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}})
         if not self.snapshot.exists or directories != self.directories():
-            configuration = {**self.snapshot.configuration, TABLES: json.dumps(directories, sort_keys=True)}
+            configuration = {delta_schema.LOG_RETENTION: delta_schema.LOG_RETENTION_WINDOW,
+                             **self.snapshot.configuration, TABLES: json.dumps(directories, sort_keys=True)}
             actions.append({"metaData": {
                 "id": self.snapshot.metadata.get("id") or str(uuid.uuid4()), "name": None,
                 "description": "replicator: consumer positions and the table versions of each tick",
@@ -94,7 +106,10 @@ class WarehouseState:
                 for consumer, tick in ([position] if position is not None else self.positions().items())
                 for table, directory, version in versions]
         if rows:
-            actions.append({"add": self._write_rows(rows)})
+            now = datetime.fromtimestamp(delta_log.now_ms() / 1000, UTC)
+            actions.append({"add": self._write(pa.Table.from_pylist(
+                [{"consumer": consumer, "tick": tick, "table": table, "directory": directory, "version": version,
+                  "committed_at": now} for consumer, tick, table, directory, version in rows], schema=SCHEMA))})
         for app, version in [*(others or {}).items(), *([position] if position is not None else [])]:
             actions.append({"txn": {"appId": app, "version": version, "lastUpdated": delta_log.now_ms()}})
         if not actions:
@@ -123,24 +138,76 @@ class WarehouseState:
             who = " ".join(["another consumer", *rivals[:1]])
             raise UserError(f"{who} writes {self.storage.url}: one consumer writes a warehouse; stop the other one")
 
-    def _write_rows(self, rows: list[tuple[str, int, str, str, int]]) -> dict[str, Any]:
-        now = datetime.now(UTC)
-        data = pa.Table.from_pylist([{"consumer": consumer, "tick": tick, "table": table, "directory": directory,
-                                      "version": version, "committed_at": now}
-                                     for consumer, tick, table, directory, version in rows], schema=SCHEMA)
+    def kept_versions(self, window: float) -> dict[str, int]:
+        """Directory → the oldest version a tick within the last `window` seconds reads: the
+        one the newest row before the window records (of each consumer, the oldest). Log
+        cleanup keeps it readable, though its commit may be older than the log retention
+        (a table not changed since, then OPTIMIZEd)."""
+        cutoff = datetime.fromtimestamp(delta_log.now_ms() / 1000 - window, UTC)
+        newest: dict[tuple[str, str], tuple[int, int]] = {}
+        for row in self.rows(["consumer", "directory", "tick", "version", "committed_at"]).to_pylist():
+            key = (row["consumer"], row["directory"])
+            if row["committed_at"] < cutoff and (row["tick"], row["version"]) > newest.get(key, (-1, -1)):
+                newest[key] = (row["tick"], row["version"])
+        kept: dict[str, int] = {}
+        for (_, directory), (_, version) in newest.items():
+            kept[directory] = min(version, kept.get(directory, version))
+        return kept
+
+    def compact(self, window: float, due: int) -> int | None:
+        """Once the table has `due` files (a batch that changed tables adds one): its rows in one
+        file, less those committed longer than `window` seconds ago but the newest of each
+        consumer and directory (by tick, then version: the one tick_versions picks for a tick at
+        the window's start). Returns the rows dropped; None when not due, or when another
+        commit came first (it is done again next time)."""
+        if len(self.snapshot.files) < due:
+            return None
+        cutoff = datetime.fromtimestamp(delta_log.now_ms() / 1000 - window, UTC)
+        paths = sorted(self.snapshot.files)
+        rows = self.rows(SCHEMA.names).cast(SCHEMA).to_pylist()
+        newest: dict[tuple[str, str], dict[str, Any]] = {}
+        for row in rows:
+            seen = newest.get((row["consumer"], row["directory"]))
+            if row["committed_at"] < cutoff and (seen is None or (row["tick"], row["version"])
+                                                 > (seen["tick"], seen["version"])):
+                newest[(row["consumer"], row["directory"])] = row
+        kept = [row for row in rows if row["committed_at"] >= cutoff or
+                newest[(row["consumer"], row["directory"])] is row]
+        now = delta_log.now_ms()
+        actions: list[dict[str, Any]] = [
+            {"remove": {"path": path, "deletionTimestamp": now, "dataChange": len(kept) < len(rows),
+                        "extendedFileMetadata": True, "partitionValues": {},
+                        "size": self.snapshot.files[path].get("size")}} for path in paths]
+        if kept:
+            actions.append({"add": {**self._write(pa.Table.from_pylist(kept, schema=SCHEMA)),
+                                    "dataChange": len(kept) < len(rows)}})
+        try:
+            delta_log.commit(self.storage, self.snapshot, actions, operation="OPTIMIZE",
+                             parameters={"predicate": json.dumps(f"committed_at < '{_timestamp(cutoff)}'")})
+        except delta_log.CommitConflict:
+            if kept:
+                self.storage.delete(f"{DIRECTORY}/{actions[-1]['add']['path']}")
+            self.take_in_others()
+            return None
+        return len(rows) - len(kept)
+
+    def _write(self, data: pa.Table) -> dict[str, Any]:
+        """Writes rows as a new data file of this table: its add action."""
         buffer = io.BytesIO()
         pq.write_table(data, buffer, compression="snappy")
         path = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         self.storage.write(f"{DIRECTORY}/{path}", buffer.getvalue())
         # every column's bounds: delta-rs's pyarrow dataset (to_pyarrow_table(filters=...)) drops a
         # file whose statistics lack a filtered column's
-        floor = now.replace(microsecond=now.microsecond // 1000 * 1000)   # bounds in milliseconds
-        ceiling = floor if floor == now else floor + timedelta(milliseconds=1)
-        columns = list(zip(*rows))
+        columns = data.to_pydict()
+        least, most = min(columns["committed_at"]), max(columns["committed_at"])
+        floor = least.replace(microsecond=least.microsecond // 1000 * 1000)   # bounds in milliseconds
+        top = most.replace(microsecond=most.microsecond // 1000 * 1000)
+        ceiling = top if top == most else top + timedelta(milliseconds=1)
         stats = {"numRecords": data.num_rows,
-                 "minValues": {**{name: min(values) for name, values in zip(SCHEMA.names, columns)},
+                 "minValues": {**{name: min(values) for name, values in columns.items()},
                                "committed_at": _timestamp(floor)},
-                 "maxValues": {**{name: max(values) for name, values in zip(SCHEMA.names, columns)},
+                 "maxValues": {**{name: max(values) for name, values in columns.items()},
                                "committed_at": _timestamp(ceiling)},
                  "nullCount": {name: 0 for name in SCHEMA.names}}
         return {"path": path, "partitionValues": {}, "size": buffer.tell(), "modificationTime": delta_log.now_ms(),

@@ -309,22 +309,26 @@ class DeltaTarget:
 
     def _checkpoint(self, tables: list[ReplicaTable]) -> None:
         """A checkpoint of each log that grew by CHECKPOINT_EVERY commits since the last
-        (delta-rs writes it): readers and the next start replay no more than that."""
+        (delta-rs writes it): readers and the next start replay no more than that; then the
+        log's entries older than its retention go (maintenance.clean_log)."""
         due = [t.snapshot for t in tables if t.snapshot.commits_since_checkpoint >= delta_log.CHECKPOINT_EVERY]
         if self.state.snapshot.commits_since_checkpoint >= delta_log.CHECKPOINT_EVERY:
             due.append(self.state.snapshot)
+        needed: dict[str, int] | None = None
         for snapshot in due:
             try:
-                from deltalake import DeltaTable
-                root, options = self.storage.delta_rs()
-                DeltaTable(f"{root}/{snapshot.table}", storage_options=options).create_checkpoint()
+                delta_log.write_checkpoint(self.storage, snapshot.table)
                 snapshot.commits_since_checkpoint = 0
             except Exception as exc:   # a checkpoint only saves reading: the consumer goes on
                 log.warning("checkpoint of %s failed: %s", snapshot.table, first_line(exc))
                 snapshot.commits_since_checkpoint = 0
                 continue
-            if snapshot is self.state.snapshot:   # a log that grows by a commit per batch
-                maintenance.clean_log(self.storage, snapshot)
+            try:
+                if needed is None:
+                    needed = self.state.kept_versions(maintenance.log_retention(self.state.snapshot))
+                maintenance.clean_log(self.storage, snapshot, keep=needed.get(snapshot.table))
+            except Exception as exc:   # the log stays longer: nothing lost
+                log.warning("log cleanup of %s failed: %s", snapshot.table, first_line(exc))
 
     def rollback(self) -> None:
         for table in self._tables.values():
