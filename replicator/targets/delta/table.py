@@ -24,10 +24,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import IO, Any
 
@@ -327,7 +328,7 @@ class ReplicaTable:
         writing.writer.close()
         writing.stack.close()
         staged.new_files[writing.path] = self._add_action(writing.path, writing.counter.size,
-                                                           _merged(writing.stats, writing.rows))
+                                                           merged_stats(writing.stats))
 
     def _write_file(self, data: pa.Table) -> str:
         path = self._new_path()
@@ -565,57 +566,97 @@ def _loose(stats: str | None) -> str | None:
     return json.dumps(parsed)
 
 
-STRING_BOUND_MAX = 64   # longer strings get no bounds (a truncated maximum would not be one)
+STRING_BOUND_MAX = 64   # code points of a string bound: a longer minimum is cut to its prefix, a longer
+                        # maximum to its prefix with the last character raised (the prefix itself is smaller)
+_LAST_CODE_POINT = 0x10FFFF
+_SURROGATES = range(0xD800, 0xE000)
 
 
 def file_stats(data: pa.Table) -> dict[str, Any]:
     """A data file's statistics (keyed by physical names, as column mapping has them): row and null
-    counts, and the bounds of the columns whose values compare in Spark as in Arrow."""
+    counts, and the bounds of the columns whose values compare in Spark as in Arrow. A bound bounds
+    every value of its column (readers skip the file by it); one that cannot be given is left out,
+    which readers take as unknown."""
     minimum, maximum, nulls = {}, {}, {}
     for name, column in zip(data.column_names, data.columns):
         nulls[name] = column.null_count
-        bounds = _bounds(column)
-        if bounds is not None:
-            minimum[name], maximum[name] = bounds
+        low, high = _bounds(column)
+        if low is not None:
+            minimum[name] = low
+        if high is not None:
+            maximum[name] = high
     return {"numRecords": data.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls}
 
 
-def _bounds(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
+def _bounds(column: pa.ChunkedArray) -> tuple[Any, Any]:
+    """(lower bound, upper bound) of a column's values, each None when there is none to give."""
     typ = column.type
-    if not (pa.types.is_integer(typ) or pa.types.is_date(typ) or pa.types.is_timestamp(typ)
-            or pa.types.is_string(typ) or (pa.types.is_decimal(typ) and typ.precision <= 15)):
-        return None
+    if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_date(typ)
+            or pa.types.is_timestamp(typ) or pa.types.is_string(typ)
+            or (pa.types.is_decimal(typ) and typ.precision <= 15)):
+        return None, None
+    if pa.types.is_floating(typ) and pc.any(pc.is_nan(column)).as_py():   # NaN: above every number to readers
+        return None, None
     found = pc.min_max(column).as_py()
     low, high = found["min"], found["max"]
     if low is None:
-        return None
+        return None, None
+    if pa.types.is_floating(typ):   # JSON has no infinities
+        return (None if math.isinf(low) else low), (None if math.isinf(high) else high)
     if pa.types.is_string(typ):
-        return (low, high) if max(len(low), len(high)) <= STRING_BOUND_MAX else None
+        return low[:STRING_BOUND_MAX], _string_ceiling(high)
     if pa.types.is_timestamp(typ):   # statistics hold milliseconds: the bounds widen to them
         floor = high.replace(microsecond=high.microsecond // 1000 * 1000)
         try:
-            ceiling = floor if floor == high else floor + timedelta(milliseconds=1)
-        except OverflowError:   # within a millisecond of year 9999's end: no upper bound to give
-            return None
-        low = low.replace(microsecond=low.microsecond // 1000 * 1000)
-        suffix = "Z" if typ.tz else ""
-        return (low.replace(tzinfo=None).isoformat(timespec="milliseconds") + suffix,
-                ceiling.replace(tzinfo=None).isoformat(timespec="milliseconds") + suffix)
+            ceiling = _timestamp(floor if floor == high else floor + timedelta(milliseconds=1), typ)
+        except OverflowError:   # within a millisecond of year 9999's end ('infinity'): no upper bound to give
+            ceiling = None
+        return _timestamp(low.replace(microsecond=low.microsecond // 1000 * 1000), typ), ceiling
     return _json(low), _json(high)
 
 
-def _merged(parts: list[dict[str, Any]], rows: int) -> dict[str, Any]:
-    """The statistics of a file written in parts."""
-    merged: dict[str, Any] = {"numRecords": rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+def _timestamp(value: datetime, typ: pa.TimestampType) -> str:
+    """A timestamp bound as Delta statistics write it (milliseconds; UTC with Z for a timestamp with
+    a time zone)."""
+    return value.replace(tzinfo=None).isoformat(timespec="milliseconds") + ("Z" if typ.tz else "")
+
+
+def _string_ceiling(value: str) -> str | None:
+    """An upper bound of `value` of at most STRING_BOUND_MAX code points: the value, or its prefix
+    with the last character that can be raised raised (larger in code point order, which is UTF-8's
+    byte order, Spark's and delta-rs' string order); None when every character is the last one."""
+    if len(value) <= STRING_BOUND_MAX:
+        return value
+    prefix = value[:STRING_BOUND_MAX]
+    for end in range(len(prefix), 0, -1):
+        point = ord(prefix[end - 1]) + 1
+        if point in _SURROGATES:
+            point = _SURROGATES.stop
+        if point <= _LAST_CODE_POINT:
+            return prefix[:end - 1] + chr(point)
+    return None
+
+
+def merged_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The statistics of a file written in parts (row groups; file_stats each). A column's bound is
+    the parts' only when every part holding a value of the column has one: a part without (a long
+    string, a timestamp at year 9999's end) leaves the file without it, never bounded by the others."""
+    merged: dict[str, Any] = {"numRecords": sum(part["numRecords"] for part in parts),
+                              "minValues": {}, "maxValues": {}, "nullCount": {}}
+    unbounded: set[tuple[str, str]] = set()
     for part in parts:
         for name, count in part["nullCount"].items():
             merged["nullCount"][name] = merged["nullCount"].get(name, 0) + count
-        for name, value in part["minValues"].items():
-            old = merged["minValues"].get(name)
-            merged["minValues"][name] = value if old is None else min(old, value)
-        for name, value in part["maxValues"].items():
-            old = merged["maxValues"].get(name)
-            merged["maxValues"][name] = value if old is None else max(old, value)
+            if count == part["numRecords"]:   # NULLs only: nothing to bound
+                continue
+            for kind, pick in (("minValues", min), ("maxValues", max)):
+                value = part[kind].get(name)
+                if value is None:
+                    unbounded.add((kind, name))
+                    merged[kind].pop(name, None)
+                elif (kind, name) not in unbounded:
+                    old = merged[kind].get(name)
+                    merged[kind][name] = value if old is None else pick(old, value)
     return merged
 
 
