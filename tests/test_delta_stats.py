@@ -133,6 +133,27 @@ def test_a_copy_with_a_long_string_and_an_infinite_timestamp_in_one_row_group_is
     assert_stats_bound_values(path, "public.t")
 
 
+def test_the_files_replicator_writes_are_zstd_parquet(dsn, conn, source, tmp_path):
+    conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 10) g")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    target = DeltaTarget(str(path))
+    try:
+        consume(dsn, target)   # the copy's file
+        conn.execute("UPDATE t SET v = 'changed' WHERE id = 3")
+        consume(dsn, target)   # a batch's file, and the _replicator table's
+    finally:
+        target.close()
+    files = sorted(path.rglob("part-*.parquet"))
+    assert {f.parent.name for f in files} == {"_replicator", "public.t"}, files
+    codecs = {pq.ParquetFile(f).metadata.row_group(0).column(0).compression for f in files}
+    assert codecs == {"ZSTD"}, codecs
+    assert sorted(r["v"] for r in pa.table(DeltaTable(table_uris(str(path))["public.t"]).scan().read_all())
+                  .to_pylist())[-1] == "v9"
+
+
 # 2. the bounds of a file written in parts, for values of every kind ------------------------------------
 
 _EDGE_CHARS = ["a", "b", "z", "\u00e9", "\ud7ff", "\ue000", "\uffff", "\U0001f600", "\U0010ffff"]

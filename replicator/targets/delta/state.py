@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from replicator.errors import UserError
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta.storage import Storage
+from replicator.targets.delta.table import COMPRESSION
 
 DIRECTORY = "_replicator"
 TABLES = "replicator.tables"
@@ -122,8 +123,8 @@ class WarehouseState:
                                       "version": version, "committed_at": now}
                                      for consumer, tick, table, directory, version in rows], schema=SCHEMA)
         buffer = io.BytesIO()
-        pq.write_table(data, buffer, compression="snappy")
-        path = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        pq.write_table(data, buffer, compression=COMPRESSION)
+        path = f"part-00000-{uuid.uuid4()}-c000.{COMPRESSION}.parquet"
         self.storage.write(f"{DIRECTORY}/{path}", buffer.getvalue())
         # every column's bounds: delta-rs's pyarrow dataset (to_pyarrow_table(filters=...)) drops a
         # file whose statistics lack a filtered column's

@@ -49,6 +49,7 @@ from replicator.targets.delta.storage import Storage
 
 FILE_ROWS = 1 << 20          # rows per data file of a copy (Spark reads a file per task: large files read fastest)
 ROW_GROUP = 131072
+COMPRESSION = "zstd"         # the data files' Parquet codec (Spark, delta-rs, Polars, DuckDB read it)
 SPILL_KEYS = 500_000         # changed keys staged per table before they are written out mid-transaction
 COMMIT_ATTEMPTS = 5
 
@@ -295,7 +296,7 @@ class ReplicaTable:
         return pa.Table.from_arrays(arrays, schema=target)
 
     def _new_path(self) -> str:
-        return f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        return f"part-00000-{uuid.uuid4()}-c000.{COMPRESSION}.parquet"
 
     def _write_copy_rows(self, staged: Staged) -> None:
         if not staged.copy_rows:
@@ -308,7 +309,7 @@ class ReplicaTable:
             try:
                 out = stack.enter_context(self.storage.open_write(f"{self.directory}/{path}"))
                 counter = CountingWriter(out)
-                writer = pq.ParquetWriter(counter, data.schema, compression="snappy")
+                writer = pq.ParquetWriter(counter, data.schema, compression=COMPRESSION)
             except BaseException:
                 stack.close()
                 raise
@@ -334,7 +335,7 @@ class ReplicaTable:
         path = self._new_path()
         with self.storage.open_write(f"{self.directory}/{path}") as out:
             counter = CountingWriter(out)
-            pq.write_table(data, counter, compression="snappy", row_group_size=ROW_GROUP)
+            pq.write_table(data, counter, compression=COMPRESSION, row_group_size=ROW_GROUP)
         staged = self._stage()
         staged.new_files[path] = self._add_action(path, counter.size, file_stats(data))
         return path
