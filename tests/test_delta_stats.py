@@ -36,7 +36,7 @@ from replicator.targets.delta import log as delta_log
 from replicator.targets.delta.reader import table_uris
 from replicator.targets.delta.storage import LocalStorage
 from replicator.targets.delta.target import DeltaTarget
-from test_delta_target import consume, fresh_database
+from test_delta_target import _commit_by_hand, consume, fresh_database
 
 # the check of every file's stats against its values ----------------------------------------------
 
@@ -152,6 +152,35 @@ def test_the_files_replicator_writes_are_zstd_parquet(dsn, conn, source, tmp_pat
     assert codecs == {"ZSTD"}, codecs
     assert sorted(r["v"] for r in pa.table(DeltaTable(table_uris(str(path))["public.t"]).scan().read_all())
                   .to_pylist())[-1] == "v9"
+
+
+def test_a_deletion_vector_on_a_file_added_without_num_records_comes_with_the_files_count(dsn, conn, source,
+                                                                                           tmp_path, spark):
+    conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 10) g")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    target = DeltaTarget(str(path))
+    try:
+        consume(dsn, target)
+        uri = table_uris(str(path))["public.t"]
+        directory = uri[len(str(path)) + 1:]
+        [add] = delta_log.load(LocalStorage(path), directory).files.values()
+        # another writer adds the file again without stats (a writer that collects none; stats are optional)
+        _commit_by_hand(Path(uri), [{"add": {k: v for k, v in add.items() if k != "stats"} | {"dataChange": False}}])
+        conn.execute("UPDATE t SET v = 'changed' WHERE id = 3")
+        consume(dsn, target)
+    finally:
+        target.close()
+    vectors = [a for a in delta_log.load(LocalStorage(path), directory).files.values() if a.get("deletionVector")]
+    assert [a["path"] for a in vectors] == [add["path"]]
+    # Delta requires numRecords, the physical rows, of a file with a deletion vector
+    assert json.loads(vectors[0]["stats"] or "{}").get("numRecords") == 10, vectors[0]
+    rows = pa.table(DeltaTable(uri).scan().read_all()).to_pylist()
+    assert sorted((r["id"], r["v"]) for r in rows) == sorted([(i, f"v{i}") for i in range(1, 11) if i != 3]
+                                                             + [(3, "changed")])
+    assert spark.read.format("delta").load(uri).count() == 10   # Spark counts by numRecords less the vectors
 
 
 # 2. the bounds of a file written in parts, for values of every kind ------------------------------------

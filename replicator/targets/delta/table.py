@@ -461,12 +461,12 @@ class ReplicaTable:
             assert index is not None
             add["deletionVector"] = vectors.add(index.deleted[index.number[path]])
             add["dataChange"] = True
-            add["stats"] = _loose(add.get("stats"))
+            add["stats"] = self._stats_with_deletions(path, add)
             actions.append({"add": add})
         for path, add in staged.new_files.items():
             deleted = index.deleted[index.number[path]] if index is not None and path in index.number else None
             if deleted:
-                add = {**add, "deletionVector": vectors.add(deleted), "stats": _loose(add.get("stats"))}
+                add = {**add, "deletionVector": vectors.add(deleted), "stats": self._stats_with_deletions(path, add)}
             actions.append({"add": add})
         if len(vectors.data) > 1:
             self.storage.write(f"{self.directory}/{vectors.name}", bytes(vectors.data))
@@ -475,6 +475,17 @@ class ReplicaTable:
         if app is not None and tick is not None:
             actions.append({"txn": {"appId": app, "version": tick, "lastUpdated": now}})
         return actions
+
+    def _stats_with_deletions(self, path: str, add: dict[str, Any]) -> str:
+        """A file's stats once rows of it are marked deleted: its bounds loose (they may no longer
+        be reached), and numRecords, which Delta requires of a file with a deletion vector, read
+        from the file's footer when the writer that added it left it out (exact: the physical rows)."""
+        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        if "numRecords" not in stats:
+            with self.storage.open_read(f"{self.directory}/{path}") as f:
+                stats["numRecords"] = pq.ParquetFile(f).metadata.num_rows
+        stats["tightBounds"] = False
+        return json.dumps(stats)
 
     def commit(self, app: str | None, tick: int | None, *, retry: bool = True,
                parameters: dict[str, Any] | None = None) -> int | None:
@@ -556,15 +567,6 @@ def _remove(add: dict[str, Any], now: int) -> dict[str, Any]:
     if add.get("deletionVector"):
         remove["deletionVector"] = add["deletionVector"]
     return remove
-
-
-def _loose(stats: str | None) -> str | None:
-    """A file's statistics once rows of it are deleted: its bounds may no longer be reached."""
-    if not stats:
-        return stats
-    parsed = json.loads(stats)
-    parsed["tightBounds"] = False
-    return json.dumps(parsed)
 
 
 STRING_BOUND_MAX = 64   # code points of a string bound: a longer minimum is cut to its prefix, a longer
