@@ -108,14 +108,15 @@ def spark_ids(spark: Any, uri: str, where: str) -> list[int]:
 def test_a_copy_with_a_long_string_and_an_infinite_timestamp_in_one_row_group_is_skipped_by_no_reader(
         dsn, conn, source, tmp_path, monkeypatch, spark):
     # a copy written in row groups of 8 rows (131072 unpatched: 135001 rows, the snapshot's 5000-row
-    # chunks gathered, fail alike): the long note and the infinite timestamp are in row groups whose
-    # bounds cannot be given; the other row groups' must not stand for the whole file
+    # chunks gathered, fail alike): the long notes and the infinite timestamp are in a row group whose
+    # bounds main could not give; the other row groups' must not stand for the whole file
     monkeypatch.setattr(snapshot_copy, "COPY_CHUNK_ROWS", 8)
     monkeypatch.setattr(delta_table, "ROW_GROUP", 8)
     conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, note text, ts timestamptz)")
     conn.execute("INSERT INTO t SELECT g, 'n' || g, '2024-01-01 00:00+00'::timestamptz + g * interval '1 second'"
                  " FROM generate_series(1, 20) g")
     conn.execute("UPDATE t SET note = repeat('a', 100) WHERE id = 7")
+    conn.execute("UPDATE t SET note = repeat('z', 100) || 'y' WHERE id = 8")   # above its bound's prefix
     conn.execute("UPDATE t SET ts = 'infinity' WHERE id = 9")
     source.create_queue("q")
     source.add_table("q", "t")
@@ -126,9 +127,12 @@ def test_a_copy_with_a_long_string_and_an_infinite_timestamp_in_one_row_group_is
     finally:
         target.close()
     uri = table_uris(str(path))["public.t"]
+    above = "note > '" + "z" * 100 + "'"
     assert delta_rs_ids(uri, "note < 'b'") == [7]
+    assert delta_rs_ids(uri, above) == [8]
     assert delta_rs_ids(uri, "ts > '2030-01-01T00:00:00Z'") == [9]
     assert spark_ids(spark, uri, "note < 'b'") == [7]
+    assert spark_ids(spark, uri, above) == [8]
     assert spark_ids(spark, uri, "ts > '2030-01-01'") == [9]
     assert_stats_bound_values(path, "public.t")
 
