@@ -642,8 +642,8 @@ def _string_ceiling(value: str) -> str | None:
 
 def merged_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The statistics of a file written in parts (row groups; file_stats each). A column's bound is
-    the parts' only when every part holding a value of the column has one: a part without (a long
-    string, a timestamp at year 9999's end) leaves the file without it, never bounded by the others."""
+    the parts' only when every part holding a value of the column has one: a part without (NaN, a
+    timestamp at year 9999's end) leaves the file without it, never bounded by the others'."""
     merged: dict[str, Any] = {"numRecords": sum(part["numRecords"] for part in parts),
                               "minValues": {}, "maxValues": {}, "nullCount": {}}
     unbounded: set[tuple[str, str]] = set()
