@@ -28,7 +28,7 @@ from replicator.targets.arrow import arrow_array
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.storage import Storage
 from replicator.targets.delta.stores import open_storage
-from replicator.targets.delta.table import FILE_ROWS, ROW_GROUP, CountingWriter, _merged, file_stats
+from replicator.targets.delta.table import COMPRESSION, FILE_ROWS, ROW_GROUP, CountingWriter, file_stats, merged_stats
 
 WrittenFile = tuple[str, int, dict[str, Any]]   # path in the table's directory, size, statistics
 
@@ -82,12 +82,12 @@ class DataFileWriter:
             self._close()
 
     def _open(self) -> None:
-        self._path = f"part-{self.worker:05d}-{self.files.copy_id}-c{len(self.written):03d}.snappy.parquet"
+        self._path = f"part-{self.worker:05d}-{self.files.copy_id}-c{len(self.written):03d}.{COMPRESSION}.parquet"
         stack = contextlib.ExitStack()
         try:
             out = stack.enter_context(self.storage.open_write(f"{self.files.directory}/{self._path}"))
             self._counter = CountingWriter(out)
-            self._writer = pq.ParquetWriter(self._counter, self.target, compression="snappy")
+            self._writer = pq.ParquetWriter(self._counter, self.target, compression=COMPRESSION)
         except BaseException:
             stack.close()
             raise
@@ -100,7 +100,7 @@ class DataFileWriter:
         self._writer = self._stack = self._counter = None
         writer.close()
         stack.close()   # the file complete and durable (an object store's upload completed)
-        self.written.append((self._path, counter.size, _merged(self._stats, self._rows)))
+        self.written.append((self._path, counter.size, merged_stats(self._stats)))
 
     def close(self) -> list[WrittenFile]:
         self._close()

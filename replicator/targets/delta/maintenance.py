@@ -68,7 +68,7 @@ from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import Entry, Storage, recorded_directory
-from replicator.targets.delta.table import FILE_ROWS, ROW_GROUP, CountingWriter, ReplicaTable, file_stats
+from replicator.targets.delta.table import COMPRESSION, FILE_ROWS, ROW_GROUP, CountingWriter, ReplicaTable, file_stats
 from replicator.targets.delta.view_table import ViewTable, view_directories
 
 log = logging.getLogger("replicator")
@@ -213,10 +213,10 @@ def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], t
             return
         data = pa.concat_tables(pending)
         pending, pending_rows = [], 0
-        path = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        path = f"part-00000-{uuid.uuid4()}-c000.{COMPRESSION}.parquet"
         with storage.open_write(f"{snapshot.table}/{path}") as out:
             counter = CountingWriter(out)
-            pq.write_table(data, counter, compression="snappy", row_group_size=ROW_GROUP)
+            pq.write_table(data, counter, compression=COMPRESSION, row_group_size=ROW_GROUP)
         written.append({"path": path, "partitionValues": {}, "size": counter.size,
                         "modificationTime": delta_log.now_ms(), "dataChange": False,
                         "stats": json.dumps(file_stats(data))})

@@ -35,6 +35,7 @@ from replicator.errors import UserError
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.storage import Storage
+from replicator.targets.delta.table import COMPRESSION
 
 DIRECTORY = "_replicator"
 TABLES = "replicator.tables"
@@ -194,8 +195,8 @@ class WarehouseState:
     def _write(self, data: pa.Table) -> dict[str, Any]:
         """Writes rows as a new data file of this table: its add action."""
         buffer = io.BytesIO()
-        pq.write_table(data, buffer, compression="snappy")
-        path = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        pq.write_table(data, buffer, compression=COMPRESSION)
+        path = f"part-00000-{uuid.uuid4()}-c000.{COMPRESSION}.parquet"
         self.storage.write(f"{DIRECTORY}/{path}", buffer.getvalue())
         # every column's bounds: delta-rs's pyarrow dataset (to_pyarrow_table(filters=...)) drops a
         # file whose statistics lack a filtered column's

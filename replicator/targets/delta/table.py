@@ -24,10 +24,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import IO, Any
 
@@ -48,6 +49,7 @@ from replicator.targets.delta.storage import Storage
 
 FILE_ROWS = 1 << 20          # rows per data file of a copy (Spark reads a file per task: large files read fastest)
 ROW_GROUP = 131072
+COMPRESSION = "zstd"         # the data files' Parquet codec (Spark, delta-rs, Polars, DuckDB read it)
 SPILL_KEYS = 500_000         # changed keys staged per table before they are written out mid-transaction
 COMMIT_ATTEMPTS = 5
 
@@ -308,7 +310,7 @@ class ReplicaTable:
         return pa.Table.from_arrays(arrays, schema=target)
 
     def _new_path(self) -> str:
-        return f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        return f"part-00000-{uuid.uuid4()}-c000.{COMPRESSION}.parquet"
 
     def _write_copy_rows(self, staged: Staged) -> None:
         if not staged.copy_rows:
@@ -321,7 +323,7 @@ class ReplicaTable:
             try:
                 out = stack.enter_context(self.storage.open_write(f"{self.directory}/{path}"))
                 counter = CountingWriter(out)
-                writer = pq.ParquetWriter(counter, data.schema, compression="snappy")
+                writer = pq.ParquetWriter(counter, data.schema, compression=COMPRESSION)
             except BaseException:
                 stack.close()
                 raise
@@ -341,13 +343,13 @@ class ReplicaTable:
         writing.writer.close()
         writing.stack.close()
         staged.new_files[writing.path] = self._add_action(writing.path, writing.counter.size,
-                                                           _merged(writing.stats, writing.rows))
+                                                           merged_stats(writing.stats))
 
     def _write_file(self, data: pa.Table) -> str:
         path = self._new_path()
         with self.storage.open_write(f"{self.directory}/{path}") as out:
             counter = CountingWriter(out)
-            pq.write_table(data, counter, compression="snappy", row_group_size=ROW_GROUP)
+            pq.write_table(data, counter, compression=COMPRESSION, row_group_size=ROW_GROUP)
         staged = self._stage()
         staged.new_files[path] = self._add_action(path, counter.size, file_stats(data))
         return path
@@ -473,12 +475,12 @@ class ReplicaTable:
             assert index is not None
             add["deletionVector"] = vectors.add(index.deleted[index.number[path]])
             add["dataChange"] = True
-            add["stats"] = _loose(add.get("stats"))
+            add["stats"] = self._stats_with_deletions(path, add)
             actions.append({"add": add})
         for path, add in staged.new_files.items():
             deleted = index.deleted[index.number[path]] if index is not None and path in index.number else None
             if deleted:
-                add = {**add, "deletionVector": vectors.add(deleted), "stats": _loose(add.get("stats"))}
+                add = {**add, "deletionVector": vectors.add(deleted), "stats": self._stats_with_deletions(path, add)}
             actions.append({"add": add})
         if len(vectors.data) > 1:
             self.storage.write(f"{self.directory}/{vectors.name}", bytes(vectors.data))
@@ -487,6 +489,17 @@ class ReplicaTable:
         if app is not None and tick is not None:
             actions.append({"txn": {"appId": app, "version": tick, "lastUpdated": now}})
         return actions
+
+    def _stats_with_deletions(self, path: str, add: dict[str, Any]) -> str:
+        """A file's stats once rows of it are marked deleted: its bounds loose (they may no longer
+        be reached), and numRecords, which Delta requires of a file with a deletion vector, read
+        from the file's footer when the writer that added it left it out (exact: the physical rows)."""
+        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        if "numRecords" not in stats:
+            with self.storage.open_read(f"{self.directory}/{path}") as f:
+                stats["numRecords"] = pq.ParquetFile(f).metadata.num_rows
+        stats["tightBounds"] = False
+        return json.dumps(stats)
 
     def commit(self, app: str | None, tick: int | None, *, retry: bool = True,
                parameters: dict[str, Any] | None = None) -> int | None:
@@ -573,66 +586,97 @@ def _remove(add: dict[str, Any], now: int) -> dict[str, Any]:
     return remove
 
 
-def _loose(stats: str | None) -> str | None:
-    """A file's statistics once rows of it are deleted: its bounds may no longer be reached."""
-    if not stats:
-        return stats
-    parsed = json.loads(stats)
-    parsed["tightBounds"] = False
-    return json.dumps(parsed)
-
-
-STRING_BOUND_MAX = 64   # longer strings get no bounds (a truncated maximum would not be one)
+STRING_BOUND_MAX = 64   # code points of a string bound: a longer minimum is cut to its prefix, a longer
+                        # maximum to its prefix with the last character raised (the prefix itself is smaller)
+_LAST_CODE_POINT = 0x10FFFF
+_SURROGATES = range(0xD800, 0xE000)
 
 
 def file_stats(data: pa.Table) -> dict[str, Any]:
     """A data file's statistics (keyed by physical names, as column mapping has them): row and null
-    counts, and the bounds of the columns whose values compare in Spark as in Arrow."""
+    counts, and the bounds of the columns whose values compare in Spark as in Arrow. A bound bounds
+    every value of its column (readers skip the file by it); one that cannot be given is left out,
+    which readers take as unknown."""
     minimum, maximum, nulls = {}, {}, {}
     for name, column in zip(data.column_names, data.columns):
         nulls[name] = column.null_count
-        bounds = _bounds(column)
-        if bounds is not None:
-            minimum[name], maximum[name] = bounds
+        low, high = _bounds(column)
+        if low is not None:
+            minimum[name] = low
+        if high is not None:
+            maximum[name] = high
     return {"numRecords": data.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls}
 
 
-def _bounds(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
+def _bounds(column: pa.ChunkedArray) -> tuple[Any, Any]:
+    """(lower bound, upper bound) of a column's values, each None when there is none to give."""
     typ = column.type
-    if not (pa.types.is_integer(typ) or pa.types.is_date(typ) or pa.types.is_timestamp(typ)
-            or pa.types.is_string(typ) or (pa.types.is_decimal(typ) and typ.precision <= 15)):
-        return None
+    if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_date(typ)
+            or pa.types.is_timestamp(typ) or pa.types.is_string(typ)
+            or (pa.types.is_decimal(typ) and typ.precision <= 15)):
+        return None, None
+    if pa.types.is_floating(typ) and pc.any(pc.is_nan(column)).as_py():   # NaN: above every number to readers
+        return None, None
     found = pc.min_max(column).as_py()
     low, high = found["min"], found["max"]
     if low is None:
-        return None
+        return None, None
+    if pa.types.is_floating(typ):   # JSON has no infinities
+        return (None if math.isinf(low) else low), (None if math.isinf(high) else high)
     if pa.types.is_string(typ):
-        return (low, high) if max(len(low), len(high)) <= STRING_BOUND_MAX else None
+        return low[:STRING_BOUND_MAX], _string_ceiling(high)
     if pa.types.is_timestamp(typ):   # statistics hold milliseconds: the bounds widen to them
         floor = high.replace(microsecond=high.microsecond // 1000 * 1000)
         try:
-            ceiling = floor if floor == high else floor + timedelta(milliseconds=1)
-        except OverflowError:   # within a millisecond of year 9999's end: no upper bound to give
-            return None
-        low = low.replace(microsecond=low.microsecond // 1000 * 1000)
-        suffix = "Z" if typ.tz else ""
-        return (low.replace(tzinfo=None).isoformat(timespec="milliseconds") + suffix,
-                ceiling.replace(tzinfo=None).isoformat(timespec="milliseconds") + suffix)
+            ceiling = _timestamp(floor if floor == high else floor + timedelta(milliseconds=1), typ)
+        except OverflowError:   # within a millisecond of year 9999's end ('infinity'): no upper bound to give
+            ceiling = None
+        return _timestamp(low.replace(microsecond=low.microsecond // 1000 * 1000), typ), ceiling
     return _json(low), _json(high)
 
 
-def _merged(parts: list[dict[str, Any]], rows: int) -> dict[str, Any]:
-    """The statistics of a file written in parts."""
-    merged: dict[str, Any] = {"numRecords": rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+def _timestamp(value: datetime, typ: pa.TimestampType) -> str:
+    """A timestamp bound as Delta statistics write it (milliseconds; UTC with Z for a timestamp with
+    a time zone)."""
+    return value.replace(tzinfo=None).isoformat(timespec="milliseconds") + ("Z" if typ.tz else "")
+
+
+def _string_ceiling(value: str) -> str | None:
+    """An upper bound of `value` of at most STRING_BOUND_MAX code points: the value, or its prefix
+    with the last character that can be raised raised (larger in code point order, which is UTF-8's
+    byte order, Spark's and delta-rs' string order); None when every character is the last one."""
+    if len(value) <= STRING_BOUND_MAX:
+        return value
+    prefix = value[:STRING_BOUND_MAX]
+    for end in range(len(prefix), 0, -1):
+        point = ord(prefix[end - 1]) + 1
+        if point in _SURROGATES:
+            point = _SURROGATES.stop
+        if point <= _LAST_CODE_POINT:
+            return prefix[:end - 1] + chr(point)
+    return None
+
+
+def merged_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The statistics of a file written in parts (row groups; file_stats each). A column's bound is
+    the parts' only when every part holding a value of the column has one: a part without (NaN, a
+    timestamp at year 9999's end) leaves the file without it, never bounded by the others'."""
+    merged: dict[str, Any] = {"numRecords": sum(part["numRecords"] for part in parts),
+                              "minValues": {}, "maxValues": {}, "nullCount": {}}
+    unbounded: set[tuple[str, str]] = set()
     for part in parts:
         for name, count in part["nullCount"].items():
             merged["nullCount"][name] = merged["nullCount"].get(name, 0) + count
-        for name, value in part["minValues"].items():
-            old = merged["minValues"].get(name)
-            merged["minValues"][name] = value if old is None else min(old, value)
-        for name, value in part["maxValues"].items():
-            old = merged["maxValues"].get(name)
-            merged["maxValues"][name] = value if old is None else max(old, value)
+            if count == part["numRecords"]:   # NULLs only: nothing to bound
+                continue
+            for kind, pick in (("minValues", min), ("maxValues", max)):
+                value = part[kind].get(name)
+                if value is None:
+                    unbounded.add((kind, name))
+                    merged[kind].pop(name, None)
+                elif (kind, name) not in unbounded:
+                    old = merged[kind].get(name)
+                    merged[kind][name] = value if old is None else pick(old, value)
     return merged
 
 
