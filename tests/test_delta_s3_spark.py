@@ -28,6 +28,7 @@ from replicator.targets.delta import log as delta_log
 from replicator.targets.delta.object_storage import ObjectStorage
 from replicator.targets.delta.reader import read_table, table_uris
 from replicator.targets.delta.target import DeltaTarget
+from replicator.targets.spark.jars import LOG_STORE, RESOLVED, build_log_store, cache_dir, jar_settings, log_store_jar
 from s3_helpers import CREDENTIALS, UNSET
 from test_delta_s3 import _spark_rows
 from test_delta_target import diff, source_state
@@ -118,6 +119,7 @@ def test_a_spark_commit_racing_the_consumers_to_one_version_on_s3_never_overwrit
         conn.execute("INSERT INTO t SELECT g, 'raced' FROM generate_series(500, 504) g")
         _consume(dsn, url)
 
+    assert spark.conf.get("spark.delta.logStore.s3a.impl") == LOG_STORE
     racing_s3.armed = (f"warehouse/{directory}/_delta_log/{race:020d}.json", the_consumer_commits_first)
     query = statement.format(table=f"delta.`{uri.replace('s3://', 's3a://', 1)}`")
     try:
@@ -140,3 +142,21 @@ def test_a_spark_commit_racing_the_consumers_to_one_version_on_s3_never_overwrit
             conn.execute(effect)
     problems = diff("t", source_state(conn, "t"), _spark_rows(read_table(spark, f"delta:{url}", "t"), ["id"]))
     assert not problems, "\n".join(problems[:30])
+
+
+def test_the_log_store_is_built_into_the_jar_cache_and_given_to_delta_for_s3():
+    directory = cache_dir()
+    assert build_log_store(directory) == log_store_jar(directory)
+    settings = jar_settings(directory)
+    assert str(log_store_jar(directory)) in settings["spark.jars"].split(",")
+    assert settings["spark.delta.logStore.s3a.impl"] == settings["spark.delta.logStore.s3.impl"] == LOG_STORE
+
+
+def test_without_javac_sessions_keep_delta_s_log_store_and_a_warning_says_why(tmp_path, monkeypatch, caplog):
+    (tmp_path / "jars").mkdir()
+    (tmp_path / "jars" / "delta.jar").write_bytes(b"jar")
+    (tmp_path / RESOLVED).write_text("delta.jar\n")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert build_log_store(tmp_path) is None
+    assert "cannot build replicator's Delta log store (no javac (a JDK))" in caplog.text
+    assert jar_settings(tmp_path) == {"spark.jars": str(tmp_path / "jars" / "delta.jar")}
