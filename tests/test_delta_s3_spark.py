@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -98,7 +99,7 @@ RACES = [("OPTIMIZE {table}", None), ("DELETE FROM {table} WHERE id = 7", "DELET
 def test_a_spark_commit_racing_the_consumers_to_one_version_on_s3_never_overwrites_it(
         dsn, conn, source, spark, racing_s3, statement, effect):
     operation = statement.split()[0]
-    bucket = f"race-{operation.lower()}"
+    bucket = f"race-{operation.lower()}-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=racing_s3.endpoint, region_name=CREDENTIALS["AWS_REGION"]).create_bucket(Bucket=bucket)
     url = f"s3://{bucket}/warehouse"
     spark.sparkContext._jsc.hadoopConfiguration().set(f"fs.s3a.bucket.{bucket}.endpoint", racing_s3.endpoint)
