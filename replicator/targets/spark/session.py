@@ -12,7 +12,9 @@ replicator.targets.spark.jars), with partition counts for a few cores: Spark's
 read of a small table take tens of seconds on 2 cores. s3:// and s3a:// paths go
 through Hadoop's s3a, at the endpoint the environment names (AWS_ENDPOINT_URL, as
 for replicator's own S3 clients: replicator.targets.s3_endpoint); s3a reads the
-credentials from the environment itself (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+credentials from the environment itself (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY). Delta
+commits to them through replicator's log store (jars.py, ConditionalS3LogStore.java): each
+commit one conditional PUT, so that Spark's commits and the consumer's exclude each other.
 The user's --spark-conf settings win over all of these, except that the lists
 spark.jars, spark.jars.packages, spark.jars.excludes and spark.sql.extensions
 are added to ours rather than replacing them (a jar of one's own keeps Delta's).
@@ -38,7 +40,7 @@ from typing import Any
 
 from replicator.errors import UserError
 from replicator.targets.s3_endpoint import s3_endpoint
-from replicator.targets.spark.jars import PACKAGES, cache_dir, jar_settings, record_resolution
+from replicator.targets.spark.jars import PACKAGES, build_log_store, cache_dir, jar_settings, record_resolution
 
 _CORES = os.cpu_count() or 2
 DEFAULTS = {
@@ -115,6 +117,7 @@ def get_session(master: str | None = None, conf: Mapping[str, str] | None = None
                         "pip install 'replicator[spark]'") from None
     builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("SPARK_MASTER", "local[*]"))
     jars = cache_dir()
+    build_log_store(jars)
     settings = session_settings(conf, jars=jars)
     if not logging.getLogger("replicator").isEnabledFor(logging.DEBUG):
         # the JVM's start-up lines and log records (a failing query's stack trace, twice) would
