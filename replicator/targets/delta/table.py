@@ -469,6 +469,17 @@ class ReplicaTable:
             changes.append("columns reordered")
         return ", ".join(changes)
 
+    def _check_latest(self, actions: Sequence[dict[str, Any]] = ()) -> None:
+        """check_writable; a refusal over a version another writer has committed past is a conflict
+        instead: the commit reads theirs and checks the table again (what was refused may be undone)."""
+        try:
+            self.check_writable(actions)
+        except UserError:
+            if self.storage.exists(delta_log.commit_path(self.directory, self.snapshot.version + 1)):
+                raise delta_log.CommitConflict(f"{self.directory} has commits of another writer past version "
+                                               f"{self.snapshot.version}") from None
+            raise
+
     def taken_in(self, commits: list[list[dict[str, Any]]]) -> None:
         """Other writers' commits, read into the snapshot (a maintenance commit that lost its
         version): what depends on the table's state is derived again before the next commit: the
@@ -536,24 +547,23 @@ class ReplicaTable:
             return None
         self._close_copy_file(staged)
         for attempt in range(COMMIT_ATTEMPTS):
-            self.check_writable()   # again over each other writer's commit read (a feature it added...)
             changes, files = dict(staged.changes), dict(staged.new_files)
             captured = ({path: list(rows) for path, rows in staged.deleted_rows.items()}, list(staged.changed_keys))
-            actions = self._actions(staged, app, tick)
-            if not actions:
-                self.staged = None
-                return None
             try:
-                self.check_writable(actions)
+                self._check_latest()   # again over each other writer's commit read (a feature it added...)
+                actions = self._actions(staged, app, tick)
+                if not actions:
+                    self.staged = None
+                    return None
+                self._check_latest(actions)
+                operation = ("CREATE OR REPLACE TABLE" if staged.reset and not self.snapshot.exists else
+                             "WRITE" if staged.reset else "MERGE" if staged.touched or staged.new_files else
+                             "SET TBLPROPERTIES")
+                version = delta_log.commit(self.storage, self.snapshot, actions, operation=operation,
+                                           parameters=parameters)
             except UserError:
                 self._discard_attempt(staged, files)
                 raise
-            operation = ("CREATE OR REPLACE TABLE" if staged.reset and not self.snapshot.exists else
-                         "WRITE" if staged.reset else "MERGE" if staged.touched or staged.new_files else
-                         "SET TBLPROPERTIES")
-            try:
-                version = delta_log.commit(self.storage, self.snapshot, actions, operation=operation,
-                                           parameters=parameters)
             except delta_log.CommitConflict:
                 self._discard_attempt(staged, files)
                 if not retry:
