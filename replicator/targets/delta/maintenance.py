@@ -287,15 +287,17 @@ def _live_rows(storage: Storage, directory: str, path: str, deleted: BitMap | No
     with storage.open_read(f"{directory}/{path}") as f:
         data = delta_log.read_parquet(f.read())
     total = data.num_rows
+    # cast before filtering: another writer's file may hold types Arrow filters not (delta-rs' string_view)
+    columns = [data.column(f.name).cast(f.type) if f.name in data.column_names else pa.nulls(total, f.type)
+               for f in target]
+    rows = pa.Table.from_arrays(columns, schema=target)
     kept = np.arange(total, dtype=np.int64)
     if deleted:
         keep = np.ones(total, dtype=bool)
         keep[np.fromiter(deleted, dtype=np.int64, count=len(deleted))] = False
-        data = data.filter(pa.array(keep))
+        rows = rows.filter(pa.array(keep))
         kept = kept[keep]
-    columns = [data.column(f.name).cast(f.type) if f.name in data.column_names else pa.nulls(data.num_rows, f.type)
-               for f in target]
-    return pa.Table.from_arrays(columns, schema=target), kept, total
+    return rows, kept, total
 
 
 def optimize(storage: Storage, tables: list[str] | None = None, *, everything: bool = False) -> list[Optimized]:
