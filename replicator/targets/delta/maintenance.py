@@ -151,13 +151,18 @@ def optimize_table(table: ReplicaTable, *, everything: bool = False) -> Optimize
     if not chosen:
         return None
     result = _rewrite(table.storage, table.snapshot, chosen,
-                      delta_schema.arrow_schema(table.structure(), table.snapshot.schema), table.deletion_vector)
+                      delta_schema.arrow_schema(table.structure(), table.snapshot.schema), table.deletion_vector,
+                      table.taken_in)
     _moved(table, result)
     return result
 
 
-def has_foreign_features(table: ReplicaTable) -> bool:
-    return bool(delta_schema.unsupported_features(table.snapshot.protocol))
+def _writable(table: ReplicaTable) -> bool:
+    try:
+        table.check_writable()
+    except UserError:
+        return False
+    return True
 
 
 def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
@@ -168,7 +173,7 @@ def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
     batches, brings reads back to a scan without delaying a batch by more than one file's rewrite."""
     best: tuple[float, ReplicaTable, str] | None = None
     for table in tables:
-        if table.meta is None or has_foreign_features(table):
+        if table.meta is None or not _writable(table):
             continue
         for path, add in table.snapshot.files.items():
             vector = add.get("deletionVector")
@@ -180,14 +185,16 @@ def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
     _, table, path = best
     small = {p for p, add in table.snapshot.files.items() if add.get("size", 0) < SMALL_FILE_BYTES}
     result = _rewrite(table.storage, table.snapshot, small | {path},
-                      delta_schema.arrow_schema(table.structure(), table.snapshot.schema), table.deletion_vector)
+                      delta_schema.arrow_schema(table.structure(), table.snapshot.schema), table.deletion_vector,
+                      table.taken_in)
     _moved(table, result)
     return result
 
 
 def _moved(table: ReplicaTable, result: Optimized) -> None:
     """The consumer's key index follows the rows the rewrite moved (built again, it would cost a
-    read of every key: seconds at 10M rows, every few batches)."""
+    read of every key: seconds at 10M rows, every few batches). An index another writer's commit
+    made stale was dropped when the rewrite read that commit (ReplicaTable.taken_in)."""
     if table.index is not None and result.committed:
         table.index.move([(m.old_path, m.kept, m.total, m.new_path, m.offset) for m in result.moves])
 
@@ -199,8 +206,10 @@ def compact_state(state: WarehouseState) -> int | None:
 
 
 def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], target: pa.Schema,
-             deletion_vector: Callable[[dict[str, Any]], BitMap | None]) -> Optimized:
-    """Writes the live rows of the chosen files into large files, and commits the swap."""
+             deletion_vector: Callable[[dict[str, Any]], BitMap | None],
+             taken_in: Callable[[list[list[dict[str, Any]]]], None]) -> Optimized:
+    """Writes the live rows of the chosen files into large files, and commits the swap. taken_in
+    is given the other writers' commits read into the snapshot meanwhile (it may refuse them)."""
     started = time.monotonic()
     originals = {path: snapshot.files[path] for path in sorted(chosen)}
     written: list[dict[str, Any]] = []
@@ -245,10 +254,13 @@ def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], t
             remove["deletionVector"] = add["deletionVector"]
         actions.append({"remove": remove})
     actions += [{"add": add} for add in written]
-    committed = _commit(storage, snapshot, originals, actions)
-    if not committed:
-        for add in written:
-            storage.delete(f"{snapshot.table}/{add['path']}")
+    committed = False
+    try:
+        committed = _commit(storage, snapshot, originals, actions, taken_in)
+    finally:
+        if not committed:
+            for add in written:
+                storage.delete(f"{snapshot.table}/{add['path']}")
     for move in moves:
         move.new_path = written[move.new_file]["path"]
     return Optimized(snapshot.table, len(originals), rows, len(written), time.monotonic() - started, committed,
@@ -256,15 +268,16 @@ def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], t
 
 
 def _commit(storage: Storage, snapshot: delta_log.Snapshot, originals: dict[str, dict[str, Any]],
-            actions: list[dict[str, Any]]) -> bool:
-    """Commits the rewrite, over commits of other writers that left its files as they were."""
+            actions: list[dict[str, Any]], taken_in: Callable[[list[list[dict[str, Any]]]], None]) -> bool:
+    """Commits the rewrite, over commits of other writers that left its files as they were (Delta's
+    rule: a file removed or given a deletion vector meanwhile is a conflict)."""
     for _ in range(5):
         try:
             delta_log.commit(storage, snapshot, actions, operation="OPTIMIZE",
                              parameters={"predicate": "[]", "zOrderBy": "[]"})
             return True
         except delta_log.CommitConflict:
-            delta_log.refresh(storage, snapshot)
+            taken_in(delta_log.refresh(storage, snapshot))
             if any(snapshot.files.get(path) != add for path, add in originals.items()):
                 return False
     return False
@@ -278,15 +291,17 @@ def _live_rows(storage: Storage, directory: str, path: str, deleted: BitMap | No
     with storage.open_read(delta_log.table_file(storage, directory, path)) as f:
         data = delta_log.read_parquet(f.read())
     total = data.num_rows
+    # cast before filtering: another writer's file may hold types Arrow filters not (delta-rs' string_view)
+    columns = [data.column(f.name).cast(f.type) if f.name in data.column_names else pa.nulls(total, f.type)
+               for f in target]
+    rows = pa.Table.from_arrays(columns, schema=target)
     kept = np.arange(total, dtype=np.int64)
     if deleted:
         keep = np.ones(total, dtype=bool)
         keep[np.fromiter(deleted, dtype=np.int64, count=len(deleted))] = False
-        data = data.filter(pa.array(keep))
+        rows = rows.filter(pa.array(keep))
         kept = kept[keep]
-    columns = [data.column(f.name).cast(f.type) if f.name in data.column_names else pa.nulls(data.num_rows, f.type)
-               for f in target]
-    return pa.Table.from_arrays(columns, schema=target), kept, total
+    return rows, kept, total
 
 
 def optimize(storage: Storage, tables: list[str] | None = None, *, everything: bool = False) -> list[Optimized]:

@@ -126,7 +126,10 @@ def arrow_schema(structure: TableStructure, schema: dict[str, Any]) -> pa.Schema
                       for column, f in zip(structure.columns, schema["fields"])])
 
 
-WRITES = {"columnMapping", "deletionVectors", "timestampNtz", "invariants"}   # the table features replicator writes
+# the table features replicator writes; appendOnly: a table with delta.appendOnly true is refused rows removed;
+# variantType (delta-rs lists it on a table it alters): no column of replicator's is a variant, and another
+# writer's column is refused (ReplicaTable.check_writable)
+WRITES = {"columnMapping", "deletionVectors", "timestampNtz", "invariants", "appendOnly", "variantType"}
 
 
 def unsupported_features(protocol: dict[str, Any]) -> list[str]:

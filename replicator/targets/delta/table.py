@@ -52,6 +52,8 @@ ROW_GROUP = 131072
 COMPRESSION = "zstd"         # the data files' Parquet codec (Spark, delta-rs, Polars, DuckDB read it)
 SPILL_KEYS = 500_000         # changed keys staged per table before they are written out mid-transaction
 COMMIT_ATTEMPTS = 5
+APPEND_ONLY = "delta.appendOnly"
+COLUMN_MAPPING = "delta.columnMapping.mode"
 
 
 @dataclass
@@ -435,14 +437,73 @@ class ReplicaTable:
             path = self._write_file(upserts)
             index.add_file(path, canonical_keys([upserts.column(i) for i in positions], index.integer))
 
-    def check_writable(self) -> None:
-        """Refuses a table another writer gave a Delta feature replicator does not write."""
+    def check_writable(self, actions: Sequence[dict[str, Any]] = ()) -> None:
+        """Refuses, in one line, a table another writer left as replicator cannot write it: a Delta
+        feature replicator does not write, column mapping other than by name, columns that are not
+        its PostgreSQL table's; and, when given the actions of a commit, rows removed from an
+        append-only table (Delta's rule: an append-only table takes only rearranging removes)."""
+        where = f"{self.storage.url}/{self.directory}"
+        spark = f"ALTER TABLE delta.`{where}`"
         unsupported = delta_schema.unsupported_features(self.snapshot.protocol)
         if unsupported:
             names = ", ".join(unsupported)
-            raise UserError(f"{self.storage.url}/{self.directory} has the Delta table feature {names}, which another "
-                            f"writer enabled and replicator does not write: remove it (Spark: ALTER TABLE "
-                            f"delta.`{self.storage.url}/{self.directory}` DROP FEATURE {unsupported[0]})")
+            raise UserError(f"{where} has the Delta table feature {names}, which another writer enabled and "
+                            f"replicator does not write: remove it (Spark: {spark} DROP FEATURE {unsupported[0]})")
+        configuration = self.snapshot.configuration if self.snapshot.exists else {}
+        if configuration.get(APPEND_ONLY, "false").lower() == "true" and any(
+                a["remove"].get("dataChange", True) for a in actions if "remove" in a):
+            raise UserError(f"{where} has {APPEND_ONLY} = true, which another writer set: replicator updates and "
+                            f"deletes rows there; unset it (Spark: {spark} SET TBLPROPERTIES "
+                            f"('{APPEND_ONLY}' = 'false'))")
+        if self.meta is None or (self.staged is not None and self.staged.reset):   # a copy writes the table anew
+            return
+        mode = configuration.get(COLUMN_MAPPING, "none")
+        if mode != "name":
+            raise UserError(f"{where} has {COLUMN_MAPPING} = {mode}, which another writer set: replicator writes "
+                            f"the table's columns by name mapping; set it back (Spark: {spark} SET TBLPROPERTIES "
+                            f"('{COLUMN_MAPPING}' = 'name')), or copy the table anew (consume --recopy)")
+        changed = self._foreign_columns()
+        if changed:
+            raise UserError(f"{where}: another writer changed its columns ({changed}); replicator writes the "
+                            f"columns of its PostgreSQL table: undo the change (Spark: RESTORE TABLE "
+                            f"delta.`{where}` TO VERSION AS OF the version before it), or copy the table anew "
+                            f"(consume --recopy)")
+
+    def _foreign_columns(self) -> str:
+        """The committed schema's columns that are not its committed structure's, in order (another
+        writer's ADD, DROP, reordering): '' when there are none. A column is known by its attnum;
+        a rename keeps it (and its physical name: files read the same), a type change needs the
+        typeWidening feature (refused as such)."""
+        meta = json.loads(self.snapshot.configuration[delta_schema.TABLE_META])
+        columns = TableStructure.from_json(meta["structure"]).columns
+        fields = self.snapshot.schema["fields"]
+        ours = [c.attnum for c in columns]
+        theirs = [f["metadata"].get(delta_schema.ATTNUM) for f in fields]
+        changes = [f"{f['name']} added" for f, attnum in zip(fields, theirs) if attnum not in ours]
+        changes += [f"{c.name} dropped" for c in columns if c.attnum not in theirs]
+        if not changes and ours != theirs:
+            changes.append("columns reordered")
+        return ", ".join(changes)
+
+    def _check_latest(self, actions: Sequence[dict[str, Any]] = ()) -> None:
+        """check_writable; a refusal over a version another writer has committed past is a conflict
+        instead: the commit reads theirs and checks the table again (what was refused may be undone)."""
+        try:
+            self.check_writable(actions)
+        except UserError:
+            if self.storage.exists(delta_log.commit_path(self.directory, self.snapshot.version + 1)):
+                raise delta_log.CommitConflict(f"{self.directory} has commits of another writer past version "
+                                               f"{self.snapshot.version}") from None
+            raise
+
+    def taken_in(self, commits: list[list[dict[str, Any]]]) -> None:
+        """Other writers' commits, read into the snapshot (a maintenance commit that lost its
+        version): what depends on the table's state is derived again before the next commit: the
+        key index (their files, their deletion vectors: built again when next needed), and
+        whether replicator may still write the table."""
+        if commits:
+            self.index = None
+            self.check_writable()
 
     def _actions(self, staged: Staged, app: str | None, tick: int | None) -> list[dict[str, Any]]:
         self._apply_changes(staged)
@@ -511,21 +572,25 @@ class ReplicaTable:
         staged = self.staged
         if staged is None:
             return None
-        self.check_writable()
         self._close_copy_file(staged)
         for attempt in range(COMMIT_ATTEMPTS):
             changes, files = dict(staged.changes), dict(staged.new_files)
             captured = ({path: list(rows) for path, rows in staged.deleted_rows.items()}, list(staged.changed_keys))
-            actions = self._actions(staged, app, tick)
-            if not actions:
-                self.staged = None
-                return None
-            operation = ("CREATE OR REPLACE TABLE" if staged.reset and not self.snapshot.exists else
-                         "WRITE" if staged.reset else "MERGE" if staged.touched or staged.new_files else
-                         "SET TBLPROPERTIES")
             try:
+                self._check_latest()   # again over each other writer's commit read (a feature it added...)
+                actions = self._actions(staged, app, tick)
+                if not actions:
+                    self.staged = None
+                    return None
+                self._check_latest(actions)
+                operation = ("CREATE OR REPLACE TABLE" if staged.reset and not self.snapshot.exists else
+                             "WRITE" if staged.reset else "MERGE" if staged.touched or staged.new_files else
+                             "SET TBLPROPERTIES")
                 version = delta_log.commit(self.storage, self.snapshot, actions, operation=operation,
                                            parameters=parameters)
+            except UserError:
+                self._discard_attempt(staged, files)
+                raise
             except delta_log.CommitConflict:
                 self._discard_attempt(staged, files)
                 if not retry:
