@@ -182,3 +182,18 @@ def test_every_documented_type_is_copied_and_changed_into_its_documented_delta_t
     assert sorted(expected[1]) == [(1,), (2,), (4,), (5,), (6,)]
     problems = diff("t", expected, delta_rows(table_uris(str(path))["public.t"], ["id"]))
     assert not problems, f"{len(problems)} differences:\n" + "\n".join(problems)
+
+
+SPARK_NAMES = {"short": "smallint", "integer": "int", "long": "bigint"}   # Spark's names of Delta's types
+
+
+def test_spark_reads_every_documented_type_as_delta_rs_does(dsn, conn, source, tmp_path, spark):
+    path = tmp_path / "wh"
+    replicate_every_type(dsn, conn, source, path)
+    frame = spark.read.format("delta").load(str(path / "public.t"))
+    assert {f.name: f.dataType.simpleString() for f in frame.schema.fields} == {
+        "id": "int", **{name: SPARK_NAMES.get(typ, typ) for name, _, typ, _, _ in TYPES}}
+    data = frame.toArrow()
+    rows = {(r["id"],): r for r in data.to_pylist()}
+    problems = diff("t", documented_state(conn), (data.column_names, rows))
+    assert not problems, f"{len(problems)} differences:\n" + "\n".join(problems)
