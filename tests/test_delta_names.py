@@ -19,18 +19,20 @@ import pytest
 
 pytest.importorskip("deltalake")
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from consumer_helpers import run_cli
 from replicator.errors import UserError
 from replicator.structure import Column, TableStructure
 from replicator.targets.delta import maintenance
+from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.object_storage import ObjectStorage
 from replicator.targets.delta.reader import table_uris
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import LocalStorage
 from replicator.targets.delta.target import DeltaTarget
 from replicator.targets.protocol import TargetTable
-from test_delta_target import consume_cli, delta_rows, diff, primary_key, source_state
+from test_delta_target import consume, consume_cli, delta_rows, diff, primary_key, source_state
 
 OWN = {"_replicator", ".replicator.lock"}   # replicator's entries at the warehouse's root
 
@@ -281,3 +283,29 @@ def test_columns_whose_names_differ_only_in_case_get_distinct_delta_names_that_s
     assert frame.columns == names
     rows = {r["id"]: r for r in frame.toArrow().to_pylist()}
     assert rows == {k[0]: r for k, r in as_delta_names(source_state(conn, "c"), names)[1].items()}
+
+
+def test_a_table_an_earlier_version_wrote_with_names_equal_ignoring_case_gets_distinct_ones_at_its_next_schema_change(
+        dsn, conn, source, tmp_path, monkeypatch):
+    conn.execute('CREATE TABLE c (id int PRIMARY KEY, val text, "Val" text); INSERT INTO c VALUES (1, \'a\', \'A\')')
+    source.create_queue("q")
+    source.add_table("q", "c")
+    path = tmp_path / "wh"
+    with monkeypatch.context() as earlier:   # the earlier version: Delta names the source's
+        earlier.setattr(delta_schema, "delta_names", lambda columns, old: [c.name for c in columns])
+        target = DeltaTarget(str(path))
+        try:
+            consume(dsn, target)
+        finally:
+            target.close()
+    uri = table_uris(str(path))["public.c"]
+    with pytest.raises(DeltaError, match="Duplicate field name"):
+        delta_rows(uri, ["id"])
+    conn.execute("ALTER TABLE c ADD COLUMN extra int; INSERT INTO c VALUES (2, 'b', 'B', 2)")
+    target = DeltaTarget(str(path))
+    try:
+        consume(dsn, target)
+    finally:
+        target.close()
+    names = ["id", "val", "Val_2", "extra"]
+    assert not diff("c", as_delta_names(source_state(conn, "c"), names), delta_rows(uri, ["id"]))
