@@ -309,3 +309,10 @@ def test_a_table_an_earlier_version_wrote_with_names_equal_ignoring_case_gets_di
         target.close()
     names = ["id", "val", "Val_2", "extra"]
     assert not diff("c", as_delta_names(source_state(conn, "c"), names), delta_rows(uri, ["id"]))
+
+
+def test_column_names_any_reader_folds_into_one_get_distinct_delta_names():
+    names = ["i", "\u0131", "\u212a", "k", "ss", "\u00df", "Straße", "STRASSE"]   # dotless i, Kelvin sign, sharp s
+    columns = [Column(name, "text", "text", "S", False, attnum) for attnum, name in enumerate(names, 1)]
+    assert delta_schema.delta_names(columns, {}) == [
+        "i", "\u0131_2", "\u212a", "k_2", "ss", "\u00df_2", "Straße", "STRASSE_2"]

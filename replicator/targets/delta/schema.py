@@ -98,6 +98,12 @@ def _derived(delta_name: str, source_name: str) -> bool:
     return delta_name == source_name or re.fullmatch(re.escape(source_name) + r"_[2-9]\d*", delta_name) is not None
 
 
+# Readers fold case in their own ways (Spark as Java, character by character; others by Unicode's
+# lower case): names equal under any of these folds count as equal.
+def _folded(name: str) -> set[tuple[int, str]]:
+    return {(0, name.casefold()), (1, name.lower()), (2, name.upper().lower())}
+
+
 def delta_names(columns: Sequence[Column], old: dict[int, str]) -> list[str]:
     """The Delta names of a table's columns, distinct ignoring case as Delta readers compare
     them (PostgreSQL's "Val" and val are two columns). A column keeps the name it has in the
@@ -106,24 +112,27 @@ def delta_names(columns: Sequence[Column], old: dict[int, str]) -> list[str]:
     _2, _3... (in attnum order): "Val" beside val is Val_2 while both are there and after
     either is dropped; a column renamed takes its new name."""
     names: dict[int, str] = {}
-    taken: set[str] = set()
+    taken: set[tuple[int, str]] = set()
+
+    def free(name: str) -> bool:
+        return not _folded(name) & taken
 
     def claim(column: Column, name: str) -> None:
         names[column.attnum] = name
-        taken.add(name.casefold())
+        taken.update(_folded(name))
 
     ordered = sorted(columns, key=lambda c: c.attnum)
     for column in ordered:
         kept = old.get(column.attnum)
-        if kept is not None and _derived(kept, column.name) and kept.casefold() not in taken:
+        if kept is not None and _derived(kept, column.name) and free(kept):
             claim(column, kept)
     for column in ordered:
-        if column.attnum not in names and column.name.casefold() not in taken:
+        if column.attnum not in names and free(column.name):
             claim(column, column.name)
     for column in ordered:
         if column.attnum not in names:
             suffix = 2
-            while f"{column.name}_{suffix}".casefold() in taken:
+            while not free(f"{column.name}_{suffix}"):
                 suffix += 1
             claim(column, f"{column.name}_{suffix}")
     return [names[c.attnum] for c in columns]
