@@ -19,18 +19,20 @@ import pytest
 
 pytest.importorskip("deltalake")
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from consumer_helpers import run_cli
 from replicator.errors import UserError
 from replicator.structure import Column, TableStructure
 from replicator.targets.delta import maintenance
+from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.object_storage import ObjectStorage
 from replicator.targets.delta.reader import table_uris
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import LocalStorage
 from replicator.targets.delta.target import DeltaTarget
 from replicator.targets.protocol import TargetTable
-from test_delta_target import consume_cli, delta_rows, diff, primary_key, source_state
+from test_delta_target import consume, consume_cli, delta_rows, diff, primary_key, source_state
 
 OWN = {"_replicator", ".replicator.lock"}   # replicator's entries at the warehouse's root
 
@@ -224,3 +226,93 @@ def test_a_warehouse_that_records_a_table_outside_its_own_directory_is_refused_i
     with pytest.raises(UserError, match=f"directory {re.escape(repr(directory))}.*nothing vacuumed"):
         maintenance.vacuum(LocalStorage(path), retention=1, force=True)
     assert tree(tmp_path) == before
+
+
+# column names ------------------------------------------------------------------------------
+
+COLUMNS = """
+    CREATE TABLE c (id int PRIMARY KEY, val text, "Val" text, "VAL" int, val_2 text,
+                    "odd name, ;{}()=" text, "tab\tnew
+line.dot" text);
+    INSERT INTO c SELECT g, 'val ' || g, 'Val ' || g, g, 'val_2 ' || g, 'odd ' || g, 'tab ' || g
+                  FROM generate_series(1, 20) g;
+"""
+# A source name and the Delta name of a column (docs/delta.md, "Column names"): each the second of
+# its name ignoring case gets the first free suffix, val_2 (a source name) keeping its own
+COPIED = ["id", "val", "Val_3", "VAL_4", "val_2", "odd name, ;{}()=", "tab\tnew\nline.dot"]
+ALTERED = [   # each step one batch, then the Delta names
+    (["ALTER TABLE c DROP COLUMN val", "UPDATE c SET \"Val\" = 'updated' WHERE id % 3 = 0"],
+     ["id", "Val_3", "VAL_4", "val_2", "odd name, ;{}()=", "tab\tnew\nline.dot"]),
+    (["ALTER TABLE c RENAME COLUMN \"VAL\" TO other", "ALTER TABLE c ADD COLUMN \"OTHER\" text",
+      "ALTER TABLE c ADD COLUMN val text", "UPDATE c SET \"OTHER\" = 'O', val = 'again', other = -id WHERE id < 5",
+      "DELETE FROM c WHERE id = 7"],
+     ["id", "Val_3", "other", "val_2", "odd name, ;{}()=", "tab\tnew\nline.dot", "OTHER_2", "val"]),
+    (["ALTER TABLE c RENAME COLUMN \"Val\" TO \"vAL\"", "INSERT INTO c (id, \"vAL\", val) VALUES (100, 'a', 'b')"],
+     ["id", "vAL_3", "other", "val_2", "odd name, ;{}()=", "tab\tnew\nline.dot", "OTHER_2", "val"]),
+]
+
+
+def as_delta_names(state: tuple[list[str], dict], names: list[str]) -> tuple[list[str], dict]:
+    """The source state (source_state) with each column under its Delta name, by position."""
+    columns, rows = state
+    return names, {k: {n: row[c] for c, n in zip(columns, names)} for k, row in rows.items()}
+
+
+def test_columns_whose_names_differ_only_in_case_get_distinct_delta_names_that_stay_through_ddl_and_restarts(
+        dsn, conn, source, tmp_path, spark):
+    conn.execute(COLUMNS)
+    source.create_queue("q")
+    source.add_table("q", "c")
+    path = tmp_path / "wh"
+    done = consume_cli(dsn, path)
+    assert done.returncode == 0, done.stderr
+    uri = table_uris(str(path))["public.c"]
+    problems = diff("c", as_delta_names(source_state(conn, "c"), COPIED), delta_rows(uri, ["id"]))
+    assert not problems, problems
+
+    for statements, names in ALTERED:
+        for statement in statements:
+            conn.execute(statement)
+        done = consume_cli(dsn, path)   # a consumer started anew each time
+        assert done.returncode == 0, done.stderr
+        problems = diff("c", as_delta_names(source_state(conn, "c"), names), delta_rows(uri, ["id"]))
+        assert not problems, problems
+
+    # Spark reads it, with the names Delta has
+    frame = spark.read.format("delta").load(uri)
+    assert frame.columns == names
+    rows = {r["id"]: r for r in frame.toArrow().to_pylist()}
+    assert rows == {k[0]: r for k, r in as_delta_names(source_state(conn, "c"), names)[1].items()}
+
+
+def test_a_table_an_earlier_version_wrote_with_names_equal_ignoring_case_gets_distinct_ones_at_its_next_schema_change(
+        dsn, conn, source, tmp_path, monkeypatch):
+    conn.execute('CREATE TABLE c (id int PRIMARY KEY, val text, "Val" text); INSERT INTO c VALUES (1, \'a\', \'A\')')
+    source.create_queue("q")
+    source.add_table("q", "c")
+    path = tmp_path / "wh"
+    with monkeypatch.context() as earlier:   # the earlier version: Delta names the source's
+        earlier.setattr(delta_schema, "delta_names", lambda columns, old: [c.name for c in columns])
+        target = DeltaTarget(str(path))
+        try:
+            consume(dsn, target)
+        finally:
+            target.close()
+    uri = table_uris(str(path))["public.c"]
+    with pytest.raises(DeltaError, match="Duplicate field name"):
+        delta_rows(uri, ["id"])
+    conn.execute("ALTER TABLE c ADD COLUMN extra int; INSERT INTO c VALUES (2, 'b', 'B', 2)")
+    target = DeltaTarget(str(path))
+    try:
+        consume(dsn, target)
+    finally:
+        target.close()
+    names = ["id", "val", "Val_2", "extra"]
+    assert not diff("c", as_delta_names(source_state(conn, "c"), names), delta_rows(uri, ["id"]))
+
+
+def test_column_names_any_reader_folds_into_one_get_distinct_delta_names():
+    names = ["i", "\u0131", "\u212a", "k", "ss", "\u00df", "Straße", "STRASSE"]   # dotless i, Kelvin sign, sharp s
+    columns = [Column(name, "text", "text", "S", False, attnum) for attnum, name in enumerate(names, 1)]
+    assert delta_schema.delta_names(columns, {}) == [
+        "i", "\u0131_2", "\u212a", "k_2", "ss", "\u00df_2", "Straße", "STRASSE_2"]

@@ -803,3 +803,36 @@ def test_the_consumer_commits_batches_while_spark_starts_and_the_views_catch_up(
     txns = ReplicaTable(LocalStorage(path), view_directory("region_totals")).snapshot.txns
     assert txns == {consumer_app(path): after["tick"]}
     assert [r["kind"] for r in views.refreshes("region_totals", 100)][:-1] == ["incremental"]
+
+
+CASED = _table("cased", [("id", "bigint"), ("val", "text"), ("Val", "text")], 3)   # names equal ignoring case
+CASED_VIEWS = {   # the columns by their Delta names, as Spark reads the table (docs/delta.md, "Column names")
+    "by_val": "SELECT Val_2, count(*) AS n FROM cased GROUP BY Val_2",
+    "cased_rows": "SELECT id, val, Val_2 FROM cased WHERE val <> 'skip'",
+}
+
+
+def test_views_over_columns_whose_names_differ_only_in_case_read_them_by_their_delta_names(
+        spark, consumer_target, tmp_path):
+    path = tmp_path / "wh"
+    target = consumer_target(path)
+    try:
+        target.begin()
+        target.create_table(CASED)
+        target.upsert(CASED, "R", [(i, "skip" if i % 4 == 0 else f"v{i}", f"V{i % 3}") for i in range(20)])
+        target.set_position("q", "c", 1)
+        target.commit()
+        views = delta_views(spark, path)
+        for name, sql in CASED_VIEWS.items():
+            views.create(name, sql, "incremental")
+        assert {v["view"]: v["maintenance"] for v in views.list()} == dict.fromkeys(CASED_VIEWS, "incremental")
+        for tick in (2, 3):
+            target.begin()
+            target.upsert(CASED, "U", [(i, f"w{i}", f"V{(i + tick) % 4}") for i in range(tick, 20, 3)])
+            target.delete(CASED, [(tick * 5,)])
+            target.set_position("q", "c", tick)
+            target.commit()
+            assert_views_equal_their_queries(spark, path, list(CASED_VIEWS), CASED_VIEWS)
+        assert all(k.startswith("incremental") for name in CASED_VIEWS for k in kinds(views, name)[:-1])
+    finally:
+        target.close()

@@ -148,7 +148,8 @@ ALL_TYPES = """
         ts timestamp, ts3 timestamp(3), tstz timestamptz, tstz0 timestamptz(0), tstz3 timestamptz(3), iv interval,
         m money, b1 bit(1), b4 bit(4), vb varbit, ip inet, cd cidr, mac macaddr, pt point, rg int4range,
         md mood, pr pair, ia int[], ta text[], na numeric(5,2)[], fa float8[], tza timestamptz[], ia2 int[][],
-        jba jsonb[], ba bytea[], bla boolean[], da date[], ma mood[], nva numeric[]);
+        jba jsonb[], ba bytea[], bla boolean[], da date[], ma mood[], nva numeric[],
+        xi xid, ci cid, x8 xid8, rc regclass, rt regtype, tid_ tid, lsn pg_lsn, mac8 macaddr8, tsv tsvector);
 """
 ROWS = [
     "(1, 1, 1, 1, true, 1.5, 0.1, 1234.50, 1.50, 1200, 9.99, '\\x00ff', 'plain', 'abc', 'ab', 'x', 'nm',"
@@ -186,6 +187,13 @@ ROWS = [
     " '00:00:01.5', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,"
     " NULL, NULL, NULL, NULL, NULL, NULL)",
 ]
+
+
+# the values of the columns after nva, a row each
+MORE_TYPES = ["'5', '0', '5', 'pg_class', 'integer', '(0,1)', '16/B374D848', '08:00:2b:01:02:03:04:05', 'a fat cat'",
+              "'4294967295', '4294967295', '18446744073709551615', 'information_schema.tables', 'text[]',"
+              " '(4294967295,65535)', '0/0', NULL, ''"] + ["NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL"] * 4
+ROWS = [row[:-1] + ", " + more + ")" for row, more in zip(ROWS, MORE_TYPES, strict=True)]
 
 
 def captured_rows(conn: Any, name: str) -> tuple[TableStructure, list[Sequence[Any]]]:
@@ -230,6 +238,10 @@ def test_values_of_every_type_are_typed_as_debeziums(conn):
         return (f["type"], f.get("name"), f.get("parameters"), after[name])
 
     assert typed("i2")[0] == "int16" and typed("i8")[0] == "int64" and typed("o") == ("int64", None, None, 1)
+    assert typed("xi") == ("int64", None, None, 5) and typed("ci") == ("int64", None, None, 0)
+    assert [typed(name) for name in ("x8", "rc", "tid_", "lsn")] == [
+        ("string", None, None, "5"), ("string", None, None, "pg_class"), ("string", None, None, "(0,1)"),
+        ("string", None, None, "16/B374D848")]
     assert typed("b") == ("boolean", None, None, True) and typed("r") == ("float", None, None, 1.5)
     assert typed("n") == ("bytes", "org.apache.kafka.connect.data.Decimal",
                           {"scale": "2", "connect.decimal.precision": "12"}, base64.b64encode(bytes([1, 226, 58])).decode())

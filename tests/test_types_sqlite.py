@@ -14,6 +14,7 @@ from contextlib import closing
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -26,6 +27,7 @@ from replicator.structure import Column
 from replicator.targets.sqlite import target as sqlite_target
 from replicator.targets.sqlite import types
 from replicator.targets.sqlite.target import SqliteTarget, parse_url
+from types_helpers import RENDERED, TIMES, TYPES, change, create, documented_time
 from views_helpers import view_differences
 
 
@@ -419,3 +421,81 @@ def test_incremental_views_of_numeric_columns_equal_their_full_recompute(dsn, co
     finally:
         db.close()
     assert top == 6250       # the numeric max, not the text max ('999.x')
+
+
+# every documented type -----------------------------------------------------------------------
+
+# README.md's "SQLite type mapping": the columns of types_helpers.TYPES by how SQLite holds them
+INTEGERS = {"i2", "i4", "i8", "o", "x", "c", "pos"}
+FLOATS = {"r", "f"}
+NUMERICS = {"n", "n38", "nu", "n40", "nneg", "amt"}
+FLOAT_WORDS = {"NaN", "Infinity", "-Infinity"}
+
+
+def iso_date(text: str) -> str:
+    """PostgreSQL's ISO date as the one form: astronomical years, expanded past 9999."""
+    if text.endswith("infinity"):
+        return text
+    day, bc = text.removesuffix(" BC"), text.endswith(" BC")
+    year, rest = day.split("-", 1)
+    number = 1 - int(year) if bc else int(year)
+    sign = "-" if number < 0 else "+" if number > 9999 else ""
+    return f"{sign}{abs(number):04d}-{rest}"
+
+
+def sqlite_value(name: str, text: str | None) -> Any:
+    """A value as README.md's table says SQLite holds it, from PostgreSQL's text of it."""
+    if text is None or name in TIMES:
+        return text if text is None else documented_time(text)
+    if name in INTEGERS:
+        return int(text)
+    if name == "flag":
+        return {"t": 1, "f": 0}[text]
+    if name in FLOATS | NUMERICS and text in FLOAT_WORDS:
+        return text
+    if name in FLOATS:
+        return float(text)
+    if name in NUMERICS:
+        number = Decimal(text)
+        whole = number == number.to_integral_value() and -2**63 <= number < 2**63
+        return int(number) if whole else float(number)
+    if name == "blob":
+        return bytes.fromhex(text[2:])
+    if name == "d":
+        return iso_date(text)
+    if name == "ts":
+        day, _, time = text.partition(" ")
+        return text if text.endswith("infinity") else f"{iso_date(day)}T{documented_time(time)}"
+    if name == "tstz":
+        return text if text.endswith("infinity") else text.replace(" ", "T") + "+00:00"
+    return text
+
+
+def documented_sqlite_state(conn: psycopg.Connection) -> dict[tuple[Any, ...], dict[str, Any]]:
+    renders = {"tstz": "CASE WHEN isfinite(tstz) THEN to_char(tstz AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US')"
+                       " ELSE tstz::text END"}
+    columns = [name for name, *_ in TYPES]
+    texts = [renders.get(name) or (render.format(name) if render.startswith("to_json") else RENDERED.format(name))
+             for name, _, _, _, render in TYPES]
+    state = {}
+    for id_, *values in conn.execute(f"SELECT id, {', '.join(texts)} FROM t").fetchall():
+        state[(id_,)] = {"id": id_, **{name: sqlite_value(name, text) for name, text in zip(columns, values)}}
+    return state
+
+
+def typed(rows: dict[tuple[Any, ...], dict[str, Any]]) -> dict[tuple[Any, ...], dict[str, tuple[str, Any]]]:
+    """Rows with each value's Python type beside it: 1 and 1.0, '1' and 1 differ."""
+    return {k: {c: (type(v).__name__, v) for c, v in row.items()} for k, row in rows.items()}
+
+
+def test_every_documented_type_is_copied_and_changed_into_the_documented_sqlite_value(dsn, conn, source, tmp_path):
+    create(conn, copied=True)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    replica = tmp_path / "r.db"
+    consume(dsn, replica)
+    change(conn)
+    consume(dsn, replica)
+    expected = documented_sqlite_state(conn)
+    assert sorted(expected) == [(1,), (2,), (4,), (5,), (6,)]
+    assert typed(sqlite_rows(replica, "t", ["id"])) == typed(expected)

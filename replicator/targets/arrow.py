@@ -113,6 +113,11 @@ def arrow_array(values: Sequence[Any], typ: pa.DataType, *, label: str = "") -> 
             return pa.array(values, type=pa.string()).cast(typ)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):   # NaN, or values decoded otherwise
             return pa.array([_decimal(v, label) for v in values], type=typ)   # a value it would change raises
+    if pa.types.is_integer(typ):
+        try:
+            return pa.array(values, type=typ)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):   # oid, xid, cid: PostgreSQL's JSON has them as text
+            return pa.array([v if v is None or isinstance(v, int) else int(v) for v in values], type=typ)
     if pa.types.is_string(typ):
         try:
             return pa.array(values, type=typ)

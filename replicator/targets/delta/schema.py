@@ -17,6 +17,7 @@ import json
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -88,29 +89,76 @@ def _column_delta_type(column: Column) -> str:
     return column.type if column.base_type == DELTA_TYPED else delta_type(arrow_type(column))
 
 
-def _field(column: Column, field_id: int, physical: str, key: bool) -> dict[str, Any]:
+def _field(column: Column, name: str, field_id: int, physical: str, key: bool) -> dict[str, Any]:
     metadata: dict[str, Any] = {FIELD_ID: field_id, PHYSICAL_NAME: physical, ATTNUM: column.attnum}
     if column.base_type != DELTA_TYPED:
         metadata["comment"] = f"PostgreSQL {column.type}"
-    return {"name": column.name, "type": _column_delta_type(column), "nullable": not (key and column.not_null),
+    return {"name": name, "type": _column_delta_type(column), "nullable": not (key and column.not_null),
             "metadata": metadata}
+
+
+def _derived(delta_name: str, source_name: str) -> bool:
+    """Whether a Delta name is the one the naming rule gives a column of this source name."""
+    return delta_name == source_name or re.fullmatch(re.escape(source_name) + r"_[2-9]\d*", delta_name) is not None
+
+
+# Readers fold case in their own ways (Spark as Java, character by character; others by Unicode's
+# lower case): names equal under any of these folds count as equal.
+def _folded(name: str) -> set[tuple[int, str]]:
+    return {(0, name.casefold()), (1, name.lower()), (2, name.upper().lower())}
+
+
+def delta_names(columns: Sequence[Column], old: dict[int, str]) -> list[str]:
+    """The Delta names of a table's columns, distinct ignoring case as Delta readers compare
+    them (PostgreSQL's "Val" and val are two columns). A column keeps the name it has in the
+    table (old: by attnum) while that name is its source name's; the other columns take their
+    source names, and a name another column has (ignoring case) gets the first free suffix
+    _2, _3... (in attnum order): "Val" beside val is Val_2 while both are there and after
+    either is dropped; a column renamed takes its new name."""
+    names: dict[int, str] = {}
+    taken: set[tuple[int, str]] = set()
+
+    def free(name: str) -> bool:
+        return not _folded(name) & taken
+
+    def claim(column: Column, name: str) -> None:
+        names[column.attnum] = name
+        taken.update(_folded(name))
+
+    ordered = sorted(columns, key=lambda c: c.attnum)
+    for column in ordered:
+        kept = old.get(column.attnum)
+        if kept is not None and _derived(kept, column.name) and free(kept):
+            claim(column, kept)
+    for column in ordered:
+        if column.attnum not in names and free(column.name):
+            claim(column, column.name)
+    for column in ordered:
+        if column.attnum not in names:
+            suffix = 2
+            while not free(f"{column.name}_{suffix}"):
+                suffix += 1
+            claim(column, f"{column.name}_{suffix}")
+    return [names[c.attnum] for c in columns]
 
 
 def table_schema(structure: TableStructure, old: dict[str, Any] | None, max_column_id: int,
                  *, fresh: bool) -> tuple[dict[str, Any], int]:
     """The schema of a table of this structure, and the new maxColumnId. A column keeps the
     id and physical name it has in the old schema (found by attnum, its type unchanged)
-    unless fresh (a table copied anew: every column new)."""
-    kept = {} if fresh or old is None else {f["metadata"].get(ATTNUM): f for f in old["fields"]}
+    unless fresh (a table copied anew: every column new), and its name (delta_names)."""
+    old_fields = {} if old is None else {f["metadata"].get(ATTNUM): f for f in old["fields"]}
+    kept = {} if fresh else old_fields
+    names = delta_names(structure.columns, {attnum: f["name"] for attnum, f in old_fields.items()})
     fields = []
-    for column in structure.columns:
+    for column, name in zip(structure.columns, names):
         previous = kept.get(column.attnum)
+        key = column.name in structure.key
         if previous is not None and previous["type"] == _column_delta_type(column):
-            field = _field(column, previous["metadata"][FIELD_ID], previous["metadata"][PHYSICAL_NAME],
-                           column.name in structure.key)
+            field = _field(column, name, previous["metadata"][FIELD_ID], previous["metadata"][PHYSICAL_NAME], key)
         else:
             max_column_id += 1
-            field = _field(column, max_column_id, f"col-{uuid.uuid4()}", column.name in structure.key)
+            field = _field(column, name, max_column_id, f"col-{uuid.uuid4()}", key)
         fields.append(field)
     return {"type": "struct", "fields": fields}, max_column_id
 

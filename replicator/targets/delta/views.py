@@ -280,9 +280,13 @@ class DeltaViews:
             source_name = names.get(name.lower())
             if source_name is None:
                 return None
-            s = self.warehouse.table(directory_of[source_name]).structure()
-            return TableInfo(name=target_table_name(s.schema, s.name), columns=[(c.name, c.type) for c in s.columns],
-                             key=list(s.key), replicated=True)
+            table = self.warehouse.table(directory_of[source_name])
+            s = table.structure()
+            # the columns as Spark reads them: their Delta names (distinct ignoring case, schema.delta_names)
+            delta_name = {c.name: f["name"] for c, f in zip(s.columns, table.schema()["fields"])}
+            return TableInfo(name=target_table_name(s.schema, s.name),
+                             columns=[(delta_name[c.name], c.type) for c in s.columns],
+                             key=[delta_name[k] for k in s.key], replicated=True)
         return lookup
 
     def _location(self, directory: str) -> str:
