@@ -1,14 +1,14 @@
 """What reads the warehouse's tables, as docs/delta.md's "Readers" table says: each reader
 given a table the real consumer wrote from real PostgreSQL (inserts, updates, deletes, key
-changes, a column renamed and one dropped) either gives the source's rows, compared value
-by value through the oracle of tests/test_delta_target.py, or refuses the table (the
-readers that lack deletion vectors or column mapping, on a default table).
+changes, a column renamed and one dropped), default (`delta:PATH`) or portable
+(`delta:PATH?tables=portable`), either gives the source's rows, compared value by value
+through the oracle of tests/test_delta_target.py, or refuses the table (the readers that
+lack deletion vectors or column mapping, on a default table).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -39,8 +39,13 @@ READERS: dict[str, Callable[[str], pa.Table]] = {
     "Polars read_delta": lambda uri: pl.read_delta(uri).to_arrow(),
     "Polars scan_delta": lambda uri: pl.scan_delta(uri).collect().to_arrow(),
 }
-# what docs/delta.md promises: every reader reads every table
-READS = {reader: True for reader in [*READERS, "Spark"]}
+# docs/delta.md's "Readers" table: which readers read a table of each kind
+READS = {
+    "default": {"Spark": True, "delta-rs QueryBuilder": True, "delta-rs to_pyarrow_table": False,
+                "delta-rs to_pyarrow_dataset": False, "Polars read_delta": False, "Polars scan_delta": False},
+    "portable": {reader: True for reader in [*READERS, "Spark"]},
+}
+TARGETS = {"default": "delta:{}", "portable": "delta:{}?tables=portable"}
 
 SCHEMA = """
     CREATE TABLE t (id int PRIMARY KEY, v text, note text, n numeric(10,2), ts timestamp, gone int);
@@ -95,9 +100,17 @@ def _reads(name: str, read: Callable[[], pa.Table], expected: State, key: list[s
     return True
 
 
-def test_each_reader_reads_the_table_as_the_docs_say(dsn, conn, tmp_path, spark):
-    uri = _warehouse(conn, dsn, f"delta:{tmp_path / 'wh'}")
+@pytest.mark.parametrize("kind", sorted(TARGETS))
+def test_each_reader_reads_the_table_as_the_docs_say(dsn, conn, tmp_path, spark, kind):
+    uri = _warehouse(conn, dsn, TARGETS[kind].format(tmp_path / "wh"))
     expected, key = source_state(conn, "t"), primary_key(conn, "t")
     reads = {name: _reads(name, lambda read=read: read(uri), expected, key) for name, read in READERS.items()}
     reads["Spark"] = _reads("Spark", lambda: spark.read.format("delta").load(uri).toArrow(), expected, key)
-    assert reads == READS
+    assert reads == READS[kind]
+    # the warehouse keeps its kind: a consumer asked for the other one is refused in one line
+    other = TARGETS["portable" if kind == "default" else "default"].format(tmp_path / "wh")
+    refused = run_cli(dsn, "consume", "q", "--target", other, "--until-caught-up")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (f"error: {tmp_path / 'wh'} holds {kind} tables: use --target "
+                                      f"{TARGETS[kind].format(tmp_path / 'wh')} (a warehouse keeps the kind of tables "
+                                      f"it was created with; for the other kind, replicate into a new warehouse)")

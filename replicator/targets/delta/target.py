@@ -1,10 +1,13 @@
 """Delta target: every replicated table a Delta Lake table, on a local path or object storage.
 
 ``--target delta:URI`` keeps, under URI, one Delta table per replicated table
-(``URI/<schema>.<table>``) that Spark (``spark.read.format("delta")``),
-delta-rs, Polars, DuckDB, Trino... read as they are, and the warehouse's own
-table ``URI/_replicator`` (replicator.targets.delta.state) with the consumer
-positions and the versions each tick left.
+(``URI/<schema>.<table>``) that Spark (``spark.read.format("delta")``) and
+delta-rs read as they are, and the warehouse's own table ``URI/_replicator``
+(replicator.targets.delta.state) with the consumer positions and the versions
+each tick left. ``delta:URI?tables=portable`` makes a warehouse whose tables
+have no deletion vectors and no column mapping (copy-on-write:
+replicator.targets.delta.rewrite), for the readers without them (Polars,
+delta-rs' to_pyarrow_table); a warehouse keeps the kind it was created with.
 
 No JVM: the consumer writes Parquet files, deletion vectors and the Delta log
 itself (replicator.targets.delta.table). A batch is one commit per table it
@@ -65,6 +68,23 @@ def table_meta(table: TargetTable) -> dict[str, Any]:
             "structure": table.structure.to_json(), "copy_snapshot": table.copy_snapshot}
 
 
+TABLES_OPTION = "?tables="
+TABLE_KINDS = ("default", "portable")
+
+
+def parse_url(url: str) -> tuple[str, bool]:
+    """The warehouse URL of a `delta:` target without its scheme, and whether its tables are
+    portable: URL, or URL?tables=default|portable (a `?` elsewhere is part of the URL)."""
+    where, option, kind = url.rpartition(TABLES_OPTION)
+    if not option or "/" in kind:
+        return url, False
+    if kind not in TABLE_KINDS:
+        raise UserError(f"invalid target option tables={kind!r}: use delta:URI (deletion vectors and column "
+                        f"mapping, the default) or delta:URI?tables=portable (readers without them: Polars, "
+                        f"delta-rs' to_pyarrow_table)")
+    return where, kind == "portable"
+
+
 def target_table(meta: dict[str, Any]) -> TargetTable:
     return TargetTable(source_name=meta["source_name"], table_id=meta["table_id"], mode=meta["mode"],
                        structure=TableStructure.from_json(meta["structure"]), copy_snapshot=meta["copy_snapshot"])
@@ -111,8 +131,9 @@ class DeltaTarget:
 
     def __init__(self, url: str, *, spark_master: str | None = None, spark_conf: dict[str, str] | None = None,
                  session: Callable[[], Any] | None = None) -> None:
+        url, self.portable = parse_url(url)
         self.storage: Storage = open_storage(url)
-        self.name = f"delta:{self.storage.url}"
+        self.name = f"delta:{self.storage.url}{TABLES_OPTION + 'portable' if self.portable else ''}"
         self._lock_fd = -1
         try:
             if isinstance(self.storage, LocalStorage):
@@ -124,6 +145,7 @@ class DeltaTarget:
             self._tables: dict[str, ReplicaTable] = {}
             for directory in self.state.directories():
                 self._open(directory)
+            self._check_kind()
             self._rewind_ahead()
         except (OSError, ValueError) as exc:
             self.close()
@@ -179,6 +201,17 @@ class DeltaTarget:
         for directory, name in sorted(self.state.directories().items()):
             recorded_directory(self.storage.url, directory, "nothing written", name)
 
+    def _check_kind(self) -> None:
+        """A warehouse's tables are of one kind, chosen when it is created: a consumer asked for
+        the other kind is refused (a table keeps the kind it was created with)."""
+        kinds = {table.portable for table in self._tables.values() if table.meta is not None}
+        if kinds and kinds != {self.portable}:
+            have = "default" if self.portable else "portable"
+            option = "" if self.portable else TABLES_OPTION + "portable"
+            raise UserError(f"{self.storage.url} holds {have} tables: use --target delta:{self.storage.url}{option} "
+                            f"(a warehouse keeps the kind of tables it was created with; for the other kind, "
+                            f"replicate into a new warehouse)")
+
     def _rewind_ahead(self) -> None:
         """A crash between a batch's table commits and _replicator's leaves tables holding the
         batch past the position. The batch is applied again from the position, maybe as part
@@ -200,7 +233,7 @@ class DeltaTarget:
     def _open(self, directory: str) -> ReplicaTable:
         table = self._tables.get(directory)
         if table is None:
-            table = self._tables[directory] = ReplicaTable(self.storage, directory)
+            table = self._tables[directory] = ReplicaTable(self.storage, directory, portable=self.portable)
         return table
 
     def _table(self, source_name: str) -> ReplicaTable:
