@@ -81,9 +81,9 @@ class Staged:
     changes: dict[Any, tuple[bool, Sequence[Any]]] = field(default_factory=dict)   # key → (deleted, row)
     touched: set[str] = field(default_factory=set)   # committed files whose deletion vector grows
     spilled: bool = False
+    superseded: set[str] = field(default_factory=set)   # files it wrote, then rewrote (portable): deleted at its end
     vector_file: str | None = None                   # the deletion vectors of the commit being made
     deleted_rows: dict[str, list[int]] = field(default_factory=dict)   # captured: rows marked deleted, by file
-    superseded: set[str] = field(default_factory=set)   # files it wrote, then rewrote (portable): deleted at its end
     changed_keys: list[pa.Table] = field(default_factory=list)          # captured: key columns of the changes
 
 
