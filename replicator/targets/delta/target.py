@@ -48,7 +48,7 @@ from replicator.targets.delta import maintenance
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import LocalStorage, Storage, recorded_directory
-from replicator.targets.delta.stores import open_storage
+from replicator.targets.delta.stores import TABLES_OPTION, open_storage, parse_url
 from replicator.targets.delta.table import ReplicaTable
 from replicator.targets.delta.view_table import view_directories
 from replicator.targets.protocol import Row, TargetTable, queue_positions
@@ -66,23 +66,6 @@ VIEWS_DISCOVER_SECONDS = 30.0   # how often the consumer looks for views created
 def table_meta(table: TargetTable) -> dict[str, Any]:
     return {"source_name": table.source_name, "table_id": table.table_id, "mode": table.mode,
             "structure": table.structure.to_json(), "copy_snapshot": table.copy_snapshot}
-
-
-TABLES_OPTION = "?tables="
-TABLE_KINDS = ("default", "portable")
-
-
-def parse_url(url: str) -> tuple[str, bool]:
-    """The warehouse URL of a `delta:` target without its scheme, and whether its tables are
-    portable: URL, or URL?tables=default|portable (a `?` elsewhere is part of the URL)."""
-    where, option, kind = url.rpartition(TABLES_OPTION)
-    if not option or "/" in kind:
-        return url, False
-    if kind not in TABLE_KINDS:
-        raise UserError(f"invalid target option tables={kind!r}: use delta:URI (deletion vectors and column "
-                        f"mapping, the default) or delta:URI?tables=portable (readers without them: Polars, "
-                        f"delta-rs' to_pyarrow_table)")
-    return where, kind == "portable"
 
 
 def target_table(meta: dict[str, Any]) -> TargetTable:
