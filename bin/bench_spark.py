@@ -8,6 +8,8 @@ Spark warehouse it replaces (``spark:``, run from the commit given by --anchor) 
    10% deletes) are applied through the DeltaTarget as the consumer drives it: begin, upsert/delete,
    set_position, commit (deletion vectors, one data file, the table's commit, _replicator's commit).
    The first batch after opening the table also builds the key index: it is reported on its own.
+   Each size is measured twice: default tables, and portable ones (``delta:URI?tables=portable``:
+   copy-on-write of the files a batch touches, no deletion vectors), printed side by side.
 2. Read of the current state (Spark, ``format("delta")``: count and aggregates over every column) after
    the batches (their small files and deletion vectors), and after OPTIMIZE (one scan of large files):
    the ratio is what a reader pays for batches not yet folded.
@@ -68,9 +70,12 @@ TABLE = TargetTable(source_name="public.bench", table_id=1, mode="full", structu
 Row = tuple[Any, ...]
 
 
-def make_table(path: Path, rows: int) -> None:
+KINDS = {"default": "", "portable": "?tables=portable"}   # the warehouse's option for each kind of tables
+
+
+def make_table(path: Path, rows: int, kind: str) -> None:
     """A warehouse holding public.bench with `rows` rows, its data files written directly with pyarrow."""
-    target = DeltaTarget(str(path))
+    target = DeltaTarget(str(path) + KINDS[kind])
     target.begin()
     target.create_table(TABLE)
     target.set_position("bench", "bench", 1)
@@ -178,14 +183,16 @@ def merge_batches(spark: Any, location: str, rows: int, repeat: int, figures: di
                   f"(first {times[0]:.1f}s)")
 
 
-def bench_table(args: argparse.Namespace, spark: Any, workdir: Path, rows: int, figures: dict[str, Any]) -> None:
-    path = workdir / f"wh-{rows}"
+def bench_table(args: argparse.Namespace, spark: Any, workdir: Path, rows: int, kind: str,
+                figures: dict[str, Any]) -> None:
+    path = workdir / f"wh-{rows}-{kind}"
     started = time.perf_counter()
-    make_table(path, rows)
-    console.print(f"[bold]{rows:,} rows[/]: data files written with pyarrow in {time.perf_counter() - started:.1f}s")
+    make_table(path, rows, kind)
+    console.print(f"[bold]{rows:,} rows, {kind} tables[/]: data files written with pyarrow in "
+                  f"{time.perf_counter() - started:.1f}s")
     location = str(path / "public.bench")
-    out: dict[str, Any] = {"rows": rows}
-    target = DeltaTarget(str(path))
+    out: dict[str, Any] = {"rows": rows, "kind": kind}
+    target = DeltaTarget(str(path) + KINDS[kind])
     rnd = random.Random(rows)
     next_id = [rows]
     tick = 2
@@ -205,7 +212,8 @@ def bench_table(args: argparse.Namespace, spark: Any, workdir: Path, rows: int, 
     files = len(delta_log.load(target.storage, "public.bench").files)
     read_state(spark, location, 1)   # warm-up: JIT, file listing caches
     out["read_after_batches"], count = read_state(spark, location)
-    console.print(f"  read current state ({files} files, deletion vectors): {out['read_after_batches']:.2f}s "
+    console.print(f"  read current state ({files} files{', deletion vectors' if kind == 'default' else ''}): "
+                  f"{out['read_after_batches']:.2f}s "
                   f"({count:,} rows)")
     started = time.perf_counter()
     maintenance.optimize(target.storage, everything=True)
@@ -216,7 +224,7 @@ def bench_table(args: argparse.Namespace, spark: Any, workdir: Path, rows: int, 
     out["files"] = files
     console.print(f"  OPTIMIZE: {out['optimize']:.1f}s; read current state after it: {out['read_optimized']:.2f}s "
                   f"(ratio {out['read_after_batches'] / out['read_optimized']:.2f})")
-    if args.merge_repeat:
+    if args.merge_repeat and kind == "default":
         merge_batches(spark, location, rows, args.merge_repeat, out)
     figures.setdefault("tables", []).append(out)
     shutil.rmtree(path, ignore_errors=True)
@@ -308,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge-repeat", type=int, default=3,
                         help="Spark MERGE INTO batches per size, the median is reported (0 skips them)")
     parser.add_argument("--copy-rows", type=int, default=1_000_000, help="rows of the initial copy (default 1M)")
+    parser.add_argument("--kinds", default="default,portable",
+                        help="the kinds of tables measured at each size, side by side (default both)")
     parser.add_argument("--skip-copy", action="store_true")
     parser.add_argument("--anchor", default=ANCHOR, help=f"the commit whose spark: warehouse is measured beside "
                                                          f"(default {ANCHOR}); 'none' skips it")
@@ -326,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         figures["spark_start"] = time.perf_counter() - started
         console.print(f"Spark {spark.version} local session started in {figures['spark_start']:.1f}s")
         for rows in (int(s) for s in args.sizes.split(",") if s.strip()):
-            bench_table(args, spark, workdir, rows, figures)
+            for kind in (k.strip() for k in args.kinds.split(",") if k.strip()):
+                bench_table(args, spark, workdir, rows, kind, figures)
         if not args.skip_copy:
             bench_copy(args, workdir, figures)
     finally:
@@ -334,12 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     old = {t["rows"]: t for t in (anchor or {}).get("tables", [])}
     table = Table(title=f"Delta warehouse, side by side with spark: ({args.anchor}) and Spark MERGE INTO "
                         f"(seconds)")
-    for col in ("table rows", "apply 1k", "apply 10k", "10k: spark:", "10k: MERGE INTO", "first 10k (index)",
+    for col in ("table rows", "tables", "apply 1k", "apply 10k", "10k: spark:", "10k: MERGE INTO", "first 10k (index)",
                 "read after batches", "read optimized", "ratio", "read spark: (logs)", "read spark: (compacted)"):
         table.add_column(col, justify="right")
     for t in figures.get("tables", []):
-        o = old.get(t["rows"], {})
-        table.add_row(f"{t['rows']:,}", f"{t['apply_1000']:.3f}", f"{t['apply_10000']:.3f}",
+        o = old.get(t["rows"], {}) if t["kind"] == "default" else {}
+        table.add_row(f"{t['rows']:,}", t["kind"], f"{t['apply_1000']:.3f}", f"{t['apply_10000']:.3f}",
                       f"{o['apply_10000']:.3f}" if o else "-",
                       f"{t['merge_10000']:.2f}" if "merge_10000" in t else "-", f"{t['first_batch_10000']:.2f}",
                       f"{t['read_after_batches']:.2f}", f"{t['read_optimized']:.2f}",

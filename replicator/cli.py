@@ -626,7 +626,8 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.argument("queue_name", metavar="[QUEUE]", required=False)
 @click.option("--target", "target_url", required=True,
               help="sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), delta:PATH or "
-                   "delta:s3://BUCKET/PREFIX (Delta Lake tables), jsonl:PATH, "
+                   "delta:s3://BUCKET/PREFIX (Delta Lake tables; delta:PATH?tables=portable: without deletion "
+                   "vectors and column mapping, for Polars and delta-rs' to_pyarrow_table), jsonl:PATH, "
                    "jsonl:- (stdout), tsv:PATH or tsv:-, or kafka://BROKERS/PREFIX (publish Debezium-compatible "
                    "topics, docs/kafka.md).")
 @click.option("--source", "source_url", metavar="kafka://BROKERS/PREFIX",
@@ -770,8 +771,8 @@ def _delta_storage(target_url: str) -> Any:
     scheme, _, where = target_url.partition(":")
     if scheme != "delta" or not where:
         raise UserError(f"invalid target {target_url!r}: use delta:PATH or delta:s3://BUCKET/PREFIX")
-    from replicator.targets.delta.stores import open_storage
-    return open_storage(where)
+    from replicator.targets.delta.stores import open_storage, parse_url
+    return open_storage(parse_url(where)[0])   # each table is read and optimized as the kind it is
 
 
 @delta.command("tables")

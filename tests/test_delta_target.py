@@ -209,8 +209,9 @@ def consume(dsn: str, target: DeltaTarget, **options: Any) -> int:
         consumer.close()
 
 
-def consume_cli(dsn: str, path: Path, **env: str) -> Any:
-    return run_cli(dsn, "consume", "q", "--target", f"delta:{path}", "--until-caught-up", timeout=180, **env)
+def consume_cli(dsn: str, path: Path, option: str = "", **env: str) -> Any:
+    """The consumer run to now (option: the target's, `?tables=portable`)."""
+    return run_cli(dsn, "consume", "q", "--target", f"delta:{path}{option}", "--until-caught-up", timeout=180, **env)
 
 
 # 1. the randomized oracle ------------------------------------------------------------------
@@ -490,14 +491,16 @@ def _one_batch_of_changes(conn: psycopg.Connection, round_: int) -> None:
             conn.execute("ALTER TABLE t RENAME COLUMN v TO w")
 
 
-@pytest.mark.parametrize("point", ["delta-table-committed", "delta-table-committed@2", "delta-committed"])
-def test_kill_9_at_each_commit_step_then_a_restart_applies_each_change_once(dsn, conn, source, tmp_path, point):
+@pytest.mark.parametrize(("point", "option"), [("delta-table-committed", ""), ("delta-table-committed@2", ""),
+                                               ("delta-committed", ""), ("delta-table-committed", "?tables=portable")])
+def test_kill_9_at_each_commit_step_then_a_restart_applies_each_change_once(dsn, conn, source, tmp_path, point,
+                                                                           option):
     conn.execute(CRASH_DDL)
     source.create_queue("q")
     source.add_table("q", "t")
     source.add_table("q", "u")
     path = tmp_path / "wh"
-    done = consume_cli(dsn, path)
+    done = consume_cli(dsn, path, option)
     assert done.returncode == 0, done.stderr
     uris = table_uris(str(path))
     app, _ = the_position(path)
@@ -505,7 +508,7 @@ def test_kill_9_at_each_commit_step_then_a_restart_applies_each_change_once(dsn,
         _one_batch_of_changes(conn, round_)
         tick = forced_tick(conn)
         before = {name: DeltaTable(uri).version() for name, uri in uris.items()}
-        crashed = consume_cli(dsn, path, REPLICATOR_CRASH_AT=point)
+        crashed = consume_cli(dsn, path, option, REPLICATOR_CRASH_AT=point)
         assert crashed.returncode == -9, crashed.stderr
         after = {name: DeltaTable(uri).version() for name, uri in uris.items()}
         held = {name: DeltaTable(uri).transaction_version(app) or 0 for name, uri in uris.items()}
@@ -519,7 +522,7 @@ def test_kill_9_at_each_commit_step_then_a_restart_applies_each_change_once(dsn,
         assert {name for name in uris if after[name] > before[name]} == holding
         assert (the_position(path)[1] >= batch_tick) == (point == "delta-committed")
         # the batch again (no tick since: the same batch), then to now
-        again = run_cli(dsn, "consume", "q", "--target", f"delta:{path}", "--once")
+        again = run_cli(dsn, "consume", "q", "--target", f"delta:{path}{option}", "--once")
         assert again.returncode == 0, again.stderr
         assert the_position(path)[1] == batch_tick
         for name, uri in uris.items():
@@ -530,10 +533,14 @@ def test_kill_9_at_each_commit_step_then_a_restart_applies_each_change_once(dsn,
                 since = [c[0]["commitInfo"]["operation"] for c in log_commits(Path(uri))][after[name] + 1:]
                 assert set(since) <= {"OPTIMIZE"}, (name, since)
         assert_equal_to_source(conn, path, ["t", "u"])
-        restarted = consume_cli(dsn, path)
+        restarted = consume_cli(dsn, path, option)
         assert restarted.returncode == 0, restarted.stderr
         assert_equal_to_source(conn, path, ["t", "u"])
         assert conn.execute("SELECT sum(cnt) FROM u").fetchone()[0] == 50 * (round_ + 1)
+    # a portable warehouse's tables: copy-on-write (no deletion vector), no column mapping
+    assert {bool(option)} == {"columnMapping" not in (DeltaTable(uri).protocol().reader_features or [])
+                              for uri in uris.values()}
+    assert (not option) == any(any(Path(uri).glob("deletion_vector_*.bin")) for uri in uris.values())
 
 
 def test_kill_9_during_an_initial_copy_then_a_restart_copies_the_table_once(dsn, conn, source, tmp_path):

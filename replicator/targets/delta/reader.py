@@ -30,12 +30,12 @@ from replicator.structure import target_table_name
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta.state import DIRECTORY, WarehouseState
 from replicator.targets.delta.storage import Storage
-from replicator.targets.delta.stores import open_storage
+from replicator.targets.delta.stores import open_storage, parse_url
 from replicator.targets.delta.view_table import ViewTable, view_directories
 
 
 def _strip(url: str) -> str:
-    return url.removeprefix("delta:")
+    return parse_url(url.removeprefix("delta:"))[0]   # a target's ?tables= is no part of where it is
 
 
 def _state(storage: Storage) -> WarehouseState:

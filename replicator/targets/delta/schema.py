@@ -7,6 +7,10 @@ NULL in the files written before. Fields carry the source column's attnum
 (``replicator.attnum``), which identifies a column through renames, and its
 PostgreSQL type as the column comment.
 
+A portable table (``delta:URI?tables=portable``) has no column mapping: each column's
+physical name is its name, and renaming or dropping one rewrites the files
+(replicator.targets.delta.rewrite).
+
 A column may also be typed in Delta's own types (base type DELTA_TYPED, its
 type a Delta type name): a view's columns, whose types are Spark's.
 """
@@ -186,10 +190,11 @@ def unsupported_features(protocol: dict[str, Any]) -> list[str]:
     return sorted(set(protocol.get("writerFeatures") or ()) - WRITES)
 
 
-def protocol(schema: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
+def protocol(schema: dict[str, Any], old: dict[str, Any] | None = None, *, portable: bool = False) -> dict[str, Any]:
     """Reader 3 / writer 7 with the table features the schema uses (NOT NULL columns are
-    the writer feature "invariants"), and those the table has already (none is ever dropped)."""
-    features = ["columnMapping", "deletionVectors"]
+    the writer feature "invariants"), and those the table has already (none is ever dropped).
+    A portable table (see is_portable) has neither columnMapping nor deletionVectors."""
+    features = [] if portable else ["columnMapping", "deletionVectors"]
     if any(f["type"] == "timestamp_ntz" for f in schema["fields"]):
         features.append("timestampNtz")
     features += [f for f in (old or {}).get("readerFeatures") or () if f not in features]
@@ -200,12 +205,27 @@ def protocol(schema: dict[str, Any], old: dict[str, Any] | None = None) -> dict[
     return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features, "writerFeatures": writer}
 
 
+def is_portable(protocol: dict[str, Any]) -> bool:
+    """Whether a table is portable: written without column mapping (each column's physical name
+    is its name) and without deletion vectors (a batch rewrites the files it changes), for the
+    readers that lack those features (delta-rs' to_pyarrow_table, Polars)."""
+    return "columnMapping" not in (protocol.get("readerFeatures") or ())
+
+
+def portable_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A portable table's schema: each column's physical name its name (the ids are kept: readers
+    ignore them without column mapping, and they follow a column through renames)."""
+    return {**schema, "fields": [{**f, "metadata": {**f["metadata"], PHYSICAL_NAME: f["name"]}}
+                                 for f in schema["fields"]]}
+
+
 def metadata(old: dict[str, Any] | None, schema: dict[str, Any], max_column_id: int, meta: dict[str, Any],
-             description: str) -> dict[str, Any]:
+             description: str, *, portable: bool = False) -> dict[str, Any]:
     """A metaData action: the table's id and creation time kept from the old one."""
     configuration = {LOG_RETENTION: LOG_RETENTION_WINDOW, **((old or {}).get("configuration") or {})}
-    configuration.update({"delta.columnMapping.mode": "name", MAX_COLUMN_ID: str(max_column_id),
-                          "delta.enableDeletionVectors": "true", TABLE_META: json.dumps(meta, sort_keys=True)})
+    configuration.update({MAX_COLUMN_ID: str(max_column_id), TABLE_META: json.dumps(meta, sort_keys=True)})
+    if not portable:
+        configuration.update({"delta.columnMapping.mode": "name", "delta.enableDeletionVectors": "true"})
     return {"id": (old or {}).get("id") or str(uuid.uuid4()), "name": None, "description": description,
             "format": {"provider": "parquet", "options": {}}, "schemaString": json.dumps(schema),
             "partitionColumns": [], "configuration": configuration,

@@ -6,7 +6,9 @@ data file, and the rows they replace and the rows deleted are marked in the
 deletion vectors of their files (replicator.targets.delta.index finds them by
 key). Nothing is rewritten, so a batch costs what it holds, however large the
 table. Compaction (replicator.targets.delta.maintenance) folds small files and
-purges deletion vectors later.
+purges deletion vectors later. A portable table (``delta:URI?tables=portable``)
+has no deletion vectors: the files a batch touches are rewritten instead
+(replicator.targets.delta.rewrite).
 
 The commit carries the transaction id ``txn(appId=QUEUE/CONSUMER, version=TICK)``:
 a table whose recorded version is at or past a batch's tick has that batch
@@ -43,6 +45,7 @@ from replicator.structure import TableStructure
 from replicator.targets.arrow import arrow_array
 from replicator.targets.delta import deletion_vectors as dv
 from replicator.targets.delta import log as delta_log
+from replicator.targets.delta import rewrite
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.index import KeyIndex, canonical_keys, is_integer_key
 from replicator.targets.delta.storage import Storage
@@ -82,6 +85,7 @@ class Staged:
     changes: dict[Any, tuple[bool, Sequence[Any]]] = field(default_factory=dict)   # key → (deleted, row)
     touched: set[str] = field(default_factory=set)   # committed files whose deletion vector grows
     spilled: bool = False
+    superseded: set[str] = field(default_factory=set)   # files it wrote, then rewrote (portable): deleted at its end
     vector_file: str | None = None                   # the deletion vectors of the commit being made
     deleted_rows: dict[str, list[int]] = field(default_factory=dict)   # captured: rows marked deleted, by file
     changed_keys: list[pa.Table] = field(default_factory=list)          # captured: key columns of the changes
@@ -117,10 +121,12 @@ class CountingWriter(io.RawIOBase):
 class ReplicaTable:
     """A Delta table at `directory` of the warehouse; see the module docstring."""
 
-    def __init__(self, storage: Storage, directory: str, snapshot: delta_log.Snapshot | None = None) -> None:
+    def __init__(self, storage: Storage, directory: str, snapshot: delta_log.Snapshot | None = None, *,
+                 portable: bool = False) -> None:
         self.storage = storage
         self.directory = directory
         self.snapshot = snapshot or delta_log.load(storage, directory)
+        self._new_portable = portable   # the kind of the table when this creates it; an existing one keeps its own
         self.index: KeyIndex | None = None
         self.staged: Staged | None = None
         # the table's metaData as of the consumer's position, when a crash left it holding a batch
@@ -139,6 +145,13 @@ class ReplicaTable:
         metadata = self.rewound if self.rewound is not None else self.snapshot.metadata
         text = (metadata.get("configuration") or {}).get(delta_schema.TABLE_META)
         return json.loads(text) if text else None
+
+    @property
+    def portable(self) -> bool:
+        """Written without column mapping and deletion vectors (replicator.targets.delta.rewrite)."""
+        if self.snapshot.exists and self.snapshot.protocol:
+            return delta_schema.is_portable(self.snapshot.protocol)
+        return self._new_portable
 
     def structure(self) -> TableStructure:
         if self.staged is not None and self.staged.structure is not None:
@@ -192,6 +205,8 @@ class ReplicaTable:
                 and structure == self.structure())
         schema, staged.max_column_id = delta_schema.table_schema(
             structure, None if not self.snapshot.exists else self.schema(), staged.max_column_id, fresh=not same)
+        if self.portable:
+            schema = delta_schema.portable_schema(schema)
         staged.schema, staged.structure, staged.meta = schema, structure, meta
         staged.reset, staged.dropped = True, False
         staged.changes, staged.touched, staged.copy_rows = {}, set(), []
@@ -224,6 +239,10 @@ class ReplicaTable:
             staged.copy_rows = [moved(row) for row in staged.copy_rows]
         schema, staged.max_column_id = delta_schema.table_schema(structure, self.schema(), staged.max_column_id,
                                                                  fresh=False)
+        if self.portable:   # no column mapping: a column renamed or dropped is renamed or dropped in the files
+            schema = delta_schema.portable_schema(schema)
+            if rewrite.needs_rewrite(self.schema(), schema):
+                rewrite.rewrite_table(self, staged, self.schema(), schema, structure)
         staged.schema, staged.structure, staged.meta = schema, structure, meta
 
     def set_meta(self, meta: dict[str, Any]) -> None:
@@ -290,9 +309,9 @@ class ReplicaTable:
             with contextlib.suppress(Exception):
                 writing.stack.close()
             self.storage.delete(f"{self.directory}/{writing.path}")
-        for path in staged.new_files:
+        for path in staged.new_files.keys() | staged.superseded:
             self.storage.delete(f"{self.directory}/{path}")
-        staged.new_files = {}
+        staged.new_files, staged.superseded = {}, set()
 
     # writing ------------------------------------------------------------------------------
 
@@ -428,10 +447,11 @@ class ReplicaTable:
                 rows = (where[numbers == number] & 0xFFFFFFFF).tolist()
                 staged.deleted_rows.setdefault(index.paths[number], []).extend(rows)
             staged.changed_keys.append(data.select(positions))
-        for number in index.mark_deleted(located):
-            path = index.paths[number]
-            if path not in staged.new_files:
-                staged.touched.add(path)
+        marked = index.mark_deleted(located)
+        if self.portable:
+            rewrite.rewrite_files(self, staged, index, marked)
+        else:
+            staged.touched.update(index.paths[n] for n in marked if index.paths[n] not in staged.new_files)
         upserts = data.filter(upsert)
         if upserts.num_rows:
             path = self._write_file(upserts)
@@ -457,11 +477,13 @@ class ReplicaTable:
                             f"('{APPEND_ONLY}' = 'false'))")
         if self.meta is None or (self.staged is not None and self.staged.reset):   # a copy writes the table anew
             return
-        mode = configuration.get(COLUMN_MAPPING, "none")
-        if mode != "name":
+        mode, wanted = configuration.get(COLUMN_MAPPING, "none"), "none" if self.portable else "name"
+        features = self.snapshot.protocol.get("readerFeatures") or ()
+        if mode != wanted or (not self.portable and "deletionVectors" not in features):
+            how = "without column mapping" if self.portable else "by name mapping, with deletion vectors"
             raise UserError(f"{where} has {COLUMN_MAPPING} = {mode}, which another writer set: replicator writes "
-                            f"the table's columns by name mapping; set it back (Spark: {spark} SET TBLPROPERTIES "
-                            f"('{COLUMN_MAPPING}' = 'name')), or copy the table anew (consume --recopy)")
+                            f"the table's columns {how}; set it back (Spark: {spark} SET TBLPROPERTIES "
+                            f"('{COLUMN_MAPPING}' = '{wanted}')), or copy the table anew (consume --recopy)")
         changed = self._foreign_columns()
         if changed:
             raise UserError(f"{where}: another writer changed its columns ({changed}); replicator writes the "
@@ -510,7 +532,7 @@ class ReplicaTable:
         actions: list[dict[str, Any]] = []
         if staged.schema is not None or staged.meta is not None:
             schema = staged.schema or self.schema()
-            protocol = delta_schema.protocol(schema, self.snapshot.protocol or None)
+            protocol = delta_schema.protocol(schema, self.snapshot.protocol or None, portable=self.portable)
             if protocol != self.snapshot.protocol:
                 actions.append({"protocol": protocol})
             meta = staged.meta if staged.meta is not None else self.meta
@@ -518,7 +540,7 @@ class ReplicaTable:
             metadata = delta_schema.metadata(self.snapshot.metadata or None, schema, staged.max_column_id, meta,
                                              meta.get("description") or
                                              f"PostgreSQL table {meta.get('source_name', '')}, replicated by "
-                                             f"replicator")
+                                             f"replicator", portable=self.portable)
             if staged.dropped:
                 metadata["configuration"].pop(delta_schema.TABLE_META, None)
             actions.append({"metaData": metadata})
@@ -531,7 +553,7 @@ class ReplicaTable:
             assert index is not None
             actions.append({"remove": _remove(add, now)})
         vectors = dv.VectorFile()
-        for path in sorted(staged.touched):
+        for path in sorted(staged.touched) if not self.portable else ():   # a portable table's are rewritten
             add = dict(self.snapshot.files[path])
             assert index is not None
             add["deletionVector"] = vectors.add(index.deleted[index.number[path]])
@@ -605,6 +627,9 @@ class ReplicaTable:
                 raise
             self.staged = None
             self.rewound = None
+            if self.captures is None:   # else views read the rows it replaced there: VACUUM deletes them later
+                for path in staged.superseded - staged.new_files.keys():
+                    self.storage.delete(f"{self.directory}/{path}")
             if self.captures is not None:
                 self.captures.append(Captured(version, staged.deleted_rows, staged.changed_keys, staged.reset))
             return version

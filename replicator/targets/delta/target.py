@@ -1,10 +1,13 @@
 """Delta target: every replicated table a Delta Lake table, on a local path or object storage.
 
 ``--target delta:URI`` keeps, under URI, one Delta table per replicated table
-(``URI/<schema>.<table>``) that Spark (``spark.read.format("delta")``),
-delta-rs, Polars, DuckDB, Trino... read as they are, and the warehouse's own
-table ``URI/_replicator`` (replicator.targets.delta.state) with the consumer
-positions and the versions each tick left.
+(``URI/<schema>.<table>``) that Spark (``spark.read.format("delta")``) and
+delta-rs read as they are, and the warehouse's own table ``URI/_replicator``
+(replicator.targets.delta.state) with the consumer positions and the versions
+each tick left. ``delta:URI?tables=portable`` makes a warehouse whose tables
+have no deletion vectors and no column mapping (copy-on-write:
+replicator.targets.delta.rewrite), for the readers without them (Polars,
+delta-rs' to_pyarrow_table); a warehouse keeps the kind it was created with.
 
 No JVM: the consumer writes Parquet files, deletion vectors and the Delta log
 itself (replicator.targets.delta.table). A batch is one commit per table it
@@ -45,7 +48,7 @@ from replicator.targets.delta import maintenance
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import LocalStorage, Storage, recorded_directory
-from replicator.targets.delta.stores import open_storage
+from replicator.targets.delta.stores import TABLES_OPTION, open_storage, parse_url
 from replicator.targets.delta.table import ReplicaTable
 from replicator.targets.delta.view_table import view_directories
 from replicator.targets.protocol import Row, TargetTable, queue_positions
@@ -111,8 +114,9 @@ class DeltaTarget:
 
     def __init__(self, url: str, *, spark_master: str | None = None, spark_conf: dict[str, str] | None = None,
                  session: Callable[[], Any] | None = None) -> None:
+        url, self.portable = parse_url(url)
         self.storage: Storage = open_storage(url)
-        self.name = f"delta:{self.storage.url}"
+        self.name = f"delta:{self.storage.url}{TABLES_OPTION + 'portable' if self.portable else ''}"
         self._lock_fd = -1
         try:
             if isinstance(self.storage, LocalStorage):
@@ -124,6 +128,7 @@ class DeltaTarget:
             self._tables: dict[str, ReplicaTable] = {}
             for directory in self.state.directories():
                 self._open(directory)
+            self._check_kind()
             self._rewind_ahead()
         except (OSError, ValueError) as exc:
             self.close()
@@ -179,6 +184,17 @@ class DeltaTarget:
         for directory, name in sorted(self.state.directories().items()):
             recorded_directory(self.storage.url, directory, "nothing written", name)
 
+    def _check_kind(self) -> None:
+        """A warehouse's tables are of one kind, chosen when it is created: a consumer asked for
+        the other kind is refused (a table keeps the kind it was created with)."""
+        kinds = {table.portable for table in self._tables.values() if table.meta is not None}
+        if kinds and kinds != {self.portable}:
+            have = "default" if self.portable else "portable"
+            option = "" if self.portable else TABLES_OPTION + "portable"
+            raise UserError(f"{self.storage.url} holds {have} tables: use --target delta:{self.storage.url}{option} "
+                            f"(a warehouse keeps the kind of tables it was created with; for the other kind, "
+                            f"replicate into a new warehouse)")
+
     def _rewind_ahead(self) -> None:
         """A crash between a batch's table commits and _replicator's leaves tables holding the
         batch past the position. The batch is applied again from the position, maybe as part
@@ -200,7 +216,7 @@ class DeltaTarget:
     def _open(self, directory: str) -> ReplicaTable:
         table = self._tables.get(directory)
         if table is None:
-            table = self._tables[directory] = ReplicaTable(self.storage, directory)
+            table = self._tables[directory] = ReplicaTable(self.storage, directory, portable=self.portable)
         return table
 
     def _table(self, source_name: str) -> ReplicaTable:

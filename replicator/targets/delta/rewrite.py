@@ -1,0 +1,130 @@
+"""Copy-on-write for portable tables (``delta:URI?tables=portable``): what a batch changes
+is rewritten instead of marked in deletion vectors, and a column renamed or dropped
+rewrites the table instead of being a metadata change of column mapping.
+
+A file a batch deletes or replaces rows of is read, and its surviving rows are
+written as a new file (nothing else: the batch's new rows are appended as one file
+of their own, as on any table); the commit removes the old file and adds the new
+one. The key index follows the rows moved, as after OPTIMIZE. A file the open
+transaction wrote itself is superseded the same way: deleted once the transaction
+ends (committed or rolled back), never before, since a commit that loses its
+version to another writer is staged again from the transaction's files (and not
+when views read the table: their refresh reads the rows replaced there; VACUUM
+deletes it later).
+
+Renaming or dropping a column rewrites every live row under the new names: the
+transaction then replaces every file (as a copy does), and cannot be staged again
+over another writer's commit (it is applied again when the consumer restarts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyroaring import BitMap
+
+from replicator.structure import TableStructure
+from replicator.targets.delta import log as delta_log
+from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.index import KeyIndex
+from replicator.targets.delta.storage import Storage
+
+
+class Table(Protocol):
+    """What a rewrite uses of a table (replicator.targets.delta.table.ReplicaTable)."""
+    storage: Storage
+    directory: str
+    snapshot: delta_log.Snapshot
+    index: KeyIndex | None
+
+    def structure(self) -> TableStructure: ...
+    def schema(self) -> dict[str, Any]: ...
+    def deletion_vector(self, add: dict[str, Any]) -> BitMap | None: ...
+    def _write_file(self, data: pa.Table) -> str: ...
+
+
+class Transaction(Protocol):
+    """What a rewrite changes of the table's open transaction (replicator.targets.delta.table.Staged)."""
+    new_files: dict[str, dict[str, Any]]
+    touched: set[str]
+    superseded: set[str]
+    reset: bool
+    spilled: bool
+
+
+def rewrite_files(table: Table, staged: Transaction, index: KeyIndex, numbers: Iterable[int]) -> None:
+    """Rewrites the files (index numbers) some of whose rows were just marked deleted: their
+    survivors into a new file each; a committed file is removed by the commit, one the
+    transaction wrote is superseded."""
+    target = delta_schema.arrow_schema(table.structure(), table.schema())
+    for number in sorted(set(numbers)):
+        path = index.paths[number]
+        data = _read(table, path, target)
+        kept = np.setdiff1d(np.arange(data.num_rows, dtype=np.int64),
+                            np.asarray(index.deleted[number].to_array(), dtype=np.int64), assume_unique=True)
+        if len(kept):
+            new_path = table._write_file(data.take(pa.array(kept)))
+            index.move([(path, kept, data.num_rows, new_path, 0)])
+        if path in staged.new_files:
+            del staged.new_files[path]
+            staged.superseded.add(path)
+        else:
+            staged.touched.add(path)   # removed by the commit, and not added again (a portable table)
+
+
+def needs_rewrite(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether a portable table's new schema renames or drops a column of the old one (its files
+    hold the old names); adding a column rewrites nothing (older files lack it: NULL)."""
+    names = {f["metadata"].get(delta_schema.ATTNUM): f["name"] for f in new["fields"]}
+    return any(names.get(f["metadata"].get(delta_schema.ATTNUM)) != f["metadata"][delta_schema.PHYSICAL_NAME]
+               for f in old["fields"])
+
+
+def rewrite_table(table: Table, staged: Transaction, old: dict[str, Any], new: dict[str, Any],
+                  structure: TableStructure) -> None:
+    """Every live row of the table, written again under the new schema's names (columns found by
+    attnum; a dropped one left out): the transaction then replaces every file, as a copy does.
+    Changes still staged stay staged (they are located in the new files)."""
+    before = delta_schema.arrow_schema(table.structure(), old)   # alter() sets the new structure after
+    after = delta_schema.arrow_schema(structure, new)
+    renamed = {f["metadata"].get(delta_schema.ATTNUM): f["metadata"][delta_schema.PHYSICAL_NAME]
+               for f in new["fields"]}   # attnum → the column's new name
+    index = table.index
+    files: dict[str, BitMap] = {}
+    if not staged.reset:
+        for path, add in table.snapshot.files.items():
+            if path not in staged.touched:
+                files[path] = table.deletion_vector(add) or BitMap()
+    for path in staged.new_files:
+        files[path] = BitMap()
+    for path in files:
+        if index is not None and path in index.number:
+            files[path] = index.deleted[index.number[path]]
+    written = dict(staged.new_files)
+    staged.new_files = {}
+    for path, dead in files.items():
+        data = _read(table, path, before)
+        if dead:
+            alive = np.ones(data.num_rows, dtype=bool)
+            alive[np.asarray(dead.to_array(), dtype=np.int64)] = False
+            data = data.filter(pa.array(alive))
+        columns = {renamed[attnum]: data.column(f["metadata"][delta_schema.PHYSICAL_NAME])
+                   for f in old["fields"] if (attnum := f["metadata"].get(delta_schema.ATTNUM)) in renamed}
+        if data.num_rows:
+            table._write_file(pa.Table.from_arrays([columns[f.name] if f.name in columns else
+                                                    pa.nulls(data.num_rows, f.type) for f in after], schema=after))
+    staged.superseded.update(written)
+    staged.reset, staged.touched, staged.spilled = True, set(), True
+    table.index = None   # built from the new files when a change needs it
+
+
+def _read(table: Table, path: str, schema: pa.Schema) -> pa.Table:
+    """A data file's rows (all of them) in the schema (a column the file lacks: NULL)."""
+    with table.storage.open_read(f"{table.directory}/{path}") as f:
+        data = pq.ParquetFile(f).read()
+    return pa.Table.from_arrays([data.column(field.name).cast(field.type) if field.name in data.column_names
+                                 else pa.nulls(data.num_rows, field.type) for field in schema], schema=schema)

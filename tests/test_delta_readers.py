@@ -1,0 +1,202 @@
+"""What reads the warehouse's tables, as docs/delta.md's "Readers" table says: each reader
+given a table the real consumer wrote from real PostgreSQL (inserts, updates, deletes, key
+changes, a column renamed and one dropped), default (`delta:PATH`) or portable
+(`delta:PATH?tables=portable`), either gives the source's rows, compared value by value
+through the oracle of tests/test_delta_target.py, or refuses the table (the readers that
+lack deletion vectors or column mapping, on a default table).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("deltalake")
+pytest.importorskip("polars")
+import deltalake
+import polars as pl
+
+from consumer_helpers import run_cli
+from replicator.errors import UserError
+from replicator.structure import Column, TableStructure
+from replicator.targets.delta import maintenance
+from replicator.targets.delta import table as delta_table
+from replicator.targets.delta.reader import table_uris
+from replicator.targets.delta.storage import LocalStorage
+from replicator.targets.delta.table import ReplicaTable
+from replicator.targets.delta.target import DeltaTarget
+from test_delta_target import diff, primary_key, referenced_files, source_state, table_files
+
+State = tuple[list[str], dict[tuple[Any, ...], dict[str, Any]]]
+
+
+def _query_builder(uri: str) -> pa.Table:
+    return pa.table(deltalake.QueryBuilder().register("t", deltalake.DeltaTable(uri))
+                    .execute("SELECT * FROM t").read_all())
+
+
+READERS: dict[str, Callable[[str], pa.Table]] = {
+    "delta-rs QueryBuilder": _query_builder,
+    "delta-rs to_pyarrow_table": lambda uri: deltalake.DeltaTable(uri).to_pyarrow_table(),
+    "delta-rs to_pyarrow_dataset": lambda uri: deltalake.DeltaTable(uri).to_pyarrow_dataset().to_table(),
+    "Polars read_delta": lambda uri: pl.read_delta(uri).to_arrow(),
+    "Polars scan_delta": lambda uri: pl.scan_delta(uri).collect().to_arrow(),
+}
+# docs/delta.md's "Readers" table: which readers read a table of each kind
+READS = {
+    "default": {"Spark": True, "delta-rs QueryBuilder": True, "delta-rs to_pyarrow_table": False,
+                "delta-rs to_pyarrow_dataset": False, "Polars read_delta": False, "Polars scan_delta": False},
+    "portable": {reader: True for reader in [*READERS, "Spark"]},
+}
+TARGETS = {"default": "delta:{}", "portable": "delta:{}?tables=portable"}
+
+SCHEMA = """
+    CREATE TABLE t (id int PRIMARY KEY, v text, note text, n numeric(10,2), ts timestamp, gone int);
+    INSERT INTO t SELECT g, 'seed ' || g, 'note ' || g, g * 1.25, '2024-01-01'::timestamp + g * interval '1 hour', g
+        FROM generate_series(1, 300) g;
+"""
+CHANGES = [
+    "INSERT INTO t (id, v, note) SELECT g, 'new ' || g, NULL FROM generate_series(301, 320) g",
+    "UPDATE t SET v = 'updated', n = n + 1 WHERE id % 7 = 0",
+    "DELETE FROM t WHERE id % 11 = 0",
+    "UPDATE t SET id = id + 1000 WHERE id % 13 = 0",   # key changes
+]
+SCHEMA_CHANGES = [
+    "ALTER TABLE t RENAME COLUMN note TO memo",
+    "ALTER TABLE t DROP COLUMN gone",
+    "UPDATE t SET memo = 'after the rename', v = NULL WHERE id % 5 = 0",
+    "DELETE FROM t WHERE id % 17 = 0",
+]
+
+
+def _rows(data: pa.Table, key: list[str]) -> State:
+    rows = data.to_pylist()
+    out = {tuple(r[k] for k in key): r for r in rows}
+    assert len(out) == len(rows), f"{len(rows) - len(out)} rows with a key another row has"
+    return data.column_names, out
+
+
+def _warehouse(conn: psycopg.Connection, dsn: str, target: str) -> str:
+    """The table t replicated by the consumer (CLI) into the target, through every kind of change;
+    its URI."""
+    conn.execute(SCHEMA)
+    conn.execute("SELECT replicator.create_queue('q')")
+    conn.execute("SELECT replicator.add_table('q', 't')")
+    for statements in ([], CHANGES, SCHEMA_CHANGES):
+        for statement in statements:
+            conn.execute(statement)
+        done = run_cli(dsn, "consume", "q", "--target", target, "--until-caught-up", timeout=180)
+        assert done.returncode == 0, done.stderr
+    # the delta commands take the target as the consumer does, and treat each table as the kind it is
+    optimized = run_cli(dsn, "delta", "optimize", "--target", target, "--purge")
+    assert optimized.returncode == 0, optimized.stderr
+    return table_uris(target.removeprefix("delta:").partition("?")[0])["public.t"]
+
+
+def _reads(name: str, read: Callable[[], pa.Table], expected: State, key: list[str]) -> bool:
+    """Whether the reader reads the table (then it must give the source's rows); False when it
+    refuses it."""
+    try:
+        data = read()
+    except Exception as exc:
+        assert "columnMapping" in str(exc) or "deletionVectors" in str(exc), f"{name}: {exc}"
+        return False
+    problems = diff(name, expected, _rows(data, key))
+    assert not problems, f"{len(problems)} differences:\n" + "\n".join(problems[:30])
+    return True
+
+
+@pytest.mark.parametrize("kind", sorted(TARGETS))
+def test_each_reader_reads_the_table_as_the_docs_say(dsn, conn, tmp_path, spark, kind):
+    uri = _warehouse(conn, dsn, TARGETS[kind].format(tmp_path / "wh"))
+    expected, key = source_state(conn, "t"), primary_key(conn, "t")
+    reads = {name: _reads(name, lambda read=read: read(uri), expected, key) for name, read in READERS.items()}
+    reads["Spark"] = _reads("Spark", lambda: spark.read.format("delta").load(uri).toArrow(), expected, key)
+    assert reads == READS[kind]
+    # the warehouse keeps its kind: a consumer asked for the other one is refused in one line
+    other = TARGETS["portable" if kind == "default" else "default"].format(tmp_path / "wh")
+    refused = run_cli(dsn, "consume", "q", "--target", other, "--until-caught-up")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (f"error: {tmp_path / 'wh'} holds {kind} tables: use --target "
+                                      f"{TARGETS[kind].format(tmp_path / 'wh')} (a warehouse keeps the kind of tables "
+                                      f"it was created with; for the other kind, replicate into a new warehouse)")
+
+
+def test_an_unknown_kind_of_tables_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    with pytest.raises(UserError, match=r"^invalid target option tables='fast': use delta:URI \(deletion vectors"):
+        DeltaTarget(f"{tmp_path / 'wh'}?tables=fast")
+    assert not (tmp_path / "wh").exists()
+
+
+def test_a_portable_table_stays_exact_through_spills_a_copy_changed_in_its_batch_renames_and_another_writer(
+        tmp_path, monkeypatch):
+    """The copy-on-write paths the consumer test does not reach, on a table in-process: a batch
+    written out in parts (its own files rewritten), a copy and changes to its rows in one
+    transaction, a rename and a drop, OPTIMIZE, and a commit lost to delta-rs' DELETE and staged
+    again; after each commit delta-rs' to_pyarrow_table reads the model's rows, no deletion vector
+    is written, and no file is left that no version names."""
+    monkeypatch.setattr(delta_table, "SPILL_KEYS", 300)
+    monkeypatch.setattr(delta_table, "ROW_GROUP", 256)
+    monkeypatch.setattr(delta_table, "FILE_ROWS", 1000)   # a copy in several files
+    key, v, w = Column("id", "bigint", "bigint", "N", True, 1), Column("v", "text", "text", "S", False, 2), \
+        Column("w", "integer", "integer", "N", False, 3)
+    structure = TableStructure("public", "t", (key, v, w), ("id",))
+
+    def meta(s: TableStructure) -> dict[str, Any]:
+        return {"source_name": "public.t", "table_id": 1, "mode": "full", "structure": s.to_json(),
+                "copy_snapshot": None}
+
+    uri = str(tmp_path / "public.t")
+    table = ReplicaTable(LocalStorage(tmp_path), "public.t", portable=True)
+    rng = random.Random(27)
+    model: dict[int, tuple[Any, ...]] = {}
+
+    def changes(count: int, width: int) -> None:
+        for _ in range(count):
+            i = rng.randrange(1, 3000)
+            if i == 5:
+                continue   # another writer deletes it
+            if rng.random() < 0.2:
+                table.change((i,), True, (i, *[None] * (width - 1)))
+                model.pop(i, None)
+            else:
+                row = (i, f"r{rng.randrange(10**6)}", *[rng.randrange(100)] * (width - 2))
+                table.change((i,), False, row)
+                model[i] = row
+
+    def check(names: list[str]) -> None:
+        rows = deltalake.DeltaTable(uri).to_pyarrow_table().to_pylist()
+        assert {r["id"]: tuple(r[n] for n in names) for r in rows} == model
+        assert not list(Path(uri).glob("deletion_vector_*.bin"))
+        assert table_files(Path(uri)) <= referenced_files(Path(uri))
+
+    table.reset(meta(structure), structure)   # a copy, then changes to its rows, in one transaction
+    copied = [(i, f"c{i}", i % 7) for i in range(1, 2500)]
+    table.copy(copied)
+    model.update({r[0]: r for r in copied})
+    changes(700, 3)   # past SPILL_KEYS: written out in parts
+    table.commit("q/c", 1)
+    check(["id", "v", "w"])
+    changes(200, 3)
+    table.commit("q/c", 2)
+    check(["id", "v", "w"])
+    renamed = TableStructure("public", "t", (key, Column("label", "text", "text", "S", False, 2)), ("id",))
+    changes(50, 3)
+    table.alter(meta(renamed), renamed)   # w dropped, v renamed: the table rewritten
+    model = {k: r[:2] for k, r in model.items()}
+    changes(50, 2)
+    table.commit("q/c", 3)
+    check(["id", "label"])
+    maintenance.optimize_table(table, everything=True)   # the key index follows the rows it moves
+    changes(100, 2)
+    deltalake.DeltaTable(uri).delete("id = 5")   # between the batch's changes and its commit
+    model.pop(5, None)
+    table.commit("q/c", 4)
+    check(["id", "label"])
+    assert deltalake.DeltaTable(uri).transaction_version("q/c") == 4
