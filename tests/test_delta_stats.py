@@ -230,6 +230,15 @@ def test_bounds_are_kept_where_they_can_be_given():
     assert stats["maxValues"] == {"note": "c" * 63 + "d", "id": 3}
 
 
+def test_a_zero_bound_holds_both_zeros_as_readers_order_them():
+    # DataFusion (delta-rs) orders floats totally, -0.0 below 0.0: a minimum of 0.0 over a -0.0 skips it
+    for values in ([0.0, -0.0, 2.0], [-0.0, -1.0], [0.0]):
+        stats = delta_table.file_stats(pa.table({"f": values}))
+        low, high = stats["minValues"]["f"], stats["maxValues"]["f"]
+        assert low == min(values) and (low != 0 or math.copysign(1, low) == -1)
+        assert high == max(values) and (high != 0 or math.copysign(1, high) == 1)
+
+
 # 3. random rows through the real consumer, read with data skipping ---------------------------------------
 
 ROW = st.tuples(TEXT.filter(lambda t: t is None or "\x00" not in t),

@@ -711,7 +711,8 @@ def _bounds(column: pa.ChunkedArray) -> tuple[Any, Any]:
     low, high = found["min"], found["max"]
     if low is None:
         return None, None
-    if pa.types.is_floating(typ):   # JSON has no infinities
+    if pa.types.is_floating(typ):   # JSON has no infinities; a zero bound holds both zeros (-0.0 < 0.0 to DataFusion)
+        low, high = (-0.0 if low == 0 else low), (0.0 if high == 0 else high)
         return (None if math.isinf(low) else low), (None if math.isinf(high) else high)
     if pa.types.is_string(typ):
         return low[:STRING_BOUND_MAX], _string_ceiling(high)
