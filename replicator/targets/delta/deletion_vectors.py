@@ -71,7 +71,15 @@ def serialize(positions: BitMap) -> bytes:
 
 
 def deserialize(data: bytes) -> BitMap:
-    """The row positions of a serialized RoaringBitmapArray (portable or native)."""
+    """The row positions of a serialized RoaringBitmapArray (portable or native); ValueError
+    when the data is not one."""
+    try:
+        return _bitmaps(data)
+    except struct.error as exc:
+        raise ValueError(f"its data ends early or is malformed ({exc})") from None
+
+
+def _bitmaps(data: bytes) -> BitMap:
     (magic,) = struct.unpack_from("<i", data)
     if magic == MAGIC:
         (count,) = struct.unpack_from("<q", data, 4)
@@ -81,6 +89,8 @@ def deserialize(data: bytes) -> BitMap:
         offset = 8
     else:
         raise ValueError(f"not a deletion vector (magic {magic})")
+    if not 0 <= count <= len(data) - offset:   # each bitmap takes bytes
+        raise ValueError(f"it counts {count} bitmaps in {len(data)} bytes")
     positions = BitMap()
     for place in range(count):
         if magic == MAGIC:
@@ -91,6 +101,8 @@ def deserialize(data: bytes) -> BitMap:
         else:
             (size,) = struct.unpack_from("<i", data, offset)
             high, start = place, offset + 4
+            if not 0 <= size <= len(data) - start:
+                raise ValueError(f"its bitmap {place} is {size} bytes, past its end")
             bitmap = BitMap.deserialize(data[start:start + size])
             offset = start + size
         if high and bitmap:
@@ -135,18 +147,42 @@ def descriptor_file(descriptor: dict[str, Any]) -> str | None:
 
 
 def read(descriptor: dict[str, Any], read_file: Any) -> BitMap:
-    """The positions a descriptor marks; read_file(path as the log names it) -> bytes reads a vector file."""
+    """The positions a descriptor marks; read_file(path as the log names it) -> bytes reads a
+    vector file. A vector that is malformed, fails its checksum or marks another number of rows
+    than its descriptor's cardinality is refused in one line (Delta's reader refuses it too)."""
     path = descriptor_file(descriptor)
-    if path is None:
-        return deserialize(z85_decode(descriptor["pathOrInlineDv"]))
-    data = read_file(path)
-    offset = int(descriptor.get("offset") or 1)
+    where = ("an inline deletion vector" if path is None else
+             f"the deletion vector in {path} at offset {descriptor.get('offset') or 1}")
+    try:
+        if path is None:
+            positions = deserialize(z85_decode(descriptor["pathOrInlineDv"]))
+        else:
+            positions = deserialize(_vector(read_file(path), int(descriptor.get("offset") or 1)))
+    except (ValueError, KeyError, struct.error) as exc:
+        raise _unreadable(where, str(exc)) from None
+    cardinality = descriptor.get("cardinality")
+    if cardinality is not None and len(positions) != cardinality:
+        raise _unreadable(where, f"it marks {len(positions)} rows, its descriptor {cardinality}")
+    return positions
+
+
+def _vector(data: bytes, offset: int) -> bytes:
+    """The vector at offset of a vector file's data, its checksum verified."""
+    if offset < 1:   # past the file's version byte
+        raise ValueError(f"its offset {offset} is before the file's first vector")
     (size,) = struct.unpack_from(">i", data, offset)
+    if size < 0 or offset + 4 + size + 4 > len(data):
+        raise ValueError(f"its size {size} is past the file's end ({len(data)} bytes)")
     vector = data[offset + 4:offset + 4 + size]
     (checksum,) = struct.unpack_from(">I", data, offset + 4 + size)
     if zlib.crc32(vector) != checksum:
-        raise ValueError(f"deletion vector in {path} at {offset} fails its checksum")
-    return deserialize(vector)
+        raise ValueError("it fails its checksum")
+    return vector
+
+
+def _unreadable(where: str, why: str) -> UserError:
+    return UserError(f"{where} cannot be read: {why}: run OPTIMIZE on the table with the writer that made it "
+                     f"(or restore the file)")
 
 
 def union(old: BitMap | None, positions: Iterable[int]) -> BitMap:

@@ -32,8 +32,8 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from replicator.errors import UserError
-from replicator.targets.delta.storage import Storage
+from replicator.errors import UserError, first_line
+from replicator.targets.delta.storage import NotDurable, Storage
 
 LOG_DIR = "_delta_log"
 CHECKPOINT_EVERY = 20
@@ -45,6 +45,16 @@ _ABSOLUTE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:|/")   # a URI's scheme, or an 
 
 class CommitConflict(Exception):
     """Another writer committed the version this commit was for."""
+
+
+class CommitUnknown(UserError):
+    """A commit's call failed and whether its version landed is not known (it could not be read
+    back, or may not be on disk): nothing it refers to may be deleted; reading the log again
+    later tells. reason: the storage's error, in one line."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def read_parquet(data: bytes, columns: list[str] | None = None) -> pa.Table:
@@ -148,6 +158,8 @@ def relative_file(storage: Storage, table: str, path: str) -> str | None:
     absolute one stripped of the table's own URI (as the storage may be named); None when it
     names a file outside the table."""
     name = unquote(path)
+    if "\0" in name:   # no file name holds a NUL
+        return None
     if _ABSOLUTE.match(path):
         prefixes = [f"{root}/{table}/" for root in storage.roots]
         name = next((name[len(prefix):] for prefix in prefixes if name.startswith(prefix)), "")
@@ -303,20 +315,26 @@ def commit(storage: Storage, snapshot: Snapshot, actions: Sequence[dict[str, Any
 
 def _put(storage: Storage, path: str, body: bytes, txn_id: str) -> bool:
     """Writes the commit at path if absent: whether the commit there is this one. A call that
-    fails may have written it all the same (the directory's fsync failing after the link, an
-    object store's answer lost after its retries): the version read back tells; absent or
-    unreadable, the outcome is not known and the error stands (the caller must not delete what
-    the commit refers to)."""
+    fails may have written it all the same (an object store's answer lost after its retries):
+    the version read back tells. Absent or unreadable, or written but perhaps not on disk (the
+    directory's fsync failed: what reads back is the page cache), the outcome is not known:
+    CommitUnknown (the caller must not delete what the commit refers to)."""
     try:
         if storage.put_if_absent(path, body):
             return True
+    except NotDurable as error:
+        reason = first_line(error)
+        raise CommitUnknown(f"{storage.url}/{path}: the commit was written but may not be on disk ({reason}): "
+                            f"run again: the table's log tells whether it holds it", reason) from error
     except Exception as error:
         try:
             holder = _txn_id_at(storage, path)
         except Exception:
-            raise error from None
+            holder = None
         if holder is None:
-            raise
+            reason = first_line(error)
+            raise CommitUnknown(f"{storage.url}/{path}: the commit failed and whether it landed is not known "
+                                f"({reason}): run again: the table's log tells", reason) from error
         return holder == txn_id
     # an object store's conditional PUT whose answer was lost is retried by the client, and the
     # retry finds the first attempt's object

@@ -69,7 +69,7 @@ from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import Entry, Storage, recorded_directory
 from replicator.targets.delta.table import COMPRESSION, FILE_ROWS, ROW_GROUP, CountingWriter, ReplicaTable, file_stats
-from replicator.targets.delta.view_table import ViewTable, view_directories
+from replicator.targets.delta.view_table import VIEWS_DIR, ViewTable, view_directories
 
 log = logging.getLogger("replicator")
 
@@ -87,6 +87,8 @@ STALE_TEMP_SECONDS = 3600   # a temporary file in a log older than this is a kil
 # writes them through (a crashed writer's): other names are another tool's
 _DATA_FILE = re.compile(r"part-[^/]*\.parquet|deletion_vector_[0-9a-f-]{36}\.bin"
                         r"|\.(?:part-[^/]*\.parquet|deletion_vector_[0-9a-f-]{36}\.bin)\.[0-9a-f]{32}\.tmp")
+# the subdirectory of a view's table a full refresh writes its files into (views.py _full)
+_FULL_REFRESH = re.compile(r"full-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}/[^/]+")
 _INTERVAL_PART = re.compile(r"\s*(\d+)\s*(nanosecond|microsecond|millisecond|second|minute|hour|day|week)s?",
                             re.IGNORECASE)
 _INTERVAL_SECONDS = {"nanosecond": 1e-9, "microsecond": 1e-6, "millisecond": 1e-3, "second": 1, "minute": 60,
@@ -388,10 +390,12 @@ def _shown(seconds: float) -> str:
 def _vacuum_table(storage: Storage, snapshot: delta_log.Snapshot, in_use: set[str], removed: dict[str, float],
                   now: float, retention: float, table_retention: float, dry_run: bool) -> tuple[int, int]:
     """Deletes the table's files the log removed once both their remove and their writing are
-    longer than `retention` ago, and those directly in its directory it never named once older
-    than its own retention and ORPHAN_SECONDS: files and bytes deleted. in_use, removed: as
-    _references gives them."""
+    longer than `retention` ago, and those it never named once older than its own retention and
+    ORPHAN_SECONDS, where replicator writes them: directly in its directory, and in a view's
+    full refresh's subdirectory (a refresh whose commit's outcome was unknown leaves its files
+    there). Files and bytes deleted. in_use, removed: as _references gives them."""
     orphan_before = now - max(table_retention, ORPHAN_SECONDS)
+    view = snapshot.table.startswith(f"{VIEWS_DIR}/")
     deleted = size = 0
     for entry in storage.list(snapshot.table):
         name = entry.path[len(snapshot.table) + 1:]
@@ -402,8 +406,8 @@ def _vacuum_table(storage: Storage, snapshot: delta_log.Snapshot, in_use: set[st
             # the remove's timestamp is another writer's clock, and optional: the file's own time guards it too
             if now - when < retention or now - entry.modified < retention:
                 continue
-        elif "/" in name or entry.modified > orphan_before:   # no subdirectory is replicator's layout
-            continue
+        elif entry.modified > orphan_before or ("/" in name and not (view and _FULL_REFRESH.fullmatch(name))):
+            continue   # no other subdirectory is replicator's layout
         if not dry_run:
             storage.delete(entry.path)
         deleted += 1

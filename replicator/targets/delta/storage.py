@@ -25,6 +25,13 @@ from typing import IO, Protocol
 from replicator.errors import UserError
 
 
+class NotDurable(OSError):
+    """A file was linked into its directory, but the directory's fsync failed: the entry may never
+    reach the disk (after a failed fsync the kernel may drop what it could not write, and a second
+    fsync reports success: PostgreSQL's fsync lesson), so whether the file exists after a crash is
+    not known."""
+
+
 @dataclass(frozen=True)
 class Entry:
     path: str            # relative to the root
@@ -47,7 +54,8 @@ class Storage(Protocol):
         ...
 
     def put_if_absent(self, path: str, data: bytes) -> bool:
-        """Writes a file that must not exist yet, atomically: False when it exists (nothing written)."""
+        """Writes a file that must not exist yet, atomically: False when it exists (nothing written);
+        NotDurable when it was written but may not be on disk."""
         ...
 
     @contextlib.contextmanager
@@ -132,7 +140,10 @@ class LocalStorage:
                 os.link(tmp, target)   # fails if target exists: the commit is atomic and exclusive
             except FileExistsError:
                 return False
-            _fsync_dir(target.parent)
+            try:
+                _fsync_dir(target.parent)
+            except OSError as exc:   # not retried: a retry's success would not mean the entry is on disk
+                raise NotDurable(exc.errno, f"{exc.strerror} (syncing the directory)", str(target.parent)) from exc
             return True
         finally:
             tmp.unlink(missing_ok=True)

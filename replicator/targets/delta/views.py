@@ -356,6 +356,9 @@ class DeltaViews:
         try:
             with self._committing(vt):
                 self._full(vt, entry, plan, target, "CREATE", time.perf_counter())
+        except delta_log.CommitUnknown as exc:   # its commit may have landed: never "not created"
+            raise UserError(f"view {name} may have been created (the warehouse's storage failed: "
+                            f"{exc.reason}): `replicator view list` tells") from None
         except UserError:
             raise
         except delta_log.CommitConflict:
@@ -482,6 +485,10 @@ class DeltaViews:
         for vt in builtins.list(self._views.values()):
             try:
                 self._catch_up(vt, _Target(versions, app, tick))
+            except delta_log.CommitUnknown as exc:   # the refresh may have landed: the next reload tells
+                log.warning("view %s: whether its refresh was committed is not known (the warehouse's storage "
+                            "failed: %s): the next batch reads its table again", vt.directory,
+                            exc.reason)
             except Exception as exc:   # Spark failed on it, its query no longer runs...: the others go on
                 why = spark_error_line(exc)
                 try:
