@@ -16,6 +16,8 @@ from pathlib import Path
 import boto3
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("deltalake")
 from deltalake import DeltaTable
@@ -316,3 +318,30 @@ def test_column_names_any_reader_folds_into_one_get_distinct_delta_names():
     columns = [Column(name, "text", "text", "S", False, attnum) for attnum, name in enumerate(names, 1)]
     assert delta_schema.delta_names(columns, {}) == [
         "i", "\u0131_2", "\u212a", "k_2", "ss", "\u00df_2", "Straße", "STRASSE_2"]
+
+
+def test_a_columns_delta_name_with_a_two_digit_suffix_stays_when_another_column_is_dropped():
+    """docs/delta.md: a column keeps its Delta name while its source name stays. "Val" beside val,
+    val_2 ... val_9 is Val_10; schema._derived accepts only suffixes matching _[2-9]\\d*, so Val_10
+    is not recognised as its own at the next schema change and becomes Val_5 once val_5 is dropped."""
+    names = ["val", *[f"val_{i}" for i in range(2, 10)], "Val"]
+    columns = [Column(name, "text", "text", "S", False, attnum) for attnum, name in enumerate(names, 1)]
+    first = delta_schema.delta_names(columns, {})
+    assert first[-1] == "Val_10"
+    old = {c.attnum: n for c, n in zip(columns, first)}
+    after_drop = [c for c in columns if c.name != "val_5"]
+    assert delta_schema.delta_names(after_drop, old)[-1] == "Val_10"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["val", "Val", "VAL", "vAl", "val_2", "Val_2", "val_10", "Val_1", "val_02"]),
+                min_size=1, max_size=16),
+       st.data())
+def test_every_columns_delta_name_stays_when_other_columns_are_dropped(sources, data):
+    """The stability rule for any suffix the naming rule gives (_2 ... _16 here): a column keeps its
+    Delta name while its source name stays, whichever other columns are dropped."""
+    columns = [Column(name, "text", "text", "S", False, attnum) for attnum, name in enumerate(sources, 1)]
+    first = dict(zip((c.attnum for c in columns), delta_schema.delta_names(columns, {})))
+    kept = data.draw(st.lists(st.sampled_from(columns), unique_by=lambda c: c.attnum))
+    kept.sort(key=lambda c: c.attnum)
+    assert delta_schema.delta_names(kept, first) == [first[c.attnum] for c in kept]

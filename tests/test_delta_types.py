@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 
 pytest.importorskip("deltalake")
 
+from replicator.errors import UserError
+from replicator.targets.arrow import arrow_array
 from replicator.targets.delta.reader import table_uris
 from replicator.targets.delta.target import DeltaTarget
 from test_delta_target import consume, delta_rows, diff, log_commits
@@ -91,3 +94,21 @@ def test_spark_reads_every_documented_type_as_delta_rs_does(dsn, conn, source, t
     rows = {(r["id"],): r for r in data.to_pylist()}
     problems = diff("t", documented_state(conn), (data.column_names, rows))
     assert not problems, f"{len(problems)} differences:\n" + "\n".join(problems)
+
+
+# integers given as text (oid, xid, cid): arrow_array takes an integer's text, nothing else ----------
+
+@pytest.mark.parametrize("value", [5.7, "\u0663\u0664"])
+def test_an_int64_column_refuses_a_value_that_is_not_an_integers_text_rather_than_storing_another_number(value):
+    """arrow_array's integer fallback is int(v): a float is truncated (5.7 → 5), and digits of other
+    scripts (Arabic-Indic '٣٤', which PostgreSQL's integer input refuses) are taken as 34 silently."""
+    with pytest.raises(UserError):
+        arrow_array([value], pa.int64(), label="public.t.o")
+
+
+@pytest.mark.parametrize("value", ["5.5", "", str(2 ** 64)])
+def test_an_int64_column_refuses_a_value_that_is_no_int64_in_one_line_naming_the_column(value):
+    """int('5.5') and int('') raise ValueError, 2**64 OverflowError (not caught at all): a traceback
+    ('internal error') where a UserError naming the column is due, as arrow_array's decimal path gives."""
+    with pytest.raises(UserError, match=r"public\.t\.o"):
+        arrow_array([value], pa.int64(), label="public.t.o")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from replicator.errors import UserError
 from replicator.structure import Column
 
 log = logging.getLogger("replicator")
@@ -114,10 +115,14 @@ def arrow_array(values: Sequence[Any], typ: pa.DataType, *, label: str = "") -> 
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):   # NaN, or values decoded otherwise
             return pa.array([_decimal(v, label) for v in values], type=typ)   # a value it would change raises
     if pa.types.is_integer(typ):
-        try:
-            return pa.array(values, type=typ)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):   # oid, xid, cid: PostgreSQL's JSON has them as text
-            return pa.array([v if v is None or isinstance(v, int) else int(v) for v in values], type=typ)
+        try:   # inferred, not converted: pa.array(values, type=int64) truncates 5.7 to 5
+            inferred = pa.array(values)
+            if pa.types.is_integer(inferred.type) or pa.types.is_null(inferred.type):
+                return inferred.cast(typ)   # safe: a value out of the type's range raises
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+            pass
+        # oid, xid, cid: PostgreSQL's JSON has them as text
+        return pa.array([_integer(v, typ, label) for v in values], type=typ)
     if pa.types.is_string(typ):
         try:
             return pa.array(values, type=typ)
@@ -127,6 +132,24 @@ def arrow_array(values: Sequence[Any], typ: pa.DataType, *, label: str = "") -> 
 
 
 _nan_warned: set[str] = set()
+_INTEGER_TEXT = re.compile(r"-?[0-9]+")   # PostgreSQL's text of an integer (ASCII digits only)
+
+
+def _integer(value: Any, typ: pa.DataType, label: str) -> int | None:
+    """One value for an integer column: an int, or an integer's text, in the type's range; anything
+    else (a fraction, a bool, other digits) is refused rather than stored as another number."""
+    if value is None:
+        return None
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and _INTEGER_TEXT.fullmatch(value):
+        number = int(value)
+    bits = typ.bit_width
+    low, high = (-(1 << (bits - 1)), 1 << (bits - 1)) if pa.types.is_signed_integer(typ) else (0, 1 << bits)
+    if number is None or not low <= number < high:
+        raise UserError(f"{label}: {value!r} is not a value of its type {typ} (an integer from {low} to {high - 1})")
+    return number
 
 
 def _decimal(value: Any, label: str) -> Decimal | None:

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 from replicator.targets.delta import log as delta_log
@@ -152,7 +151,7 @@ def read_positions(table: ReplicaTable, by_file: dict[str, BitMap], columns: Seq
             continue
         positions = np.fromiter(rows, dtype=np.int64, count=len(rows))
         with table.storage.open_read(table.file(path)) as f:
-            parquet = pq.ParquetFile(f)
+            parquet = delta_log.parquet_file(f)
             present = [n for n in wanted.names if n in set(parquet.schema_arrow.names)]
             start = 0
             for group in range(parquet.metadata.num_row_groups):
@@ -170,7 +169,7 @@ def read_file(table: ReplicaTable, path: str, columns: Sequence[str] | None = No
     schema = file_schema(table)
     wanted = schema if columns is None else pa.schema([schema.field(c) for c in columns])
     with table.storage.open_read(table.file(path)) as f:
-        parquet = pq.ParquetFile(f)
+        parquet = delta_log.parquet_file(f)
         present = [n for n in wanted.names if n in set(parquet.schema_arrow.names)]
         return _conform(parquet.read(columns=present), wanted)
 
@@ -189,7 +188,7 @@ def rows_matching(table: ReplicaTable, wanted: Sequence[tuple[Sequence[str], Key
     for path, add in table.snapshot.files.items():
         dead = _positions(table.deletion_vector(add))
         with table.storage.open_read(table.file(path)) as f:
-            parquet = pq.ParquetFile(f)
+            parquet = delta_log.parquet_file(f)
             names = set(parquet.schema_arrow.names)
             start = 0
             for group in range(parquet.metadata.num_row_groups):

@@ -57,11 +57,22 @@ class CommitUnknown(UserError):
         self.reason = reason
 
 
+# Spark writes timestamps as INT96 by default: read as nanoseconds they overflow past 2262
+# (timestamptz 'infinity' is 9999-12-31), as microseconds they are the tables' type
+INT96_UNIT = "us"
+
+
 def read_parquet(data: bytes, columns: list[str] | None = None) -> pa.Table:
     """A whole Parquet file's rows, read on this thread: pyarrow's thread pools reading
     (use_threads, pre_buffer) abort a short-lived process at its exit now and then
     ("terminate called without an active exception")."""
-    return pq.read_table(pa.BufferReader(data), columns=columns, use_threads=False, pre_buffer=False)
+    return pq.read_table(pa.BufferReader(data), columns=columns, use_threads=False, pre_buffer=False,
+                         coerce_int96_timestamp_unit=INT96_UNIT)
+
+
+def parquet_file(source: Any) -> pq.ParquetFile:
+    """A data file opened for reading its parts (another writer's INT96 timestamps in microseconds)."""
+    return pq.ParquetFile(source, coerce_int96_timestamp_unit=INT96_UNIT)
 
 
 def commit_path(table: str, version: int) -> str:

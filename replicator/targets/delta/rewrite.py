@@ -24,7 +24,6 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 from replicator.structure import TableStructure
@@ -125,6 +124,6 @@ def rewrite_table(table: Table, staged: Transaction, old: dict[str, Any], new: d
 def _read(table: Table, path: str, schema: pa.Schema) -> pa.Table:
     """A data file's rows (all of them) in the schema (a column the file lacks: NULL)."""
     with table.storage.open_read(f"{table.directory}/{path}") as f:
-        data = pq.ParquetFile(f).read()
+        data = delta_log.parquet_file(f).read()
     return pa.Table.from_arrays([data.column(field.name).cast(field.type) if field.name in data.column_names
                                  else pa.nulls(data.num_rows, field.type) for field in schema], schema=schema)

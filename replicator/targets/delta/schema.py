@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from replicator.errors import UserError
 from replicator.structure import Column, TableStructure
 from replicator.targets.arrow import arrow_type
 
@@ -103,7 +104,8 @@ def _field(column: Column, name: str, field_id: int, physical: str, key: bool) -
 
 def _derived(delta_name: str, source_name: str) -> bool:
     """Whether a Delta name is the one the naming rule gives a column of this source name."""
-    return delta_name == source_name or re.fullmatch(re.escape(source_name) + r"_[2-9]\d*", delta_name) is not None
+    suffixed = re.fullmatch(re.escape(source_name) + r"_([2-9]|[1-9]\d+)", delta_name)   # _2 ... _10 ...
+    return delta_name == source_name or suffixed is not None
 
 
 # Readers fold case in their own ways (Spark as Java, character by character; others by Unicode's
@@ -172,10 +174,16 @@ def physical_names(schema: dict[str, Any]) -> list[str]:
 
 
 def arrow_schema(structure: TableStructure, schema: dict[str, Any]) -> pa.Schema:
-    """The Parquet schema of the table's data files: physical names and field ids."""
-    return pa.schema([pa.field(f["metadata"][PHYSICAL_NAME], column_arrow_type(column),
-                               metadata={b"PARQUET:field_id": str(f["metadata"][FIELD_ID]).encode()})
-                      for column, f in zip(structure.columns, schema["fields"])])
+    """The Parquet schema of the table's data files: physical names and field ids, in the structure's
+    order (each column's field found by attnum: another writer may have reordered the fields)."""
+    fields = {f["metadata"].get(ATTNUM): f for f in schema["fields"]}
+    missing = [c.name for c in structure.columns if c.attnum not in fields]
+    if missing:
+        raise UserError(f"{structure.qualified_name}: another writer dropped its column {missing[0]} from the Delta "
+                        f"table; undo the change, or copy the table anew (consume --recopy)")
+    return pa.schema([pa.field(fields[c.attnum]["metadata"][PHYSICAL_NAME], column_arrow_type(c),
+                               metadata={b"PARQUET:field_id": str(fields[c.attnum]["metadata"][FIELD_ID]).encode()})
+                      for c in structure.columns])
 
 
 # the table features replicator writes; appendOnly: a table with delta.appendOnly true is refused rows removed;

@@ -385,7 +385,8 @@ class ReplicaTable:
             return self.index
         structure, schema = self.structure(), self.schema()
         index = KeyIndex(self._integer_key(structure, schema))
-        key_fields = [schema["fields"][i] for i in structure.key_positions()]
+        file_schema = delta_schema.arrow_schema(structure, schema)
+        key_fields = [file_schema.field(i) for i in structure.key_positions()]
         staged = self.staged
         files: list[tuple[str, Any, BitMap | None]] = []
         committed = {} if staged is not None and staged.reset else self.snapshot.files
@@ -397,16 +398,17 @@ class ReplicaTable:
         self.index = index
         return index
 
-    def _file_keys(self, path: str, key_fields: list[dict[str, Any]], integer: bool) -> Any:
-        """The key columns of a data file, by their physical names (a file written before a key
-        column existed has none: NULL)."""
+    def _file_keys(self, path: str, key_fields: list[pa.Field], integer: bool) -> Any:
+        """The key columns of a data file (fields: physical names, the table's types; a file written
+        before a key column existed has none: NULL). Cast to the table's types: another writer's
+        file may hold others (Spark's INT96 timestamps are naive), and keys compare by value and type."""
         with self.storage.open_read(self.file(path)) as f:
-            parquet = pq.ParquetFile(f)
+            parquet = delta_log.parquet_file(f)
             names = set(parquet.schema_arrow.names)
-            wanted = [k["metadata"][delta_schema.PHYSICAL_NAME] for k in key_fields]
-            table = parquet.read(columns=[n for n in wanted if n in names])
+            table = parquet.read(columns=[k.name for k in key_fields if k.name in names])
             rows = parquet.metadata.num_rows
-        columns = [table.column(n) if n in names else pa.nulls(rows) for n in wanted]
+        columns = [table.column(k.name).cast(k.type) if k.name in names else pa.nulls(rows, k.type)
+                   for k in key_fields]
         return canonical_keys(columns, integer)
 
     def _apply_changes(self, staged: Staged) -> None:
@@ -656,16 +658,26 @@ class ReplicaTable:
         queue = None if app is None else app.partition("/")[0]
         rivals = sorted({a["txn"]["appId"] for c in commits for a in c
                          if "txn" in a and a["txn"]["appId"].partition("/")[0] == queue})
-        if rivals or self.meta != record:
+        if rivals or (self.meta != record and _metadata_by_replicator(commits)):
             who = " ".join(["another consumer", *rivals[:1]])
             raise UserError(f"{who} writes {self.storage.url}/{self.directory}: one consumer writes a warehouse's "
                             f"tables; stop the other one")
+        if self.meta != record:   # Spark's REPLACE TABLE, a RESTORE to before a schema change of the source
+            raise UserError(f"{self.storage.url}/{self.directory}: its {delta_schema.TABLE_META} record was changed "
+                            f"by another writer; copy the table again: `replicator consume ... --recopy`")
         if staged.spilled:
             raise UserError(f"{self.directory} was changed by another writer during a large batch; the batch is "
                             f"applied again when the consumer is started again")
         # the deletions staged so far were located in files that may be gone: start over from the changes
         self.index = None
         staged.touched = set()
+
+
+def _metadata_by_replicator(commits: list[list[dict[str, Any]]]) -> bool:
+    """Whether one of these commits that set the table's metaData is replicator's (another consumer's copy)."""
+    return any(any("metaData" in a for a in commit)
+               and any(a.get("commitInfo", {}).get("engineInfo") == delta_log.ENGINE for a in commit)
+               for commit in commits)
 
 
 def _remove(add: dict[str, Any], now: int) -> dict[str, Any]:

@@ -282,8 +282,10 @@ class DeltaViews:
                 return None
             table = self.warehouse.table(directory_of[source_name])
             s = table.structure()
-            # the columns as Spark reads them: their Delta names (distinct ignoring case, schema.delta_names)
-            delta_name = {c.name: f["name"] for c, f in zip(s.columns, table.schema()["fields"])}
+            # the columns as Spark reads them: their Delta names (distinct ignoring case, schema.delta_names),
+            # each its column's by attnum (another writer may have reordered the fields)
+            field_name = {f["metadata"].get(delta_schema.ATTNUM): f["name"] for f in table.schema()["fields"]}
+            delta_name = {c.name: field_name.get(c.attnum, c.name) for c in s.columns}   # dropped: Spark says so
             return TableInfo(name=target_table_name(s.schema, s.name),
                              columns=[(delta_name[c.name], c.type) for c in s.columns],
                              key=[delta_name[k] for k in s.key], replicated=True)
