@@ -256,13 +256,11 @@ def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], t
             remove["deletionVector"] = add["deletionVector"]
         actions.append({"remove": remove})
     actions += [{"add": add} for add in written]
-    committed = False
-    try:
-        committed = _commit(storage, snapshot, originals, actions, taken_in)
-    finally:
-        if not committed:
-            for add in written:
-                storage.delete(f"{snapshot.table}/{add['path']}")
+    # an error of the commit leaves the files: its version may have landed and refer to them (VACUUM's job)
+    committed = _commit(storage, snapshot, originals, actions, taken_in)
+    if not committed:   # lost to other writers: no version refers to them
+        for add in written:
+            storage.delete(f"{snapshot.table}/{add['path']}")
     for move in moves:
         move.new_path = written[move.new_file]["path"]
     return Optimized(snapshot.table, len(originals), rows, len(written), time.monotonic() - started, committed,

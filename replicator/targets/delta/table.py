@@ -612,7 +612,10 @@ class ReplicaTable:
                              "SET TBLPROPERTIES")
                 version = delta_log.commit(self.storage, self.snapshot, actions, operation=operation,
                                            parameters=parameters)
-            except UserError:
+            except delta_log.CommitUnknown:   # a UserError, but its version may refer to the files
+                self._abandon()
+                raise
+            except UserError:   # a refusal: nothing was committed
                 self._discard_attempt(staged, files)
                 raise
             except delta_log.CommitConflict:
