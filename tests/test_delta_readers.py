@@ -22,16 +22,26 @@ pytest.importorskip("polars")
 import deltalake
 import polars as pl
 
-from consumer_helpers import run_cli
+from consumer_helpers import forced_tick, run_cli
 from replicator.errors import UserError
 from replicator.structure import Column, TableStructure
+from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import maintenance
 from replicator.targets.delta import table as delta_table
 from replicator.targets.delta.reader import table_uris
 from replicator.targets.delta.storage import LocalStorage
 from replicator.targets.delta.table import ReplicaTable
 from replicator.targets.delta.target import DeltaTarget
-from test_delta_target import diff, primary_key, referenced_files, source_state, table_files
+from test_delta_target import (
+    CRASH_DDL,
+    assert_equal_to_source,
+    consume_cli,
+    diff,
+    primary_key,
+    referenced_files,
+    source_state,
+    table_files,
+)
 
 State = tuple[list[str], dict[tuple[Any, ...], dict[str, Any]]]
 
@@ -200,3 +210,59 @@ def test_a_portable_table_stays_exact_through_spills_a_copy_changed_in_its_batch
     table.commit("q/c", 4)
     check(["id", "label"])
     assert deltalake.DeltaTable(uri).transaction_version("q/c") == 4
+
+
+PORTABLE = "?tables=portable"
+
+
+def test_a_portable_rename_batch_killed_before_the_position_commit_restarts_equal_to_the_source(
+        dsn, conn, source, tmp_path):
+    """kill -9 after both tables committed a batch renaming t.v, before _replicator's commit: the
+    restart applies the batch again over tables rewound to the position's schema, whose names (a
+    portable table's physical names) are no longer the files' columns: files are read by field id."""
+    path = tmp_path / "wh"
+    conn.execute(CRASH_DDL)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    source.add_table("q", "u")
+    assert consume_cli(dsn, path, PORTABLE).returncode == 0
+    with conn.transaction():
+        conn.execute("UPDATE t SET cnt = cnt + 1 WHERE id <= 3")
+        conn.execute("UPDATE u SET cnt = cnt + 1 WHERE k = 'k1'")
+        conn.execute("ALTER TABLE t RENAME COLUMN v TO w")
+        conn.execute("UPDATE t SET w = 'after' WHERE id = 4")
+    forced_tick(conn)
+    crashed = consume_cli(dsn, path, PORTABLE, REPLICATOR_CRASH_AT="delta-table-committed@2")
+    assert crashed.returncode == -9, crashed.stderr
+    again = consume_cli(dsn, path, PORTABLE)
+    assert again.returncode == 0, again.stderr
+    assert_equal_to_source(conn, path, ["t", "u"])
+
+
+def test_a_portable_batch_rewrites_a_file_the_log_names_by_absolute_uri(tmp_path):
+    """An add naming its file by absolute URI (the protocol allows it; another writer, a clone):
+    the rewrite of a portable table reads it through ReplicaTable.file, as a default table does."""
+    import shutil
+    import uuid
+
+    from test_delta_vacuum import _readd
+
+    key, v = Column("id", "bigint", "bigint", "N", True, 1), Column("v", "text", "text", "S", False, 2)
+    structure = TableStructure("public", "t", (key, v), ("id",))
+    meta = {"source_name": "public.t", "table_id": 1, "mode": "full", "structure": structure.to_json(),
+            "copy_snapshot": None}
+    storage = LocalStorage(tmp_path)
+    table = ReplicaTable(storage, "public.t", portable=True)
+    table.reset(meta, structure)
+    table.copy([(i, f"v{i}") for i in range(10)])
+    table.commit("q/c", 1)
+    snapshot = delta_log.load(storage, "public.t")
+    [(path, add)] = snapshot.files.items()
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    shutil.copy(tmp_path / "public.t" / path, tmp_path / "public.t" / name)
+    _readd(storage, snapshot, path, {**add, "path": (tmp_path / "public.t" / name).as_uri()})
+    table = ReplicaTable(storage, "public.t")
+    table.change((3,), False, (3, "changed"))
+    table.commit("q/c", 2)
+    rows = deltalake.DeltaTable(str(tmp_path / "public.t")).to_pyarrow_table().to_pylist()
+    assert sorted((r["id"], r["v"]) for r in rows) == [(i, "changed" if i == 3 else f"v{i}") for i in range(10)]

@@ -398,15 +398,16 @@ class ReplicaTable:
         return index
 
     def _file_keys(self, path: str, key_fields: list[dict[str, Any]], integer: bool) -> Any:
-        """The key columns of a data file, by their physical names (a file written before a key
+        """The key columns of a data file (rewrite.file_columns finds them; a file written before a key
         column existed has none: NULL)."""
         with self.storage.open_read(self.file(path)) as f:
             parquet = pq.ParquetFile(f)
-            names = set(parquet.schema_arrow.names)
-            wanted = [k["metadata"][delta_schema.PHYSICAL_NAME] for k in key_fields]
-            table = parquet.read(columns=[n for n in wanted if n in names])
+            names = rewrite.file_columns(parquet.schema_arrow, [(k["metadata"][delta_schema.PHYSICAL_NAME],
+                                                                  k["metadata"].get(delta_schema.FIELD_ID))
+                                                                 for k in key_fields])
+            table = parquet.read(columns=[n for n in names if n is not None])
             rows = parquet.metadata.num_rows
-        columns = [table.column(n) if n in names else pa.nulls(rows) for n in wanted]
+        columns = [table.column(n) if n is not None else pa.nulls(rows) for n in names]
         return canonical_keys(columns, integer)
 
     def _apply_changes(self, staged: Staged) -> None:
@@ -579,7 +580,7 @@ class ReplicaTable:
         from the file's footer when the writer that added it left it out (exact: the physical rows)."""
         stats = json.loads(add["stats"]) if add.get("stats") else {}
         if "numRecords" not in stats:
-            with self.storage.open_read(f"{self.directory}/{path}") as f:
+            with self.storage.open_read(self.file(path)) as f:
                 stats["numRecords"] = pq.ParquetFile(f).metadata.num_rows
         stats["tightBounds"] = False
         return json.dumps(stats)
