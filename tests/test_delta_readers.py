@@ -29,6 +29,7 @@ from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import maintenance
 from replicator.targets.delta import table as delta_table
 from replicator.targets.delta.reader import table_uris
+from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import LocalStorage
 from replicator.targets.delta.table import ReplicaTable
 from replicator.targets.delta.target import DeltaTarget
@@ -266,3 +267,37 @@ def test_a_portable_batch_rewrites_a_file_the_log_names_by_absolute_uri(tmp_path
     table.commit("q/c", 2)
     rows = deltalake.DeltaTable(str(tmp_path / "public.t")).to_pyarrow_table().to_pylist()
     assert sorted((r["id"], r["v"]) for r in rows) == [(i, "changed" if i == 3 else f"v{i}") for i in range(10)]
+
+
+def test_a_warehouse_keeps_its_kind_when_every_table_was_dropped_and_refuses_the_other_in_one_line(
+        dsn, conn, source, tmp_path):
+    """A default warehouse whose tables were all dropped: a consumer given ?tables=portable is refused
+    (a table created again in a dropped one's directory would keep that log's kind, a new one
+    would be portable); the default consumer recreates them, every one a default table."""
+    conn.execute(CRASH_DDL)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    source.add_table("q", "u")
+    path = tmp_path / "wh"
+    assert consume_cli(dsn, path).returncode == 0
+    conn.execute("DROP TABLE t")
+    conn.execute("DROP TABLE u")
+    assert consume_cli(dsn, path).returncode == 0
+    conn.execute("CREATE TABLE u (k text PRIMARY KEY, other int)")
+    conn.execute("CREATE TABLE w (k text PRIMARY KEY, other int)")
+    conn.execute("INSERT INTO u VALUES ('again', 1)")
+    conn.execute("INSERT INTO w VALUES ('new', 1)")
+    source.add_table("q", "u")
+    source.add_table("q", "w")
+    before = sorted(p.relative_to(path) for p in path.rglob("*") if p.name != ".lock")
+    refused = consume_cli(dsn, path, PORTABLE)
+    assert refused.returncode == 1
+    assert refused.stderr.strip().startswith(f"error: {path} holds default tables: use --target delta:{path} ")
+    assert sorted(p.relative_to(path) for p in path.rglob("*") if p.name != ".lock") == before
+    assert consume_cli(dsn, path).returncode == 0
+    conn.execute("UPDATE u SET other = 2")
+    assert consume_cli(dsn, path).returncode == 0
+    assert_equal_to_source(conn, path, ["u", "w"])
+    storage = LocalStorage(path)
+    assert {name: ReplicaTable(storage, d).portable for d, name in WarehouseState(storage).directories().items()} \
+        == {"public.u": False, "public.w": False}
