@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pytest
 
 pytest.importorskip("deltalake")
@@ -301,3 +302,38 @@ def test_a_warehouse_keeps_its_kind_when_every_table_was_dropped_and_refuses_the
     storage = LocalStorage(path)
     assert {name: ReplicaTable(storage, d).portable for d, name in WarehouseState(storage).directories().items()} \
         == {"public.u": False, "public.w": False}
+
+
+def test_filtered_reads_of_a_portable_table_are_as_the_readers_table_says(dsn, conn, source, tmp_path):
+    """docs/delta.md's Readers table: Polars' scan_delta filtered gives the source's rows; delta-rs'
+    to_pyarrow_dataset() filtered leaves out each file without a bound of the filtered column (a
+    boolean column, a float column holding NaN, a column added after the file was written)."""
+    path = tmp_path / "wh"
+    conn.execute("""
+        CREATE TABLE t (id int PRIMARY KEY, flag boolean, x double precision);
+        INSERT INTO t SELECT g, g % 2 = 0, CASE WHEN g = 3 THEN 'NaN'::float8 ELSE g END FROM generate_series(1, 20) g;
+    """)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    assert consume_cli(dsn, path, PORTABLE).returncode == 0
+    conn.execute("UPDATE t SET x = x + 0.5 WHERE id = 4")
+    assert consume_cli(dsn, path, PORTABLE).returncode == 0
+    conn.execute("ALTER TABLE t ADD COLUMN w int")   # a metadata commit: the files before it lack w
+    conn.execute("INSERT INTO t VALUES (21, true, 1, 1)")
+    assert consume_cli(dsn, path, PORTABLE).returncode == 0
+    uri = table_uris(str(path))["public.t"]
+    _, rows = source_state(conn, "t")
+    expected = {"flag = true": sorted(k[0] for k, r in rows.items() if r["flag"]),
+                "x < 100": sorted(k[0] for k, r in rows.items() if r["x"] < 100),   # NaN: false in SQL, Arrow, Polars
+                "w is null": sorted(k[0] for k, r in rows.items() if r["w"] is None)}
+    scanned = {name: sorted(pl.scan_delta(uri).filter(where).collect()["id"].to_list())
+               for name, where in (("flag = true", pl.col("flag")), ("x < 100", pl.col("x") < 100),
+                                   ("w is null", pl.col("w").is_null()))}
+    assert scanned == expected
+    dataset = deltalake.DeltaTable(uri).to_pyarrow_dataset()
+    given = {name: sorted(dataset.to_table(filter=where).column("id").to_pylist())
+             for name, where in (("flag = true", ds.field("flag") == True),  # noqa: E712
+                                 ("x < 100", ds.field("x") < 100), ("w is null", ds.field("w").is_null()))}
+    # the files with bounds of x: the batch's (id 4, updated) and the last (id 21); none of flag, nor of w before it
+    assert given == {"flag = true": [], "x < 100": [4, 21], "w is null": []}
+    assert sorted(dataset.to_table().column("id").to_pylist()) == sorted(k[0] for k in rows)   # unfiltered: all
