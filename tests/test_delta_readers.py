@@ -337,3 +337,40 @@ def test_filtered_reads_of_a_portable_table_are_as_the_readers_table_says(dsn, c
     # the files with bounds of x: the batch's (id 4, updated) and the last (id 21); none of flag, nor of w before it
     assert given == {"flag = true": [], "x < 100": [4, 21], "w is null": []}
     assert sorted(dataset.to_table().column("id").to_pylist()) == sorted(k[0] for k in rows)   # unfiltered: all
+
+
+@pytest.mark.xfail(strict=True, reason="open (issue 27): a portable batch's rewrite, read from the log, is a "
+                                       "remove of F and an add of F': changes.py takes it for a table replaced")
+def test_the_changes_of_a_portable_batch_read_from_the_log_are_row_changes(tmp_path):
+    """changes.py's reading of a portable table's update commit (no capture, as a view behind its
+    table reads it): it names the rows the batch replaced, not a table replaced."""
+    from replicator.targets.delta.changes import changes_since
+
+    key, v = Column("id", "bigint", "bigint", "N", True, 1), Column("v", "text", "text", "S", False, 2)
+    structure = TableStructure("public", "t", (key, v), ("id",))
+    meta = {"source_name": "public.t", "table_id": 1, "mode": "full", "structure": structure.to_json(),
+            "copy_snapshot": None}
+    table = ReplicaTable(LocalStorage(tmp_path), "public.t", portable=True)
+    table.reset(meta, structure)
+    table.copy([(i, f"v{i}") for i in range(100)])
+    created = table.commit("q/c", 1)
+    table.change((7,), False, (7, "changed"))
+    table.commit("q/c", 2)
+    changes = changes_since(ReplicaTable(LocalStorage(tmp_path), "public.t"), created, {})
+    assert changes is not None and not changes.replaced
+    assert changes.changed_keys().column(0).to_pylist() == [7]
+
+
+@pytest.mark.xfail(strict=True, reason="open (issue 27): portable_schema keeps delta.columnMapping.id and "
+                                       "physicalName in a table whose mode is none")
+def test_spark_enables_column_mapping_on_a_portable_table(dsn, conn, source, tmp_path, spark):
+    """A portable table is a Delta table without column mapping: Spark may turn it on (to rename a
+    column, or make it a default table), which it refuses while the fields carry column mapping's
+    metadata (DELTA_ENABLING_COLUMN_MAPPING_DISALLOWED_WHEN_COLUMN_MAPPING_METADATA_ALREADY_EXISTS)."""
+    path = tmp_path / "wh"
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 10) g")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    assert consume_cli(dsn, path, PORTABLE).returncode == 0
+    uri = table_uris(str(path))["public.t"]
+    spark.sql(f"ALTER TABLE delta.`{uri}` SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name')")
