@@ -220,7 +220,7 @@ def test_a_warehouse_that_records_a_table_outside_its_own_directory_is_refused_i
     path = tmp_path / "wh"
     follow(path, ["public.orders"], 1, {"public.orders": [(1, "one")]})
     state = WarehouseState(LocalStorage(path))
-    state.commit(None, [], {**state.directories(), directory: "odd"})
+    state.commit(None, [], {**state.directories(), directory: "odd"}, kind="default")
     siblings(tmp_path)
     before = tree(tmp_path)
     with pytest.raises(UserError, match=f"table odd.*{re.escape(repr(directory))}"):

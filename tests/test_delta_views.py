@@ -251,6 +251,13 @@ def test_views_equal_their_queries_after_every_batch(spark, consumer_target, tmp
     assert all(k.startswith("full") for k in history["everything"])
     if not option:   # portable tables: some refreshes went full in the one run (cause not yet read; issue 27)
         assert all(not k.startswith("full") for k in history["by_customer"][:-1])   # (the last is its CREATE)
+    # a view's table is of the warehouse's kind: what reads its tables reads it (Polars: portable ones)
+    storage = LocalStorage(path)
+    assert {ReplicaTable(storage, view_directory(name)).portable for name in VIEWS} == {bool(option)}
+    if option:
+        import polars as pl
+        uri = view_uris(str(path))["by_customer"]
+        assert pl.read_delta(uri).height == spark.read.format("delta").load(uri).count()
 
 
 def test_lookups_past_the_driver_bound_are_spark_joins_and_the_views_stay_equal(spark, consumer_target, tmp_path,

@@ -19,7 +19,7 @@ over another writer's commit (it is applied again when the consumer restarts).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -43,6 +43,7 @@ class Table(Protocol):
     def structure(self) -> TableStructure: ...
     def schema(self) -> dict[str, Any]: ...
     def deletion_vector(self, add: dict[str, Any]) -> BitMap | None: ...
+    def file(self, path: str) -> str: ...
     def _write_file(self, data: pa.Table) -> str: ...
 
 
@@ -123,7 +124,27 @@ def rewrite_table(table: Table, staged: Transaction, old: dict[str, Any], new: d
 
 def _read(table: Table, path: str, schema: pa.Schema) -> pa.Table:
     """A data file's rows (all of them) in the schema (a column the file lacks: NULL)."""
-    with table.storage.open_read(f"{table.directory}/{path}") as f:
-        data = delta_log.parquet_file(f).read()
-    return pa.Table.from_arrays([data.column(field.name).cast(field.type) if field.name in data.column_names
-                                 else pa.nulls(data.num_rows, field.type) for field in schema], schema=schema)
+    with table.storage.open_read(table.file(path)) as f:
+        parquet = delta_log.parquet_file(f)
+        names = file_columns(parquet.schema_arrow, [(field.name, field_id(field)) for field in schema])
+        data = parquet.read(columns=[n for n in names if n is not None])
+    return pa.Table.from_arrays([data.column(name).cast(field.type) if name is not None
+                                 else pa.nulls(data.num_rows, field.type) for name, field in zip(names, schema)],
+                                schema=schema)
+
+
+def field_id(field: pa.Field) -> int | None:
+    value = (field.metadata or {}).get(b"PARQUET:field_id")
+    return int(value) if value is not None else None
+
+
+def file_columns(file: pa.Schema, wanted: Sequence[tuple[str, int | None]]) -> list[str | None]:
+    """The column of a data file holding each wanted column (its physical name, its field id),
+    None where the file has none: the column with its Parquet field id (replicator writes the
+    column's id: a portable table's file names the column as it was named when the file was
+    written, which a schema older or newer than the file's does not), else, in a file another
+    writer wrote without ids, the column of its name."""
+    by_id = {i: f.name for f in file if (i := field_id(f)) is not None}
+    unnamed = {f.name for f in file if field_id(f) is None}
+    return [by_id.get(field_id) if field_id is not None and field_id in by_id
+            else name if name in unnamed else None for name, field_id in wanted]

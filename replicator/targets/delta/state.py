@@ -39,6 +39,7 @@ from replicator.targets.delta.table import COMPRESSION
 
 DIRECTORY = "_replicator"
 TABLES = "replicator.tables"
+KIND = "replicator.tableKind"   # the kind of the warehouse's tables: "default" or "portable" (DeltaTarget)
 SCHEMA = pa.schema([pa.field("consumer", pa.string()), pa.field("tick", pa.int64()),
                     pa.field("table", pa.string()), pa.field("directory", pa.string()),
                     pa.field("version", pa.int64()), pa.field("committed_at", pa.timestamp("us", tz="UTC"))])
@@ -71,6 +72,11 @@ class WarehouseState:
         directories: dict[str, str] = json.loads(self.snapshot.configuration.get(TABLES, "{}"))
         return directories
 
+    def kind(self) -> str | None:
+        """The kind of the warehouse's tables, recorded at its first commit (None: not yet, or
+        recorded by no version before this one)."""
+        return self.snapshot.configuration.get(KIND) if self.snapshot.exists else None
+
     def every_directory(self) -> set[str]:
         """The directories of the tables replicator keeps and of those it dropped (recorded
         in this table's rows)."""
@@ -86,7 +92,7 @@ class WarehouseState:
         return pa.concat_tables(tables) if tables else SCHEMA.empty_table().select(columns)
 
     def commit(self, position: tuple[str, int] | None, versions: Iterable[tuple[str, str, int]],
-               directories: dict[str, str], others: dict[str, int] | None = None) -> None:
+               directories: dict[str, str], others: dict[str, int] | None = None, *, kind: str) -> None:
         """Records a transaction: the position (consumer, tick), the (table, directory, version) of
         each table it committed, and the directories of the tables as it leaves them; `others`,
         positions stored beside it (a follower's offsets). A transaction without a position (a
@@ -94,9 +100,10 @@ class WarehouseState:
         actions: list[dict[str, Any]] = []
         if not self.snapshot.exists:
             actions.append({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}})
-        if not self.snapshot.exists or directories != self.directories():
+        if not self.snapshot.exists or directories != self.directories() or kind != self.kind():
             configuration = {delta_schema.LOG_RETENTION: delta_schema.LOG_RETENTION_WINDOW,
-                             **self.snapshot.configuration, TABLES: json.dumps(directories, sort_keys=True)}
+                             **self.snapshot.configuration, TABLES: json.dumps(directories, sort_keys=True),
+                             KIND: kind}
             actions.append({"metaData": {
                 "id": self.snapshot.metadata.get("id") or str(uuid.uuid4()), "name": None,
                 "description": "replicator: consumer positions and the table versions of each tick",

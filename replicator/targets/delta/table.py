@@ -399,16 +399,17 @@ class ReplicaTable:
         return index
 
     def _file_keys(self, path: str, key_fields: list[pa.Field], integer: bool) -> Any:
-        """The key columns of a data file (fields: physical names, the table's types; a file written
-        before a key column existed has none: NULL). Cast to the table's types: another writer's
-        file may hold others (Spark's INT96 timestamps are naive), and keys compare by value and type."""
+        """The key columns of a data file (key_fields: the table's Arrow fields, with their Parquet field
+        ids; rewrite.file_columns finds them; a file written before a key column existed has none: NULL).
+        Cast to the table's types: another writer's file may hold others (Spark's INT96 timestamps are
+        naive), and keys compare by value and type."""
         with self.storage.open_read(self.file(path)) as f:
             parquet = delta_log.parquet_file(f)
-            names = set(parquet.schema_arrow.names)
-            table = parquet.read(columns=[k.name for k in key_fields if k.name in names])
+            names = rewrite.file_columns(parquet.schema_arrow, [(k.name, rewrite.field_id(k)) for k in key_fields])
+            table = parquet.read(columns=[n for n in names if n is not None])
             rows = parquet.metadata.num_rows
-        columns = [table.column(k.name).cast(k.type) if k.name in names else pa.nulls(rows, k.type)
-                   for k in key_fields]
+        columns = [table.column(n).cast(k.type) if n is not None else pa.nulls(rows, k.type)
+                   for n, k in zip(names, key_fields)]
         return canonical_keys(columns, integer)
 
     def _apply_changes(self, staged: Staged) -> None:
@@ -581,7 +582,7 @@ class ReplicaTable:
         from the file's footer when the writer that added it left it out (exact: the physical rows)."""
         stats = json.loads(add["stats"]) if add.get("stats") else {}
         if "numRecords" not in stats:
-            with self.storage.open_read(f"{self.directory}/{path}") as f:
+            with self.storage.open_read(self.file(path)) as f:
                 stats["numRecords"] = pq.ParquetFile(f).metadata.num_rows
         stats["tightBounds"] = False
         return json.dumps(stats)

@@ -185,15 +185,29 @@ class DeltaTarget:
             recorded_directory(self.storage.url, directory, "nothing written", name)
 
     def _check_kind(self) -> None:
-        """A warehouse's tables are of one kind, chosen when it is created: a consumer asked for
-        the other kind is refused (a table keeps the kind it was created with)."""
-        kinds = {table.portable for table in self._tables.values() if table.meta is not None}
-        if kinds and kinds != {self.portable}:
+        """A warehouse's tables are of one kind, chosen when it is created (recorded in _replicator;
+        a warehouse an older version made: the kind of every table it has or had, a dropped one's
+        log kept): a consumer asked for the other kind is refused, so a table created again in a
+        dropped one's directory is of the warehouse's kind."""
+        recorded = self.state.kind()
+        if recorded is not None:
+            kinds = {recorded}
+        else:
+            logs = (self._tables.get(d) or ReplicaTable(self.storage, d) for d in sorted(self.state.every_directory()))
+            kinds = {self._kind(table.portable) for table in logs if table.snapshot.exists}
+        if len(kinds) > 1:
+            raise UserError(f"{self.storage.url} holds tables of both kinds (default and portable), which no "
+                            f"consumer writes: replicate into a new warehouse")
+        if kinds and kinds != {self._kind(self.portable)}:
             have = "default" if self.portable else "portable"
             option = "" if self.portable else TABLES_OPTION + "portable"
             raise UserError(f"{self.storage.url} holds {have} tables: use --target delta:{self.storage.url}{option} "
                             f"(a warehouse keeps the kind of tables it was created with; for the other kind, "
                             f"replicate into a new warehouse)")
+
+    @staticmethod
+    def _kind(portable: bool) -> str:
+        return "portable" if portable else "default"
 
     def _rewind_ahead(self) -> None:
         """A crash between a batch's table commits and _replicator's leaves tables holding the
@@ -286,7 +300,7 @@ class DeltaTarget:
                 versions.append((self._directories.get(directory, directory), directory, version))
                 committed.append(table)
         others = dict(list(self._positions.items())[:-1])
-        self.state.commit(self._position, versions, self._directories, others=others)
+        self.state.commit(self._position, versions, self._directories, others=others, kind=self._kind(self.portable))
         if self._position is not None:   # tables that held this batch already show their own structure again
             for table in self._tables.values():
                 if table.rewound is not None and (table.applied(self._position[0]) or 0) <= self._position[1]:

@@ -56,8 +56,9 @@ def view_structure(name: str, columns: list[tuple[str, str]], key: list[str]) ->
 class ViewTable:
     """A view's Delta table and record."""
 
-    def __init__(self, storage: Storage, directory: str) -> None:
-        self.table = ReplicaTable(storage, directory)
+    def __init__(self, storage: Storage, directory: str, *, portable: bool = False) -> None:
+        """portable: the kind of the table when this creates it (the warehouse's)."""
+        self.table = ReplicaTable(storage, directory, portable=portable)
 
     @property
     def directory(self) -> str:

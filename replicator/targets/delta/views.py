@@ -338,7 +338,9 @@ class DeltaViews:
                             f"`replicator consume` replicates into it")
         if name.lower() in self._names():
             raise UserError(f"the warehouse already has a table named {name!r}")
-        vt = ViewTable(self.warehouse.storage, view_directory(name))
+        # a view's table is of the warehouse's kind (its tables are all of one: DeltaTarget)
+        portable = any(self.warehouse.table(d).portable for d in self.warehouse.directories())
+        vt = ViewTable(self.warehouse.storage, view_directory(name), portable=portable)
         if vt.entry is not None:
             raise UserError(f"view {vt.entry['name']!r} exists: drop it first (`replicator view drop {name}`)")
         target = _Target(self.warehouse.versions(), *position)
