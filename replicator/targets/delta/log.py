@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replicator.errors import UserError, first_line
-from replicator.targets.delta.storage import NotDurable, Storage
+from replicator.targets.delta.storage import Entry, NotDurable, Storage
 
 LOG_DIR = "_delta_log"
 CHECKPOINT_EVERY = 20
@@ -228,10 +228,15 @@ def _actions(data: bytes) -> list[dict[str, Any]]:
     return [json.loads(line) for line in data.splitlines() if line.strip()]
 
 
+def log_entries(storage: Storage, table: str) -> dict[str, Entry]:
+    """The files directly in the table's log directory, by name."""
+    log_dir = f"{table}/{LOG_DIR}/"
+    return {name: entry for entry in storage.list(log_dir) if "/" not in (name := entry.path[len(log_dir):])}
+
+
 def log_names(storage: Storage, table: str) -> list[str]:
     """The names of the files directly in the table's log directory."""
-    log_dir = f"{table}/{LOG_DIR}/"
-    return [name for entry in storage.list(log_dir) if "/" not in (name := entry.path[len(log_dir):])]
+    return list(log_entries(storage, table))
 
 
 def checkpoints(names: Iterable[str]) -> dict[int, list[str]]:

@@ -506,11 +506,9 @@ def clean_log(storage: Storage, snapshot: delta_log.Snapshot, *, retention: floa
     _replicator records for the ticks within the window: WarehouseState.kept_versions). A
     version's time is its in-commit timestamp where the table has them (another writer enabled
     the feature), else its commit file's modification time, as Delta's cleanup takes them."""
-    log_dir = f"{snapshot.table}/{delta_log.LOG_DIR}"
     now = time.time()
     cutoff = now - (log_retention(snapshot) if retention is None else retention)
-    entries = {entry.path[len(log_dir) + 1:]: entry for entry in storage.list(log_dir)}
-    entries = {name: entry for name, entry in entries.items() if "/" not in name}
+    entries = delta_log.log_entries(storage, snapshot.table)
     doomed = [entry for name, entry in entries.items()
               if _LOG_TEMP.fullmatch(name) and now - entry.modified >= STALE_TEMP_SECONDS]
     oldest = None

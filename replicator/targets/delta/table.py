@@ -52,7 +52,7 @@ from replicator.targets.delta.storage import Storage
 
 FILE_ROWS = 1 << 20          # rows per data file of a copy (Spark reads a file per task: large files read fastest)
 ROW_GROUP = 131072
-COMPRESSION = "zstd"         # the data files' Parquet codec (Spark, delta-rs, Polars, DuckDB read it)
+COMPRESSION = "zstd"         # the data files' Parquet codec (Spark, delta-rs and Polars read it: tested)
 SPILL_KEYS = 500_000         # changed keys staged per table before they are written out mid-transaction
 COMMIT_ATTEMPTS = 5
 APPEND_ONLY = "delta.appendOnly"
