@@ -12,6 +12,8 @@ from pathlib import Path
 
 import psycopg
 
+import replicator as replicator_package
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -28,7 +30,9 @@ def test_the_built_wheel_installs_into_a_clean_venv_and_captures(dsn, tmp_path):
         ".git", ".venv", "build", "*.egg-info", "__pycache__", "demo-data", ".pytest_cache", ".hypothesis"))
     _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "dist", source, cwd=tmp_path)
     (wheel,) = (tmp_path / "dist").glob("replicator-*.whl")
+    assert wheel.name.startswith(f"replicator-{replicator_package.__version__}-")   # the version the code carries
     names = zipfile.ZipFile(wheel).namelist()
+    assert f"replicator-{replicator_package.__version__}.dist-info/licenses/LICENSE" in names
     shipped = {Path(n).name for n in names if n.endswith(".sql")}
     assert {p.name for p in (ROOT / "queue_sql").glob("*.sql")} | {p.name for p in (ROOT / "migrations").glob("*.sql")} \
         == shipped
@@ -46,6 +50,7 @@ def test_the_built_wheel_installs_into_a_clean_venv_and_captures(dsn, tmp_path):
          cwd=tmp_path)
     assert subprocess.run([venv / "bin" / "python", "-c", "import pyspark"], capture_output=True).returncode != 0
     replicator = venv / "bin" / "replicator"
+    assert _run(replicator, "--version", cwd=tmp_path).stdout == f"replicator, version {replicator_package.__version__}\n"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP SCHEMA replicator CASCADE")             # the fixture's install, from the checkout
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
