@@ -12,10 +12,11 @@ import os
 import signal
 import sqlite3
 import sys
+from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 import psycopg
@@ -23,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from replicator import __version__
 from replicator.errors import UserError, first_line, printable
 from replicator.shutdown import StopFlag
 from replicator.source import Source, db, format_duration, jobs, parse_duration
@@ -89,7 +91,7 @@ def _print_rows(rows: list[dict[str, Any]], title: str | None = None) -> None:
 @click.option("--dsn", envvar="REPLICATOR_DSN", help="Source database (libpq string or URI); "
               "default $REPLICATOR_DSN, else libpq's PG* variables.")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
-@click.version_option(package_name="replicator")
+@click.version_option(__version__, prog_name="replicator")
 @click.pass_context
 def cli(ctx: click.Context, dsn: str | None, verbose: bool) -> None:
     """Trigger-based change capture and replication for PostgreSQL.
@@ -180,19 +182,29 @@ def queue() -> None:
     """Create, configure, drop and list queues; unregister their consumers, or give them to another role."""
 
 
+# When a tick is due and when a consumer is idle. `queue create` sets them, to these defaults when not
+# given: the defaults of replicator.queue's columns, which a queue created in SQL gets (tests/test_docs.py
+# checks that the two agree); `queue config` changes only those given.
+NEW_QUEUE_DEFAULTS: dict[str, Any] = {"ticker_max_count": 500, "ticker_max_lag": "3s", "ticker_idle_period": "60s",
+                                      "consumer_idle_limit": "1h"}
 _TICKER_OPTIONS = [
-    click.option("--ticker-max-count", type=int, help="Events that make a tick due (default 500)."),
-    click.option("--ticker-max-lag", help="Pending events make a tick due after this long (default 3s)."),
-    click.option("--ticker-idle-period", help="A tick is made after this long without events (default 60s)."),
-    click.option("--consumer-idle-limit", help="A consumer unseen this long is idle: status and maint say so, and "
-                 "maint unregisters it if it is a temporary one (default 1h)."),
+    ("ticker_max_count", int, "Events that make a tick due."),
+    ("ticker_max_lag", None, "Pending events make a tick due after this long."),
+    ("ticker_idle_period", None, "A tick is made after this long without events."),
+    ("consumer_idle_limit", None, "A consumer unseen this long is idle: status and maint say so, and maint "
+                                  "unregisters it if it is a temporary one."),
 ]
 
+_F = TypeVar("_F", bound=Callable[..., Any])
 
-def _ticker_options(f: Any) -> Any:
-    for option in reversed(_TICKER_OPTIONS):
-        f = option(f)
-    return f
+
+def _ticker_options(new_queue: bool) -> Callable[[_F], _F]:
+    def decorate(f: _F) -> _F:
+        for name, kind, help_text in reversed(_TICKER_OPTIONS):
+            f = click.option(f"--{name.replace('_', '-')}", type=kind, help=help_text,
+                             default=NEW_QUEUE_DEFAULTS[name] if new_queue else None, show_default=new_queue)(f)
+        return f
+    return decorate
 
 
 def _ticker_settings(max_count: int | None, max_lag: str | None, idle_period: str | None,
@@ -215,7 +227,7 @@ def _ticker_settings(max_count: int | None, max_lag: str | None, idle_period: st
               help="How long an event table is written before the next (e.g. 30min, 2h).")
 @click.option("--tables", "ntables", default=3, show_default=True, type=int,
               help="Number of event tables rotated through.")
-@_ticker_options
+@_ticker_options(new_queue=True)
 @pass_ctx
 def queue_create(ctx: Context, name: str, rotation_period: str, ntables: int, ticker_max_count: int | None,
                  ticker_max_lag: str | None, ticker_idle_period: str | None, consumer_idle_limit: str | None) -> None:
@@ -237,7 +249,7 @@ def queue_create(ctx: Context, name: str, rotation_period: str, ntables: int, ti
 @queue.command("config")
 @click.argument("name")
 @click.option("--rotation-period", help="How long an event table is written before the next (e.g. 30min, 2h).")
-@_ticker_options
+@_ticker_options(new_queue=False)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_ctx
 def queue_config(ctx: Context, name: str, rotation_period: str | None, ticker_max_count: int | None,
@@ -654,7 +666,7 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.option("--health-max-lag", default="5min", show_default=True,
               help="/health answers 503 when the consumer lags more than this (e.g. 30s, 5min).")
 @click.option("--spark-master", help="delta: targets: Spark master for the views "
-                                     "(default local[*]).")
+                                     "(default: $SPARK_MASTER, else local[*]).")
 @click.option("--spark-conf", multiple=True, metavar="KEY=VALUE",
               help="delta: targets: a Spark setting for the views (repeatable).")
 @pass_ctx
