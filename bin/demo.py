@@ -221,7 +221,7 @@ def main() -> int:
 
 
 def comparable(value: object) -> object:
-    """A source value as the replica stores it (README, SQLite type mapping)."""
+    """A source value as the replica stores it (docs/sqlite.md, "Type mapping")."""
     if isinstance(value, Decimal):   # NUMERIC: an integer when it is one, else a double
         return int(value) if value == value.to_integral_value() else float(value)
     if isinstance(value, datetime):

@@ -313,7 +313,7 @@ def numeric_precisions(conn: psycopg.Connection, qualified: str) -> dict[str, in
 
 
 def numeric_storage(column: str, precision: int | None, key: Sequence[str], numeric: str) -> str:
-    """How a replica stores a numeric column (README.md, "SQLite type mapping"): as a
+    """How a replica stores a numeric column (docs/sqlite.md, "Type mapping"): as a
     number, except in a `numeric=text` replica and in a key column that may hold more
     digits than a double keeps (15)."""
     if numeric == "text" or (column in key and (precision is None or precision > 15)):

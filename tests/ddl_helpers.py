@@ -2,7 +2,7 @@
 a replay of the JSON-lines stream, and writer threads that keep changing rows
 while DDL runs.
 
-The oracle maps the values psycopg reads from the source (README, "SQLite type
+The oracle maps the values psycopg reads from the source (docs/sqlite.md, "Type
 mapping") without using replicator.structure, so it checks the consumer's
 decoding instead of repeating it.
 """

@@ -1,4 +1,4 @@
-"""Values keep their meaning in the replica (README.md, "SQLite type mapping"):
+"""Values keep their meaning in the replica (docs/sqlite.md, "Type mapping"):
 numeric compares, sorts and aggregates as a number in SQLite (the answers of the
 same queries in PostgreSQL), keys keep rows apart, `?numeric=text` keeps the
 digits, date-times have one ISO 8601 form in SQLite and in streams, replicas of
@@ -99,7 +99,7 @@ def test_numeric_queries_in_sqlite_give_postgresqls_answers(dsn, conn, source, t
 def test_numeric_values_beyond_the_double_range_are_infinite_or_zero_and_their_digits_kept_as_text(
         dsn, conn, source, tmp_path):
     # SQLite turns any number-like text in a NUMERIC column into a number: such values
-    # cannot stay TEXT there (README, "SQLite type mapping"); ?numeric=text keeps them.
+    # cannot stay TEXT there (docs/sqlite.md, "Type mapping"); ?numeric=text keeps them.
     huge, tiny = "1" + "0" * 400, "0." + "0" * 400 + "1"
     longer_than_int_converts = "9" * 5000   # an integer Python's int() refuses (sys.get_int_max_str_digits())
     values = {1: huge, 2: "-" + huge, 3: tiny, 4: "Infinity", 5: "1e308", 6: longer_than_int_converts}
@@ -425,7 +425,7 @@ def test_incremental_views_of_numeric_columns_equal_their_full_recompute(dsn, co
 
 # every documented type -----------------------------------------------------------------------
 
-# README.md's "SQLite type mapping": the columns of types_helpers.TYPES by how SQLite holds them
+# docs/sqlite.md's "Type mapping": the columns of types_helpers.TYPES by how SQLite holds them
 INTEGERS = {"i2", "i4", "i8", "o", "x", "c", "pos"}
 FLOATS = {"r", "f"}
 NUMERICS = {"n", "n38", "nu", "n40", "nneg", "amt"}
@@ -444,7 +444,7 @@ def iso_date(text: str) -> str:
 
 
 def sqlite_value(name: str, text: str | None) -> Any:
-    """A value as README.md's table says SQLite holds it, from PostgreSQL's text of it."""
+    """A value as docs/sqlite.md's table says SQLite holds it, from PostgreSQL's text of it."""
     if text is None or name in TIMES:
         return text if text is None else documented_time(text)
     if name in INTEGERS:

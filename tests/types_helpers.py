@@ -1,4 +1,4 @@
-"""The documented PostgreSQL types (docs/delta.md's and README.md's type tables): a table t of
+"""The documented PostgreSQL types (the type tables of docs/delta.md and docs/sqlite.md): a table t of
 every one, its values, and the changes that carry them through the queue; the targets' type
 tests (test_delta_types.py, test_types_sqlite.py) replicate it and compare it with the source
 rendered as each target's docs say.
