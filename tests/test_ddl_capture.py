@@ -22,7 +22,7 @@ from pg_helpers import drop_database, make_captured_table_a_descendant
 from queue_util import changes, read_events
 from replicator.errors import UserError
 from replicator.source import Source
-from replicator.source.execute import command_tag, execute_script
+from replicator.source.execute import execute_script, read_script
 from replicator.source.install import EVENT_TRIGGERS, has_event_triggers, install
 
 _roles = itertools.count()
@@ -598,8 +598,8 @@ def test_execute_queues_schema_events_in_order_with_the_scripts_row_changes(conn
         ("S", new_id, "dropped"),
     ]
     assert len({e.txid for e in events}) == 1
-    # each event names its own statement (sqlparse keeps a comment with the statement after it)
-    assert [(e.data["tag"], e.data["sql"].split("*/")[-1].strip()) for e in schema_events(events)] == [
+    # each event names its own statement, through its semicolon (a comment between statements is neither's)
+    assert [(e.data["tag"], e.data["sql"]) for e in schema_events(events)] == [
         ("ALTER TABLE", "ALTER TABLE app.t ADD COLUMN n int;"),
         ("CREATE TABLE", "CREATE TABLE app.new (id int PRIMARY KEY, s text);"),
         ("ALTER TABLE", "ALTER TABLE app.t RENAME TO renamed;"),
@@ -657,6 +657,49 @@ def test_execute_applies_nothing_when_a_statement_fails(dsn, conn, q, no_event_t
                         ).fetchone()[0] == 0
 
 
+def test_execute_runs_each_statement_as_postgresql_reads_the_script(conn, q, no_event_triggers):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    q.add_table("q", "t")
+    # a column named begin (an unreserved keyword) once made the rest of the script one statement
+    assert execute_script(q, "q", "ALTER TABLE t ADD COLUMN begin int;\n"
+                                  "INSERT INTO t VALUES (1, 'a', 2);\n"
+                                  "ALTER TABLE t RENAME COLUMN begin TO since;") == 2
+    assert [(e.type, e.data["sql"] if e.type == "S" else e.items) for e in read_events(q)] == [
+        ("S", "ALTER TABLE t ADD COLUMN begin int;"), ("I", [[1, "a", 2]]),
+        ("S", "ALTER TABLE t RENAME COLUMN begin TO since;")]
+    # comments nest; E'' strings escape quotes; dollar quotes hold what they hold
+    assert execute_script(q, "q", "UPDATE t SET v = 'b'; /* a /* nested; */ comment; */ UPDATE t SET v = E'c\\';';"
+                                  " UPDATE t SET v = $x$d;$$;$x$ || v") == 0
+    assert [e.items for e in read_events(q)] == [[[1, "b", 2]], [[1, "c';", 2]], [[1, "d;$$;c';", 2]]]
+
+
+def test_execute_refuses_a_script_postgresql_cannot_read_before_running_anything(dsn, conn, q, no_event_triggers,
+                                                                                   tmp_path):
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    conn.execute("CREATE SEQUENCE s")
+    q.add_table("q", "t")
+    script = tmp_path / "broken.sql"
+    script.write_text("INSERT INTO t VALUES (nextval('s'), 'a');\nALTER TABLE t\n  ADD COLUMN m int int;\n")
+    result = run_cli(dsn, "execute", "q", str(script))
+    assert result.returncode == 1
+    assert result.stderr.strip() == ('error: cannot read the script at line 3, nothing was applied: '
+                                     'syntax error at or near "int"')
+    # nothing ran: not even the sequence, which a rollback would not take back, moved
+    assert conn.execute("SELECT last_value, is_called FROM s").fetchone() == (1, False)
+    for text, error in [("SELECT 1;\n\\set x 1\nSELECT 2", ' at line 2, nothing was applied: syntax error at or near "\\"'),
+                        ("SELECT 1; SELECT (", ", nothing was applied: syntax error at end of input"),
+                        # PostgreSQL would read the script up to the NUL only
+                        ("SELECT 1;\n\x00 DROP TABLE t", " at line 2, nothing was applied: it holds a NUL character")]:
+        with pytest.raises(UserError) as refused:
+            execute_script(q, "q", text)
+        assert str(refused.value) == f"cannot read the script{error}", text
+    assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 0 and read_events(q) == []
+    script.write_bytes(b"INSERT INTO t VALUES (1, '\xff');\n")
+    result = run_cli(dsn, "execute", "q", str(script))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"error: cannot read {script}: it is not utf-8 text (byte 0xff at offset 26)"
+
+
 def test_execute_asks_for_a_copy_when_a_statement_rewrites_a_captured_table(conn, q, no_event_triggers):
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, a int)")
     conn.execute("CREATE TABLE p (id int PRIMARY KEY, v text) PARTITION BY RANGE (id)")
@@ -676,12 +719,16 @@ def test_execute_asks_no_copy_when_a_statement_only_moves_the_storage(conn, q, n
     t_id = q.add_table("q", "t")
     conn.execute("INSERT INTO t VALUES (1, 1)")
     read_events(q)
-    storage_only = ["ALTER TABLE t SET UNLOGGED", "ALTER TABLE ONLY public.t /* back */ SET LOGGED;",
-                    "CLUSTER t USING t_pkey"]
-    for statement in storage_only:
-        node = conn.execute("SELECT relfilenode FROM pg_class WHERE oid = 't'::regclass").fetchone()[0]
+    conn.execute("CREATE TABLE café (id int PRIMARY KEY)")
+    q.add_table("q", "café")
+    storage_only = [("t", "ALTER TABLE t SET UNLOGGED"), ("t", "ALTER TABLE ONLY public.t /* back */ SET LOGGED;"),
+                    ("t", "CLUSTER t USING t_pkey"), ("café", "ALTER TABLE café SET UNLOGGED"),
+                    ("café", "ALTER TABLE IF EXISTS ONLY public.\"café\" SET LOGGED, SET TABLESPACE pg_default"),
+                    ("t", "ALTER TABLE t* SET UNLOGGED, SET WITHOUT CLUSTER")]
+    for table, statement in storage_only:
+        node = conn.execute("SELECT relfilenode FROM pg_class WHERE oid = %s::regclass", (table,)).fetchone()[0]
         assert execute_script(q, "q", statement) == 0, statement
-        assert conn.execute("SELECT relfilenode FROM pg_class WHERE oid = 't'::regclass").fetchone()[0] != node
+        assert conn.execute("SELECT relfilenode FROM pg_class WHERE oid = %s::regclass", (table,)).fetchone()[0] != node
     assert read_events(q) == []
     # with a value-changing action in the same statement, it is a rewrite
     assert execute_script(q, "q", "ALTER TABLE t SET UNLOGGED, ALTER COLUMN a TYPE int USING a * 2") == 1
@@ -778,9 +825,15 @@ def test_execute_refuses_transaction_control_before_running_anything(dsn, conn, 
                                      "`replicator execute` runs the whole script in one transaction; remove it")
     assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 0
     assert read_events(q) == []
-    # a DO block and a prepared statement are no transaction control
+    # a column named begin (an unreserved keyword) once hid the COMMIT after it
+    with pytest.raises(UserError, match=r"^statement 2 \(COMMIT\) controls the transaction, nothing was applied"):
+        execute_script(q, "q", "ALTER TABLE t ADD COLUMN begin int; COMMIT; INSERT INTO nowhere VALUES (1)")
+    assert conn.execute("SELECT count(*) FROM pg_attribute WHERE attrelid = 't'::regclass AND attname = 'begin'"
+                        ).fetchone()[0] == 0
+    # a DO block and a prepared statement (even one named transaction) are no transaction control
     assert execute_script(q, "q", "PREPARE ins AS INSERT INTO t VALUES (2, 'b'); EXECUTE ins;"
-                                  " DO $$ BEGIN PERFORM 1; END $$; DEALLOCATE ins") == 0
+                                  " DO $$ BEGIN PERFORM 1; END $$; DEALLOCATE ins;"
+                                  " PREPARE transaction AS SELECT 1; DEALLOCATE transaction") == 0
     assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 1
 
 
@@ -791,18 +844,39 @@ def test_execute_names_statements_with_the_command_tags_of_the_event_triggers(co
     q.follow_schema("q", "app2")
     script = ("CREATE TABLE {s}.a (id int PRIMARY KEY, v text); CREATE TABLE {s}.b AS SELECT 1 AS id;"
               " SELECT 2 AS id INTO {s}.c; CREATE UNLOGGED TABLE {s}.d AS SELECT 3 AS id;"
-              " ALTER TABLE {s}.a ADD COLUMN w int; DROP TABLE {s}.b")
+              " ALTER TABLE {s}.a ADD COLUMN w int; DROP TABLE {s}.b; (SELECT 4 AS id INTO {s}.e);"
+              " ALTER TABLE {s}.a ADD COLUMN begin int; CREATE TABLE {s}.f (id int PRIMARY KEY)")
     conn.execute(script.format(s="app"))
     by_event_triggers = [e.data["tag"] for e in schema_events(read_events(q))]
     for name in EVENT_TRIGGERS:
         conn.execute(sql.SQL("DROP EVENT TRIGGER {}").format(sql.Identifier(name)))
     execute_script(q, "q", script.format(s="app2"))
     assert [e.data["tag"] for e in schema_events(read_events(q))] == by_event_triggers == [
-        "CREATE TABLE", "CREATE TABLE AS", "SELECT INTO", "CREATE TABLE AS", "ALTER TABLE", "DROP TABLE"]
-    assert [command_tag(s) for s in ("CREATE UNIQUE INDEX i ON t (a)", "create index on t (a)",
-                                     "CREATE OR REPLACE VIEW v AS SELECT 1", "TRUNCATE t",
-                                     "WITH x AS (SELECT 1 AS id) SELECT id INTO y FROM x")] == [
-        "CREATE INDEX", "CREATE INDEX", "CREATE VIEW", "TRUNCATE TABLE", "SELECT INTO"]
+        "CREATE TABLE", "CREATE TABLE AS", "SELECT INTO", "CREATE TABLE AS", "ALTER TABLE", "DROP TABLE",
+        "SELECT INTO", "ALTER TABLE", "CREATE TABLE"]
+    tags = {"CREATE UNIQUE INDEX i ON t (a)": "CREATE INDEX", "create index on t (a)": "CREATE INDEX",
+            "CREATE OR REPLACE VIEW v AS SELECT 1": "CREATE VIEW", "TRUNCATE t": "TRUNCATE TABLE",
+            "WITH x AS (SELECT 1 AS id) SELECT id INTO y FROM x": "SELECT INTO",
+            "SELECT 1 AS id INTO y UNION SELECT 2": "SELECT INTO", "CREATE MATERIALIZED VIEW m AS SELECT 1": (
+                "CREATE MATERIALIZED VIEW"), "VALUES (1)": "SELECT", "TABLE t": "SELECT",
+            "ALTER TABLE t RENAME COLUMN a TO b": "ALTER TABLE", "ALTER VIEW v RENAME COLUMN a TO b": "ALTER VIEW",
+            "ALTER TABLE IF EXISTS t RENAME TO u": "ALTER TABLE", "ALTER TABLE t SET SCHEMA s": "ALTER TABLE",
+            "ALTER MATERIALIZED VIEW m OWNER TO r": "ALTER MATERIALIZED VIEW", "DROP FOREIGN TABLE f": (
+                "DROP FOREIGN TABLE"), "CREATE USER u": "CREATE ROLE", "ALTER USER u NOLOGIN": "ALTER ROLE",
+            "GRANT r TO u": "GRANT ROLE", "REVOKE SELECT ON t FROM u": "REVOKE",
+            "CREATE USER MAPPING FOR u SERVER s": "CREATE USER MAPPING",
+            "CREATE DEFAULT CONVERSION c FOR 'LATIN1' TO 'UTF8' FROM f": "CREATE CONVERSION",
+            "CREATE TEXT SEARCH DICTIONARY d (TEMPLATE = simple)": "CREATE TEXT SEARCH DICTIONARY",
+            "ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO u": "ALTER DEFAULT PRIVILEGES",
+            "SECURITY LABEL ON TABLE t IS 'x'": "SECURITY LABEL", "REFRESH MATERIALIZED VIEW m": (
+                "REFRESH MATERIALIZED VIEW"), "CREATE PROCEDURE p() LANGUAGE sql BEGIN ATOMIC SELECT 1; END": (
+                "CREATE PROCEDURE"), "ALTER ROUTINE f() STABLE": "ALTER ROUTINE", "DROP ROUTINE f": "DROP ROUTINE",
+            "CREATE OPERATOR CLASS c FOR TYPE int USING btree AS OPERATOR 1 <": "CREATE OPERATOR CLASS",
+            "COMMENT ON COLUMN t.a IS 'x'": "COMMENT", "DECLARE c CURSOR FOR SELECT 1": "DECLARE CURSOR",
+            "RESET ALL": "RESET", "SET LOCAL work_mem = '1MB'": "SET", "DISCARD TEMP": "DISCARD TEMP",
+            "DEALLOCATE ALL": "DEALLOCATE ALL", "ANALYZE t": "ANALYZE", "END": "COMMIT",
+            "ROLLBACK TO SAVEPOINT s": "ROLLBACK", "COMMIT PREPARED 'x'": "COMMIT PREPARED"}
+    assert {s: statement.tag for s, statement in zip(tags, read_script(";\n".join(tags)))} == tags
 
 
 # installing without the privilege -----------------------------------------------------------

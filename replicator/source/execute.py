@@ -8,138 +8,101 @@ after an ALTER TABLE are captured with the new columns. Where a statement
 rewrote a captured table's rows (its storage changed: ALTER COLUMN ... TYPE
 ... USING, even to the same type), targets are asked to copy it again, as the
 table_rewrite event trigger does; not where only the storage moved (SET
-LOGGED/UNLOGGED, SET TABLESPACE, SET ACCESS METHOD, CLUSTER, VACUUM FULL).
+LOGGED/UNLOGGED, SET TABLESPACE, SET ACCESS METHOD, CLUSTER).
+
+Scripts are read with PostgreSQL's own parser (pglast) before anything runs:
+each statement is run and named as the server reads it.
 """
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
-import sqlparse
+from pglast import ast, parse_sql
+from pglast.enums import AlterTableType
+from pglast.parser import ParseError
 from psycopg import sql
-from sqlparse import tokens
-from sqlparse.lexer import tokenize
 
 from replicator.errors import UserError
 from replicator.source import Source, db
+from replicator.source.command_tag import command_tag
 from replicator.source.install import has_event_triggers
 
 
-def split_statements(script: str) -> list[str]:
-    """Statements of a script, without empty ones and comment-only ones."""
-    statements = []
-    for text in sqlparse.split(script):
-        stripped = sqlparse.format(text, strip_comments=True).strip().rstrip(";").strip()
-        if stripped:
-            statements.append(text.strip())
-    return statements
+@dataclass(frozen=True)
+class Statement:
+    """One statement of a script, as PostgreSQL's grammar reads it (pglast)."""
+    text: str            # through its semicolon, without the comments before it
+    tree: ast.Node
+    tag: str             # as the event triggers name it (command_tag)
 
 
-# Statements that end or split the script's one transaction: a COMMIT inside it would
-# make "nothing applied on failure" false, a ROLLBACK would drop what came before.
-_TRANSACTION_CONTROL = {"BEGIN", "START", "COMMIT", "END", "ROLLBACK", "ABORT", "SAVEPOINT", "RELEASE"}
-# Words between CREATE and the kind of object, absent from PostgreSQL's command tags.
-_CREATE_MODIFIERS = {"OR", "REPLACE", "UNIQUE", "TEMP", "TEMPORARY", "UNLOGGED", "GLOBAL", "LOCAL",
-                     "RECURSIVE", "TRUSTED", "PROCEDURAL", "CONSTRAINT"}
-_TWO_WORD_OBJECTS = {("MATERIALIZED", "VIEW"), ("FOREIGN", "TABLE"), ("EVENT", "TRIGGER")}
-_DML = {"SELECT", "INSERT", "UPDATE", "DELETE", "MERGE", "VALUES", "TABLE"}
+def read_script(script: str) -> list[Statement]:
+    """The script's statements, split and read by PostgreSQL's own parser
+    (libpg_query, through pglast), as the server will read them (with
+    standard_conforming_strings on, its default). Raises UserError, naming the
+    line, for a script it cannot read: nothing of it has run then."""
+    if "\0" in script:     # the parser, as libpq, would read the script only up to it
+        raise _unreadable(script, script.index("\0"), "it holds a NUL character")
+    try:
+        raws = parse_sql(script)
+    except ParseError as exc:
+        message, index = exc.args
+        raise _unreadable(script, index, message) from None
+    return [_statement(script, raw) for raw in raws]
 
 
-def top_level_words(statement: str) -> list[str]:
-    """The statement's keywords and names, upper case, outside parentheses,
-    literals and comments: 'CREATE TABLE t (a int) AS ...' gives CREATE, TABLE,
-    T, AS, ... and nothing of the column list."""
-    words: list[str] = []
-    depth = 0
-    for ttype, value in tokenize(statement):
-        if ttype in tokens.Punctuation:
-            depth += (value == "(") - (value == ")")
-        elif depth == 0 and (ttype in tokens.Keyword or ttype in tokens.Name):
-            words.extend(value.upper().split())
-    return words
+def _statement(script: str, raw: ast.RawStmt) -> Statement:
+    """The statement the parser found at raw.stmt_location (a character index)."""
+    start = raw.stmt_location or 0
+    end = start + raw.stmt_len if raw.stmt_len else len(script)    # no length: the last, without semicolon
+    tree = raw.stmt
+    assert tree is not None     # the parser leaves out empty statements
+    return Statement(script[start:end + 1].strip(), tree, command_tag(tree))
 
 
-def command_tag(statement: str) -> str:
-    """The statement's command tag as PostgreSQL's event triggers name it:
-    'ALTER TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'CREATE INDEX' (also for
-    CREATE UNIQUE INDEX), 'TRUNCATE TABLE', 'INSERT'..."""
-    words = top_level_words(statement)
-    if not words:
-        return "UNKNOWN"
-    verb, rest = words[0], words[1:]
-    if verb == "WITH":   # the statement the common table expressions are for
-        verb = next((w for w in rest if w in _DML), verb)
-    if verb in ("CREATE", "ALTER", "DROP"):
-        if verb == "CREATE":
-            rest = [w for w in rest if w not in _CREATE_MODIFIERS]
-        kind = rest[:2] if tuple(rest[:2]) in _TWO_WORD_OBJECTS else rest[:1]
-        tag = " ".join([verb, *kind])
-        if tag == "CREATE TABLE" and "AS" in rest:
-            return "CREATE TABLE AS"
-        return tag
-    if verb == "SELECT" and "INTO" in rest:
-        return "SELECT INTO"
-    if verb in ("TRUNCATE", "LOCK"):
-        return f"{verb} TABLE"
-    return verb
+def _unreadable(script: str, index: int | None, why: str) -> UserError:
+    """The refusal of a script unreadable at `index` (None: at its end)."""
+    line = None if index is None else script.count("\n", 0, index) + 1
+    where = f" at line {line}" if line else ""
+    return UserError(f"cannot read the script{where}, nothing was applied: {why}")
 
 
-def transaction_control(statement: str) -> str | None:
-    """The statement's leading words when it controls the transaction (BEGIN,
-    COMMIT, SAVEPOINT, PREPARE TRANSACTION...), else None."""
-    words = top_level_words(statement)
-    if words[:1] and words[0] in _TRANSACTION_CONTROL:
-        return "START TRANSACTION" if words[0] == "START" else words[0]
-    if words[:2] == ["PREPARE", "TRANSACTION"]:
-        return "PREPARE TRANSACTION"
-    return None
-
-
-def _refuse_transaction_control(statements: list[str]) -> None:
+def _refuse_transaction_control(statements: list[Statement]) -> None:
+    """A COMMIT inside the script's one transaction would make "nothing applied on
+    failure" false, a ROLLBACK would drop what came before."""
     for number, statement in enumerate(statements, 1):
-        control = transaction_control(statement)
-        if control:
-            raise UserError(f"statement {number} ({control}) controls the transaction, nothing was applied: "
+        if isinstance(statement.tree, ast.TransactionStmt):
+            raise UserError(f"statement {number} ({statement.tag}) controls the transaction, nothing was applied: "
                             f"`replicator execute` runs the whole script in one transaction; remove it")
 
 
-# Statements that give a table new storage with the same values: no copy needed. A
-# TRUNCATE's trigger already queued what targets need (a T, or a copy for a partition).
-_STORAGE_ONLY_TAGS = {"CLUSTER", "VACUUM", "REINDEX", "TRUNCATE TABLE"}
-_NAME = r'(?:"(?:[^"]|"")+"|[A-Z_][A-Z0-9_$]*)'
-_STORAGE_ACTION = (rf"(?:SET (?:LOGGED|UNLOGGED)|SET TABLESPACE {_NAME}(?: NOWAIT)?|SET ACCESS METHOD {_NAME}"
-                   rf"|SET WITHOUT CLUSTER|CLUSTER ON {_NAME})")
-_STORAGE_ONLY_ALTER = re.compile(
-    rf"ALTER TABLE (?:IF EXISTS )?(?:ONLY )?{_NAME}(?: ?\. ?{_NAME})*(?: \*)? {_STORAGE_ACTION}"
-    rf"(?: ?, ?{_STORAGE_ACTION})*"
-    rf"|ALTER TABLE ALL IN TABLESPACE {_NAME}(?: OWNED BY {_NAME}(?: ?, ?{_NAME})*)?"
-    rf" SET TABLESPACE {_NAME}(?: NOWAIT)?")
+# ALTER TABLE actions that give a table new storage with the same values.
+_STORAGE_ACTIONS = {AlterTableType.AT_SetLogged, AlterTableType.AT_SetUnLogged, AlterTableType.AT_SetTableSpace,
+                    AlterTableType.AT_SetAccessMethod, AlterTableType.AT_ClusterOn, AlterTableType.AT_DropCluster}
 
 
-def storage_only(statement: str, tag: str) -> bool:
+def storage_only(statement: ast.Node) -> bool:
     """Whether the statement can give captured tables new storage (relfilenode)
-    but not new values: CLUSTER, VACUUM FULL, REINDEX, TRUNCATE (its trigger queued
-    what targets need), and an ALTER TABLE whose every action is SET LOGGED /
-    UNLOGGED, SET TABLESPACE, SET ACCESS METHOD (or CLUSTER ON, SET WITHOUT
-    CLUSTER). As the table_rewrite event trigger, which tells by the rewrite's
-    reason, `execute` then asks targets for no copy. Anything else that changed a
-    relfilenode (an ALTER TABLE mixing SET LOGGED with ALTER COLUMN ... TYPE)
-    counts as a rewrite."""
-    if tag in _STORAGE_ONLY_TAGS:
-        return True
-    if tag != "ALTER TABLE":
-        return False
-    text = " ".join(sqlparse.format(statement, strip_comments=True).split()).rstrip(";").strip().upper()
-    return _STORAGE_ONLY_ALTER.fullmatch(text) is not None
+    but not new values: CLUSTER, REINDEX, TRUNCATE (its trigger queued what
+    targets need), ALTER TABLE ALL IN TABLESPACE, and an ALTER TABLE whose every
+    action is SET LOGGED / UNLOGGED, SET TABLESPACE, SET ACCESS METHOD (or
+    CLUSTER ON, SET WITHOUT CLUSTER). As the table_rewrite event trigger, which
+    tells by the rewrite's reason, `execute` then asks targets for no copy.
+    Anything else that changed a relfilenode (an ALTER TABLE mixing SET LOGGED
+    with ALTER COLUMN ... TYPE) counts as a rewrite."""
+    if isinstance(statement, ast.AlterTableStmt):
+        return all(command.subtype in _STORAGE_ACTIONS for command in statement.cmds or ())
+    return isinstance(statement, (ast.ClusterStmt, ast.ReindexStmt, ast.TruncateStmt, ast.AlterTableMoveAllStmt))
 
 
 def execute_script(source: Source, queue: str, script: str) -> int:
     """Runs the script in one transaction; returns the number of schema events it
     queued into `queue`, whoever queued them (the event triggers, or sync_all here)."""
+    statements = read_script(script)
     queue_id = source.queue_id(queue)
-    statements = split_statements(script)
     if not statements:
         raise UserError("the script holds no SQL statement")
     _refuse_transaction_control(statements)
@@ -158,9 +121,8 @@ def execute_script(source: Source, queue: str, script: str) -> int:
         # since targets copy a new table after this transaction committed.
         storage = None if automatic else _captured_storage(source.conn)
         for number, statement in enumerate(statements, 1):
-            tag = command_tag(statement)
             try:
-                source.conn.execute(statement)
+                source.conn.execute(statement.text)
             except psycopg.errors.RaiseException:
                 raise
             except psycopg.Error as exc:
@@ -168,9 +130,10 @@ def execute_script(source: Source, queue: str, script: str) -> int:
                 raise UserError(f"statement {number} failed, nothing was applied: {message}") from None
             if not automatic:
                 after = _captured_storage(source.conn)
-                rewritten = _rewritten(storage or {}, after, source.conn, storage_only(statement, tag))
+                rewritten = _rewritten(storage or {}, after, source.conn, storage_only(statement.tree))
                 storage = after
-                source.conn.execute("SELECT replicator.sync_all(%s, %s, %s::oid[])", (tag, statement, rewritten))
+                source.conn.execute("SELECT replicator.sync_all(%s, %s, %s::oid[])",
+                                    (statement.tag, statement.text, rewritten))
         return _schema_events_queued(source.conn, queue_id)
 
 
@@ -212,4 +175,7 @@ def execute_file(source: Source, queue: str, path: Path) -> int:
         script = path.read_text()
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"cannot read {path}: it is not {exc.encoding} text "
+                        f"(byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     return execute_script(source, queue, script)
