@@ -702,8 +702,7 @@ def consume(ctx: Context, queue_name: str | None, source_url: str | None, target
         raise UserError("--once and --until-caught-up exclude each other")
     if source_url is not None:
         if queue_name is not None:
-            from replicator.targets.kafka.settings import shown
-            raise UserError(f"give QUEUE or --source, not both: a follower of {shown(source_url)} reads no queue")
+            raise UserError("give QUEUE or --source, not both: a follower of Kafka topics reads no queue")
         if recopy or consumer_name:
             raise UserError("--recopy and --consumer apply to consumers of a queue, not to followers of Kafka "
                             "topics (a new follower bootstraps from the topics)")
@@ -743,11 +742,9 @@ def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_rec
             once: bool, until_caught_up: bool,
             poll_interval: float, stats_interval: float, metrics_port: int | None, metrics_address: str,
             health_max_lag: float, spark_master: str | None, spark_conf: dict[str, str]) -> None:
-    from replicator.targets import open_target
-    from replicator.targets.kafka.follower import Follower
-    from replicator.targets.kafka.settings import parse_url
+    from replicator.targets import kafka_source, open_follower, open_target
 
-    settings = parse_url(source_url)
+    settings = kafka_source(source_url)
     for record in skip_records:
         topic, _, offset = record.rpartition(":")
         if not (topic.rpartition(":")[0] and topic.rpartition(":")[2].isdigit() and offset.isdigit()):
@@ -757,34 +754,32 @@ def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_rec
     # before the first Kafka request: a SIGTERM while the follower starts ends it at its first step
     stop = StopFlag() if once or until_caught_up else StopFlag().install()
     target = open_target(target_url, spark_master=spark_master, spark_conf=spark_conf)
-    follower: Follower | None = None
     try:
-        follower = Follower(settings, target, tables=tables, poll_interval=poll_interval,
-                            stats_interval=stats_interval, health_max_lag=health_max_lag, skip=skip_records)
-        _serve_metrics(follower.metrics, metrics_address, metrics_port, once=False)
-        follower.run(once=once, until_caught_up=until_caught_up, stop=stop)
-    finally:
-        if follower is not None:
+        follower = open_follower(settings, target, tables=tables, poll_interval=poll_interval,
+                                 stats_interval=stats_interval, health_max_lag=health_max_lag, skip=skip_records)
+        try:
+            _serve_metrics(follower.metrics, metrics_address, metrics_port, once=False)
+            follower.run(once=once, until_caught_up=until_caught_up, stop=stop)
+        finally:
             follower.close()
+    finally:
         target.close()
 
 
 def _spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
-    from replicator.targets.spark.session import parse_conf
-    return parse_conf(pairs)
+    """--spark-conf's KEY=VALUE strings as a dict."""
+    conf: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"invalid --spark-conf {pair!r}: use KEY=VALUE")
+        conf[key.strip()] = value.strip()
+    return conf
 
 
 @cli.group()
 def delta() -> None:
     """Delta warehouse maintenance and inspection (targets delta:PATH or delta:URI)."""
-
-
-def _delta_storage(target_url: str) -> Any:
-    scheme, _, where = target_url.partition(":")
-    if scheme != "delta" or not where:
-        raise UserError(f"invalid target {target_url!r}: use delta:PATH or delta:s3://BUCKET/PREFIX")
-    from replicator.targets.delta.stores import open_storage, parse_url
-    return open_storage(parse_url(where)[0])   # each table is read and optimized as the kind it is
 
 
 @delta.command("tables")
@@ -804,19 +799,18 @@ def delta_tables(target_url: str, tick: int | None, consumer_name: str | None, a
         replicator delta tables --target delta:/data/warehouse
         replicator delta tables --target delta:/data/warehouse --tick 1200 --json
     """
-    from replicator.targets.delta import reader
+    from replicator.targets import delta_uris, delta_versions
 
-    _delta_storage(target_url)
     rows: list[dict[str, Any]]
     views: list[dict[str, Any]]
     if tick is None:
-        rows = [{"table": name, "uri": uri} for name, uri in reader.table_uris(target_url).items()]
-        views = [{"view": name, "uri": uri} for name, uri in reader.view_uris(target_url).items()]
+        table_uris, view_uris = delta_uris(target_url)
+        rows = [{"table": name, "uri": uri} for name, uri in table_uris.items()]
+        views = [{"view": name, "uri": uri} for name, uri in view_uris.items()]
     else:
-        rows = [{"table": name, "uri": uri, "version": version}
-                for name, (uri, version) in reader.versions_as_of(target_url, tick, consumer_name).items()]
-        views = [{"view": name, "uri": uri, "version": version}
-                 for name, (uri, version) in reader.view_versions_as_of(target_url, tick, consumer_name).items()]
+        table_versions, view_versions = delta_versions(target_url, tick, consumer_name)
+        rows = [{"table": name, "uri": uri, "version": version} for name, (uri, version) in table_versions.items()]
+        views = [{"view": name, "uri": uri, "version": version} for name, (uri, version) in view_versions.items()]
     if as_json:
         click.echo(json.dumps(rows + views, indent=2))
     else:
@@ -839,9 +833,9 @@ def delta_optimize(target_url: str, tables: tuple[str, ...], purge: bool) -> Non
         replicator delta optimize --target delta:/data/warehouse
         replicator delta optimize --target delta:s3://lake/replica --table public.orders --purge
     """
-    from replicator.targets.delta import maintenance
+    from replicator.targets import delta_optimize
 
-    done = maintenance.optimize(_delta_storage(target_url), list(tables) or None, everything=purge)
+    done = delta_optimize(target_url, list(tables) or None, everything=purge)
     for d in done:
         click.echo(f"{d.table}: {counted(d.files, 'file')} into {counted(d.written, 'file')} "
                    f"({counted(d.rows, 'row')}) in {d.seconds:.1f}s"
@@ -867,10 +861,10 @@ def delta_vacuum(target_url: str, retain: str | None, force: bool, dry_run: bool
         replicator delta vacuum --target delta:/data/warehouse --dry-run
         replicator delta vacuum --target delta:s3://lake/replica --retain 30d
     """
-    from replicator.targets.delta import maintenance
+    from replicator.targets import delta_vacuum
 
     retention = parse_duration(retain).total_seconds() if retain is not None else None
-    done = maintenance.vacuum(_delta_storage(target_url), retention=retention, force=force, dry_run=dry_run)
+    done = delta_vacuum(target_url, retention=retention, force=force, dry_run=dry_run)
     for d in done:
         click.echo(f"{d.table}: {counted(d.files, 'file')} ({d.bytes:,} bytes) "
                    f"{'would be ' if dry_run else ''}deleted")
@@ -1146,9 +1140,6 @@ def view_drop(name: str, target_url: str) -> None:
     click.echo(f"view {name} dropped")
 
 
-_SPARK_EXTRA = {"pyspark", "pandas"}   # pyproject.toml's spark extra
-
-
 def _command_named(args: list[str]) -> str:
     """The command path the arguments name, for the errors click raises without a
     context (an option missing its value)."""
@@ -1196,9 +1187,6 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:
-        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").partition(".")[0] in _SPARK_EXTRA:
-            _fail(f"Spark (views on a Delta warehouse, reading it from Spark) needs the spark extra ({exc}): "
-                  f"pip install 'replicator[spark]'")
         # A bug, not a mistake of the user's: one line still, the traceback on request.
         if os.environ.get("REPLICATOR_DEBUG"):
             raise

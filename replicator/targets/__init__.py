@@ -2,18 +2,30 @@
 small protocol (protocol.py): SQLite (sqlite/), the Delta Lake warehouse (delta/), Kafka
 topics and their followers (kafka/), streams (stream.py); spark/ holds the Spark sessions
 the Delta warehouse's views and readers use.
-open_target picks one by its URL, open_views a target's view store.
+open_target picks one by its URL, open_views a target's view store, open_follower a follower
+of Kafka topics; the delta_* functions serve the `delta` commands.
+
+The one way in to delta/, kafka/ and spark/ from the rest of replicator: each is imported here
+when a URL names it, once its extra's packages are known to be installed (replicator.extras),
+so that a base install runs everything else (lint-imports checks it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from replicator.errors import UserError
+from replicator.extras import require
 from replicator.targets.protocol import Target
 from replicator.views.store import ViewStore
+
+if TYPE_CHECKING:
+    from replicator.targets.delta.maintenance import Optimized, Vacuumed
+    from replicator.targets.kafka.follower import Follower
+    from replicator.targets.kafka.settings import KafkaSettings
 
 
 def open_target(url: str, *, spark_master: str | None = None,
@@ -27,12 +39,14 @@ def open_target(url: str, *, spark_master: str | None = None,
         path, numeric = parse_url(rest)
         return SqliteTarget(Path(path), numeric=numeric)
     if scheme == "kafka":
+        require("kafka", "the Kafka target")
         from replicator.targets.kafka.publisher import KafkaTarget
         from replicator.targets.kafka.settings import parse_url as parse_kafka_url
         return KafkaTarget(parse_kafka_url(url))
     if scheme in ("jsonl", "tsv"):
         from replicator.targets.stream import StreamTarget
         return StreamTarget(rest, scheme)
+    require("delta", "the Delta target")
     from replicator.targets.delta.target import DeltaTarget
     return DeltaTarget(rest, spark_master=spark_master, spark_conf=spark_conf)
 
@@ -74,6 +88,7 @@ def open_views(url: str, *, spark_master: str | None = None,
         finally:
             target.close()
         return
+    require("delta", "the Delta target")
     from replicator.targets.delta.state import WarehouseState
     from replicator.targets.delta.stores import open_storage
     from replicator.targets.delta.stores import parse_url as parse_delta_url
@@ -91,3 +106,59 @@ def open_views(url: str, *, spark_master: str | None = None,
                         f"replicates into it")
     yield DeltaViews(ReadWarehouse(storage),
                      Session(lambda: get_session(spark_master, spark_conf, app_name="replicator view")))
+
+
+def kafka_source(url: str) -> KafkaSettings:
+    """The publisher's topics a follower's --source kafka://BROKERS/PREFIX names."""
+    require("kafka", "a follower of Kafka topics")
+    from replicator.targets.kafka.settings import parse_url
+    return parse_url(url)
+
+
+def open_follower(settings: KafkaSettings, target: Target, *, tables: list[str] | None, poll_interval: float,
+                  stats_interval: float, health_max_lag: float, skip: Iterable[str]) -> Follower:
+    """A follower of the topics of kafka_source(), applying them to target."""
+    from replicator.targets.kafka.follower import Follower
+    return Follower(settings, target, tables=tables, poll_interval=poll_interval, stats_interval=stats_interval,
+                    health_max_lag=health_max_lag, skip=skip)
+
+
+def _warehouse(url: str) -> str:
+    """The warehouse a `delta` command's --target delta:PATH|URI names, without its scheme and options."""
+    scheme, _, where = url.partition(":")
+    if scheme != "delta" or not where:
+        raise UserError(f"invalid target {url!r}: use delta:PATH or delta:s3://BUCKET/PREFIX")
+    require("delta", "the Delta warehouse")
+    from replicator.targets.delta.stores import parse_url
+    return parse_url(where)[0]   # each table is read and optimized as the kind it is
+
+
+def delta_uris(url: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The warehouse's tables (schema.table) and views, each → the URI of its Delta table."""
+    where = _warehouse(url)
+    from replicator.targets.delta import reader
+    return reader.table_uris(where), reader.view_uris(where)
+
+
+def delta_versions(url: str, tick: int, consumer: str | None) -> tuple[dict[str, tuple[str, int]],
+                                                                         dict[str, tuple[str, int]]]:
+    """The warehouse's tables and views as of tick `tick`, each → (its URI, its version then)."""
+    where = _warehouse(url)
+    from replicator.targets.delta import reader
+    return reader.versions_as_of(where, tick, consumer), reader.view_versions_as_of(where, tick, consumer)
+
+
+def delta_optimize(url: str, tables: list[str] | None, *, everything: bool) -> list[Optimized]:
+    """Delta OPTIMIZE of the warehouse's tables (replicator.targets.delta.maintenance)."""
+    where = _warehouse(url)
+    from replicator.targets.delta import maintenance
+    from replicator.targets.delta.stores import open_storage
+    return maintenance.optimize(open_storage(where), tables, everything=everything)
+
+
+def delta_vacuum(url: str, *, retention: float | None, force: bool, dry_run: bool) -> list[Vacuumed]:
+    """Delta VACUUM of the warehouse's tables (replicator.targets.delta.maintenance)."""
+    where = _warehouse(url)
+    from replicator.targets.delta import maintenance
+    from replicator.targets.delta.stores import open_storage
+    return maintenance.vacuum(open_storage(where), retention=retention, force=force, dry_run=dry_run)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from replicator.errors import UserError
+from replicator.extras import require
 from replicator.targets.s3_endpoint import s3_endpoint
 from replicator.targets.spark.jars import PACKAGES, build_log_store, cache_dir, jar_settings, record_resolution
 
@@ -63,17 +64,6 @@ APPENDED = ("spark.jars", "spark.jars.packages", "spark.jars.excludes", "spark.s
 
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 INCUBATOR_WARNING = b"WARNING: Using incubator modules:"
-
-
-def parse_conf(pairs: list[str] | tuple[str, ...] | None) -> dict[str, str]:
-    """KEY=VALUE strings (from --spark-conf) as a dict."""
-    conf: dict[str, str] = {}
-    for pair in pairs or ():
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"invalid --spark-conf {pair!r}: use KEY=VALUE")
-        conf[key.strip()] = value.strip()
-    return conf
 
 
 def s3a_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -110,11 +100,9 @@ def get_session(master: str | None = None, conf: Mapping[str, str] | None = None
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError:
-        raise UserError("Spark (views on a Delta warehouse, reading it from Spark) needs PySpark: "
-                        "pip install 'replicator[spark]'") from None
+    require("spark", "Spark (views on a Delta warehouse, reading it from Spark)")
+    from pyspark.sql import SparkSession
+
     builder = SparkSession.builder.appName(app_name).master(master or os.environ.get("SPARK_MASTER", "local[*]"))
     jars = cache_dir()
     build_log_store(jars)
