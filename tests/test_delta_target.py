@@ -969,3 +969,43 @@ def test_the_key_index_follows_the_rows_an_optimize_moves_and_later_changes_stay
     rows = pa.table(DeltaTable(str(tmp_path / "public.t")).scan().read_all()).to_pylist()
     assert len(rows) == len(expected)
     assert {r["id"]: r["v"] for r in rows} == expected
+
+
+def test_a_copys_full_files_are_not_folded_again_and_folds_write_files_of_file_rows(tmp_path, monkeypatch):
+    """A copy's files hold FILE_ROWS rows each; narrow rows make them smaller than SMALL_FILE_BYTES,
+    and folding them as a batch's small files would rewrite the whole table at the first batch
+    (seconds at 10M rows) into files twice as large (Spark reads a file per task)."""
+    from replicator.structure import Column, TableStructure
+    from replicator.targets.delta import maintenance
+    from replicator.targets.delta import table as delta_table
+    from replicator.targets.delta.table import ReplicaTable
+
+    monkeypatch.setattr(delta_table, "FILE_ROWS", 1000)
+    monkeypatch.setattr(delta_table, "ROW_GROUP", 250)
+    monkeypatch.setattr(maintenance, "FILE_ROWS", 1000)
+    structure = TableStructure("public", "t", (Column("id", "bigint", "bigint", "N", True, 1),
+                                               Column("v", "text", "text", "S", False, 2)), ("id",))
+    meta = {"source_name": "public.t", "table_id": 1, "mode": "full", "structure": structure.to_json(),
+            "copy_snapshot": None}
+    table = ReplicaTable(LocalStorage(tmp_path), "public.t")
+    table.reset(meta, structure)
+    for start in range(0, 9000, 250):   # as a copy's chunks come
+        table.copy([(i, f"v{i}") for i in range(start, start + 250)])
+    table.commit(None, None)
+    copied = set(table.snapshot.files)
+    assert len(copied) == 9 >= maintenance.SMALL_FILES_DUE
+    for tick in range(1, maintenance.SMALL_FILES_DUE + 1):   # a small file per batch
+        table.change((9000 + tick,), False, (9000 + tick, "new"))
+        table.change((tick,), True, (tick, None))
+        table.commit("q/c", tick)
+        if tick < maintenance.SMALL_FILES_DUE:
+            assert not maintenance.due(table)
+    assert maintenance.due(table)
+    done = maintenance.optimize_table(table)
+    assert done is not None and done.committed
+    assert done.files == maintenance.SMALL_FILES_DUE   # the batches' files, none of the copy's
+    assert copied <= set(table.snapshot.files)
+    done = maintenance.optimize_table(table, everything=True)   # every file with deletions: the copy's too
+    assert done is not None and done.committed
+    sizes = [json.loads(add["stats"])["numRecords"] for add in table.snapshot.files.values()]
+    assert sum(sizes) == 9000 and max(sizes) <= 1000, sizes

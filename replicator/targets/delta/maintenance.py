@@ -73,7 +73,7 @@ from replicator.targets.delta.view_table import VIEWS_DIR, ViewTable, view_direc
 
 log = logging.getLogger("replicator")
 
-SMALL_FILE_BYTES = 32 << 20    # a file smaller than this is folded with the others
+SMALL_FILE_BYTES = 32 << 20    # a file smaller than this, and of under half FILE_ROWS rows, is folded with the others
 SMALL_FILES_DUE = 8            # small files of a table before the consumer folds them (cheap: they are small)
 PURGE_RATIO = 0.2              # share of a file's rows deleted before it is rewritten after a commit
 IDLE_PURGE_RATIO = 0.01        # ... while the consumer is idle (below it a rewrite would cost more than it saves)
@@ -123,8 +123,14 @@ class Optimized:
 
 def due(table: ReplicaTable) -> bool:
     """Whether the consumer should OPTIMIZE the table after its last commit."""
-    small = sum(1 for add in table.snapshot.files.values() if add.get("size", 0) < SMALL_FILE_BYTES)
+    small = sum(1 for add in table.snapshot.files.values() if _small(add))
     return small >= SMALL_FILES_DUE or any(_purge(add) for add in table.snapshot.files.values())
+
+
+def _small(add: dict[str, Any]) -> bool:
+    """A file worth folding with others: a batch's, not a copy's or a rewrite's (files of FILE_ROWS
+    rows of narrow columns are under SMALL_FILE_BYTES, and folding them would rewrite the table)."""
+    return add.get("size", 0) < SMALL_FILE_BYTES and _records(add) < FILE_ROWS // 2   # unknown: 0
 
 
 def _purge(add: dict[str, Any]) -> bool:
@@ -147,7 +153,7 @@ def optimize_table(table: ReplicaTable, *, everything: bool = False) -> Optimize
     every file with deletions too) into large files. None when nothing needs it."""
     table.check_writable()
     files = table.snapshot.files
-    small = [p for p, add in files.items() if add.get("size", 0) < SMALL_FILE_BYTES]
+    small = [p for p, add in files.items() if _small(add)]
     chosen = set(small) if len(small) >= 2 else set()
     chosen |= {p for p, add in files.items() if _purge(add) or (everything and add.get("deletionVector"))}
     if not chosen:
@@ -185,7 +191,7 @@ def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
     if best is None:
         return None
     _, table, path = best
-    small = {p for p, add in table.snapshot.files.items() if add.get("size", 0) < SMALL_FILE_BYTES}
+    small = {p for p, add in table.snapshot.files.items() if _small(add)}
     result = _rewrite(table.storage, table.snapshot, small | {path},
                       delta_schema.arrow_schema(table.structure(), table.snapshot.schema), table.deletion_vector,
                       table.taken_in)
@@ -236,12 +242,12 @@ def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], t
     try:
         for path, add in originals.items():
             live, kept, total = _live_rows(storage, snapshot.table, path, deletion_vector(add), target)
+            if pending_rows and pending_rows + live.num_rows > FILE_ROWS:
+                flush()   # files of about FILE_ROWS rows: a file's rows stay in one new file (Move)
             moves.append(Move(path, kept, total, len(written), pending_rows))   # new file: by number, until written
             rows += live.num_rows
             pending.append(live)
             pending_rows += live.num_rows
-            if pending_rows >= FILE_ROWS:
-                flush()
         flush()
     except BaseException:
         for add in written:
