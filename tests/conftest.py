@@ -14,13 +14,12 @@ import psycopg
 import pytest
 
 from kafkaserver import KafkaServer
-from pg_helpers import drop_database
+from pg_helpers import empty_database
 from pgserver import PgServer
 from replicator.source import Source
 from replicator.source.install import install
 from s3_helpers import MotoServer
 
-_db_counter = itertools.count()
 _kafka_prefix_counter = itertools.count()
 
 
@@ -34,19 +33,11 @@ def pg_server() -> Iterator[PgServer]:
         server.destroy()
 
 
-def _dsn_for(server: PgServer, dbname: str) -> str:
-    return f"host=127.0.0.1 port={server.port} user=postgres dbname={dbname}"
-
-
 @pytest.fixture
 def empty_dsn(pg_server: PgServer) -> Iterator[str]:
     """DSN of a new, empty database (replicator not installed)."""
-    name = f"test_{os.getpid()}_{next(_db_counter)}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield _dsn_for(pg_server, name)
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        drop_database(conn, name)
+    with empty_database(pg_server) as dsn:
+        yield dsn
 
 
 @pytest.fixture
