@@ -1,5 +1,6 @@
 """Shared fixtures: one throwaway PostgreSQL cluster per test session, a fresh
-database per test, replicator installed in it; one S3-compatible server (moto) per
+database per test, replicator installed in it (and two small captured tables in queue q:
+queue_q, orders); one S3-compatible server (moto) per
 test session, a fresh bucket per test; one Spark session; one Kafka broker per test
 session (kafka), a topic prefix per test (kafka_prefix), and a private broker for a
 test that kills or restarts it (own_kafka)."""
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from consumer_helpers import set_fast_ticks
 from kafkaserver import KafkaServer
 from pg_helpers import empty_database
 from pgserver import PgServer
@@ -59,6 +61,27 @@ def conn(dsn: str) -> Iterator[psycopg.Connection]:
 def source(dsn: str) -> Iterator[Source]:
     with Source.connect(dsn) as s:
         yield s
+
+
+@pytest.fixture
+def queue_q(conn: psycopg.Connection, source: Source) -> str:
+    """Queue q capturing t (id, v) with 10 rows, ticking fast."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO t SELECT g, 'seed' FROM generate_series(1, 10) g")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    set_fast_ticks(conn)
+    return "q"
+
+
+@pytest.fixture
+def orders(conn: psycopg.Connection, source: Source) -> str:
+    """Queue q capturing orders (id, v) with rows 1 to 5."""
+    conn.execute("CREATE TABLE orders (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO orders SELECT g, 'v' || g FROM generate_series(1, 5) g")
+    source.create_queue("q")
+    source.add_table("q", "orders")
+    return "orders"
 
 
 @pytest.fixture(scope="session")
