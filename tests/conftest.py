@@ -24,6 +24,18 @@ from s3_helpers import MotoServer
 
 _kafka_prefix_counter = itertools.count()
 
+# The server a test needs, by the fixture that gives it: a marker each (registered in
+# pyproject.toml), so that `-m 'not spark and not kafka'` leaves out the slow ones
+# (docs/testing.md). A test that starts a server of its own is marked by hand.
+SERVER_MARKERS = {"pg_server": "pg", "spark": "spark", "kafka": "kafka", "own_kafka": "kafka", "s3_server": "s3"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):   # every fixture the test uses, directly or not
+            if fixture in SERVER_MARKERS:
+                item.add_marker(SERVER_MARKERS[fixture])
+
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
