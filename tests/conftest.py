@@ -1,9 +1,9 @@
-"""Shared fixtures: one throwaway PostgreSQL cluster per test session, a fresh
-database per test, replicator installed in it (and two small captured tables in queue q:
-queue_q, orders); one S3-compatible server (moto) per
-test session, a fresh bucket per test; one Spark session; one Kafka broker per test
-session (kafka), a topic prefix per test (kafka_prefix), and a private broker for a
-test that kills or restarts it (own_kafka)."""
+"""Shared fixtures: one throwaway PostgreSQL cluster per test session, a fresh database
+per test, replicator installed in it (and two small captured tables in queue q: queue_q,
+orders); one S3-compatible server (moto) per test session, a fresh bucket per test; one
+Spark session at a time, replaced when it stops answering (spark); one Kafka broker per
+test session (kafka), a topic prefix per test (kafka_prefix), and a private broker for a
+test that kills or restarts it (own_kafka). Each test is marked with the servers it needs."""
 
 from __future__ import annotations
 
@@ -21,13 +21,14 @@ from pgserver import PgServer
 from replicator.source import Source
 from replicator.source.install import install
 from s3_helpers import MotoServer
+from spark_helpers import SparkSessions
 
 _kafka_prefix_counter = itertools.count()
 
 # The server a test needs, by the fixture that gives it: a marker each (registered in
 # pyproject.toml), so that `-m 'not spark and not kafka'` leaves out the slow ones
 # (docs/testing.md). A test that starts a server of its own is marked by hand.
-SERVER_MARKERS = {"pg_server": "pg", "spark": "spark", "kafka": "kafka", "own_kafka": "kafka", "s3_server": "s3"}
+SERVER_MARKERS = {"pg_server": "pg", "spark_sessions": "spark", "kafka": "kafka", "own_kafka": "kafka", "s3_server": "s3"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -114,22 +115,32 @@ def s3_url(s3_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture(scope="session")
-def spark(s3_server: MotoServer) -> Iterator[object]:
-    """One local Spark session for the whole test run (starting one takes ~10 s);
-    the streaming source is registered in it. Its JVM starts with the test S3
+def spark_sessions(s3_server: MotoServer) -> Iterator[SparkSessions]:
+    """Local Spark sessions for the test run, one at a time (starting one takes ~10 s);
+    the streaming source is registered in each. Their JVM starts with the test S3
     server's environment, so its s3a reaches the buckets of s3_url."""
     pytest.importorskip("pyspark")
     from replicator.spark import get_session
 
-    with pytest.MonkeyPatch.context() as env:
-        s3_server.apply_env(env)
-        session = get_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
-                                           "spark.driver.memory": "2g", "spark.ui.enabled": "false"},
-                              app_name="replicator tests")
+    def start() -> object:
+        with pytest.MonkeyPatch.context() as env:
+            s3_server.apply_env(env)
+            return get_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
+                                            "spark.driver.memory": "2g", "spark.ui.enabled": "false"},
+                               app_name="replicator tests")
+
+    sessions = SparkSessions(start)
     try:
-        yield session
+        yield sessions
     finally:
-        session.stop()
+        sessions.stop()
+
+
+@pytest.fixture
+def spark(spark_sessions: SparkSessions) -> object:
+    """The run's Spark session, shared by the tests while it answers; one whose JVM died
+    or stalls in an earlier test is replaced first (spark_helpers)."""
+    return spark_sessions.healthy()
 
 
 @pytest.fixture(scope="session")
