@@ -29,13 +29,20 @@ _kafka_prefix_counter = itertools.count()
 # pyproject.toml), so that `-m 'not spark and not kafka'` leaves out the slow ones
 # (docs/testing.md). A test that starts a server of its own is marked by hand.
 SERVER_MARKERS = {"pg_server": "pg", "spark_sessions": "spark", "kafka": "kafka", "own_kafka": "kafka", "s3_server": "s3"}
+# Under pytest-xdist's --dist loadgroup the tests of a shared JVM run on one worker, so that
+# one Spark session and one broker start, not one per worker (a test of both goes with Spark).
+JVM_GROUPS = ("spark", "kafka")
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for fixture in getattr(item, "fixturenames", ()):   # every fixture the test uses, directly or not
             if fixture in SERVER_MARKERS:
                 item.add_marker(SERVER_MARKERS[fixture])
+        group = next((name for name in JVM_GROUPS if item.get_closest_marker(name)), None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
