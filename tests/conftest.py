@@ -1,8 +1,9 @@
-"""Shared fixtures: one throwaway PostgreSQL cluster per test session, a fresh
-database per test, replicator installed in it; one S3-compatible server (moto) per
-test session, a fresh bucket per test; one Spark session; one Kafka broker per test
-session (kafka), a topic prefix per test (kafka_prefix), and a private broker for a
-test that kills or restarts it (own_kafka)."""
+"""Shared fixtures: one throwaway PostgreSQL cluster per test session, a fresh database
+per test, replicator installed in it (and two small captured tables in queue q: queue_q,
+orders); one S3-compatible server (moto) per test session, a fresh bucket per test; one
+Spark session at a time, replaced when it stops answering (spark); one Kafka broker per
+test session (kafka), a topic prefix per test (kafka_prefix), and a private broker for a
+test that kills or restarts it (own_kafka). Each test is marked with the servers it needs."""
 
 from __future__ import annotations
 
@@ -13,15 +14,35 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from consumer_helpers import set_fast_ticks
 from kafkaserver import KafkaServer
-from pg_helpers import drop_database
+from pg_helpers import empty_database
 from pgserver import PgServer
 from replicator.source import Source
 from replicator.source.install import install
 from s3_helpers import MotoServer
+from spark_helpers import SparkSessions
 
-_db_counter = itertools.count()
 _kafka_prefix_counter = itertools.count()
+
+# The server a test needs, by the fixture that gives it: a marker each (registered in
+# pyproject.toml), so that `-m 'not spark and not kafka'` leaves out the slow ones
+# (docs/testing.md). A test that starts a server of its own is marked by hand.
+SERVER_MARKERS = {"pg_server": "pg", "spark_sessions": "spark", "kafka": "kafka", "own_kafka": "kafka", "s3_server": "s3"}
+# Under pytest-xdist's --dist loadgroup the tests of a shared JVM run on one worker, so that
+# one Spark session and one broker start, not one per worker (a test of both goes with Spark).
+JVM_GROUPS = ("spark", "kafka")
+
+
+@pytest.hookimpl(tryfirst=True)   # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):   # every fixture the test uses, directly or not
+            if fixture in SERVER_MARKERS:
+                item.add_marker(SERVER_MARKERS[fixture])
+        group = next((name for name in JVM_GROUPS if item.get_closest_marker(name)), None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
@@ -34,19 +55,11 @@ def pg_server() -> Iterator[PgServer]:
         server.destroy()
 
 
-def _dsn_for(server: PgServer, dbname: str) -> str:
-    return f"host=127.0.0.1 port={server.port} user=postgres dbname={dbname}"
-
-
 @pytest.fixture
 def empty_dsn(pg_server: PgServer) -> Iterator[str]:
     """DSN of a new, empty database (replicator not installed)."""
-    name = f"test_{os.getpid()}_{next(_db_counter)}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield _dsn_for(pg_server, name)
-    with psycopg.connect(pg_server.dsn, autocommit=True) as conn:
-        drop_database(conn, name)
+    with empty_database(pg_server) as dsn:
+        yield dsn
 
 
 @pytest.fixture
@@ -70,6 +83,27 @@ def source(dsn: str) -> Iterator[Source]:
         yield s
 
 
+@pytest.fixture
+def queue_q(conn: psycopg.Connection, source: Source) -> str:
+    """Queue q capturing t (id, v) with 10 rows, ticking fast."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO t SELECT g, 'seed' FROM generate_series(1, 10) g")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    set_fast_ticks(conn)
+    return "q"
+
+
+@pytest.fixture
+def orders(conn: psycopg.Connection, source: Source) -> str:
+    """Queue q capturing orders (id, v) with rows 1 to 5."""
+    conn.execute("CREATE TABLE orders (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO orders SELECT g, 'v' || g FROM generate_series(1, 5) g")
+    source.create_queue("q")
+    source.add_table("q", "orders")
+    return "orders"
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
     server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log").start()
@@ -88,22 +122,32 @@ def s3_url(s3_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture(scope="session")
-def spark(s3_server: MotoServer) -> Iterator[object]:
-    """One local Spark session for the whole test run (starting one takes ~10 s);
-    the streaming source is registered in it. Its JVM starts with the test S3
+def spark_sessions(s3_server: MotoServer) -> Iterator[SparkSessions]:
+    """Local Spark sessions for the test run, one at a time (starting one takes ~10 s);
+    the streaming source is registered in each. Their JVM starts with the test S3
     server's environment, so its s3a reaches the buckets of s3_url."""
     pytest.importorskip("pyspark")
     from replicator.spark import get_session
 
-    with pytest.MonkeyPatch.context() as env:
-        s3_server.apply_env(env)
-        session = get_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
-                                           "spark.driver.memory": "2g", "spark.ui.enabled": "false"},
-                              app_name="replicator tests")
+    def start() -> object:
+        with pytest.MonkeyPatch.context() as env:
+            s3_server.apply_env(env)
+            return get_session("local[2]", {"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4",
+                                            "spark.driver.memory": "2g", "spark.ui.enabled": "false"},
+                               app_name="replicator tests")
+
+    sessions = SparkSessions(start)
     try:
-        yield session
+        yield sessions
     finally:
-        session.stop()
+        sessions.stop()
+
+
+@pytest.fixture
+def spark(spark_sessions: SparkSessions) -> object:
+    """The run's Spark session, shared by the tests while it answers; one whose JVM died
+    or stalls in an earlier test is replaced first (spark_helpers)."""
+    return spark_sessions.healthy()
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,82 @@
-"""What the tests need of PostgreSQL across the versions replicator supports (12 to 18)."""
+"""What the tests need of PostgreSQL across the versions replicator supports (12 to 18):
+databases and roles of their own on the session's cluster, dropped whatever the server version."""
 
 from __future__ import annotations
 
+import itertools
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import psycopg
 from psycopg import sql
+
+from pgserver import PgServer
+from replicator.source.install import install
+
+_names = itertools.count()
+
+
+def unique_name(prefix: str) -> str:
+    """A database or role name no other test of the run uses (the process id: one per
+    pytest-xdist worker, each with a cluster of its own)."""
+    return f"{prefix}_{os.getpid()}_{next(_names)}"
+
+
+def dsn_of(server: PgServer, dbname: str, user: str = "postgres") -> str:
+    """The DSN of a database of the server, as a role."""
+    return psycopg.conninfo.make_conninfo(server.dsn, dbname=dbname, user=user)
+
+
+@contextmanager
+def empty_database(server: PgServer, prefix: str = "test") -> Iterator[str]:
+    """A new, empty database (replicator not installed), dropped on leaving; its DSN."""
+    name = unique_name(prefix)
+    with psycopg.connect(server.dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield dsn_of(server, name)
+    finally:
+        with psycopg.connect(server.dsn, autocommit=True) as admin:
+            drop_database(admin, name)
+
+
+@contextmanager
+def fresh_database(server: PgServer, prefix: str = "test") -> Iterator[str]:
+    """A new database with replicator installed, dropped on leaving (one per Hypothesis
+    example, where the function-scoped `dsn` fixture would be shared by all); its DSN."""
+    with empty_database(server, prefix) as dsn:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            install(conn)
+        yield dsn
+
+
+@contextmanager
+def owned_database(server: PgServer, prefix: str) -> Iterator[str]:
+    """A login role that is not superuser owning a new database of its name, both dropped on
+    leaving; the role's name (its DSN: dsn_of(server, role, role))."""
+    role = unique_name(prefix)
+    with psycopg.connect(server.dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(role), sql.Identifier(role)))
+    try:
+        yield role
+    finally:
+        with psycopg.connect(server.dsn, autocommit=True) as admin:
+            drop_database(admin, role)
+            admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def execute_retrying_deadlocks(conn: psycopg.Connection, statements: list[str]) -> None:
+    """Runs each statement, again when a deadlock with concurrent writers picked it as the victim."""
+    for statement in statements:
+        for attempt in range(20):
+            try:
+                conn.execute(statement)
+                break
+            except psycopg.errors.DeadlockDetected:
+                if attempt == 19:
+                    raise
 
 
 def drop_database(admin: psycopg.Connection, name: str) -> None:

@@ -20,16 +20,12 @@ in a database of its own, and three examples keep the test under two minutes.
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-import os
 import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -40,8 +36,7 @@ from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 from consumer_helpers import Daemon, assert_replica_equals_source, run_cli, set_fast_ticks, sqlite_position, wait_until
-from pg_helpers import drop_database
-from replicator.source.install import install
+from pg_helpers import fresh_database
 
 TABLES = [("public.acct", "acct", ["id"]), ("s.items", "s__items", ["a", "b"]),
           ("public.pk_t", "pk_t", ["id"]), ("public.late", "late", ["id"])]
@@ -258,29 +253,6 @@ class Writer(threading.Thread):
                 pass
 
 
-_databases = itertools.count()
-
-
-@contextmanager
-def fresh_database(pg_server) -> Iterator[str]:
-    """A new database with replicator installed, one per Hypothesis example.
-
-    The throwaway cluster runs with synchronous_commit = off: the crash loses
-    the last transactions committed, as in production with that setting; the
-    ticks a replica applied survive it (the ticker commits synchronously)."""
-    name = f"oracle_{os.getpid()}_{next(_databases)}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = f"host=127.0.0.1 port={pg_server.port} user=postgres dbname={name}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        install(conn)
-    try:
-        yield dsn
-    finally:
-        with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-            drop_database(admin, name)
-
-
 def position(path: Path) -> int:
     return sqlite_position(path) or 0
 
@@ -292,7 +264,10 @@ def position(path: Path) -> int:
        add_table_at=st.integers(0, 3), crash_source_at=st.integers(1, 3))
 def test_replica_equals_source_after_concurrent_writes_kills_and_a_source_crash(
         pg_server, tmp_path_factory, seeds, kill_after_ticks, add_table_at, crash_source_at):
-    with fresh_database(pg_server) as dsn:
+    # the throwaway cluster runs with synchronous_commit = off: the crash loses the last
+    # transactions committed, as in production with that setting; the ticks a replica
+    # applied survive it (the ticker commits synchronously)
+    with fresh_database(pg_server, "oracle") as dsn:
         run_example(dsn, pg_server, tmp_path_factory.mktemp("oracle"), seeds, kill_after_ticks, add_table_at,
                     crash_source_at)
 

@@ -5,9 +5,7 @@ start at its target's position."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 import sqlite3
 from collections.abc import Iterator
 
@@ -16,21 +14,19 @@ import pytest
 from psycopg import sql
 
 from consumer_helpers import run_cli
-from pg_helpers import drop_database
+from pg_helpers import drop_database, dsn_of, owned_database, unique_name
 from replicator.consumer import Consumer
 from replicator.errors import UserError
 from replicator.source.install import install
 from replicator.targets.sqlite.target import SqliteTarget
 
-_roles = itertools.count()
-
 
 def _as(dsn: str, role: str) -> str:
-    return dsn.replace("user=postgres", f"user={role}")
+    return psycopg.conninfo.make_conninfo(dsn, user=role)
 
 
 def _new_role(conn: psycopg.Connection, prefix: str) -> str:
-    role = f"{prefix}_{os.getpid()}_{next(_roles)}"
+    role = unique_name(prefix)
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
     return role
 
@@ -185,21 +181,15 @@ def test_public_executes_no_function_and_a_granted_role_exactly_the_consumer_fun
 @pytest.fixture
 def owner(pg_server) -> Iterator[str]:
     """A role that is not superuser owning a database of its name."""
-    role = f"owner_{os.getpid()}_{next(_roles)}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(role), sql.Identifier(role)))
-    yield role
-    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-        drop_database(admin, role)
-        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    with owned_database(pg_server, "owner") as role:
+        yield role
 
 
 def test_non_superuser_install_lets_a_granted_role_consume_and_its_owner_manage_it(pg_server, owner, tmp_path):
-    owner_dsn = f"host=127.0.0.1 port={pg_server.port} user={owner} dbname={owner}"
+    owner_dsn = dsn_of(pg_server, owner, owner)
     with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
         reader = _new_role(admin, "reader")
-    reader_dsn = owner_dsn.replace(f"user={owner}", f"user={reader}")
+    reader_dsn = _as(owner_dsn, reader)
     try:
         assert run_cli(owner_dsn, "install").returncode == 0
         with psycopg.connect(owner_dsn, autocommit=True) as conn:

@@ -6,9 +6,7 @@ their first row; changes that would break replication refused with the way out.
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 import re
 import threading
 from decimal import Decimal
@@ -18,14 +16,12 @@ import pytest
 from psycopg import sql
 
 from consumer_helpers import run_cli
-from pg_helpers import drop_database, make_captured_table_a_descendant
+from pg_helpers import dsn_of, make_captured_table_a_descendant, owned_database
 from queue_util import changes, read_events
 from replicator.errors import UserError
 from replicator.source import Source
 from replicator.source.execute import execute_script, read_script
 from replicator.source.install import EVENT_TRIGGERS, has_event_triggers, install
-
-_roles = itertools.count()
 
 
 @pytest.fixture
@@ -884,14 +880,8 @@ def test_execute_names_statements_with_the_command_tags_of_the_event_triggers(co
 @pytest.fixture
 def owner_dsn(pg_server):
     """A database owned by a role that is not superuser (it may not create event triggers)."""
-    role = f"app_{os.getpid()}_{next(_roles)}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-        admin.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(role), sql.Identifier(role)))
-    yield f"host=127.0.0.1 port={pg_server.port} user={role} dbname={role}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-        drop_database(admin, role)
-        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+    with owned_database(pg_server, "app") as role:
+        yield dsn_of(pg_server, role, role)
 
 
 def test_install_without_the_privilege_says_so_and_execute_captures_ddl(owner_dsn, tmp_path):

@@ -95,6 +95,7 @@ def _operation(actions: list[dict[str, Any]]) -> str:
 RACES = [("OPTIMIZE {table}", None), ("DELETE FROM {table} WHERE id = 7", "DELETE FROM t WHERE id = 7")]
 
 
+@pytest.mark.s3   # a server of its own (racing_s3)
 @pytest.mark.parametrize(("statement", "effect"), RACES)
 def test_a_spark_commit_racing_the_consumers_to_one_version_on_s3_never_overwrites_it(
         dsn, conn, source, spark, racing_s3, statement, effect):

@@ -32,11 +32,12 @@ from deltalake import DeltaTable, QueryBuilder
 
 import replicator.source.snapshot_copy as snapshot_copy
 import replicator.targets.delta.table as delta_table
+from pg_helpers import fresh_database
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta.reader import table_uris
 from replicator.targets.delta.storage import LocalStorage
 from replicator.targets.delta.target import DeltaTarget
-from test_delta_target import _commit_by_hand, consume, fresh_database
+from test_delta_target import _commit_by_hand, consume
 
 # the check of every file's stats against its values ----------------------------------------------
 
@@ -276,7 +277,7 @@ def _insert(conn: psycopg.Connection, rows: list[tuple[Any, ...]], first: int) -
                                                                                        max_size=3))
 def test_random_rows_copied_and_changed_are_read_with_data_skipping_as_without(pg_server, tmp_path_factory,
                                                                                copied, changed, texts):
-    with fresh_database(pg_server) as dsn, psycopg.connect(dsn, autocommit=True) as conn, \
+    with fresh_database(pg_server, "stats") as dsn, psycopg.connect(dsn, autocommit=True) as conn, \
             pytest.MonkeyPatch.context() as patch:
         patch.setattr(snapshot_copy, "COPY_CHUNK_ROWS", 3)   # a copy in row groups of 3 rows
         patch.setattr(delta_table, "ROW_GROUP", 3)

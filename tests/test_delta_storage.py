@@ -215,6 +215,7 @@ def checking_s3_server(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
+@pytest.mark.s3   # a server of its own (checking_s3_server)
 def test_refused_credentials_are_one_line_naming_the_variables(checking_s3_server, monkeypatch):
     checking_s3_server.apply_env(monkeypatch)
     with pytest.raises(UserError) as error:

@@ -17,8 +17,7 @@ import math
 import random
 import struct
 import threading
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -43,10 +42,9 @@ from consumer_helpers import (
     set_fast_ticks,
     wait_until,
 )
-from pg_helpers import drop_database
+from pg_helpers import execute_retrying_deadlocks, fresh_database
 from replicator.consumer import Consumer
 from replicator.errors import UserError
-from replicator.source.install import install
 from replicator.targets.delta import deletion_vectors
 from replicator.targets.delta.reader import table_uris, versions_as_of
 from replicator.targets.delta.state import WarehouseState
@@ -349,45 +347,13 @@ class Writer(threading.Thread):
         wait_until(lambda: latest() >= start + count, 30, f"{count} ticks")
 
 
-_databases = 0
-
-
-@contextlib.contextmanager
-def fresh_database(pg_server: Any) -> Iterator[str]:
-    """A database with replicator installed, for one Hypothesis example."""
-    global _databases
-    _databases += 1
-    name = f"delta_{_databases}_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = f"host=127.0.0.1 port={pg_server.port} user=postgres dbname={name}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        install(conn)
-    try:
-        yield dsn
-    finally:
-        with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-            drop_database(admin, name)
-
-
-def _run_ddl(conn: psycopg.Connection, statements: list[str]) -> None:
-    for statement in statements:
-        for attempt in range(20):   # a deadlock with the writers may pick the DDL as its victim
-            try:
-                conn.execute(statement)
-                break
-            except psycopg.errors.DeadlockDetected:
-                if attempt == 19:
-                    raise
-
-
 @settings(max_examples=4, deadline=None, phases=[Phase.generate], database=None,
           suppress_health_check=list(HealthCheck))
 @given(seeds=st.lists(st.integers(0, 2**32 - 1), min_size=2, max_size=2, unique=True),
        ddl_order=st.permutations(sorted(DDL)), kills=st.lists(st.booleans(), min_size=5, max_size=5))
 def test_delta_tables_equal_the_source_after_concurrent_writes_and_schema_changes(pg_server, tmp_path_factory,
                                                                                    seeds, ddl_order, kills):
-    with fresh_database(pg_server) as dsn:
+    with fresh_database(pg_server, "delta") as dsn:
         _randomized_example(dsn, tmp_path_factory.mktemp("delta"), seeds, ddl_order, kills)
 
 
@@ -417,7 +383,7 @@ def _randomized_example(dsn: str, tmp: Path, seeds: list[int], ddl_order: list[s
                     w.start()
                 for w in writers:   # the schema change amid the writes
                     w.started.wait(60)
-                _run_ddl(conn, DDL[name])
+                execute_retrying_deadlocks(conn, DDL[name])
                 if kills[phase]:   # whatever it is doing: a batch of the schema change is applied again
                     consumer.kill9()
                     consumer = start_consumer()

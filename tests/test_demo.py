@@ -31,6 +31,7 @@ def demo_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.pg   # the demo starts a cluster of its own
 def test_demo_replicates_its_workload_and_shows_equal_values(demo_dir):
     result = subprocess.run([sys.executable, str(DEMO), "--seconds", "2", "--dir", str(demo_dir)],
                             env=demo_env(), capture_output=True, text=True, timeout=300)

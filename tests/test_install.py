@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pg_helpers import drop_database, make_captured_table_a_descendant
+from pg_helpers import empty_database, make_captured_table_a_descendant
 from queue_util import read_events
 from replicator.errors import UserError
 from replicator.source import Source
@@ -178,22 +178,17 @@ def test_psql_runs_queue_sql_install_sql_to_the_functions_install_creates(conn, 
     for migration in migrations():
         scripts += ["-f", str(root / "migrations" / migration.path.name)]
     scripts += ["-f", str(root / "queue_sql" / "install.sql")]
-    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-        admin.execute("CREATE DATABASE by_psql")
-        try:
-            by_psql_dsn = psycopg.conninfo.make_conninfo(pg_server.dsn, dbname="by_psql")
-            # Debian's client where the server comes without one (npm's), with its own libpq
-            psql, env = pg_server.bindir / "psql", dict(os.environ)
-            if not psql.exists():
-                psql = Path(shutil.which("psql") or "psql")
-                env.pop("LD_LIBRARY_PATH", None)
-            run = subprocess.run([str(psql), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", by_psql_dsn, *scripts],
-                                 capture_output=True, text=True, timeout=120, env=env)
-            assert run.returncode == 0, run.stderr
-            with psycopg.connect(by_psql_dsn, autocommit=True) as by_psql:
-                assert _functions(by_psql) == _functions(conn)
-        finally:
-            drop_database(admin, "by_psql")
+    with empty_database(pg_server, "by_psql") as by_psql_dsn:
+        # Debian's client where the server comes without one (npm's), with its own libpq
+        psql, env = pg_server.bindir / "psql", dict(os.environ)
+        if not psql.exists():
+            psql = Path(shutil.which("psql") or "psql")
+            env.pop("LD_LIBRARY_PATH", None)
+        run = subprocess.run([str(psql), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", by_psql_dsn, *scripts],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert run.returncode == 0, run.stderr
+        with psycopg.connect(by_psql_dsn, autocommit=True) as by_psql:
+            assert _functions(by_psql) == _functions(conn)
     assert len(_functions(conn)) >= len(queue_sql_files())   # at least one function per file
 
 

@@ -105,16 +105,6 @@ def key_of(row_id: int, records: list[bytes | None]) -> int:
     return sum(1 for key in records if key is not None and json.loads(key)["payload"] == {"id": row_id})
 
 
-@pytest.fixture
-def orders(dsn: str, conn: psycopg.Connection, source: Source) -> str:
-    """A captured table orders (id, v) with rows 1 to 5, in queue q."""
-    conn.execute("CREATE TABLE orders (id int PRIMARY KEY, v text)")
-    conn.execute("INSERT INTO orders SELECT g, 'v' || g FROM generate_series(1, 5) g")
-    source.create_queue("q")
-    source.add_table("q", "orders")
-    return "orders"
-
-
 # followers ---------------------------------------------------------------------------------
 
 

@@ -21,7 +21,6 @@ Followers run with a DSN that reaches no database: they never need the source.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import math
 import random
@@ -60,8 +59,7 @@ from consumer_helpers import (
 )
 from ddl_helpers import StreamReplay, assert_stream_equals_source, attnums, stream_lines
 from kafkaserver import KafkaServer
-from pg_helpers import drop_database
-from replicator.source.install import install
+from pg_helpers import execute_retrying_deadlocks, fresh_database
 from replicator.structure import target_table_name
 from replicator.targets import open_target
 from replicator.targets.kafka.follower import Follower
@@ -126,25 +124,6 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 
 
 # the source and the replicas ----------------------------------------------------------------
-
-_databases = itertools.count()
-
-
-@contextlib.contextmanager
-def fresh_database(pg_server: Any) -> Iterator[str]:
-    """A database with replicator installed, one per Hypothesis example."""
-    name = f"kfollow_{next(_databases)}_{uuid.uuid4().hex[:6]}"
-    with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = f"host=127.0.0.1 port={pg_server.port} user=postgres dbname={name}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        install(conn)
-    try:
-        yield dsn
-    finally:
-        with psycopg.connect(pg_server.dsn, autocommit=True) as admin:
-            drop_database(admin, name)
-
 
 def captured(conn: psycopg.Connection) -> list[tuple[str, str, list[str]]]:
     """(schema.table, its replica table, its key) of each table queue q captures."""
@@ -402,17 +381,6 @@ def _latest_tick(conn: psycopg.Connection) -> int:
     return conn.execute("SELECT coalesce(max(tick_id), 0) FROM replicator.tick").fetchone()[0]
 
 
-def _run_ddl(conn: psycopg.Connection, statements: list[str]) -> None:
-    for statement in statements:
-        for attempt in range(20):   # a deadlock with the writers may pick the DDL as its victim
-            try:
-                conn.execute(statement)
-                break
-            except psycopg.errors.DeadlockDetected:
-                if attempt == 19:
-                    raise
-
-
 @settings(max_examples=2, deadline=None, phases=[Phase.generate], database=None,
           suppress_health_check=list(HealthCheck))
 @given(seeds=st.lists(st.integers(0, 2**32 - 1), min_size=2, max_size=2, unique=True),
@@ -420,7 +388,7 @@ def _run_ddl(conn: psycopg.Connection, statements: list[str]) -> None:
 def test_followers_equal_the_source_and_a_direct_consumer_after_concurrent_writes_and_schema_changes(
         pg_server: Any, kafka: KafkaServer, kafka_prefix: str, tmp_path_factory: pytest.TempPathFactory,
         seeds: list[int], ddl_order: list[str], kill_at: int) -> None:
-    with fresh_database(pg_server) as dsn:
+    with fresh_database(pg_server, "kfollow") as dsn:
         _oracle_example(dsn, url_of(kafka, f"{kafka_prefix}_{uuid.uuid4().hex[:6]}"),
                         tmp_path_factory.mktemp("oracle"), seeds, ddl_order, kill_at)
 
@@ -459,7 +427,7 @@ def _oracle_example(dsn: str, url: str, tmp: Path, seeds: list[int], ddl_order: 
                     w.start()
                 for w in writers:   # the schema change amid the writes
                     w.started.wait(60)
-                _run_ddl(conn, ORACLE_DDL[name])
+                execute_retrying_deadlocks(conn, ORACLE_DDL[name])
                 if phase == kill_at:   # whatever it is applying
                     assert follower.kill9() == -9
                     follower = start_follower()
@@ -562,7 +530,7 @@ def test_a_follower_killed_while_it_applies_big_batches_then_restarted_applies_e
     url = url_of(kafka, f"{kafka_prefix}_{uuid.uuid4().hex[:6]}")
     prefix = url.rpartition("/")[2]
     path = tmp / "follower.db"
-    with fresh_database(pg_server) as dsn, psycopg.connect(dsn, autocommit=True) as conn:
+    with fresh_database(pg_server, "kfollow") as dsn, psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(KILL_SCHEMA)
         conn.execute("SELECT replicator.create_queue('q')")
         conn.execute("SELECT replicator.add_table('q', 'big')")

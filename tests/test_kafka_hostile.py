@@ -83,15 +83,6 @@ def forged_commit(bootstrap: str, prefix: str, **changes: Any) -> tuple[int, dic
     return offset, forged
 
 
-@pytest.fixture
-def orders(dsn: str, conn: psycopg.Connection, source: Source) -> str:
-    conn.execute("CREATE TABLE orders (id int PRIMARY KEY, v text)")
-    conn.execute("INSERT INTO orders SELECT g, 'v' || g FROM generate_series(1, 5) g")
-    source.create_queue("q")
-    source.add_table("q", "orders")
-    return "orders"
-
-
 # finding 3 ---------------------------------------------------------------------------------
 
 def test_a_publisher_does_not_resume_from_a_commit_a_plain_producer_wrote(
@@ -320,7 +311,7 @@ def forged_row(bootstrap: str, prefix: str, row_id: int, header: bytes) -> int:
     return plain_write(bootstrap, topic, genuine[-1].key, value, header)
 
 
-@pytest.mark.usefixtures(orders.__name__)
+@pytest.mark.usefixtures("orders")
 def test_following_the_error_line_of_a_duplicated_sequence_never_applies_the_forged_record(
         dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str,
         tmp_path: Path) -> None:
@@ -344,7 +335,7 @@ def test_following_the_error_line_of_a_duplicated_sequence_never_applies_the_for
     assert replica(db).get(1) != "forged", (skip.group(1), result.stderr)
 
 
-@pytest.mark.usefixtures(orders.__name__)
+@pytest.mark.usefixtures("orders")
 def test_a_follower_with_tables_does_not_apply_a_record_forged_with_the_sequence_of_a_table_it_does_not_follow(
         dsn: str, conn: psycopg.Connection, source: Source, kafka: KafkaServer, kafka_prefix: str,
         tmp_path: Path) -> None:
@@ -367,7 +358,7 @@ def test_a_follower_with_tables_does_not_apply_a_record_forged_with_the_sequence
     assert replica(db).get(1) != "forged", result.stderr
 
 
-@pytest.mark.usefixtures(orders.__name__)
+@pytest.mark.usefixtures("orders")
 def test_a_follower_does_not_apply_a_record_forged_with_the_sequence_of_the_tables_record(
         dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str,
         tmp_path: Path) -> None:
@@ -397,7 +388,7 @@ def test_a_follower_does_not_apply_a_record_forged_with_the_sequence_of_the_tabl
     assert replica(db) == source_rows(conn)
 
 
-@pytest.mark.usefixtures(orders.__name__)
+@pytest.mark.usefixtures("orders")
 def test_passing_over_the_record_after_a_commit_no_marker_follows_does_not_make_a_forged_commit_count(
         dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
     """A plain producer writes a commit and, right after it, any record: the follower stops at the commit.
@@ -424,7 +415,7 @@ def test_passing_over_the_record_after_a_commit_no_marker_follows_does_not_make_
     assert replica(db).get(1) != "forged", result.stderr
 
 
-@pytest.mark.usefixtures(orders.__name__)
+@pytest.mark.usefixtures("orders")
 def test_a_table_dropped_whose_topic_the_operator_deleted_then_created_again_reaches_a_follower_whole(
         dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
     """The publisher stops listing a dropped table's topic so that "an operator may delete it"
@@ -454,7 +445,7 @@ def test_a_table_dropped_whose_topic_the_operator_deleted_then_created_again_rea
     assert replica(db) == source_rows(conn)
 
 
-@pytest.mark.usefixtures(orders.__name__)
+@pytest.mark.usefixtures("orders")
 def test_a_follower_reading_a_commits_records_while_the_broker_is_down_waits_for_it(
         dsn: str, conn: psycopg.Connection, own_kafka: KafkaServer, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:

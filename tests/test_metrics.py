@@ -14,24 +14,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import psycopg
-import pytest
 import yaml
 
-from consumer_helpers import Daemon, forced_tick, run_cli, set_fast_ticks, sqlite_reader, wait_until
+from consumer_helpers import Daemon, forced_tick, run_cli, sqlite_reader, wait_until
 from replicator.source import monitoring
 
 ALERTS = Path(__file__).parent.parent / "docs" / "alerts.yml"
 METRIC_NAME = re.compile(r"\breplicator_[a-z_]+")
-
-
-@pytest.fixture
-def queue_q(conn, source):
-    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    conn.execute("INSERT INTO t SELECT g, 'seed' FROM generate_series(1, 10) g")
-    source.create_queue("q")
-    source.add_table("q", "t")
-    set_fast_ticks(conn)
-    return "q"
 
 
 class Served:

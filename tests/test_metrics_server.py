@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from consumer_helpers import Daemon, forced_tick, run_cli, set_fast_ticks, sqlite_reader, wait_until
+from consumer_helpers import Daemon, forced_tick, run_cli, sqlite_reader, wait_until
 from replicator.metrics import CLIENT_TIMEOUT, MAX_CONNECTIONS
 from test_metrics import Served
 
@@ -29,16 +29,6 @@ ATTACKERS = 1200            # connections an attacker keeps open (the finding's 
 DAEMON_OPEN_FILES = 1024    # the daemon's RLIMIT_NOFILE: the usual default, the finding's
 HEALTH_WITHIN = 5.0         # seconds /health may take to answer under attack
 PARTIAL_HEAD = b"GET /health HTTP/1.1\r\nHost: attacker\r\nUser-Agent: slow\r\n"   # never the blank line
-
-
-@pytest.fixture
-def queue_q(conn, source):
-    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-    conn.execute("INSERT INTO t SELECT g, 'seed' FROM generate_series(1, 10) g")
-    source.create_queue("q")
-    source.add_table("q", "t")
-    set_fast_ticks(conn)
-    return "q"
 
 
 @contextmanager

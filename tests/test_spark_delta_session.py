@@ -5,8 +5,14 @@ user's own on top."""
 
 from __future__ import annotations
 
-import deltalake
+import os
+import signal
+import subprocess
 
+import deltalake
+import pytest
+
+import spark_helpers
 from replicator.targets.delta.object_storage import ObjectStorage
 from replicator.targets.spark.jars import PACKAGES, RESOLVED, cache_dir, jar_settings, record_resolution
 from replicator.targets.spark.session import DELTA, session_settings
@@ -99,3 +105,32 @@ def test_the_jars_are_resolved_into_the_cache_until_a_resolution_is_recorded_the
 def test_the_jar_cache_is_replicator_s_own_or_the_one_the_environment_names(tmp_path):
     assert cache_dir({"XDG_CACHE_HOME": str(tmp_path)}).parent == tmp_path / "replicator" / "spark-jars"
     assert cache_dir({"REPLICATOR_SPARK_JARS": str(tmp_path / "jars")}).parent == tmp_path / "jars"
+
+
+# the tests' session: one that stops answering is replaced, not handed to the next test
+
+def _jvm_process(spark) -> subprocess.Popen[bytes]:
+    return spark.sparkContext._gateway.proc   # PySpark's: the JVM of the process's current session
+
+
+def test_a_session_whose_jvm_died_is_replaced_by_a_working_one(spark_sessions):
+    dead = spark_sessions.healthy()
+    jvm = _jvm_process(dead)
+    jvm.kill()
+    jvm.wait()
+    with pytest.warns(UserWarning, match="did not run a one-row job"):
+        replaced = spark_sessions.healthy()
+    assert replaced is not dead and _jvm_process(replaced).pid != jvm.pid
+    assert replaced.range(3).count() == 3
+    assert spark_sessions.healthy() is replaced   # kept while it answers
+
+
+def test_a_session_whose_jvm_stalls_is_replaced_once_the_probe_times_out(spark_sessions, monkeypatch):
+    stalled = spark_sessions.healthy()
+    jvm = _jvm_process(stalled)
+    monkeypatch.setattr(spark_helpers, "PROBE_SECONDS", 2.0)
+    os.kill(jvm.pid, signal.SIGSTOP)
+    with pytest.warns(UserWarning, match="within 2 s"):
+        replaced = spark_sessions.healthy()
+    assert jvm.poll() is not None   # killed, not left stopped
+    assert replaced.range(3).count() == 3

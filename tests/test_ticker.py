@@ -209,6 +209,7 @@ def test_ticker_daemon_keeps_retrying_while_the_source_is_unreachable(dsn, q):
     assert q.queues()[0]["last_tick"] == 1          # the reconnected ticker ticked the new queue
 
 
+@pytest.mark.pg   # a cluster of its own
 def test_a_tick_and_what_it_shows_survive_a_crash_under_asynchronous_commit():
     # A cluster whose WAL writer waits 10 s: without the ticker's synchronous commit, a
     # crash right after a tick loses it (and the next tick would reuse its id).
