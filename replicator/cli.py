@@ -731,8 +731,8 @@ def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_rec
             once: bool, until_caught_up: bool,
             poll_interval: float, stats_interval: float, metrics_port: int | None, metrics_address: str,
             health_max_lag: float, spark_master: str | None, spark_conf: dict[str, str]) -> None:
+    from replicator.follower.follower import Follower
     from replicator.targets import open_target
-    from replicator.targets.kafka.follower import Follower
     from replicator.targets.kafka.settings import parse_url
 
     settings = parse_url(source_url)

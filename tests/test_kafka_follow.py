@@ -61,10 +61,10 @@ from consumer_helpers import (
 from ddl_helpers import StreamReplay, assert_stream_equals_source, attnums, stream_lines
 from kafkaserver import KafkaServer
 from pg_helpers import drop_database
+from replicator.follower.follower import Follower
 from replicator.source.install import install
 from replicator.structure import target_table_name
 from replicator.targets import open_target
-from replicator.targets.kafka.follower import Follower
 from replicator.targets.kafka.settings import parse_url
 from replicator.targets.kafka.topics import state_topic, table_topic
 

@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from replicator.errors import UserError
+from replicator.follower.history import TableHistory, schema_change_of
+from replicator.follower.reader import Partition, PartitionReader
 from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.structure import TableStructure, reconcile
 from replicator.targets.kafka.envelope import EnvelopeSettings, TableEnvelope
-from replicator.targets.kafka.history import TableHistory, schema_change_of
-from replicator.targets.kafka.reader import Partition, PartitionReader
 from replicator.targets.kafka.settings import KafkaSettings
 from replicator.targets.kafka.state import (
     COMMIT_KEY,
