@@ -758,7 +758,7 @@ def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_rec
 
 
 def _spark_conf(pairs: tuple[str, ...]) -> dict[str, str]:
-    from replicator.targets.spark.session import parse_conf
+    from replicator.spark_session.session import parse_conf
     return parse_conf(pairs)
 
 

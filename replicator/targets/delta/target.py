@@ -533,5 +533,5 @@ class DeltaTarget:
 
 
 def _spark_session(master: str | None, conf: dict[str, str] | None) -> Any:
-    from replicator.targets.spark.session import get_session
+    from replicator.spark_session.session import get_session
     return get_session(master, conf, app_name="replicator consumer")
