@@ -771,7 +771,7 @@ def _delta_storage(target_url: str) -> Any:
     scheme, _, where = target_url.partition(":")
     if scheme != "delta" or not where:
         raise UserError(f"invalid target {target_url!r}: use delta:PATH or delta:s3://BUCKET/PREFIX")
-    from replicator.targets.delta.stores import open_storage, parse_url
+    from replicator.targets.delta.url import open_storage, parse_url
     return open_storage(parse_url(where)[0])   # each table is read and optimized as the kind it is
 
 

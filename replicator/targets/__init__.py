@@ -76,8 +76,8 @@ def open_views(url: str, *, spark_master: str | None = None,
         return
     from replicator.spark_session.session import get_session
     from replicator.targets.delta.state import WarehouseState
-    from replicator.targets.delta.stores import open_storage
-    from replicator.targets.delta.stores import parse_url as parse_delta_url
+    from replicator.targets.delta.url import open_storage
+    from replicator.targets.delta.url import parse_url as parse_delta_url
     from replicator.targets.delta.views import DeltaViews, ReadWarehouse, Session
 
     rest = parse_delta_url(rest)[0]   # the kind of tables is the consumer's concern

@@ -4,7 +4,7 @@ A view is a query in Spark SQL over the warehouse's tables, named as the SQLite
 target names them (``public.t`` → ``t``, ``s.t`` → ``s__t``); its result is a
 Delta table (replicator.targets.delta.view_table) that any Delta reader reads as
 it is. The analysis and the plans are the Spark warehouse's
-(replicator.views.analysis, replicator.views.plan); Spark computes the rows.
+(replicator.views.analysis, replicator.targets.delta.view_plan); Spark computes the rows.
 
 **Refresh, after the tables' commit.** The consumer commits a batch's tables and
 its position without Spark, then refreshes the views that read a table the
@@ -61,13 +61,11 @@ from replicator.targets.delta import maintenance
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.changes import TableChanges, changes_since
 from replicator.targets.delta.reader import consumer_of, tick_versions
+from replicator.targets.delta.spark_sql import check_query, spark_error_line
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import Storage
 from replicator.targets.delta.table import Captured, ReplicaTable
-from replicator.targets.delta.view_refresh import Refresher
-from replicator.targets.delta.view_table import ViewTable, view_directories, view_directory, view_structure
-from replicator.views.analysis import TableInfo
-from replicator.views.plan import (
+from replicator.targets.delta.view_plan import (
     ViewPlan,
     apply_plan,
     cost_says_full,
@@ -76,7 +74,9 @@ from replicator.views.plan import (
     record_refresh,
     stored_plan,
 )
-from replicator.views.spark_sql import check_query, spark_error_line
+from replicator.targets.delta.view_refresh import Refresher
+from replicator.targets.delta.view_table import ViewTable, view_directories, view_directory, view_structure
+from replicator.views.analysis import TableInfo
 from replicator.views.store import check_name, check_policy
 
 log = logging.getLogger("replicator")

@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from replicator.errors import UserError
+from replicator.targets.delta.spark_sql import quote_spark, spark_error_line
 from replicator.views.analysis import Analysis, Reason, TableInfo, analyse
-from replicator.views.spark_sql import quote_spark, spark_error_line
 
 AUTO_FULL_SHARE = 0.2          # auto: a change touching more of the view is refreshed in full
 AUTO_RETRY_AFTER = 50          # auto: full refreshes chosen on cost before an incremental one is tried again
