@@ -941,7 +941,7 @@ def _consumer_state(consumer: dict[str, Any]) -> str:
 def _copy_row(copy: dict[str, Any]) -> dict[str, Any]:
     """A running copy as status shows it; its age since the consumer last updated it tells
     a consumer killed mid-copy (which clears it when it starts again)."""
-    from replicator.source.snapshot_copy import progress_line
+    from replicator.source.table_copy import progress_line
 
     seconds = (copy["updated"] - copy["started"]).total_seconds()
     return {"table": copy["table"], "progress": progress_line(copy["rows"], copy["estimated_rows"] or 0, seconds),

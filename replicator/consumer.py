@@ -28,8 +28,8 @@ from replicator.errors import TargetUnavailable, UserError, first_line
 from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.source import BatchInfo, CapturedTable, Source, monitoring
-from replicator.source import snapshot_copy as source_copy
-from replicator.source.snapshots import snapshot_xmax, snapshot_xmin, txid_visible
+from replicator.source import table_copy as source_copy
+from replicator.source.txid_snapshot import snapshot_xmax, snapshot_xmin, txid_visible
 from replicator.structure import RowsDecoder, TableStructure, parse_json, reconcile
 from replicator.targets.protocol import RecordsOrigin, Target, TargetTable, settle
 from replicator.wording import counted

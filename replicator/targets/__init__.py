@@ -13,7 +13,7 @@ from pathlib import Path
 
 from replicator.errors import UserError
 from replicator.targets.protocol import Target
-from replicator.views.store import ViewStore
+from replicator.views.protocol import ViewStore
 
 
 def open_target(url: str, *, spark_master: str | None = None,

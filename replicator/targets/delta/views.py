@@ -77,7 +77,7 @@ from replicator.targets.delta.view_plan import (
 from replicator.targets.delta.view_refresh import Refresher
 from replicator.targets.delta.view_table import ViewTable, view_directories, view_directory, view_structure
 from replicator.views.analysis import TableInfo
-from replicator.views.store import check_name, check_policy
+from replicator.views.protocol import check_name, check_policy
 
 log = logging.getLogger("replicator")
 

@@ -25,12 +25,12 @@ from replicator.targets.sqlite.views import catalog, statements, storage
 from replicator.targets.sqlite.views.capture import Capture
 from replicator.targets.sqlite.views.names import STORAGE_PREFIX
 from replicator.targets.sqlite.views.plan import Plan, check_reads_not_itself, in_dependency_order
-from replicator.targets.sqlite.views.planning import plan_view
+from replicator.targets.sqlite.views.planner import plan_view
 from replicator.targets.sqlite.views.refresh import Refresher, Savepoint, grow_page_cache
 from replicator.targets.sqlite.views.sql import quote
 from replicator.targets.sqlite.views.tables import ReplicaTables
 from replicator.views.analysis import TableInfo
-from replicator.views.store import check_name, check_policy
+from replicator.views.protocol import check_name, check_policy
 
 log = logging.getLogger("replicator")
 
