@@ -1,7 +1,7 @@
 """A follower: applies a publisher's topics to a target of its own (SQLite, Delta, a stream),
 exactly once, without touching the source database.
 
-The publisher's commit records (state.py) say, for each Kafka transaction, the last offset it
+The publisher's commit records (replicator.targets.kafka.state) say, for each Kafka transaction, the last offset it
 wrote in each partition. The follower reads the commits that came since its position, then
 every partition it follows up to the last of them, and applies the records of all of them in
 the publisher's order (each record's SEQUENCE header): row changes, tombstones, truncates and

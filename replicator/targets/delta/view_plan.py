@@ -1,4 +1,4 @@
-"""How a view on a Spark-read warehouse is computed and maintained, whatever stores it.
+"""How a view of a Delta warehouse is computed by Spark and maintained.
 
 The analysis (replicator.views.analysis) reads a view's query; ViewPlan turns it
 into the Spark SQL a refresh runs: the whole query (a full refresh), the query

@@ -1,8 +1,8 @@
 """An incremental refresh of a view of a Delta warehouse: the rows a change affects,
 recomputed, and what the view must delete.
 
-What is a lookup by key is done with pyarrow on the driver, as on the Spark
-warehouse (replicator.targets.delta.keyset compares keys as Spark does): the changed
+What is a lookup by key is done with pyarrow on the driver
+(replicator.targets.delta.keyset compares keys as Spark does): the changed
 keys and their old rows come from where the commits marked them deleted, their
 new rows from the table's key index (replicator.targets.delta.changes); the
 rows an equi-join pairs with the changed rows are read from the other tables'

@@ -1,5 +1,5 @@
 """SqliteViews: the views of one SQLite target, on the target's connection. The ViewStore of
-replicator/views/store.py (create, drop, list, info, refreshes, explain, refresh_now: each call
+replicator/views/protocol.py (create, drop, list, info, refreshes, explain, refresh_now: each call
 a transaction of its own), and the hooks SqliteTarget calls in its transactions: begun loads the
 views (again when another connection changed them) and installs the capture, note_write,
 table_truncated and schema_changing note what the batch does, before_commit refreshes the views
