@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          f"beside (default {ANCHOR}); 'none' skips them")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    from replicator.targets.spark.session import get_session
+    from replicator.spark_session.session import get_session
 
     started = time.perf_counter()
     spark = get_session(None, {"spark.driver.memory": "6g", "spark.sql.shuffle.partitions": "4"},

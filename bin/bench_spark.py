@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="replicator-bench-spark-"))
     try:
         anchor = run_anchor(args, workdir) if args.anchor != "none" else None
-        from replicator.targets.spark.session import get_session
+        from replicator.spark_session.session import get_session
         started = time.perf_counter()
         spark = get_session(None, {"spark.driver.memory": "6g", "spark.sql.shuffle.partitions": "4"},
                             app_name="bench-spark")

@@ -742,7 +742,7 @@ def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_rec
             once: bool, until_caught_up: bool,
             poll_interval: float, stats_interval: float, metrics_port: int | None, metrics_address: str,
             health_max_lag: float, spark_master: str | None, spark_conf: dict[str, str]) -> None:
-    from replicator.targets import kafka_source, open_follower, open_target
+    from replicator.targets import kafka_source, open_target
 
     settings = kafka_source(source_url)
     for record in skip_records:
@@ -755,8 +755,9 @@ def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_rec
     stop = StopFlag() if once or until_caught_up else StopFlag().install()
     target = open_target(target_url, spark_master=spark_master, spark_conf=spark_conf)
     try:
-        follower = open_follower(settings, target, tables=tables, poll_interval=poll_interval,
-                                 stats_interval=stats_interval, health_max_lag=health_max_lag, skip=skip_records)
+        from replicator.follower.follower import Follower  # kafka_source() found the kafka extra
+        follower = Follower(settings, target, tables=tables, poll_interval=poll_interval,
+                            stats_interval=stats_interval, health_max_lag=health_max_lag, skip=skip_records)
         try:
             _serve_metrics(follower.metrics, metrics_address, metrics_port, once=False)
             follower.run(once=once, until_caught_up=until_caught_up, stop=stop)
@@ -947,7 +948,7 @@ def _consumer_state(consumer: dict[str, Any]) -> str:
 def _copy_row(copy: dict[str, Any]) -> dict[str, Any]:
     """A running copy as status shows it; its age since the consumer last updated it tells
     a consumer killed mid-copy (which clears it when it starts again)."""
-    from replicator.source.snapshot_copy import progress_line
+    from replicator.source.table_copy import progress_line
 
     seconds = (copy["updated"] - copy["started"]).total_seconds()
     return {"table": copy["table"], "progress": progress_line(copy["rows"], copy["estimated_rows"] or 0, seconds),

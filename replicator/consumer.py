@@ -24,14 +24,15 @@ from typing import Any
 
 import psycopg
 
+from replicator import run_loop
 from replicator.errors import TargetUnavailable, UserError, first_line
 from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.source import BatchInfo, CapturedTable, Source, monitoring
-from replicator.source import snapshot_copy as source_copy
-from replicator.source.snapshots import snapshot_xmax, snapshot_xmin, txid_visible
+from replicator.source import table_copy as source_copy
+from replicator.source.txid_snapshot import snapshot_xmax, snapshot_xmin, txid_visible
 from replicator.structure import RowsDecoder, TableStructure, parse_json, reconcile
-from replicator.targets.protocol import RecordsOrigin, Target, TargetTable, settle
+from replicator.targets.protocol import RecordsOrigin, Target, TargetTable
 from replicator.wording import counted
 
 log = logging.getLogger("replicator")
@@ -125,6 +126,7 @@ class BatchStats:
 @dataclass
 class _Summary:
     """What a running consumer applied since its last INFO line."""
+    queue: str
     started: float
     batches: int = 0
     events: int = 0
@@ -137,12 +139,12 @@ class _Summary:
         self.rows += stats.rows
         self.lag_seconds = stats.lag_seconds
 
-    def flush(self, queue: str) -> None:
+    def flush(self) -> None:
         """Logs one line, unless every batch since the last was empty (an idle
         queue logs nothing), and starts counting again."""
         now = time.monotonic()
         if self.events:
-            log.info("queue %s: %s, %s, %s applied in the last %.1fs; lag %.1fs", queue,
+            log.info("queue %s: %s, %s, %s applied in the last %.1fs; lag %.1fs", self.queue,
                      counted(self.batches, "batch", "batches"), counted(self.events, "event"),
                      counted(self.rows, "row"), now - self.started, self.lag_seconds)
         self.started, self.batches, self.events, self.rows = now, 0, 0, 0
@@ -677,60 +679,59 @@ class Consumer:
         Reconnects with backoff when the source goes away. Logs what it applied
         every stats_interval seconds, and on return. Returns the number of
         batches applied."""
-        summary = _Summary(time.monotonic())
-        try:
-            return self._run(once, until_caught_up, stop or StopFlag(), summary)
-        finally:
-            summary.flush(self.queue)
+        return run_loop.run(self, stop or StopFlag(), once=once, until_caught_up=until_caught_up)
 
-    def _run(self, once: bool, until_caught_up: bool, stop: StopFlag, summary: _Summary) -> int:
-        goal: int | None = None
-        applied = 0
-        backoff = 0.5
+    # what run_loop asks of an Applier
+
+    @property
+    def idle_pause(self) -> float:
+        return self.poll_interval
+
+    def summary(self) -> _Summary:
+        return _Summary(self.queue, time.monotonic())
+
+    def reconnect(self) -> bool:
+        if self.source is not None:
+            return False
+        monitoring.record_copy(self.connect(), self.queue, self.name, None)   # one a kill left
+        return True
+
+    def goal(self, stop: StopFlag) -> int | None:
+        """A tick taken now, for until_caught_up: another ticker holding the queue only delays it.
+        None when stopped while waiting."""
+        assert self.source is not None
         while not stop.is_set:
-            try:
-                if self.source is None:
-                    monitoring.record_copy(self.connect(), self.queue, self.name, None)   # one a kill left
-                    backoff = 0.5
-                if until_caught_up and goal is None:
-                    goal = self._forced_tick(stop)
-                    if goal is None:
-                        break
-                stats = self.step()
-                backoff = 0.5
-                if stats is not None:
-                    applied += 1
-                    summary.add(stats)
-                    self.metrics.applied(stats.events, stats.rows)
-                self._read_lag()
-                self.metrics.ran()
-                if time.monotonic() - summary.started >= self.stats_interval:
-                    summary.flush(self.queue)
-                if once:
-                    settle(self.target)
-                    return applied
-                if until_caught_up:
-                    position = self.target.positions(self.queue).get(self.name)
-                    if position is not None and goal is not None and position >= goal:
-                        settle(self.target)
-                        return applied
-                if stats is None:
-                    stop.wait(self.poll_interval)
-            except psycopg.OperationalError as exc:
-                reason = first_line(exc)
-                log.warning("source unavailable (%s); reconnecting in %.1fs", reason, backoff)
-                self.metrics.source_unavailable(reason)
-                self._disconnect()
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 15.0)
-            except TargetUnavailable as exc:
-                # The batch was rolled back and stays open on the source: the next step applies it again.
-                reason = first_line(exc)
-                log.warning("target unavailable (%s); retrying in %.1fs", reason, backoff)
-                self.metrics.target_unavailable(reason)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 15.0)
-        return applied
+            tick = self.source.tick(self.queue, force=True)
+            if tick is not None:
+                return tick
+            stop.wait(0.01)
+        return None
+
+    def next_step(self) -> BatchStats | None:
+        return self.step()
+
+    def stepped(self, stats: BatchStats | None) -> None:
+        if stats is not None:
+            self.metrics.applied(stats.events, stats.rows)
+        self._read_lag()
+        self.metrics.ran()
+
+    def caught_up(self, goal: int, stats: BatchStats | None) -> bool:
+        position = self.target.positions(self.queue).get(self.name)
+        return position is not None and position >= goal
+
+    def outage(self, error: Exception) -> str | None:
+        if isinstance(error, psycopg.OperationalError):
+            reason = first_line(error)
+            self.metrics.source_unavailable(reason)
+            self._disconnect()
+            return f"source unavailable ({reason}); reconnecting"
+        if isinstance(error, TargetUnavailable):
+            # The batch was rolled back and stays open on the source: the next step applies it again.
+            reason = first_line(error)
+            self.metrics.target_unavailable(reason)
+            return f"target unavailable ({reason}); retrying"
+        return None
 
     def _read_lag(self) -> None:
         """Reads the lag from the source for the metrics and health, every
@@ -741,14 +742,3 @@ class Consumer:
         lag = monitoring.consumer_lag(self.source, self.queue, self.name)
         if lag is not None:
             self.metrics.lag(lag["lag_ticks"], lag["lag_events"], lag["lag_seconds"], lag["last_tick_age"])
-
-    def _forced_tick(self, stop: StopFlag) -> int | None:
-        """A tick taken now: another ticker holding the queue only delays it.
-        None when stopped while waiting."""
-        assert self.source is not None
-        while not stop.is_set:
-            tick = self.source.tick(self.queue, force=True)
-            if tick is not None:
-                return tick
-            stop.wait(0.01)
-        return None

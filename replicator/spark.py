@@ -41,10 +41,10 @@ _WHERE = {"read_table": "replicator.targets.delta.reader", "read_view": "replica
 
 def get_session(master: str | None = None, conf: Mapping[str, str] | None = None,
                 app_name: str = "replicator") -> Any:
-    """The process's Spark session (replicator.targets.spark.session), with the
+    """The process's Spark session (replicator.spark_session.session), with the
     streaming source (format "replicator") registered in it."""
+    from replicator.spark_session.session import get_session as target_session
     from replicator.streaming.datasource import ReplicatorDataSource
-    from replicator.targets.spark.session import get_session as target_session
 
     spark = target_session(master, conf, app_name)
     spark.dataSource.register(ReplicatorDataSource)

@@ -31,7 +31,7 @@ def answers(spark: Any, seconds: float) -> bool:
 
 def discard_jvm() -> None:
     """Kills the process's JVM and makes PySpark forget it and its sessions, so that the next
-    session starts a JVM of its own (replicator.targets.spark.session starts one only where
+    session starts a JVM of its own (replicator.spark_session.session starts one only where
     PySpark knows none)."""
     from pyspark import SparkContext
     from pyspark.sql import SparkSession

@@ -8,8 +8,8 @@ import json
 import re
 
 from consumer_helpers import Daemon, run_cli, sqlite_reader, wait_until
-from replicator.source.snapshot_copy import estimated_rows, progress_line
 from replicator.source.status import status
+from replicator.source.table_copy import estimated_rows, progress_line
 
 ROWS = 400_000
 PROGRESS = re.compile(r"copy public\.t: ([\d,]+) of ~([\d,]+) rows \((\d+)%\), ([\d,]+) rows/s, ~(\d+)s left")

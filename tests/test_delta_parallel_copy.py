@@ -37,8 +37,8 @@ from replicator.errors import UserError
 from replicator.targets.delta import deletion_vectors, maintenance
 from replicator.targets.delta.reader import table_uris
 from replicator.targets.delta.storage import Entry
-from replicator.targets.delta.stores import open_storage
 from replicator.targets.delta.target import DeltaTarget
+from replicator.targets.delta.url import open_storage
 
 ROWS = 20_000
 DDL = """

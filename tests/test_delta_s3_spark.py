@@ -25,11 +25,11 @@ from moto.server import ThreadedMotoServer
 from py4j.protocol import Py4JJavaError
 
 from replicator.consumer import Consumer
+from replicator.spark_session.jars import LOG_STORE, RESOLVED, build_log_store, cache_dir, jar_settings, log_store_jar
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta.object_storage import ObjectStorage
 from replicator.targets.delta.reader import read_table, table_uris
 from replicator.targets.delta.target import DeltaTarget
-from replicator.targets.spark.jars import LOG_STORE, RESOLVED, build_log_store, cache_dir, jar_settings, log_store_jar
 from s3_helpers import CREDENTIALS, UNSET
 from test_delta_s3 import _spark_rows
 from test_delta_target import diff, source_state

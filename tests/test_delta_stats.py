@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 pytest.importorskip("deltalake")
 from deltalake import DeltaTable, QueryBuilder
 
-import replicator.source.snapshot_copy as snapshot_copy
+import replicator.source.table_copy as table_copy
 import replicator.targets.delta.table as delta_table
 from pg_helpers import fresh_database
 from replicator.targets.delta import log as delta_log
@@ -111,7 +111,7 @@ def test_a_copy_with_a_long_string_and_an_infinite_timestamp_in_one_row_group_is
     # a copy written in row groups of 8 rows (131072 unpatched: 135001 rows, the snapshot's 5000-row
     # chunks gathered, fail alike): the long notes and the infinite timestamp are in a row group whose
     # bounds main could not give; the other row groups' must not stand for the whole file
-    monkeypatch.setattr(snapshot_copy, "COPY_CHUNK_ROWS", 8)
+    monkeypatch.setattr(table_copy, "COPY_CHUNK_ROWS", 8)
     monkeypatch.setattr(delta_table, "ROW_GROUP", 8)
     conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, note text, ts timestamptz)")
     conn.execute("INSERT INTO t SELECT g, 'n' || g, '2024-01-01 00:00+00'::timestamptz + g * interval '1 second'"
@@ -279,7 +279,7 @@ def test_random_rows_copied_and_changed_are_read_with_data_skipping_as_without(p
                                                                                copied, changed, texts):
     with fresh_database(pg_server, "stats") as dsn, psycopg.connect(dsn, autocommit=True) as conn, \
             pytest.MonkeyPatch.context() as patch:
-        patch.setattr(snapshot_copy, "COPY_CHUNK_ROWS", 3)   # a copy in row groups of 3 rows
+        patch.setattr(table_copy, "COPY_CHUNK_ROWS", 3)   # a copy in row groups of 3 rows
         patch.setattr(delta_table, "ROW_GROUP", 3)
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, note text, ts timestamp, d date, f float8,"
                      " n numeric(12,2), doc jsonb, tags text[])")

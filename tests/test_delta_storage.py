@@ -21,7 +21,7 @@ import pytest
 from replicator.errors import UserError
 from replicator.targets.delta.object_storage import ObjectStorage
 from replicator.targets.delta.storage import LocalStorage, Storage
-from replicator.targets.delta.stores import open_storage
+from replicator.targets.delta.url import open_storage
 from s3_helpers import MotoServer
 
 

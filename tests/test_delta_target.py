@@ -748,10 +748,10 @@ def test_another_writer_between_two_batches_is_taken_in_and_the_table_stays_exac
 
 def test_a_copy_in_many_files_and_row_groups_then_changes_to_its_rows_in_the_same_batch(dsn, conn, source, tmp_path,
                                                                                      monkeypatch):
-    import replicator.source.snapshot_copy as snapshot_copy
+    import replicator.source.table_copy as table_copy
     import replicator.targets.delta.table as delta_table
 
-    monkeypatch.setattr(snapshot_copy, "COPY_CHUNK_ROWS", 300)
+    monkeypatch.setattr(table_copy, "COPY_CHUNK_ROWS", 300)
     monkeypatch.setattr(delta_table, "FILE_ROWS", 1000)
     monkeypatch.setattr(delta_table, "ROW_GROUP", 256)
     conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text, cnt int NOT NULL)")

@@ -26,10 +26,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from consumer_helpers import Daemon, run_cli, wait_until
 from kafkaserver import KafkaServer
 from replicator.errors import TargetUnavailable
+from replicator.follower import follower as follower_module
+from replicator.follower import reader
+from replicator.follower.follower import Follower
 from replicator.source import Source
-from replicator.targets.kafka import follower as follower_module
-from replicator.targets.kafka import reader
-from replicator.targets.kafka.follower import Follower
 from replicator.targets.kafka.publisher import KafkaTarget
 from replicator.targets.kafka.settings import parse_url
 from replicator.targets.sqlite.target import SqliteTarget
@@ -133,7 +133,7 @@ def test_a_running_follower_applies_what_is_published_after_it_has_caught_up(
 
 READ_AGAIN = """
 import sys
-from replicator.targets.kafka.reader import PartitionReader
+from replicator.follower.reader import PartitionReader
 from replicator.targets.kafka.settings import parse_url
 from replicator.targets.kafka.state import committed_consumer
 

@@ -60,9 +60,9 @@ from consumer_helpers import (
 from ddl_helpers import StreamReplay, assert_stream_equals_source, attnums, stream_lines
 from kafkaserver import KafkaServer
 from pg_helpers import execute_retrying_deadlocks, fresh_database
+from replicator.follower.follower import Follower
 from replicator.structure import target_table_name
 from replicator.targets import open_target
-from replicator.targets.kafka.follower import Follower
 from replicator.targets.kafka.settings import parse_url
 from replicator.targets.kafka.topics import state_topic, table_topic
 

@@ -25,10 +25,10 @@ from consumer_helpers import Daemon, forced_tick, run_cli, wait_until
 from kafka_helpers import SEQUENCE_HEADER, last_commit, read_committed, replay
 from kafkaserver import KafkaServer
 from replicator.errors import UserError
+from replicator.follower import follower as follower_module
+from replicator.follower.follower import Follower
 from replicator.shutdown import StopFlag
 from replicator.source import Source
-from replicator.targets.kafka import follower as follower_module
-from replicator.targets.kafka.follower import Follower
 from replicator.targets.kafka.settings import parse_url
 from replicator.targets.sqlite.target import SqliteTarget
 

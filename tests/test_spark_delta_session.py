@@ -13,9 +13,9 @@ import deltalake
 import pytest
 
 import spark_helpers
+from replicator.spark_session.jars import PACKAGES, RESOLVED, cache_dir, jar_settings, record_resolution
+from replicator.spark_session.session import DELTA, session_settings
 from replicator.targets.delta.object_storage import ObjectStorage
-from replicator.targets.spark.jars import PACKAGES, RESOLVED, cache_dir, jar_settings, record_resolution
-from replicator.targets.spark.session import DELTA, session_settings
 
 
 def _write_versions(spark, path: str) -> None:

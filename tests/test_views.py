@@ -104,7 +104,7 @@ REFUSED = [
     ("SELECT k, count(*) FROM ranks GROUP BY k HAVING max(last) > 1 AND row > 'r2'", "BARE_COLUMN",
      "HAVING max(last) > 1 AND row > 'r2'"),
 ]
-# Spark SQL: read with the Spark dialect (the same analysis a spark: target runs)
+# Spark SQL: read with the Spark dialect (the same analysis a delta: target's views run)
 SPARK_REFUSED = [
     ("SELECT cid, current_timestamp() AS at, count(*) FROM orders GROUP BY cid", "NONDETERMINISTIC",
      "current_timestamp()"),
@@ -257,7 +257,7 @@ def test_view_sql_that_is_not_one_select_is_refused_before_the_target_sees_it(ta
                          + [("WITH x AS (SELECT 1 AS a) INSERT OVERWRITE DIRECTORY '/tmp/x' USING parquet"
                              " SELECT * FROM x", "not WITH ... INSERT")])
 def test_spark_view_sql_that_is_not_one_select_is_refused_by_the_analysis(sql, message):
-    """On a Spark warehouse the analysis is all that stands before spark.sql(), which
+    """On a Delta warehouse the analysis is all that stands before spark.sql(), which
     runs a command (INSERT, even after WITH) as soon as it is given."""
     with pytest.raises(UserError, match=re.escape(message)):
         analyse(sql, lambda name: None, dialect="spark")

@@ -53,7 +53,7 @@ import psycopg
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from replicator.source import db
-from replicator.source.snapshots import txid_visible
+from replicator.source.txid_snapshot import txid_visible
 from replicator.streaming.typed import EVOLUTION_MODES, TypedSchema, layout_structure, spark_schema, typed_batches
 
 try:  # PySpark >= 4.1

@@ -1,18 +1,18 @@
 """Targets a consumer applies changes to, each in its own module or folder behind one
 small protocol (protocol.py): SQLite (sqlite/), the Delta Lake warehouse (delta/), Kafka
-topics and their followers (kafka/), streams (stream.py); spark/ holds the Spark sessions
-the Delta warehouse's views and readers use.
-open_target picks one by its URL, open_views a target's view store, open_follower a follower
-of Kafka topics; the delta_* functions serve the `delta` commands.
+topics (kafka/), streams (stream.py). open_target picks one by its URL, open_views a
+target's view store, kafka_source the topics a follower (replicator.follower) reads; the
+delta_* functions serve the `delta` commands.
 
-The one way in to delta/, kafka/ and spark/ from the rest of replicator: each is imported here
-when a URL names it, once its extra's packages are known to be installed (replicator.extras),
-so that a base install runs everything else (lint-imports checks it).
+The one way in to delta/ and kafka/ (and to replicator.spark_session) from the rest of
+replicator: each is imported here when a URL names it, once its extra's packages are known
+to be installed (replicator.extras), so that a base install runs everything else
+(lint-imports checks it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,11 +20,10 @@ from typing import TYPE_CHECKING
 from replicator.errors import UserError
 from replicator.extras import require
 from replicator.targets.protocol import Target
-from replicator.views.store import ViewStore
+from replicator.views.protocol import ViewStore
 
 if TYPE_CHECKING:
     from replicator.targets.delta.maintenance import Optimized, Vacuumed
-    from replicator.targets.kafka.follower import Follower
     from replicator.targets.kafka.settings import KafkaSettings
 
 
@@ -89,11 +88,11 @@ def open_views(url: str, *, spark_master: str | None = None,
             target.close()
         return
     require("delta", "the Delta target")
+    from replicator.spark_session.session import get_session
     from replicator.targets.delta.state import WarehouseState
-    from replicator.targets.delta.stores import open_storage
-    from replicator.targets.delta.stores import parse_url as parse_delta_url
+    from replicator.targets.delta.url import open_storage
+    from replicator.targets.delta.url import parse_url as parse_delta_url
     from replicator.targets.delta.views import DeltaViews, ReadWarehouse, Session
-    from replicator.targets.spark.session import get_session
 
     rest = parse_delta_url(rest)[0]   # the kind of tables is the consumer's concern
     try:
@@ -115,21 +114,13 @@ def kafka_source(url: str) -> KafkaSettings:
     return parse_url(url)
 
 
-def open_follower(settings: KafkaSettings, target: Target, *, tables: list[str] | None, poll_interval: float,
-                  stats_interval: float, health_max_lag: float, skip: Iterable[str]) -> Follower:
-    """A follower of the topics of kafka_source(), applying them to target."""
-    from replicator.targets.kafka.follower import Follower
-    return Follower(settings, target, tables=tables, poll_interval=poll_interval, stats_interval=stats_interval,
-                    health_max_lag=health_max_lag, skip=skip)
-
-
 def _warehouse(url: str) -> str:
     """The warehouse a `delta` command's --target delta:PATH|URI names, without its scheme and options."""
     scheme, _, where = url.partition(":")
     if scheme != "delta" or not where:
         raise UserError(f"invalid target {url!r}: use delta:PATH or delta:s3://BUCKET/PREFIX")
     require("delta", "the Delta warehouse")
-    from replicator.targets.delta.stores import parse_url
+    from replicator.targets.delta.url import parse_url
     return parse_url(where)[0]   # each table is read and optimized as the kind it is
 
 
@@ -152,7 +143,7 @@ def delta_optimize(url: str, tables: list[str] | None, *, everything: bool) -> l
     """Delta OPTIMIZE of the warehouse's tables (replicator.targets.delta.maintenance)."""
     where = _warehouse(url)
     from replicator.targets.delta import maintenance
-    from replicator.targets.delta.stores import open_storage
+    from replicator.targets.delta.url import open_storage
     return maintenance.optimize(open_storage(where), tables, everything=everything)
 
 
@@ -160,5 +151,5 @@ def delta_vacuum(url: str, *, retention: float | None, force: bool, dry_run: boo
     """Delta VACUUM of the warehouse's tables (replicator.targets.delta.maintenance)."""
     where = _warehouse(url)
     from replicator.targets.delta import maintenance
-    from replicator.targets.delta.stores import open_storage
+    from replicator.targets.delta.url import open_storage
     return maintenance.vacuum(open_storage(where), retention=retention, force=force, dry_run=dry_run)

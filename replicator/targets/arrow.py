@@ -1,5 +1,5 @@
 """PostgreSQL values as Arrow: the types and arrays of the Parquet files replicator writes
-(Delta tables, the Spark warehouse) and of the typed streaming rows. See docs/spark.md,
+(the Delta tables) and of the typed streaming rows. See docs/spark.md,
 "Type mapping"."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from psycopg import sql
 
 from replicator.errors import UserError
 from replicator.source import db
-from replicator.source import snapshot_copy as source_copy
+from replicator.source import table_copy as source_copy
 from replicator.structure import TableStructure
 
 PARALLEL_MIN_ROWS = 500_000     # smaller tables are copied by the consumer process alone

@@ -61,7 +61,7 @@ class Target(Protocol):
 
     def copy_from(self, table: TargetTable, snap: Any, progress: Callable[[int], None]) -> int | None:
         """Copies a new table itself from the source snapshot `snap` (a
-        replicator.source.snapshot_copy.SnapshotCopy), e.g. in parallel, and returns the rows
+        replicator.source.table_copy.SnapshotCopy), e.g. in parallel, and returns the rows
         copied; None leaves the copy to the consumer (upsert of op 'R')."""
         ...
 

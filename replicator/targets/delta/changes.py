@@ -30,8 +30,8 @@ from pyroaring import BitMap
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.index import canonical_keys
+from replicator.targets.delta.keyset import KeySet
 from replicator.targets.delta.table import Captured, ReplicaTable
-from replicator.views.keyset import KeySet
 
 
 @dataclass

@@ -27,8 +27,8 @@ from replicator.structure import TableStructure
 from replicator.targets.arrow import arrow_array
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.storage import Storage
-from replicator.targets.delta.stores import open_storage
 from replicator.targets.delta.table import COMPRESSION, FILE_ROWS, ROW_GROUP, CountingWriter, file_stats, merged_stats
+from replicator.targets.delta.url import open_storage
 
 WrittenFile = tuple[str, int, dict[str, Any]]   # path in the table's directory, size, statistics
 

@@ -4,7 +4,7 @@ The URL names the bucket and the warehouse's prefix in it (s3://bucket/warehouse
 come from the environment as the provider's own tools read them: AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN (or a container or instance role); GOOGLE_* ; AZURE_*.
 For S3, AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3) names an S3-compatible server, an http://
-one included (replicator.targets.s3_endpoint), and AWS_REGION the region.
+one included (replicator.s3_endpoint), and AWS_REGION the region.
 
 put_if_absent is a conditional PUT (If-None-Match: *), which S3, GCS and Azure honour; a file
 written by open_write is a (multipart) upload completed when the block ends, aborted when it
@@ -26,8 +26,8 @@ from obstore.exceptions import AlreadyExistsError, BaseError, PermissionDeniedEr
 from obstore.store import from_url
 
 from replicator.errors import UserError, first_line
+from replicator.s3_endpoint import s3_endpoint
 from replicator.targets.delta.storage import Entry, inside
-from replicator.targets.s3_endpoint import s3_endpoint
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, WriteableBuffer

@@ -30,7 +30,7 @@ from replicator.structure import target_table_name
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta.state import DIRECTORY, WarehouseState
 from replicator.targets.delta.storage import Storage
-from replicator.targets.delta.stores import open_storage, parse_url
+from replicator.targets.delta.url import open_storage, parse_url
 from replicator.targets.delta.view_table import ViewTable, view_directories
 
 
@@ -199,7 +199,7 @@ def register_tables(spark: Any, url: str, database: str = "replica") -> list[str
     Delta location (it follows the table as the consumer writes it). A name registered before
     over another location (another warehouse, a table renamed since) is registered again.
     Returns the names registered."""
-    from replicator.views.spark_sql import quote_spark
+    from replicator.targets.delta.spark_sql import quote_spark
 
     spark.sql(f"CREATE DATABASE IF NOT EXISTS {quote_spark(database)}")
     names = []

@@ -48,8 +48,8 @@ from replicator.targets.delta import maintenance
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import LocalStorage, Storage, recorded_directory
-from replicator.targets.delta.stores import TABLES_OPTION, open_storage, parse_url
 from replicator.targets.delta.table import ReplicaTable
+from replicator.targets.delta.url import TABLES_OPTION, open_storage, parse_url
 from replicator.targets.delta.view_table import view_directories
 from replicator.targets.protocol import Row, TargetTable, queue_positions
 from replicator.wording import counted
@@ -533,5 +533,5 @@ class DeltaTarget:
 
 
 def _spark_session(master: str | None, conf: dict[str, str] | None) -> Any:
-    from replicator.targets.spark.session import get_session
+    from replicator.spark_session.session import get_session
     return get_session(master, conf, app_name="replicator consumer")

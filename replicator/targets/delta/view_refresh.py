@@ -1,8 +1,8 @@
 """An incremental refresh of a view of a Delta warehouse: the rows a change affects,
 recomputed, and what the view must delete.
 
-What is a lookup by key is done with pyarrow on the driver, as on the Spark
-warehouse (replicator.views.keyset compares keys as Spark does): the changed
+What is a lookup by key is done with pyarrow on the driver
+(replicator.targets.delta.keyset compares keys as Spark does): the changed
 keys and their old rows come from where the commits marked them deleted, their
 new rows from the table's key index (replicator.targets.delta.changes); the
 rows an equi-join pairs with the changed rows are read from the other tables'
@@ -44,11 +44,11 @@ from replicator.targets.delta.changes import (
     rows_matching,
 )
 from replicator.targets.delta.index import canonical_keys
+from replicator.targets.delta.keyset import KeySet, category, distinct, largest_group
+from replicator.targets.delta.spark_sql import quote_spark
 from replicator.targets.delta.table import ReplicaTable
+from replicator.targets.delta.view_plan import ViewPlan, too_large
 from replicator.targets.delta.view_table import ViewTable
-from replicator.views.keyset import KeySet, category, distinct, largest_group
-from replicator.views.plan import ViewPlan, too_large
-from replicator.views.spark_sql import quote_spark
 
 DRIVER_MAX_KEYS = 1_000_000    # changed keys (rows looked up) a refresh holds on the driver
 

@@ -3,8 +3,8 @@
 A view is a query in Spark SQL over the warehouse's tables, named as the SQLite
 target names them (``public.t`` → ``t``, ``s.t`` → ``s__t``); its result is a
 Delta table (replicator.targets.delta.view_table) that any Delta reader reads as
-it is. The analysis and the plans are the Spark warehouse's
-(replicator.views.analysis, replicator.views.plan); Spark computes the rows.
+it is. The analysis is the SQLite views' too (replicator.views.analysis, in Spark's
+dialect); the plans are replicator.targets.delta.view_plan; Spark computes the rows.
 
 **Refresh, after the tables' commit.** The consumer commits a batch's tables and
 its position without Spark, then refreshes the views that read a table the
@@ -21,11 +21,11 @@ the tables' logs), in full when those are gone from the log.
 
 **Incremental refresh** (replicator.targets.delta.view_refresh): the changed
 keys, their old rows (read by position where the commits marked them deleted)
-and their new rows (found by the table's key index) give, as on the Spark
-warehouse, the affected keys of an aggregate or DISTINCT view and the changed
-combinations of a row view; the view's rows for those are recomputed by Spark
-over the tables at the view's versions, and written as a batch is (new rows in
-a new file, the replaced and deleted ones marked in deletion vectors).
+and their new rows (found by the table's key index) give the affected keys of
+an aggregate or DISTINCT view and the changed combinations of a row view; the
+view's rows for those are recomputed by Spark over the tables at the view's
+versions, and written as a batch is (new rows in a new file, the replaced and
+deleted ones marked in deletion vectors).
 A full refresh has Spark write the whole result as the table's new version.
 Policy ``auto`` refreshes in full when a change touches more than
 AUTO_FULL_SHARE of the view or the refresh history says a full refresh is
@@ -61,13 +61,11 @@ from replicator.targets.delta import maintenance
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.changes import TableChanges, changes_since
 from replicator.targets.delta.reader import consumer_of, tick_versions
+from replicator.targets.delta.spark_sql import check_query, spark_error_line
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import Storage
 from replicator.targets.delta.table import Captured, ReplicaTable
-from replicator.targets.delta.view_refresh import Refresher
-from replicator.targets.delta.view_table import ViewTable, view_directories, view_directory, view_structure
-from replicator.views.analysis import TableInfo
-from replicator.views.plan import (
+from replicator.targets.delta.view_plan import (
     ViewPlan,
     apply_plan,
     cost_says_full,
@@ -76,8 +74,10 @@ from replicator.views.plan import (
     record_refresh,
     stored_plan,
 )
-from replicator.views.spark_sql import check_query, spark_error_line
-from replicator.views.store import check_name, check_policy
+from replicator.targets.delta.view_refresh import Refresher
+from replicator.targets.delta.view_table import ViewTable, view_directories, view_directory, view_structure
+from replicator.views.analysis import TableInfo
+from replicator.views.protocol import check_name, check_policy
 
 log = logging.getLogger("replicator")
 

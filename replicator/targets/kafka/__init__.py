@@ -1,1 +1,2 @@
-"""Kafka: Debezium-compatible change topics (publisher) and the followers that apply them."""
+"""Kafka: the publisher (a target writing Debezium-compatible change topics), and the topics' records,
+names and settings, which the followers (replicator.follower) read too."""

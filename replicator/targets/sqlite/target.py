@@ -23,7 +23,7 @@ from replicator.targets.protocol import Row, TargetTable
 from replicator.targets.sqlite.types import FORMS, LEGACY_FORMS, NUMERIC_MODES, adapter, sqlite_type, value_adapters
 from replicator.targets.sqlite.views.catalog import following_renames as views_following_renames
 from replicator.targets.sqlite.views.names import REFRESHES, STORAGE_PREFIX, VIEWS
-from replicator.targets.sqlite.views.store import SqliteViews
+from replicator.targets.sqlite.views.sqlite_views import SqliteViews
 
 # WAL: readers are never blocked and see whole batches. FULL: a commit is on
 # disk before the source is told the batch is finished; with NORMAL a power

@@ -5,9 +5,9 @@ while a batch is applied, TEMP triggers capture the old and new rows of its chan
 views' base tables, and just before the batch's COMMIT, in its transaction, each view it touched
 is refreshed from them (or in full). The modules, each with one job:
 
-- store: SqliteViews, the ViewStore of the `view` commands and the hooks SqliteTarget calls;
+- sqlite_views: SqliteViews, the ViewStore of the `view` commands and the hooks SqliteTarget calls;
 - catalog: the catalog tables (definitions, the refresh log);
-- planning: a definition analysed against the replica, planned; plan: the Plan it gives;
+- planner: a definition analysed against the replica, planned; plan: the Plan it gives;
 - statements: the SQL of a plan's refreshes; refresh: running them (auto: when to go full);
 - capture: the TEMP triggers and deltas; temp: the TEMP work tables;
 - storage: a view's storage table and the indexes maintenance seeks through;

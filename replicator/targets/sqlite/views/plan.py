@@ -1,6 +1,6 @@
 """The model of a view as loaded: its Plan (how it is stored and maintained), the Fold of an
 aggregate view kept from state, and the order views are refreshed in (after the views they read).
-How a plan is made from a definition is replicator.targets.sqlite.views.planning."""
+How a plan is made from a definition is replicator.targets.sqlite.views.planner."""
 
 from __future__ import annotations
 

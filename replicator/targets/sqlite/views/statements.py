@@ -4,7 +4,7 @@ affected keys, folded aggregates, rooted row views, other row views). Made once 
 view of what a batch changed (Plan.statement_cache); nothing here runs them (see refresh.py).
 
 Statements join in an order they fix with CROSS JOIN: the changed keys first, then each table
-reached through an equality, on the helper indexes planning.py asks for. The generation of the
+reached through an equality, on the helper indexes planner.py asks for. The generation of the
 refresh under way is the parameter :replicator_gen."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The view store: what every target that keeps incremental views offers the `view` commands."""
+"""The ViewStore protocol: what every target that keeps incremental views offers the `view` commands."""
 
 from __future__ import annotations
 

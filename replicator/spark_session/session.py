@@ -7,11 +7,11 @@ size the JVM (spark.driver.memory) only take effect before the JVM starts,
 i.e. in the first session of a process.
 
 Delta Lake is in every session (its SQL extension and catalog, and its jars:
-replicator.targets.spark.jars), with partition counts for a few cores: Spark's
+replicator.spark_session.jars), with partition counts for a few cores: Spark's
 200 shuffle partitions and Delta's 50 for reading a table's log made every first
 read of a small table take tens of seconds on 2 cores. s3:// and s3a:// paths go
 through Hadoop's s3a, at the endpoint the environment names (AWS_ENDPOINT_URL, as
-for replicator's own S3 clients: replicator.targets.s3_endpoint); s3a reads the
+for replicator's own S3 clients: replicator.s3_endpoint); s3a reads the
 credentials from the environment itself (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY). Delta
 commits to them through replicator's log store (jars.py, ConditionalS3LogStore.java): each
 commit one conditional PUT, so that Spark's commits and the consumer's exclude each other.
@@ -40,8 +40,8 @@ from typing import Any
 
 from replicator.errors import UserError
 from replicator.extras import require
-from replicator.targets.s3_endpoint import s3_endpoint
-from replicator.targets.spark.jars import PACKAGES, build_log_store, cache_dir, jar_settings, record_resolution
+from replicator.s3_endpoint import s3_endpoint
+from replicator.spark_session.jars import PACKAGES, build_log_store, cache_dir, jar_settings, record_resolution
 
 _CORES = os.cpu_count() or 2
 DEFAULTS = {

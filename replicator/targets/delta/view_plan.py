@@ -1,4 +1,4 @@
-"""How a view on a Spark-read warehouse is computed and maintained, whatever stores it.
+"""How a view of a Delta warehouse is computed by Spark and maintained.
 
 The analysis (replicator.views.analysis) reads a view's query; ViewPlan turns it
 into the Spark SQL a refresh runs: the whole query (a full refresh), the query
@@ -18,8 +18,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from replicator.errors import UserError
+from replicator.targets.delta.spark_sql import quote_spark, spark_error_line
 from replicator.views.analysis import Analysis, Reason, TableInfo, analyse
-from replicator.views.spark_sql import quote_spark, spark_error_line
 
 AUTO_FULL_SHARE = 0.2          # auto: a change touching more of the view is refreshed in full
 AUTO_RETRY_AFTER = 50          # auto: full refreshes chosen on cost before an incremental one is tried again

@@ -1,5 +1,5 @@
 """SqliteViews: the views of one SQLite target, on the target's connection. The ViewStore of
-replicator/views/store.py (create, drop, list, info, refreshes, explain, refresh_now: each call
+replicator/views/protocol.py (create, drop, list, info, refreshes, explain, refresh_now: each call
 a transaction of its own), and the hooks SqliteTarget calls in its transactions: begun loads the
 views (again when another connection changed them) and installs the capture, note_write,
 table_truncated and schema_changing note what the batch does, before_commit refreshes the views
@@ -25,12 +25,12 @@ from replicator.targets.sqlite.views import catalog, statements, storage
 from replicator.targets.sqlite.views.capture import Capture
 from replicator.targets.sqlite.views.names import STORAGE_PREFIX
 from replicator.targets.sqlite.views.plan import Plan, check_reads_not_itself, in_dependency_order
-from replicator.targets.sqlite.views.planning import plan_view
+from replicator.targets.sqlite.views.planner import plan_view
 from replicator.targets.sqlite.views.refresh import Refresher, Savepoint, grow_page_cache
 from replicator.targets.sqlite.views.sql import quote
 from replicator.targets.sqlite.views.tables import ReplicaTables
 from replicator.views.analysis import TableInfo
-from replicator.views.store import check_name, check_policy
+from replicator.views.protocol import check_name, check_policy
 
 log = logging.getLogger("replicator")
 

@@ -1,6 +1,6 @@
 """A view's Spark SQL, before Spark runs it: names quoted, Spark's own parse checked.
 
-Views on a Spark or Delta warehouse are queries in Spark SQL over the
+Views of a Delta warehouse are queries in Spark SQL over the
 warehouse's tables. The analysis (replicator.views.analysis) reads them on its
 tokens; check_query is the last guard before spark.sql(), which runs a command
 as soon as it is given one: Spark's own parser reads the text (which runs

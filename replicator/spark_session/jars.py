@@ -10,7 +10,7 @@ Chosen at each JVM start:
 * It does not: Spark resolves the packages (spark.jars.packages, Delta's documented way) with the
   cache as Ivy's directory. The first start downloads ~100 MB from Maven Central (~40 s), and the
   session records the resolution, so later starts take the first way. bin/setup-env does this
-  ahead (`python -m replicator.targets.spark.jars`): tests and the demo never resolve.
+  ahead (`python -m replicator.spark_session.jars`): tests and the demo never resolve.
 
 The cache is $REPLICATOR_SPARK_JARS, else ~/.cache/replicator/spark-jars ($XDG_CACHE_HOME), one
 directory per set of coordinates (a new version resolves anew).

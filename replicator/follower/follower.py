@@ -1,7 +1,7 @@
 """A follower: applies a publisher's topics to a target of its own (SQLite, Delta, a stream),
 exactly once, without touching the source database.
 
-The publisher's commit records (state.py) say, for each Kafka transaction, the last offset it
+The publisher's commit records (replicator.targets.kafka.state) say, for each Kafka transaction, the last offset it
 wrote in each partition. The follower reads the commits that came since its position, then
 every partition it follows up to the last of them, and applies the records of all of them in
 the publisher's order (each record's SEQUENCE header): row changes, tombstones, truncates and
@@ -34,13 +34,14 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from replicator import run_loop
 from replicator.errors import UserError
+from replicator.follower.history import TableHistory, schema_change_of
+from replicator.follower.reader import Partition, PartitionReader
 from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.structure import TableStructure, reconcile
 from replicator.targets.kafka.envelope import EnvelopeSettings, TableEnvelope
-from replicator.targets.kafka.history import TableHistory, schema_change_of
-from replicator.targets.kafka.reader import Partition, PartitionReader
 from replicator.targets.kafka.settings import KafkaSettings
 from replicator.targets.kafka.state import (
     COMMIT_KEY,
@@ -56,7 +57,7 @@ from replicator.targets.kafka.state import (
     where,
 )
 from replicator.targets.kafka.topics import schema_topic, state_topic, table_topic
-from replicator.targets.protocol import Row, Target, TargetTable, settle
+from replicator.targets.protocol import Row, Target, TargetTable
 from replicator.wording import counted
 
 log = logging.getLogger("replicator")
@@ -72,10 +73,6 @@ VISIBLE_WAIT = 30.0      # seconds a partition may stay short of the offset a co
                          # transaction partition by partition) before the follower gives up
 
 
-class _Stopped(Exception):
-    """The stop flag, set while a step waited: the step is rolled back."""
-
-
 @dataclass
 class FollowStats:
     commit: int
@@ -83,6 +80,30 @@ class FollowStats:
     records: int = 0
     seconds: float = 0.0
     lag_seconds: float = 0.0   # from the publisher's commit to the follower's
+
+
+@dataclass
+class _Summary:
+    """What a running follower applied since its last INFO line."""
+    target: str
+    source: str
+    started: float
+    records: int = 0
+    tick: int = 0
+    lag_seconds: float = 0.0
+
+    def add(self, stats: FollowStats) -> None:
+        self.records += stats.records
+        self.tick = stats.tick
+        self.lag_seconds = stats.lag_seconds
+
+    def flush(self) -> None:
+        """Logs one line, unless nothing was applied since the last, and starts counting again."""
+        now = time.monotonic()
+        if self.records:
+            log.info("%s: %s applied from %s in the last %.1fs; at tick %s, lag %.1fs", self.target,
+                     counted(self.records, "record"), self.source, now - self.started, self.tick, self.lag_seconds)
+        self.started, self.records = now, 0
 
 
 class _Changes:
@@ -258,10 +279,6 @@ class Follower:
                 return commit.written[tp[0]][tp[1]][0]
         return -stored - 1 if stored < 0 else stored   # commits without `written` (older publishers): as before
 
-    @property
-    def tick(self) -> int | None:
-        return self.target.positions(self.queue).get(TICK)
-
     # reading ---------------------------------------------------------------------------------
 
     def _passed_over(self, message: Message) -> bool:
@@ -413,7 +430,7 @@ class Follower:
         def check(seconds: float) -> None:
             nonlocal patience
             if self._stop.is_set:
-                raise _Stopped
+                raise run_loop.Stopped
             if seconds <= patience:
                 return
             try:
@@ -624,51 +641,51 @@ class Follower:
         """Runs until stopped, for one step (once), or until every commit made before the call is
         applied (until_caught_up). Returns the number of steps that applied something."""
         stop = self._stop = stop or StopFlag()
-        applied = 0
-        goal: int | None = None
         self._wait_for_publisher(stop, waits=not (once or until_caught_up))
         self._check_positions()
-        if until_caught_up:   # the goal: the last commit Kafka holds now
-            deadline = time.monotonic() + READ_COMMITS_TIMEOUT
-            self._read_commits(self.poll_interval)
-            while not self.reader.at_end(self._state):
-                if time.monotonic() > deadline:
-                    raise UserError(f"cannot read the commits of {self.settings.name} to their end within "
-                                    f"{READ_COMMITS_TIMEOUT:.0f}s: is Kafka at {self.settings.brokers} up?")
-                self._read_commits(max(self.poll_interval, 0.1))
-            goal = self._commits[-1].number if self._commits else None
-            if goal is None:
-                return 0
-        summary_started, records, lag = time.monotonic(), 0, 0.0
-        while not stop.is_set:
-            try:
-                stats = self.step(wait=self.poll_interval)
-            except _Stopped:
-                break
-            if self._reachable(applied=stats is not None):
-                self.metrics.ran()
-            if stats is not None:
-                applied += 1
-                records += stats.records
-                lag = stats.lag_seconds
-                self.metrics.applied(stats.records, stats.records)
-                self.metrics.lag(len(self._commits), sum(c.records for c in self._commits), stats.lag_seconds, None)
-                log.debug("commit %s (tick %s): %s in %.3fs", stats.commit, stats.tick,
-                          counted(stats.records, "record"), stats.seconds)
-            elif not self._commits:
-                self.metrics.lag(0, 0, 0.0, None)
-            done = once or (goal is not None and stats is not None and stats.commit >= goal)
-            now = time.monotonic()
-            if now - summary_started >= self.stats_interval or stop.is_set or done:
-                if records:
-                    log.info("%s: %s applied from %s in the last %.1fs; at tick %s, lag %.1fs", self.target.name,
-                             counted(records, "record"), self.settings.name, now - summary_started, self.tick,
-                             lag)
-                summary_started, records = now, 0
-            if done:
-                settle(self.target)
-                break
+        applied = run_loop.run(self, stop, once=once, until_caught_up=until_caught_up)
         for record in sorted(self.skip - self._skipped):
             log.warning("--skip-record %s: no such record was read (the follower is past it, or it is not there)",
                         record)
         return applied
+
+    # what run_loop asks of an Applier
+
+    idle_pause = 0.0   # a step waits for commits itself, up to poll_interval
+
+    def summary(self) -> _Summary:
+        return _Summary(self.target.name, self.settings.name, time.monotonic())
+
+    def reconnect(self) -> bool:
+        return False   # librdkafka reconnects by itself; _reachable() tells when Kafka is back
+
+    def goal(self, stop: StopFlag) -> int | None:
+        """The last commit Kafka holds now, for until_caught_up; None when it holds none."""
+        deadline = time.monotonic() + READ_COMMITS_TIMEOUT
+        self._read_commits(self.poll_interval)
+        while not self.reader.at_end(self._state):
+            if time.monotonic() > deadline:
+                raise UserError(f"cannot read the commits of {self.settings.name} to their end within "
+                                f"{READ_COMMITS_TIMEOUT:.0f}s: is Kafka at {self.settings.brokers} up?")
+            self._read_commits(max(self.poll_interval, 0.1))
+        return self._commits[-1].number if self._commits else None
+
+    def next_step(self) -> FollowStats | None:
+        return self.step(wait=self.poll_interval)
+
+    def stepped(self, stats: FollowStats | None) -> None:
+        if self._reachable(applied=stats is not None):
+            self.metrics.ran()
+        if stats is not None:
+            self.metrics.applied(stats.records, stats.records)
+            self.metrics.lag(len(self._commits), sum(c.records for c in self._commits), stats.lag_seconds, None)
+            log.debug("commit %s (tick %s): %s in %.3fs", stats.commit, stats.tick,
+                      counted(stats.records, "record"), stats.seconds)
+        elif not self._commits:
+            self.metrics.lag(0, 0, 0.0, None)
+
+    def caught_up(self, goal: int, stats: FollowStats | None) -> bool:
+        return stats is not None and stats.commit >= goal
+
+    def outage(self, error: Exception) -> str | None:
+        return None   # Kafka unreachable is waited out within a step (_outage, _reachable)
