@@ -8,6 +8,8 @@ lack deletion vectors or column mapping, on a default table).
 
 from __future__ import annotations
 
+import base64
+import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,9 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import pytest
+from pyroaring import BitMap
 
 pytest.importorskip("deltalake")
 pytest.importorskip("polars")
@@ -339,38 +343,143 @@ def test_filtered_reads_of_a_portable_table_are_as_the_readers_table_says(dsn, c
     assert sorted(dataset.to_table().column("id").to_pylist()) == sorted(k[0] for k in rows)   # unfiltered: all
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 27): a portable batch's rewrite, read from the log, is a "
-                                       "remove of F and an add of F': changes.py takes it for a table replaced")
+def _portable_table(path: Path, rows: int = 100) -> tuple[ReplicaTable, int]:
+    """A portable table (id bigint key, v text) of rows 0..rows-1, and its version."""
+    key, v = Column("id", "bigint", "bigint", "N", True, 1), Column("v", "text", "text", "S", False, 2)
+    structure = TableStructure("public", "t", (key, v), ("id",))
+    meta = {"source_name": "public.t", "table_id": 1, "mode": "full", "structure": structure.to_json(),
+            "copy_snapshot": None}
+    table = ReplicaTable(LocalStorage(path), "public.t", portable=True)
+    table.reset(meta, structure)
+    table.copy([(i, f"v{i}") for i in range(rows)])
+    version = table.commit("q/c", 1)
+    assert version is not None
+    return table, version
+
+
 def test_the_changes_of_a_portable_batch_read_from_the_log_are_row_changes(tmp_path):
     """changes.py's reading of a portable table's update commit (no capture, as a view behind its
     table reads it): it names the rows the batch replaced, not a table replaced."""
     from replicator.targets.delta.changes import changes_since
 
-    key, v = Column("id", "bigint", "bigint", "N", True, 1), Column("v", "text", "text", "S", False, 2)
-    structure = TableStructure("public", "t", (key, v), ("id",))
-    meta = {"source_name": "public.t", "table_id": 1, "mode": "full", "structure": structure.to_json(),
-            "copy_snapshot": None}
-    table = ReplicaTable(LocalStorage(tmp_path), "public.t", portable=True)
-    table.reset(meta, structure)
-    table.copy([(i, f"v{i}") for i in range(100)])
-    created = table.commit("q/c", 1)
+    table, created = _portable_table(tmp_path)
     table.change((7,), False, (7, "changed"))
     table.commit("q/c", 2)
     changes = changes_since(ReplicaTable(LocalStorage(tmp_path), "public.t"), created, {})
     assert changes is not None and not changes.replaced
-    assert changes.changed_keys().column(0).to_pylist() == [7]
+    # the key's old row (read from the file the batch rewrote) and its new row: as on a default table
+    assert changes.changed_keys().column(0).to_pylist() == [7, 7]
+    assert changes.old_rows().to_pylist() == [{"id": 7, "v": "v7"}]
+    [batch_file] = changes.added   # the batch's new rows; the rewritten file holds none
+    assert pq.read_table(tmp_path / "public.t" / batch_file).to_pylist() == [{"id": 7, "v": "changed"}]
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 27): portable_schema keeps delta.columnMapping.id and "
-                                       "physicalName in a table whose mode is none")
-def test_spark_enables_column_mapping_on_a_portable_table(dsn, conn, source, tmp_path, spark):
+def test_the_changes_of_portable_batches_rewriting_a_file_twice_or_emptying_it_are_the_rows_replaced(
+        tmp_path, monkeypatch):
+    """A batch written out in parts rewrites its rewrite of a file (the remove's tags name the
+    last one, and the rows left out of the first), and a batch deleting every row of a file
+    removes it with no rewrite: both read from the log as the rows they replaced."""
+    from replicator.targets.delta.changes import changes_since
+
+    monkeypatch.setattr(delta_table, "SPILL_KEYS", 10)
+    table, created = _portable_table(tmp_path, 30)
+    # two parts: the second rewrites the first's rewrite of the copy's file (rows 10..14) and its new rows (5..9)
+    for i in [*range(10), *range(5, 15)]:
+        table.change((i,), False, (i, f"w{i}"))
+    after_spill = table.commit("q/c", 2)
+    [rewritten] = [a["remove"] for a in delta_log_actions(tmp_path, after_spill) if "remove" in a]
+    changes = changes_since(ReplicaTable(LocalStorage(tmp_path), "public.t"), created, {})
+    assert changes is not None and not changes.replaced
+    assert sorted(r["id"] for r in changes.old_rows().to_pylist()) == list(range(15))
+    assert {r["v"] for r in changes.old_rows().to_pylist()} == {f"v{i}" for i in range(15)}
+    assert set(changes.deleted) == {rewritten["path"]}
+    for i in range(30):
+        table.change((i,), True, (i, None))
+    emptied = table.commit("q/c", 3)
+    removes = [a["remove"] for a in delta_log_actions(tmp_path, emptied) if "remove" in a]
+    assert len(removes) == 3 and not any("replicator.rewrittenInto" in r["tags"] for r in removes)
+    changes = changes_since(ReplicaTable(LocalStorage(tmp_path), "public.t"), after_spill, {})
+    assert changes is not None and not changes.replaced and not changes.added
+    assert sorted(r["id"] for r in changes.old_rows().to_pylist()) == list(range(30))
+
+
+def delta_log_actions(path: Path, version: int) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (path / delta_log.commit_path("public.t", version)).read_text().splitlines()]
+
+
+def _untagged(remove: dict[str, Any], adds: list[dict[str, Any]]) -> None:
+    del remove["tags"]
+
+
+def _into_a_file_not_added(remove: dict[str, Any], adds: list[dict[str, Any]]) -> None:
+    remove["tags"]["replicator.rewrittenInto"] = "part-00000-elsewhere.parquet"
+
+
+def _a_row_left_out_not_counted(remove: dict[str, Any], adds: list[dict[str, Any]]) -> None:
+    remove["tags"]["replicator.rowsLeftOut"] = base64.b64encode(BitMap([7, 8]).serialize()).decode()
+
+
+def _rows_left_out_past_the_file(remove: dict[str, Any], adds: list[dict[str, Any]]) -> None:
+    remove["tags"]["replicator.rowsLeftOut"] = base64.b64encode(BitMap([100]).serialize()).decode()
+
+
+def _rows_left_out_malformed(remove: dict[str, Any], adds: list[dict[str, Any]]) -> None:
+    remove["tags"]["replicator.rowsLeftOut"] = "not base64!"
+
+
+def _into_the_batchs_own_file(remove: dict[str, Any], adds: list[dict[str, Any]]) -> None:
+    remove["tags"]["replicator.rewrittenInto"] = next(a["path"] for a in adds
+                                                      if a["path"] != remove["tags"]["replicator.rewrittenInto"])
+
+
+@pytest.mark.parametrize("tamper", [_untagged, _into_a_file_not_added, _a_row_left_out_not_counted,
+                                    _rows_left_out_past_the_file, _rows_left_out_malformed,
+                                    _into_the_batchs_own_file])
+def test_a_rewrite_whose_tags_do_not_check_out_is_read_as_the_table_replaced(tmp_path, tamper):
+    """The rewrite tags are a writer's word: a remove without them (Spark's, delta-rs' copy-on-write),
+    or with tags the commit and the files' row counts contradict, is read as the table replaced
+    (a view refreshed in full), never as a guess at its rows."""
+    from replicator.targets.delta.changes import changes_since
+
+    table, created = _portable_table(tmp_path)
+    table.change((7,), False, (7, "changed"))
+    version = table.commit("q/c", 2)
+    actions = delta_log_actions(tmp_path, version)
+    [remove] = [a["remove"] for a in actions if "remove" in a]
+    tamper(remove, [a["add"] for a in actions if "add" in a])
+    (tmp_path / delta_log.commit_path("public.t", version)).write_text("".join(json.dumps(a) + "\n" for a in actions))
+    changes = changes_since(ReplicaTable(LocalStorage(tmp_path), "public.t"), created, {})
+    assert changes is not None and changes.replaced
+
+
+def test_spark_enables_column_mapping_on_a_portable_table_and_the_consumer_refuses_it_until_undone(
+        dsn, conn, source, tmp_path, spark):
     """A portable table is a Delta table without column mapping: Spark may turn it on (to rename a
     column, or make it a default table), which it refuses while the fields carry column mapping's
-    metadata (DELTA_ENABLING_COLUMN_MAPPING_DISALLOWED_WHEN_COLUMN_MAPPING_METADATA_ALREADY_EXISTS)."""
+    metadata (DELTA_ENABLING_COLUMN_MAPPING_DISALLOWED_WHEN_COLUMN_MAPPING_METADATA_ALREADY_EXISTS).
+    The consumer then refuses the table in one line, writing nothing (docs/delta.md, "Other
+    writers"), until Spark turns it off again; Spark leaves it a table Polars refuses all the same."""
     path = tmp_path / "wh"
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 10) g")
     source.create_queue("q")
     source.add_table("q", "t")
     assert consume_cli(dsn, path, PORTABLE).returncode == 0
     uri = table_uris(str(path))["public.t"]
+    fields = json.loads(ReplicaTable(LocalStorage(path), "public.t").snapshot.metadata["schemaString"])["fields"]
+    assert not any(key.startswith("delta.columnMapping") for f in fields for key in f["metadata"])
     spark.sql(f"ALTER TABLE delta.`{uri}` SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name')")
+    conn.execute("UPDATE t SET v = 'changed' WHERE id = 3")
+    version = ReplicaTable(LocalStorage(path), "public.t").snapshot.version
+    refused = consume_cli(dsn, path, PORTABLE)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: {uri} has delta.columnMapping.mode = name, which another writer set: replicator writes the table's "
+        f"columns without column mapping; set it back (Spark: ALTER TABLE delta.`{uri}` SET TBLPROPERTIES "
+        f"('delta.columnMapping.mode' = 'none'))")
+    assert ReplicaTable(LocalStorage(path), "public.t").snapshot.version == version
+    spark.sql(f"ALTER TABLE delta.`{uri}` SET TBLPROPERTIES ('delta.columnMapping.mode' = 'none')")
+    assert consume_cli(dsn, path, PORTABLE).returncode == 0
+    assert_equal_to_source(conn, path, ["t"])
+    # Spark leaves the protocol at column mapping's reader version: Polars still refuses the table
+    with pytest.raises(Exception, match="reader version 2"):
+        pl.read_delta(uri)

@@ -8,11 +8,16 @@ action's deletion vector less the one its remove action replaced), and the
 files it added. The consumer keeps them as it commits (ReplicaTable.captures,
 for the tables views read); for versions it did not keep (a view behind after
 a crash, or created meanwhile) they are read from the commit files. Commits
-that change no data (OPTIMIZE: ``dataChange: false``) are skipped; a commit
-that removes files without re-adding them (a copy, TRUNCATE, or another
-writer's copy-on-write) cannot be read as row changes: the view is refreshed
-in full. Rows are read by position (pyarrow, the row groups that hold them);
-the files stay on disk after OPTIMIZE replaced them, until VACUUM's retention.
+that change no data (OPTIMIZE: ``dataChange: false``) are skipped. A portable
+table's batch rewrites the files it changes (replicator.targets.delta.rewrite):
+the remove of each says, in its tags, into which added file the surviving rows
+went and which rows it left out, and those are the rows marked deleted (the
+file they went into holds no new row). The tags are checked against the commit
+and the files' row counts; a commit that removes files without re-adding them
+otherwise (a copy, TRUNCATE, another writer's copy-on-write, tags that do not
+check out) cannot be read as row changes: the view is refreshed in full. Rows
+are read by position (pyarrow, the row groups that hold them); the files stay
+on disk after OPTIMIZE or a rewrite replaced them, until VACUUM's retention.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from replicator.targets.delta import log as delta_log
+from replicator.targets.delta import rewrite
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.index import canonical_keys
 from replicator.targets.delta.keyset import KeySet
@@ -69,7 +75,7 @@ class TableChanges:
 def key_names(table: ReplicaTable) -> list[str]:
     """The physical names of the table's key columns."""
     fields = table.schema()["fields"]
-    return [fields[i]["metadata"][delta_schema.PHYSICAL_NAME] for i in table.structure().key_positions()]
+    return [delta_schema.physical_name(fields[i]) for i in table.structure().key_positions()]
 
 
 def file_schema(table: ReplicaTable) -> pa.Schema:
@@ -78,7 +84,7 @@ def file_schema(table: ReplicaTable) -> pa.Schema:
 
 def logical_names(table: ReplicaTable) -> dict[str, str]:
     """Physical column name → the column's name."""
-    return {f["metadata"][delta_schema.PHYSICAL_NAME]: f["name"] for f in table.schema()["fields"]}
+    return {delta_schema.physical_name(f): f["name"] for f in table.schema()["fields"]}
 
 
 def changes_since(table: ReplicaTable, since: int, captured: dict[int, Captured],
@@ -113,17 +119,60 @@ def _add_commit(changes: TableChanges, actions: list[dict[str, Any]]) -> None:
     """One commit's data changes (see the module docstring)."""
     removed = {a["remove"]["path"]: a["remove"] for a in actions if "remove" in a and a["remove"].get("dataChange")}
     added = {a["add"]["path"]: a["add"] for a in actions if "add" in a and a["add"].get("dataChange")}
-    if set(removed) - set(added):
+    table = changes.table
+    rewritten = _rewrites(table, {path: removed[path] for path in removed.keys() - added.keys()}, added, removed)
+    if rewritten is None:
         changes.replaced = True
         return
-    table = changes.table
+    left_out, moved = rewritten
+    for path, rows in left_out.items():
+        changes.deleted.setdefault(path, BitMap()).update(rows)
     for path, add in added.items():
         now = table.deletion_vector(add) or BitMap()
         if path in removed:
             before = table.deletion_vector(removed[path]) or BitMap()
             changes.deleted.setdefault(path, BitMap()).update(now - before)
-        else:
+        elif path not in moved:
             changes.added[path] = now
+
+
+def _rewrites(table: ReplicaTable, gone: dict[str, dict[str, Any]], added: dict[str, dict[str, Any]],
+              removed: dict[str, dict[str, Any]]) -> tuple[dict[str, BitMap], set[str]] | None:
+    """The files a commit removed without adding them again (gone: their remove actions), read as
+    a portable table's rewrites: the rows each left out that were live before (by file), and the
+    added files that hold the others (no new rows). None unless every one is a rewrite whose tags
+    check out: the file it names is one the commit adds (no other rewrite's, not removed, without
+    a deletion vector), the positions left out are the file's and include the rows deleted
+    before, and the two files' row counts (their Parquet footers) add up."""
+    left_out: dict[str, BitMap] = {}
+    moved: set[str] = set()
+    for path, remove in gone.items():
+        told = rewrite.told_rewrite(remove)
+        if told is None:
+            return None
+        into, dropped = told
+        if into is not None and (into not in added or into in removed or into in moved
+                                 or added[into].get("deletionVector")):
+            return None
+        before = table.deletion_vector(remove) or BitMap()
+        try:
+            rows = _file_rows(table, path)
+            kept = _file_rows(table, into) if into is not None else 0
+        except FileNotFoundError:   # VACUUM deleted it: its rows cannot be read either
+            return None
+        if (dropped and dropped.max() >= rows) or not before <= dropped or rows - len(dropped) != kept:
+            return None
+        left_out[path] = dropped - before
+        if into is not None:
+            moved.add(into)
+    return left_out, moved
+
+
+def _file_rows(table: ReplicaTable, path: str) -> int:
+    """A data file's rows (deleted ones too), from its Parquet footer."""
+    with table.storage.open_read(table.file(path)) as f:
+        rows: int = delta_log.parquet_file(f).metadata.num_rows
+    return rows
 
 
 def current_rows(table: ReplicaTable, keys: pa.Table) -> pa.Table:

@@ -12,6 +12,14 @@ version to another writer is staged again from the transaction's files (and not
 when views read the table: their refresh reads the rows replaced there; VACUUM
 deletes it later).
 
+The remove action of a file rewritten says so in its tags (Delta's free-form
+string map): the file its surviving rows went into (none when no row survived)
+and the positions of the rows it left out (a Roaring bitmap, base64). So a
+reader of the log (replicator.targets.delta.changes, a view behind its table)
+takes the commit for the rows it replaced, as it takes a default table's
+deletion vectors, not for a table replaced; it checks the tags against the
+commit and the files first (another writer's remove has none).
+
 Renaming or dropping a column rewrites every live row under the new names: the
 transaction then replaces every file (as a copy does), and cannot be staged again
 over another writer's commit (it is applied again when the consumer restarts).
@@ -19,7 +27,10 @@ over another writer's commit (it is applied again when the consumer restarts).
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -47,10 +58,50 @@ class Table(Protocol):
     def _write_file(self, data: pa.Table) -> str: ...
 
 
+REWRITTEN_INTO = "replicator.rewrittenInto"   # remove tags: the file a rewritten file's surviving rows went into
+ROWS_LEFT_OUT = "replicator.rowsLeftOut"      # and the positions of its rows left out (base64 of a Roaring bitmap)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """What became of a committed file the transaction rewrote: its rows, the file its surviving
+    rows are in now (None: none survived), and their positions in it (kept[i]: the position in
+    the committed file of the new file's row i)."""
+    rows: int
+    into: str | None
+    kept: np.ndarray
+
+    def tags(self) -> dict[str, str]:
+        """The tags of the committed file's remove action (see the module docstring)."""
+        left_out = BitMap()
+        left_out.add_range(0, self.rows)
+        left_out.difference_update(BitMap(self.kept.tolist()))
+        tags = {ROWS_LEFT_OUT: base64.b64encode(left_out.serialize()).decode()}
+        if self.into is not None:
+            tags[REWRITTEN_INTO] = self.into
+        return tags
+
+
+def told_rewrite(remove: dict[str, Any]) -> tuple[str | None, BitMap] | None:
+    """What a remove action's tags say of its file's rewrite: the file its surviving rows went
+    into (None: none survived) and the positions of the rows left out; None when they say
+    nothing readable (another writer's remove, tags malformed). Still to be checked against
+    the commit and the files (replicator.targets.delta.changes)."""
+    tags = remove.get("tags") or {}
+    left_out, into = tags.get(ROWS_LEFT_OUT), tags.get(REWRITTEN_INTO)
+    if not isinstance(left_out, str) or not isinstance(into, (str, type(None))):
+        return None
+    try:
+        return into, BitMap.deserialize(base64.b64decode(left_out, validate=True))
+    except (binascii.Error, ValueError):
+        return None
+
+
 class Transaction(Protocol):
     """What a rewrite changes of the table's open transaction (replicator.targets.delta.table.Staged)."""
     new_files: dict[str, dict[str, Any]]
     touched: set[str]
+    rewrites: dict[str, Rewrite]
     superseded: set[str]
     reset: bool
     spilled: bool
@@ -59,28 +110,35 @@ class Transaction(Protocol):
 def rewrite_files(table: Table, staged: Transaction, index: KeyIndex, numbers: Iterable[int]) -> None:
     """Rewrites the files (index numbers) some of whose rows were just marked deleted: their
     survivors into a new file each; a committed file is removed by the commit, one the
-    transaction wrote is superseded."""
+    transaction wrote is superseded. What became of each committed file is kept (its remove's
+    tags), through rewrites of its rewrite."""
     target = delta_schema.arrow_schema(table.structure(), table.schema())
     for number in sorted(set(numbers)):
         path = index.paths[number]
         data = _read(table, path, target)
         kept = np.setdiff1d(np.arange(data.num_rows, dtype=np.int64),
                             np.asarray(index.deleted[number].to_array(), dtype=np.int64), assume_unique=True)
+        new_path = None
         if len(kept):
             new_path = table._write_file(data.take(pa.array(kept)))
             index.move([(path, kept, data.num_rows, new_path, 0)])
         if path in staged.new_files:
             del staged.new_files[path]
             staged.superseded.add(path)
+            source = next((f for f, done in staged.rewrites.items() if done.into == path), None)
+            if source is not None:   # a committed file's rewrite, rewritten
+                done = staged.rewrites[source]
+                staged.rewrites[source] = Rewrite(done.rows, new_path, done.kept[kept])
         else:
             staged.touched.add(path)   # removed by the commit, and not added again (a portable table)
+            staged.rewrites[path] = Rewrite(data.num_rows, new_path, kept)
 
 
 def needs_rewrite(old: dict[str, Any], new: dict[str, Any]) -> bool:
     """Whether a portable table's new schema renames or drops a column of the old one (its files
     hold the old names); adding a column rewrites nothing (older files lack it: NULL)."""
     names = {f["metadata"].get(delta_schema.ATTNUM): f["name"] for f in new["fields"]}
-    return any(names.get(f["metadata"].get(delta_schema.ATTNUM)) != f["metadata"][delta_schema.PHYSICAL_NAME]
+    return any(names.get(f["metadata"].get(delta_schema.ATTNUM)) != delta_schema.physical_name(f)
                for f in old["fields"])
 
 
@@ -91,7 +149,7 @@ def rewrite_table(table: Table, staged: Transaction, old: dict[str, Any], new: d
     Changes still staged stay staged (they are located in the new files)."""
     before = delta_schema.arrow_schema(table.structure(), old)   # alter() sets the new structure after
     after = delta_schema.arrow_schema(structure, new)
-    renamed = {f["metadata"].get(delta_schema.ATTNUM): f["metadata"][delta_schema.PHYSICAL_NAME]
+    renamed = {f["metadata"].get(delta_schema.ATTNUM): delta_schema.physical_name(f)
                for f in new["fields"]}   # attnum → the column's new name
     index = table.index
     files: dict[str, BitMap] = {}
@@ -112,13 +170,13 @@ def rewrite_table(table: Table, staged: Transaction, old: dict[str, Any], new: d
             alive = np.ones(data.num_rows, dtype=bool)
             alive[np.asarray(dead.to_array(), dtype=np.int64)] = False
             data = data.filter(pa.array(alive))
-        columns = {renamed[attnum]: data.column(f["metadata"][delta_schema.PHYSICAL_NAME])
+        columns = {renamed[attnum]: data.column(delta_schema.physical_name(f))
                    for f in old["fields"] if (attnum := f["metadata"].get(delta_schema.ATTNUM)) in renamed}
         if data.num_rows:
             table._write_file(pa.Table.from_arrays([columns[f.name] if f.name in columns else
                                                     pa.nulls(data.num_rows, f.type) for f in after], schema=after))
     staged.superseded.update(written)
-    staged.reset, staged.touched, staged.spilled = True, set(), True
+    staged.reset, staged.touched, staged.rewrites, staged.spilled = True, set(), {}, True
     table.index = None   # built from the new files when a change needs it
 
 
@@ -141,9 +199,9 @@ def field_id(field: pa.Field) -> int | None:
 def file_columns(file: pa.Schema, wanted: Sequence[tuple[str, int | None]]) -> list[str | None]:
     """The column of a data file holding each wanted column (its physical name, its field id),
     None where the file has none: the column with its Parquet field id (replicator writes the
-    column's id: a portable table's file names the column as it was named when the file was
-    written, which a schema older or newer than the file's does not), else, in a file another
-    writer wrote without ids, the column of its name."""
+    column's id, schema.parquet_field_id: a portable table's file names the column as it was
+    named when the file was written, which a schema older or newer than the file's does not),
+    else, in a file another writer wrote without ids, the column of its name."""
     by_id = {i: f.name for f in file if (i := field_id(f)) is not None}
     unnamed = {f.name for f in file if field_id(f) is None}
     return [by_id.get(field_id) if field_id is not None and field_id in by_id

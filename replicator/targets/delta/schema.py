@@ -7,9 +7,12 @@ NULL in the files written before. Fields carry the source column's attnum
 (``replicator.attnum``), which identifies a column through renames, and its
 PostgreSQL type as the column comment.
 
-A portable table (``delta:URI?tables=portable``) has no column mapping: each column's
-physical name is its name, and renaming or dropping one rewrites the files
-(replicator.targets.delta.rewrite).
+A portable table (``delta:URI?tables=portable``) has no column mapping: its fields
+carry none of column mapping's metadata (Spark refuses to turn column mapping on
+over it), each column's name in the files is its name, and renaming or dropping
+one rewrites the files (replicator.targets.delta.rewrite). Its files' Parquet field
+ids are the columns' attnums, which identify a column through renames as column
+mapping's ids do.
 
 A column may also be typed in Delta's own types (base type DELTA_TYPED, its
 type a Delta type name): a view's columns, whose types are Spark's.
@@ -94,8 +97,10 @@ def _column_delta_type(column: Column) -> str:
     return column.type if column.base_type == DELTA_TYPED else delta_type(arrow_type(column))
 
 
-def _field(column: Column, name: str, field_id: int, physical: str, key: bool) -> dict[str, Any]:
-    metadata: dict[str, Any] = {FIELD_ID: field_id, PHYSICAL_NAME: physical, ATTNUM: column.attnum}
+def _field(column: Column, name: str, key: bool, mapping: tuple[int, str] | None) -> dict[str, Any]:
+    """A column's field; mapping: its column mapping id and physical name (None: a portable table's)."""
+    metadata: dict[str, Any] = {} if mapping is None else {FIELD_ID: mapping[0], PHYSICAL_NAME: mapping[1]}
+    metadata[ATTNUM] = column.attnum
     if column.base_type != DELTA_TYPED:
         metadata["comment"] = f"PostgreSQL {column.type}"
     return {"name": name, "type": _column_delta_type(column), "nullable": not (key and column.not_null),
@@ -149,10 +154,11 @@ def delta_names(columns: Sequence[Column], old: dict[int, str]) -> list[str]:
 
 
 def table_schema(structure: TableStructure, old: dict[str, Any] | None, max_column_id: int,
-                 *, fresh: bool) -> tuple[dict[str, Any], int]:
+                 *, fresh: bool, portable: bool = False) -> tuple[dict[str, Any], int]:
     """The schema of a table of this structure, and the new maxColumnId. A column keeps the
     id and physical name it has in the old schema (found by attnum, its type unchanged)
-    unless fresh (a table copied anew: every column new), and its name (delta_names)."""
+    unless fresh (a table copied anew: every column new), and its name (delta_names). A
+    portable table's columns have neither (no column mapping)."""
     old_fields = {} if old is None else {f["metadata"].get(ATTNUM): f for f in old["fields"]}
     kept = {} if fresh else old_fields
     names = delta_names(structure.columns, {attnum: f["name"] for attnum, f in old_fields.items()})
@@ -160,17 +166,29 @@ def table_schema(structure: TableStructure, old: dict[str, Any] | None, max_colu
     for column, name in zip(structure.columns, names):
         previous = kept.get(column.attnum)
         key = column.name in structure.key
-        if previous is not None and previous["type"] == _column_delta_type(column):
-            field = _field(column, name, previous["metadata"][FIELD_ID], previous["metadata"][PHYSICAL_NAME], key)
+        if portable:
+            mapping = None
+        elif previous is not None and previous["type"] == _column_delta_type(column):
+            mapping = (previous["metadata"][FIELD_ID], previous["metadata"][PHYSICAL_NAME])
         else:
             max_column_id += 1
-            field = _field(column, name, max_column_id, f"col-{uuid.uuid4()}", key)
-        fields.append(field)
+            mapping = (max_column_id, f"col-{uuid.uuid4()}")
+        fields.append(_field(column, name, key, mapping))
     return {"type": "struct", "fields": fields}, max_column_id
 
 
-def physical_names(schema: dict[str, Any]) -> list[str]:
-    return [f["metadata"][PHYSICAL_NAME] for f in schema["fields"]]
+def physical_name(field: dict[str, Any]) -> str:
+    """A column's name in the data files: its column mapping physical name, else (no column
+    mapping: a portable table) its name."""
+    name: str = field["metadata"].get(PHYSICAL_NAME, field["name"])
+    return name
+
+
+def parquet_field_id(field: dict[str, Any]) -> int:
+    """The Parquet field id replicator writes for a column: its column mapping id, else (a
+    portable table) its attnum; either follows the column through renames."""
+    metadata = field["metadata"]
+    return int(metadata[FIELD_ID] if FIELD_ID in metadata else metadata[ATTNUM])
 
 
 def arrow_schema(structure: TableStructure, schema: dict[str, Any]) -> pa.Schema:
@@ -181,8 +199,8 @@ def arrow_schema(structure: TableStructure, schema: dict[str, Any]) -> pa.Schema
     if missing:
         raise UserError(f"{structure.qualified_name}: another writer dropped its column {missing[0]} from the Delta "
                         f"table; undo the change, or copy the table anew (consume --recopy)")
-    return pa.schema([pa.field(fields[c.attnum]["metadata"][PHYSICAL_NAME], column_arrow_type(c),
-                               metadata={b"PARQUET:field_id": str(fields[c.attnum]["metadata"][FIELD_ID]).encode()})
+    return pa.schema([pa.field(physical_name(fields[c.attnum]), column_arrow_type(c),
+                               metadata={b"PARQUET:field_id": str(parquet_field_id(fields[c.attnum])).encode()})
                       for c in structure.columns])
 
 
@@ -220,20 +238,14 @@ def is_portable(protocol: dict[str, Any]) -> bool:
     return "columnMapping" not in (protocol.get("readerFeatures") or ())
 
 
-def portable_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """A portable table's schema: each column's physical name its name (the ids are kept: readers
-    ignore them without column mapping, and they follow a column through renames)."""
-    return {**schema, "fields": [{**f, "metadata": {**f["metadata"], PHYSICAL_NAME: f["name"]}}
-                                 for f in schema["fields"]]}
-
-
 def metadata(old: dict[str, Any] | None, schema: dict[str, Any], max_column_id: int, meta: dict[str, Any],
              description: str, *, portable: bool = False) -> dict[str, Any]:
     """A metaData action: the table's id and creation time kept from the old one."""
     configuration = {LOG_RETENTION: LOG_RETENTION_WINDOW, **((old or {}).get("configuration") or {})}
-    configuration.update({MAX_COLUMN_ID: str(max_column_id), TABLE_META: json.dumps(meta, sort_keys=True)})
+    configuration[TABLE_META] = json.dumps(meta, sort_keys=True)
     if not portable:
-        configuration.update({"delta.columnMapping.mode": "name", "delta.enableDeletionVectors": "true"})
+        configuration.update({MAX_COLUMN_ID: str(max_column_id), "delta.columnMapping.mode": "name",
+                              "delta.enableDeletionVectors": "true"})
     return {"id": (old or {}).get("id") or str(uuid.uuid4()), "name": None, "description": description,
             "format": {"provider": "parquet", "options": {}}, "schemaString": json.dumps(schema),
             "partitionColumns": [], "configuration": configuration,

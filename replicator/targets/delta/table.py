@@ -86,6 +86,7 @@ class Staged:
     touched: set[str] = field(default_factory=set)   # committed files whose deletion vector grows
     spilled: bool = False
     superseded: set[str] = field(default_factory=set)   # files it wrote, then rewrote (portable): deleted at its end
+    rewrites: dict[str, rewrite.Rewrite] = field(default_factory=dict)   # touched files rewritten (portable)
     vector_file: str | None = None                   # the deletion vectors of the commit being made
     deleted_rows: dict[str, list[int]] = field(default_factory=dict)   # captured: rows marked deleted, by file
     changed_keys: list[pa.Table] = field(default_factory=list)          # captured: key columns of the changes
@@ -204,12 +205,11 @@ class ReplicaTable:
         same = (self.snapshot.exists and self.meta is not None and not staged.reset
                 and structure == self.structure())
         schema, staged.max_column_id = delta_schema.table_schema(
-            structure, None if not self.snapshot.exists else self.schema(), staged.max_column_id, fresh=not same)
-        if self.portable:
-            schema = delta_schema.portable_schema(schema)
+            structure, None if not self.snapshot.exists else self.schema(), staged.max_column_id, fresh=not same,
+            portable=self.portable)
         staged.schema, staged.structure, staged.meta = schema, structure, meta
         staged.reset, staged.dropped = True, False
-        staged.changes, staged.touched, staged.copy_rows = {}, set(), []
+        staged.changes, staged.touched, staged.rewrites, staged.copy_rows = {}, set(), {}, []
         self.index = None   # built from the transaction's files when a change needs it
 
     def truncate(self) -> None:
@@ -238,11 +238,10 @@ class ReplicaTable:
             staged.changes = {k: (deleted, moved(row)) for k, (deleted, row) in staged.changes.items()}
             staged.copy_rows = [moved(row) for row in staged.copy_rows]
         schema, staged.max_column_id = delta_schema.table_schema(structure, self.schema(), staged.max_column_id,
-                                                                 fresh=False)
-        if self.portable:   # no column mapping: a column renamed or dropped is renamed or dropped in the files
-            schema = delta_schema.portable_schema(schema)
-            if rewrite.needs_rewrite(self.schema(), schema):
-                rewrite.rewrite_table(self, staged, self.schema(), schema, structure)
+                                                                 fresh=False, portable=self.portable)
+        # no column mapping: a column renamed or dropped is renamed or dropped in the files
+        if self.portable and rewrite.needs_rewrite(self.schema(), schema):
+            rewrite.rewrite_table(self, staged, self.schema(), schema, structure)
         staged.schema, staged.structure, staged.meta = schema, structure, meta
 
     def set_meta(self, meta: dict[str, Any]) -> None:
@@ -484,9 +483,11 @@ class ReplicaTable:
         features = self.snapshot.protocol.get("readerFeatures") or ()
         if mode != wanted or (not self.portable and "deletionVectors" not in features):
             how = "without column mapping" if self.portable else "by name mapping, with deletion vectors"
+            # a portable table's copy keeps the protocol Spark upgraded (column mapping's reader version)
+            recopy = "" if self.portable else ", or copy the table anew (consume --recopy)"
             raise UserError(f"{where} has {COLUMN_MAPPING} = {mode}, which another writer set: replicator writes "
                             f"the table's columns {how}; set it back (Spark: {spark} SET TBLPROPERTIES "
-                            f"('{COLUMN_MAPPING}' = '{wanted}')), or copy the table anew (consume --recopy)")
+                            f"('{COLUMN_MAPPING}' = '{wanted}')){recopy}")
         changed = self._foreign_columns()
         if changed:
             raise UserError(f"{where}: another writer changed its columns ({changed}); replicator writes the "
@@ -554,7 +555,10 @@ class ReplicaTable:
         for path in sorted(staged.touched):
             add = self.snapshot.files[path]
             assert index is not None
-            actions.append({"remove": _remove(add, now)})
+            remove = _remove(add, now)
+            if self.portable:   # rewritten: the tags say into which file, and which rows it left out
+                remove["tags"] = staged.rewrites[path].tags()
+            actions.append({"remove": remove})
         vectors = dv.VectorFile()
         for path in sorted(staged.touched) if not self.portable else ():   # a portable table's are rewritten
             add = dict(self.snapshot.files[path])
@@ -674,7 +678,7 @@ class ReplicaTable:
                             f"applied again when the consumer is started again")
         # the deletions staged so far were located in files that may be gone: start over from the changes
         self.index = None
-        staged.touched = set()
+        staged.touched, staged.rewrites = set(), {}
 
 
 def _metadata_by_replicator(commits: list[list[dict[str, Any]]]) -> bool:

@@ -211,7 +211,7 @@ class Refresher:
         plain = [k for k in a.key_columns if k is not None]
         if len(a.occurrences) != 1 or a.conditions or not a.key_columns or len(plain) != len(a.key_columns):
             return None
-        physical = {f["name"]: f["metadata"][delta_schema.PHYSICAL_NAME] for f in self.tables[0].schema()["fields"]}
+        physical = {f["name"]: delta_schema.physical_name(f) for f in self.tables[0].schema()["fields"]}
         return [physical[k[1]] for k in plain]
 
     def _recompute_local(self, found: pa.Table) -> pa.Table | None:
@@ -278,7 +278,7 @@ class Refresher:
         rows would be held (the caller has Spark scan the tables)."""
         a, spark = self.plan.analysis, self.spark
         schemas = [file_schema(t) for t in self.tables]
-        physical = [{f["name"]: f["metadata"][delta_schema.PHYSICAL_NAME] for f in t.schema()["fields"]}
+        physical = [{f["name"]: delta_schema.physical_name(f) for f in t.schema()["fields"]}
                     for t in self.tables]
         pairs = [(x, y) for x, y in a.equi] + [(y, x) for x, y in a.equi]
         held = 0

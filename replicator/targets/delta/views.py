@@ -620,7 +620,7 @@ class DeltaViews:
         old_rows = vt.rows() if vt.entry is not None else 0
         vt.table.reset(vt.meta(entry, structure), structure)
         fields = vt.table.schema()["fields"]
-        physical = [f["metadata"][delta_schema.PHYSICAL_NAME] for f in fields]
+        physical = [delta_schema.physical_name(f) for f in fields]
         prefix = f"full-{uuid.uuid4()}"
         self._write(frame.select(*columns).toDF(*physical), f"{vt.directory}/{prefix}")
         adds = self._written(vt.directory, prefix)
