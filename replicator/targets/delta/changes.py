@@ -17,10 +17,8 @@ the files stay on disk after OPTIMIZE replaced them, until VACUUM's retention.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +27,7 @@ from pyroaring import BitMap
 
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.actions import Action
 from replicator.targets.delta.index import canonical_keys
 from replicator.targets.delta.table import Captured, ReplicaTable
 from replicator.views.keyset import KeySet
@@ -93,10 +92,10 @@ def changes_since(table: ReplicaTable, since: int, captured: dict[int, Captured]
             _add_capture(changes, capture)
             continue
         try:
-            data = table.storage.read(delta_log.commit_path(table.directory, version))
+            actions = delta_log.read_commit(table.storage, table.directory, version)
         except FileNotFoundError:
             return None
-        _add_commit(changes, [json.loads(line) for line in data.splitlines() if line.strip()])
+        _add_commit(changes, actions)
     return changes
 
 
@@ -109,7 +108,7 @@ def _add_capture(changes: TableChanges, capture: Captured) -> None:
     changes.keys.extend(capture.keys)
 
 
-def _add_commit(changes: TableChanges, actions: list[dict[str, Any]]) -> None:
+def _add_commit(changes: TableChanges, actions: list[Action]) -> None:
     """One commit's data changes (see the module docstring)."""
     removed = {a["remove"]["path"]: a["remove"] for a in actions if "remove" in a and a["remove"].get("dataChange")}
     added = {a["add"]["path"]: a["add"] for a in actions if "add" in a and a["add"].get("dataChange")}

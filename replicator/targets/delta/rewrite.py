@@ -29,6 +29,7 @@ from pyroaring import BitMap
 from replicator.structure import TableStructure
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.actions import Add, Remove
 from replicator.targets.delta.index import KeyIndex
 from replicator.targets.delta.storage import Storage
 
@@ -42,14 +43,14 @@ class Table(Protocol):
 
     def structure(self) -> TableStructure: ...
     def schema(self) -> dict[str, Any]: ...
-    def deletion_vector(self, add: dict[str, Any]) -> BitMap | None: ...
+    def deletion_vector(self, add: Add | Remove) -> BitMap | None: ...
     def file(self, path: str) -> str: ...
     def _write_file(self, data: pa.Table) -> str: ...
 
 
 class Transaction(Protocol):
     """What a rewrite changes of the table's open transaction (replicator.targets.delta.table.Staged)."""
-    new_files: dict[str, dict[str, Any]]
+    new_files: dict[str, Add]
     touched: set[str]
     superseded: set[str]
     reset: bool
