@@ -49,6 +49,7 @@ from replicator.structure import Column, TableStructure
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import maintenance
 from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.actions import Action
 from replicator.targets.delta.table import FILE_ROWS, ROW_GROUP, CountingWriter, file_stats
 from replicator.targets.delta.target import DeltaTarget
 from replicator.targets.protocol import TargetTable
@@ -83,7 +84,7 @@ def make_table(path: Path, rows: int, kind: str) -> None:
     table = target._table("public.bench")
     schema = delta_schema.arrow_schema(STRUCTURE, table.snapshot.schema)
     rng = np.random.default_rng(1)
-    actions = []
+    actions: list[Action] = []
     for start in range(0, rows, FILE_ROWS):
         n = min(FILE_ROWS, rows - start)
         ids = np.arange(start, start + n, dtype=np.int64)

@@ -900,6 +900,26 @@ def test_a_table_given_a_feature_replicator_does_not_write_stops_the_consumer_in
     assert DeltaTable(uri).version() == version   # nothing written over it
 
 
+def test_a_commit_another_writer_malformed_stops_the_consumer_in_one_line_and_nothing_is_written_over_it(
+        dsn, conn, source, tmp_path):
+    conn.execute(CRASH_DDL)
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    assert consume_cli(dsn, path).returncode == 0
+    uri = table_uris(str(path))["public.t"]
+    version = DeltaTable(uri).version() + 1
+    _commit_by_hand(Path(uri), [{"txn": {"appId": "another/app", "version": "7"}}])
+    conn.execute("UPDATE t SET cnt = cnt + 1")
+    stopped = consume_cli(dsn, path)
+    assert stopped.returncode == 1
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"error: {path}/public.t/_delta_log/{version:020d}.json line 2 is not a Delta log entry replicator can "
+        f"read: its txn.version is a string, not an integer; repair the table's log with the writer that made "
+        f"it, or restore the file")
+    assert sorted(p.name for p in (Path(uri) / "_delta_log").glob("*.json"))[-1] == f"{version:020d}.json"
+
+
 def test_the_key_index_follows_the_rows_an_optimize_moves_and_later_changes_stay_exact(tmp_path):
     from replicator.structure import Column, TableStructure
     from replicator.targets.delta import maintenance

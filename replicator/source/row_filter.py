@@ -60,55 +60,69 @@ def check_row_filter(where: str | None, *, self_contained: bool = False) -> str 
         return None
     if not where.strip():
         raise UserError("invalid row filter: it is empty")
-
-    from pglast import ast, parser
-    from pglast.visitors import Visitor
-
-    def refuse(why: str) -> UserError:   # one line, whatever the filter's text shown in it holds
-        return UserError(f"invalid row filter: {' '.join(why.split())}; --where takes one SQL expression"
-                         f" over the row's columns")
-
     if "\x00" in where:   # the parser would stop there; PostgreSQL refuses it in text anyway
-        raise refuse("it contains a NUL character")
-    try:
-        tokens = parser.scan(where)
-    except parser.ParseError as exc:
-        raise refuse(exc.args[0] if exc.args else str(exc)) from None
-    for token in tokens:
-        text = where[token.start:token.end + 1]
-        if token.name == "USCONST":
-            raise refuse(f"U&'...' strings cannot be read in every session ({text[:40]}): write E'\\uXXXX'")
-        if token.name == "SCONST" and text[0] not in "eE$" and "\\" in text:
-            raise refuse(f"a backslash in a '...' string means what standard_conforming_strings says "
-                         f"({text[:40]}): write it as E'...' with \\\\ for a backslash")
-        if token.name == "PARAM":
-            raise refuse(f"it has a parameter ({text})")
-    if tokens and tokens[-1].name == "SQL_COMMENT" and not set("\n\r") & set(where[tokens[-1].end + 1:]):
-        raise refuse("it ends in a -- comment, which would swallow what the capture writes after it")
+        raise _refuse("it contains a NUL character")
+    _check_tokens(where)
     try:
         expression = _one_expression(f"SELECT {where}")
         _one_expression(f"SELECT ({where})")
     except ValueError as exc:
-        raise refuse(str(exc)) from None
+        raise _refuse(str(exc)) from None
+    _check_nodes(expression, self_contained=self_contained)
+    return where
+
+
+def _refuse(why: str) -> UserError:
+    """A row filter's refusal, in one line whatever the filter's text shown in it holds."""
+    return UserError(f"invalid row filter: {' '.join(why.split())}; --where takes one SQL expression"
+                     f" over the row's columns")
+
+
+def _check_tokens(where: str) -> None:
+    """Refuses what a row filter's tokens show: strings a session may read otherwise, parameters,
+    a trailing -- comment."""
+    from pglast import parser
+
+    try:
+        tokens = parser.scan(where)
+    except parser.ParseError as exc:
+        raise _refuse(exc.args[0] if exc.args else str(exc)) from None
+    for token in tokens:
+        text = where[token.start:token.end + 1]
+        if token.name == "USCONST":
+            raise _refuse(f"U&'...' strings cannot be read in every session ({text[:40]}): write E'\\uXXXX'")
+        if token.name == "SCONST" and text[0] not in "eE$" and "\\" in text:
+            raise _refuse(f"a backslash in a '...' string means what standard_conforming_strings says "
+                          f"({text[:40]}): write it as E'...' with \\\\ for a backslash")
+        if token.name == "PARAM":
+            raise _refuse(f"it has a parameter ({text})")
+    if tokens and tokens[-1].name == "SQL_COMMENT" and not set("\n\r") & set(where[tokens[-1].end + 1:]):
+        raise _refuse("it ends in a -- comment, which would swallow what the capture writes after it")
+
+
+def _check_nodes(expression: Any, *, self_contained: bool) -> None:
+    """Refuses what a row filter's parse holds: a write, a row lock, SELECT INTO; and when
+    self_contained, an object outside its row and pg_catalog (see check_row_filter)."""
+    from pglast import ast
+    from pglast.visitors import Visitor
 
     class Refuse(Visitor):
         def visit(self, ancestors: Any, node: Any) -> None:
             name = type(node).__name__
             if name in _WRITING_NODES:
-                raise refuse(f"it writes ({name.removesuffix('Stmt').upper()})")
+                raise _refuse(f"it writes ({name.removesuffix('Stmt').upper()})")
             if isinstance(node, ast.SelectStmt) and node.lockingClause:
-                raise refuse("it locks rows (FOR UPDATE/SHARE)")
+                raise _refuse("it locks rows (FOR UPDATE/SHARE)")
             if isinstance(node, ast.SelectStmt) and node.intoClause:
-                raise refuse("it creates a table (SELECT INTO)")
+                raise _refuse("it creates a table (SELECT INTO)")
             if self_contained:
                 named = _named_object(node)
                 if named:
-                    raise refuse(f"it names {named}, which replicator cannot watch for changes without event "
-                                 f"triggers (installed by a superuser): name only the row's columns and "
-                                 f"built-in functions")
+                    raise _refuse(f"it names {named}, which replicator cannot watch for changes without event "
+                                  f"triggers (installed by a superuser): name only the row's columns and "
+                                  f"built-in functions")
 
     Refuse()(expression)
-    return where
 
 
 # types whose values name catalog objects: resolved at every plan

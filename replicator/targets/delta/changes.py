@@ -22,10 +22,8 @@ on disk after OPTIMIZE or a rewrite replaced them, until VACUUM's retention.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +33,7 @@ from pyroaring import BitMap
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import rewrite
 from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.actions import Action, Add, Remove
 from replicator.targets.delta.index import canonical_keys
 from replicator.targets.delta.keyset import KeySet
 from replicator.targets.delta.table import Captured, ReplicaTable
@@ -99,10 +98,10 @@ def changes_since(table: ReplicaTable, since: int, captured: dict[int, Captured]
             _add_capture(changes, capture)
             continue
         try:
-            data = table.storage.read(delta_log.commit_path(table.directory, version))
+            actions = delta_log.read_commit(table.storage, table.directory, version)
         except FileNotFoundError:
             return None
-        _add_commit(changes, [json.loads(line) for line in data.splitlines() if line.strip()])
+        _add_commit(changes, actions)
     return changes
 
 
@@ -115,7 +114,7 @@ def _add_capture(changes: TableChanges, capture: Captured) -> None:
     changes.keys.extend(capture.keys)
 
 
-def _add_commit(changes: TableChanges, actions: list[dict[str, Any]]) -> None:
+def _add_commit(changes: TableChanges, actions: list[Action]) -> None:
     """One commit's data changes (see the module docstring)."""
     removed = {a["remove"]["path"]: a["remove"] for a in actions if "remove" in a and a["remove"].get("dataChange")}
     added = {a["add"]["path"]: a["add"] for a in actions if "add" in a and a["add"].get("dataChange")}
@@ -136,8 +135,8 @@ def _add_commit(changes: TableChanges, actions: list[dict[str, Any]]) -> None:
             changes.added[path] = now
 
 
-def _rewrites(table: ReplicaTable, gone: dict[str, dict[str, Any]], added: dict[str, dict[str, Any]],
-              removed: dict[str, dict[str, Any]]) -> tuple[dict[str, BitMap], set[str]] | None:
+def _rewrites(table: ReplicaTable, gone: dict[str, Remove], added: dict[str, Add],
+              removed: dict[str, Remove]) -> tuple[dict[str, BitMap], set[str]] | None:
     """The files a commit removed without adding them again (gone: their remove actions), read as
     a portable table's rewrites: the rows each left out that were live before (by file), and the
     added files that hold the others (no new rows). None unless every one is a rewrite whose tags

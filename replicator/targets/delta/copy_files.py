@@ -26,11 +26,12 @@ import pyarrow.parquet as pq
 from replicator.structure import TableStructure
 from replicator.targets.arrow import arrow_array
 from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.actions import Stats
 from replicator.targets.delta.storage import Storage
 from replicator.targets.delta.table import COMPRESSION, FILE_ROWS, ROW_GROUP, CountingWriter, file_stats, merged_stats
 from replicator.targets.delta.url import open_storage
 
-WrittenFile = tuple[str, int, dict[str, Any]]   # path in the table's directory, size, statistics
+WrittenFile = tuple[str, int, Stats]   # path in the table's directory, size, statistics
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class DataFileWriter:
         self._counter: CountingWriter | None = None
         self._path = ""
         self._rows = 0
-        self._stats: list[dict[str, Any]] = []
+        self._stats: list[Stats] = []
 
     def _arrow(self, rows: Sequence[Sequence[Any]]) -> pa.Table:
         columns = list(zip(*rows))

@@ -29,6 +29,7 @@ from typing import Any
 from pyroaring import BitMap
 
 from replicator.errors import UserError
+from replicator.targets.delta.actions import DeletionVector
 
 MAGIC = 1681511377
 NATIVE_MAGIC = 1681511376
@@ -122,7 +123,7 @@ class VectorFile:
     def name(self) -> str:
         return file_name(self.id)
 
-    def add(self, positions: BitMap) -> dict[str, Any]:
+    def add(self, positions: BitMap) -> DeletionVector:
         """Appends a vector; returns its descriptor (the ``deletionVector`` of an add action)."""
         vector = serialize(positions)
         offset = len(self.data)
@@ -131,7 +132,7 @@ class VectorFile:
                 "sizeInBytes": len(vector), "cardinality": len(positions)}
 
 
-def descriptor_file(descriptor: dict[str, Any]) -> str | None:
+def descriptor_file(descriptor: DeletionVector) -> str | None:
     """The file a descriptor's vector is stored in, as the log names it (relative to the table;
     absolute for storage type ``p``); None for an inline one."""
     kind, where = descriptor["storageType"], descriptor["pathOrInlineDv"]
@@ -146,7 +147,7 @@ def descriptor_file(descriptor: dict[str, Any]) -> str | None:
     return (f"{prefix}/" if prefix else "") + file_name(uuid.UUID(bytes=z85_decode(encoded)))
 
 
-def read(descriptor: dict[str, Any], read_file: Any) -> BitMap:
+def read(descriptor: DeletionVector, read_file: Any) -> BitMap:
     """The positions a descriptor marks; read_file(path as the log names it) -> bytes reads a
     vector file. A vector that is malformed, fails its checksum or marks another number of rows
     than its descriptor's cardinality is refused in one line (Delta's reader refuses it too)."""

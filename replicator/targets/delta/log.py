@@ -33,6 +33,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from replicator.errors import UserError, first_line
+from replicator.targets.delta.actions import (
+    Action,
+    Add,
+    MalformedLog,
+    Metadata,
+    Protocol,
+    Remove,
+    checked_action,
+    configuration_of,
+    parse_commit,
+)
 from replicator.targets.delta.storage import Entry, NotDurable, Storage
 
 LOG_DIR = "_delta_log"
@@ -84,14 +95,14 @@ class Snapshot:
     """A table's state at a version (-1: no table yet)."""
     table: str                                        # its directory, relative to the warehouse
     version: int = -1
-    protocol: dict[str, Any] = field(default_factory=dict)
-    metadata: dict[str, Any] = field(default_factory=dict)
-    files: dict[str, dict[str, Any]] = field(default_factory=dict)   # path → add action
+    protocol: Protocol | None = None
+    metadata: Metadata | None = None
+    files: dict[str, Add] = field(default_factory=dict)             # path → add action
     txns: dict[str, int] = field(default_factory=dict)              # appId → version
     commits_since_checkpoint: int = 0
     # the remove actions of the files and deletion vectors no longer in the table (by file_key),
     # kept only when load() is asked to (VACUUM: a consumer's snapshot would grow with them)
-    tombstones: dict[tuple[str, str | None], dict[str, Any]] | None = None
+    tombstones: dict[tuple[str, str | None], Remove] | None = None
 
     @property
     def exists(self) -> bool:
@@ -99,15 +110,16 @@ class Snapshot:
 
     @property
     def schema(self) -> dict[str, Any]:
+        if self.metadata is None:
+            raise ValueError(f"{self.table}/{LOG_DIR} has no metaData")
         schema: dict[str, Any] = json.loads(self.metadata["schemaString"])
         return schema
 
     @property
     def configuration(self) -> dict[str, str]:
-        configuration: dict[str, str] = self.metadata.get("configuration") or {}
-        return configuration
+        return configuration_of(self.metadata)
 
-    def apply(self, actions: Iterable[dict[str, Any]]) -> None:
+    def apply(self, actions: Iterable[Action]) -> None:
         """One commit's actions (removes before adds: a commit may remove a file and add it
         again with a new deletion vector)."""
         actions = list(actions)
@@ -122,14 +134,14 @@ class Snapshot:
                 if self.tombstones is not None:
                     self.tombstones.pop(file_key(action["add"]), None)
             elif "txn" in action:
-                self.txns[action["txn"]["appId"]] = int(action["txn"]["version"])
+                self.txns[action["txn"]["appId"]] = action["txn"]["version"]
             elif "metaData" in action:
                 self.metadata = action["metaData"]
             elif "protocol" in action:
                 self.protocol = action["protocol"]
 
 
-def file_key(action: dict[str, Any]) -> tuple[str, str | None]:
+def file_key(action: Add | Remove) -> tuple[str, str | None]:
     """What an add or remove action names: a data file with its deletion vector (a file whose
     vector grows is removed and added again: the remove keeps the old vector's file in use
     for the versions before)."""
@@ -157,7 +169,7 @@ def load(storage: Storage, table: str, *, tombstones: bool = False) -> Snapshot:
         if version != snapshot.version + 1:
             raise ValueError(f"{log_dir} lacks version {snapshot.version + 1} (it has {version}): the table's log "
                              f"is incomplete")
-        snapshot.apply(_actions(storage.read(commit_path(table, version))))
+        snapshot.apply(read_commit(storage, table, version))
         snapshot.version = version
         snapshot.commits_since_checkpoint += 1
     return snapshot
@@ -189,43 +201,46 @@ def table_file(storage: Storage, table: str, path: str) -> str:
     return f"{table}/{name}"
 
 
-def metadata_at(storage: Storage, table: str, version: int) -> dict[str, Any]:
+def metadata_at(storage: Storage, table: str, version: int) -> Metadata:
     """The table's metaData action as of `version`: the last one in the commits up to it, or
     in a checkpoint at or before it. ValueError when the log no longer holds it."""
     for at in range(version, -1, -1):
         try:
-            actions = _actions(storage.read(commit_path(table, at)))
+            actions = read_commit(storage, table, at)
         except FileNotFoundError:
             found = Snapshot(table)
             parts = checkpoints(log_names(storage, table)).get(at)
             if parts is None:
                 raise ValueError(f"{table}/{LOG_DIR} no longer holds version {at}") from None
             read_checkpoint(storage, found, parts)
+            if found.metadata is None:
+                break
             return found.metadata
-        for action in reversed(actions):
+        for action in actions[::-1]:
             if "metaData" in action:
-                metadata: dict[str, Any] = action["metaData"]
-                return metadata
+                return action["metaData"]
     raise ValueError(f"{table}/{LOG_DIR} has no metadata up to version {version}")
 
 
-def refresh(storage: Storage, snapshot: Snapshot) -> list[list[dict[str, Any]]]:
+def refresh(storage: Storage, snapshot: Snapshot) -> list[list[Action]]:
     """Brings a snapshot to the latest version; returns the actions of each commit read."""
-    commits: list[list[dict[str, Any]]] = []
+    commits: list[list[Action]] = []
     while True:
         try:
-            data = storage.read(commit_path(snapshot.table, snapshot.version + 1))
+            actions = read_commit(storage, snapshot.table, snapshot.version + 1)
         except FileNotFoundError:
             return commits
-        actions = _actions(data)
         snapshot.apply(actions)
         snapshot.version += 1
         snapshot.commits_since_checkpoint += 1
         commits.append(actions)
 
 
-def _actions(data: bytes) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in data.splitlines() if line.strip()]
+def read_commit(storage: Storage, table: str, version: int) -> list[Action]:
+    """The actions of a version's commit (FileNotFoundError: none); MalformedLog, a UserError,
+    when one is not a Delta action replicator can read."""
+    path = commit_path(table, version)
+    return parse_commit(storage.read(path), f"{storage.url}/{path}")
 
 
 def log_entries(storage: Storage, table: str) -> dict[str, Entry]:
@@ -272,18 +287,30 @@ def read_checkpoint(storage: Storage, snapshot: Snapshot, names: list[str]) -> N
     for name in names:
         with storage.open_read(f"{snapshot.table}/{LOG_DIR}/{name}") as f:
             rows = read_parquet(f.read()).to_pylist()
-        for row in rows:
-            if row.get("add"):
-                snapshot.files[row["add"]["path"]] = _checkpoint_add(row["add"])
-            elif row.get("remove") and snapshot.tombstones is not None:
-                remove = _maps_as_dicts(row["remove"])
-                snapshot.tombstones[file_key(remove)] = remove
-            elif row.get("txn"):
-                snapshot.txns[row["txn"]["appId"]] = int(row["txn"]["version"])
-            elif row.get("metaData"):
-                snapshot.metadata = _maps_as_dicts(row["metaData"])
-            elif row.get("protocol"):
-                snapshot.protocol = {k: v for k, v in row["protocol"].items() if v is not None}
+        where = f"{storage.url}/{snapshot.table}/{LOG_DIR}/{name}"
+        for number, row in enumerate(rows, 1):
+            action = checked_action(_checkpoint_action(row), f"{where} row {number}")
+            if "add" in action:
+                snapshot.files[action["add"]["path"]] = action["add"]
+            elif "remove" in action and snapshot.tombstones is not None:
+                snapshot.tombstones[file_key(action["remove"])] = action["remove"]
+            elif "txn" in action:
+                snapshot.txns[action["txn"]["appId"]] = action["txn"]["version"]
+            elif "metaData" in action:
+                snapshot.metadata = action["metaData"]
+            elif "protocol" in action:
+                snapshot.protocol = action["protocol"]
+
+
+def _checkpoint_action(row: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's row as the JSON action it stands for: its one action that is set (a
+    checkpoint's row has a column for each kind), its structs as JSON objects."""
+    kind = next((kind for kind in ("add", "remove", "txn", "metaData", "protocol") if row.get(kind)), None)
+    if kind == "add":
+        return {kind: _checkpoint_add(row[kind])}
+    if kind == "protocol":
+        return {kind: {k: v for k, v in row[kind].items() if v is not None}}
+    return {kind: _maps_as_dicts(row[kind])} if kind is not None else {}
 
 
 def _maps_as_dicts(value: dict[str, Any]) -> dict[str, Any]:
@@ -307,12 +334,12 @@ def _checkpoint_add(add: dict[str, Any]) -> dict[str, Any]:
     return action
 
 
-def commit(storage: Storage, snapshot: Snapshot, actions: Sequence[dict[str, Any]], *, operation: str,
+def commit(storage: Storage, snapshot: Snapshot, actions: Sequence[Action], *, operation: str,
            parameters: dict[str, Any] | None = None) -> int:
     """Writes actions as the snapshot's next version and applies them to it; CommitConflict
     when another writer took that version (the snapshot is left as it was)."""
     txn_id = str(uuid.uuid4())
-    info: dict[str, dict[str, Any]] = {"commitInfo": {
+    info: Action = {"commitInfo": {
         "timestamp": now_ms(), "operation": operation, "operationParameters": parameters or {},
         "readVersion": snapshot.version, "isolationLevel": "Serializable", "isBlindAppend": False,
         "engineInfo": ENGINE, "txnId": txn_id}}
@@ -361,10 +388,10 @@ def _txn_id_at(storage: Storage, path: str) -> str | None:
     """The txnId of the commit at path ('' for none, or another writer's unreadable commit);
     None when there is no commit there."""
     try:
-        first = _actions(storage.read(path))[:1]
+        first = parse_commit(storage.read(path), path)[:1]
     except FileNotFoundError:
         return None
-    except ValueError:
+    except MalformedLog:
         return ""
     return str(first[0].get("commitInfo", {}).get("txnId") or "") if first else ""
 

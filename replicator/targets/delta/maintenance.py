@@ -53,7 +53,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -65,6 +64,7 @@ from replicator.source import format_duration
 from replicator.targets.delta import deletion_vectors as dv
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.actions import Action, Add, Remove, parse_commit, records
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
 from replicator.targets.delta.state import WarehouseState
 from replicator.targets.delta.storage import Entry, Storage, recorded_directory
@@ -127,25 +127,18 @@ def due(table: ReplicaTable) -> bool:
     return small >= SMALL_FILES_DUE or any(_purge(add) for add in table.snapshot.files.values())
 
 
-def _small(add: dict[str, Any]) -> bool:
+def _small(add: Add) -> bool:
     """A file worth folding with others: a batch's, not a copy's or a rewrite's (files of FILE_ROWS
     rows of narrow columns are under SMALL_FILE_BYTES, and folding them would rewrite the table)."""
-    return add.get("size", 0) < SMALL_FILE_BYTES and _records(add) < FILE_ROWS // 2   # unknown: 0
+    return add.get("size", 0) < SMALL_FILE_BYTES and (records(add) or 0) < FILE_ROWS // 2
 
 
-def _purge(add: dict[str, Any]) -> bool:
+def _purge(add: Add) -> bool:
     vector = add.get("deletionVector")
     if not vector:
         return False
-    records = _records(add)
-    return records > 0 and vector["cardinality"] / records >= PURGE_RATIO
-
-
-def _records(add: dict[str, Any]) -> int:
-    stats = add.get("stats")
-    if not stats:
-        return 0
-    return int(json.loads(stats).get("numRecords", 0))
+    rows = records(add) or 0
+    return rows > 0 and vector["cardinality"] / rows >= PURGE_RATIO
 
 
 def optimize_table(table: ReplicaTable, *, everything: bool = False) -> Optimized | None:
@@ -185,7 +178,7 @@ def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
             continue
         for path, add in table.snapshot.files.items():
             vector = add.get("deletionVector")
-            share = vector["cardinality"] / max(_records(add), 1) if vector else 0.0
+            share = vector["cardinality"] / max(records(add) or 0, 1) if vector else 0.0
             if share >= IDLE_PURGE_RATIO and share > (best[0] if best else 0):
                 best = (share, table, path)
     if best is None:
@@ -214,13 +207,13 @@ def compact_state(state: WarehouseState) -> int | None:
 
 
 def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], target: pa.Schema,
-             deletion_vector: Callable[[dict[str, Any]], BitMap | None],
-             taken_in: Callable[[list[list[dict[str, Any]]]], None]) -> Optimized:
+             deletion_vector: Callable[[Add], BitMap | None],
+             taken_in: Callable[[list[list[Action]]], None]) -> Optimized:
     """Writes the live rows of the chosen files into large files, and commits the swap. taken_in
     is given the other writers' commits read into the snapshot meanwhile (it may refuse them)."""
     started = time.monotonic()
     originals = {path: snapshot.files[path] for path in sorted(chosen)}
-    written: list[dict[str, Any]] = []
+    written: list[Add] = []
     pending: list[pa.Table] = []
     pending_rows = rows = 0
 
@@ -254,10 +247,10 @@ def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], t
             storage.delete(f"{snapshot.table}/{add['path']}")
         raise
     now = delta_log.now_ms()
-    actions: list[dict[str, Any]] = []
+    actions: list[Action] = []
     for add in originals.values():
-        remove = {"path": add["path"], "deletionTimestamp": now, "dataChange": False, "extendedFileMetadata": True,
-                  "partitionValues": {}, "size": add.get("size")}
+        remove: Remove = {"path": add["path"], "deletionTimestamp": now, "dataChange": False,
+                          "extendedFileMetadata": True, "partitionValues": {}, "size": add.get("size")}
         if add.get("deletionVector"):
             remove["deletionVector"] = add["deletionVector"]
         actions.append({"remove": remove})
@@ -273,8 +266,8 @@ def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], t
                      moves if committed else [])
 
 
-def _commit(storage: Storage, snapshot: delta_log.Snapshot, originals: dict[str, dict[str, Any]],
-            actions: list[dict[str, Any]], taken_in: Callable[[list[list[dict[str, Any]]]], None]) -> bool:
+def _commit(storage: Storage, snapshot: delta_log.Snapshot, originals: dict[str, Add],
+            actions: list[Action], taken_in: Callable[[list[list[Action]]], None]) -> bool:
     """Commits the rewrite, over commits of other writers that left its files as they were (Delta's
     rule: a file removed or given a deletion vector meanwhile is a conflict)."""
     for _ in range(5):
@@ -434,18 +427,18 @@ def _references(storage: Storage, snapshot: delta_log.Snapshot, now: float) -> t
     return in_use, removed
 
 
-def _named(storage: Storage, table: str, action: dict[str, Any]) -> list[str]:
+def _named(storage: Storage, table: str, action: Add | Remove) -> list[str]:
     """The files an add or remove action names, its data file and its deletion vector's (unless
     inline), relative to the table's directory as Delta's VACUUM makes them: decoded (paths in
     the log are URIs), an absolute one stripped of the table's own URI. A path outside the
     table is a UserError: its files could not be told in use."""
     names = [_relative(storage, table, action["path"])]
     vector = action.get("deletionVector")
-    if vector and vector.get("storageType") == "u":
+    if vector and vector["storageType"] == "u":
         file = dv.descriptor_file(vector)
         if file:
             names.append(_relative(storage, table, file))
-    elif vector and vector.get("storageType") == "p":
+    elif vector and vector["storageType"] == "p":
         names.append(_relative(storage, table, vector["pathOrInlineDv"]))
     return names
 
@@ -488,7 +481,7 @@ def _interval(snapshot: delta_log.Snapshot, key: str, default: float) -> float:
 def _in_commit_timestamps_from(snapshot: delta_log.Snapshot) -> int | None:
     """The version from which the table's commits carry in-commit timestamps (None: they don't)."""
     enabled = snapshot.configuration.get("delta.enableInCommitTimestamps", "false").lower() == "true"
-    if not enabled or "inCommitTimestamp" not in (snapshot.protocol.get("writerFeatures") or ()):
+    if not enabled or "inCommitTimestamp" not in delta_schema.writer_features(snapshot.protocol):
         return None
     return int(snapshot.configuration.get("delta.inCommitTimestampEnablementVersion", 0))
 
@@ -496,8 +489,8 @@ def _in_commit_timestamps_from(snapshot: delta_log.Snapshot) -> int | None:
 def _in_commit_timestamp(storage: Storage, entry: Entry) -> float:
     """A commit's inCommitTimestamp in seconds (its commitInfo, the first action); the file's
     modification time if it has none."""
-    first = storage.read(entry.path).split(b"\n", 1)[0]
-    stamp = json.loads(first or b"{}").get("commitInfo", {}).get("inCommitTimestamp")
+    first = parse_commit(storage.read(entry.path).split(b"\n", 1)[0], f"{storage.url}/{entry.path}")
+    stamp = first[0].get("commitInfo", {}).get("inCommitTimestamp") if first else None
     return int(stamp) / 1000 if isinstance(stamp, int) else entry.modified
 
 

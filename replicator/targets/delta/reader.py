@@ -20,7 +20,6 @@ tick)`` for delta-rs, Polars, DuckDB.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pyarrow.compute as pc
@@ -142,7 +141,7 @@ def _refreshed_by(storage: Storage, directory: str, latest: int, consumer: str, 
     refresh its txn records."""
     for version in range(latest, -1, -1):
         try:
-            data = storage.read(delta_log.commit_path(directory, version))
+            actions = delta_log.read_commit(storage, directory, version)
         except FileNotFoundError:
             kept = delta_log.checkpoints(delta_log.log_names(storage, directory)).get(version + 1)
             if kept is None:
@@ -150,10 +149,9 @@ def _refreshed_by(storage: Storage, directory: str, latest: int, consumer: str, 
             at = delta_log.Snapshot(directory)
             delta_log.read_checkpoint(storage, at, kept)
             return version + 1 if at.txns.get(consumer, tick + 1) <= tick else None
-        for line in data.splitlines():
-            action = json.loads(line) if line.strip() else {}
+        for action in actions:
             txn = action.get("txn")
-            if txn and txn["appId"] == consumer and int(txn["version"]) <= tick:
+            if txn and txn["appId"] == consumer and txn["version"] <= tick:
                 return version
     return None
 

@@ -40,6 +40,7 @@ from pyroaring import BitMap
 from replicator.structure import TableStructure
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.actions import Add, Remove
 from replicator.targets.delta.index import KeyIndex
 from replicator.targets.delta.storage import Storage
 
@@ -53,7 +54,7 @@ class Table(Protocol):
 
     def structure(self) -> TableStructure: ...
     def schema(self) -> dict[str, Any]: ...
-    def deletion_vector(self, add: dict[str, Any]) -> BitMap | None: ...
+    def deletion_vector(self, add: Add | Remove) -> BitMap | None: ...
     def file(self, path: str) -> str: ...
     def _write_file(self, data: pa.Table) -> str: ...
 
@@ -82,7 +83,7 @@ class Rewrite:
         return tags
 
 
-def told_rewrite(remove: dict[str, Any]) -> tuple[str | None, BitMap] | None:
+def told_rewrite(remove: Remove) -> tuple[str | None, BitMap] | None:
     """What a remove action's tags say of its file's rewrite: the file its surviving rows went
     into (None: none survived) and the positions of the rows left out; None when they say
     nothing readable (another writer's remove, tags malformed). Still to be checked against
@@ -99,7 +100,7 @@ def told_rewrite(remove: dict[str, Any]) -> tuple[str | None, BitMap] | None:
 
 class Transaction(Protocol):
     """What a rewrite changes of the table's open transaction (replicator.targets.delta.table.Staged)."""
-    new_files: dict[str, dict[str, Any]]
+    new_files: dict[str, Add]
     touched: set[str]
     rewrites: dict[str, Rewrite]
     superseded: set[str]

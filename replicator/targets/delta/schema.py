@@ -32,6 +32,7 @@ import pyarrow as pa
 from replicator.errors import UserError
 from replicator.structure import Column, TableStructure
 from replicator.targets.arrow import arrow_type
+from replicator.targets.delta.actions import Metadata, Protocol, configuration_of
 
 ATTNUM = "replicator.attnum"
 FIELD_ID = "delta.columnMapping.id"
@@ -210,47 +211,55 @@ def arrow_schema(structure: TableStructure, schema: dict[str, Any]) -> pa.Schema
 WRITES = {"columnMapping", "deletionVectors", "timestampNtz", "invariants", "appendOnly", "variantType"}
 
 
-def unsupported_features(protocol: dict[str, Any]) -> list[str]:
+def unsupported_features(protocol: Protocol | None) -> list[str]:
     """The writer features of a table's protocol that replicator does not write (another writer
     enabled them, e.g. Spark's changeDataFeed): a Delta writer must not write such a table."""
-    return sorted(set(protocol.get("writerFeatures") or ()) - WRITES)
+    return sorted(set(writer_features(protocol)) - WRITES)
 
 
-def protocol(schema: dict[str, Any], old: dict[str, Any] | None = None, *, portable: bool = False) -> dict[str, Any]:
+def reader_features(protocol: Protocol | None) -> list[str]:
+    return (protocol.get("readerFeatures") or []) if protocol is not None else []
+
+
+def writer_features(protocol: Protocol | None) -> list[str]:
+    return (protocol.get("writerFeatures") or []) if protocol is not None else []
+
+
+def protocol(schema: dict[str, Any], old: Protocol | None = None, *, portable: bool = False) -> Protocol:
     """Reader 3 / writer 7 with the table features the schema uses (NOT NULL columns are
     the writer feature "invariants"), and those the table has already (none is ever dropped).
     A portable table (see is_portable) has neither columnMapping nor deletionVectors."""
     features = [] if portable else ["columnMapping", "deletionVectors"]
     if any(f["type"] == "timestamp_ntz" for f in schema["fields"]):
         features.append("timestampNtz")
-    features += [f for f in (old or {}).get("readerFeatures") or () if f not in features]
+    features += [f for f in reader_features(old) if f not in features]
     # a NOT NULL column is an invariant to Delta writers: Spark refuses a table whose protocol
     # does not list the (writer-only) feature then
     writer = features + (["invariants"] if any(not f["nullable"] for f in schema["fields"]) else [])
-    writer += [f for f in (old or {}).get("writerFeatures") or () if f not in writer]
+    writer += [f for f in writer_features(old) if f not in writer]
     return {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features, "writerFeatures": writer}
 
 
-def is_portable(protocol: dict[str, Any]) -> bool:
+def is_portable(protocol: Protocol) -> bool:
     """Whether a table is portable: written without column mapping (each column's physical name
     is its name) and without deletion vectors (a batch rewrites the files it changes), for the
     readers that lack those features (delta-rs' to_pyarrow_table, Polars)."""
-    return "columnMapping" not in (protocol.get("readerFeatures") or ())
+    return "columnMapping" not in reader_features(protocol)
 
 
-def metadata(old: dict[str, Any] | None, schema: dict[str, Any], max_column_id: int, meta: dict[str, Any],
-             description: str, *, portable: bool = False) -> dict[str, Any]:
+def metadata(old: Metadata | None, schema: dict[str, Any], max_column_id: int, meta: dict[str, Any],
+             description: str, *, portable: bool = False) -> Metadata:
     """A metaData action: the table's id and creation time kept from the old one."""
-    configuration = {LOG_RETENTION: LOG_RETENTION_WINDOW, **((old or {}).get("configuration") or {})}
+    configuration = {LOG_RETENTION: LOG_RETENTION_WINDOW, **configuration_of(old)}
     configuration[TABLE_META] = json.dumps(meta, sort_keys=True)
     if not portable:
         configuration.update({MAX_COLUMN_ID: str(max_column_id), "delta.columnMapping.mode": "name",
                               "delta.enableDeletionVectors": "true"})
-    return {"id": (old or {}).get("id") or str(uuid.uuid4()), "name": None, "description": description,
+    return {"id": (old["id"] if old else "") or str(uuid.uuid4()), "name": None, "description": description,
             "format": {"provider": "parquet", "options": {}}, "schemaString": json.dumps(schema),
             "partitionColumns": [], "configuration": configuration,
-            "createdTime": (old or {}).get("createdTime") or time.time_ns() // 1_000_000}
+            "createdTime": (old.get("createdTime") if old else None) or time.time_ns() // 1_000_000}
 
 
-def max_column_id(metadata: dict[str, Any] | None) -> int:
-    return int(((metadata or {}).get("configuration") or {}).get(MAX_COLUMN_ID, 0))
+def max_column_id(metadata: Metadata | None) -> int:
+    return int(configuration_of(metadata).get(MAX_COLUMN_ID, 0))

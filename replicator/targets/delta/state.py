@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from replicator.errors import UserError
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.actions import Action, Add, Stats
 from replicator.targets.delta.storage import Storage
 from replicator.targets.delta.table import COMPRESSION
 
@@ -97,19 +98,20 @@ class WarehouseState:
         each table it committed, and the directories of the tables as it leaves them; `others`,
         positions stored beside it (a follower's offsets). A transaction without a position (a
         table's copy) records its versions at the positions the consumers have."""
-        actions: list[dict[str, Any]] = []
+        actions: list[Action] = []
         if not self.snapshot.exists:
             actions.append({"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}})
         if not self.snapshot.exists or directories != self.directories() or kind != self.kind():
             configuration = {delta_schema.LOG_RETENTION: delta_schema.LOG_RETENTION_WINDOW,
                              **self.snapshot.configuration, TABLES: json.dumps(directories, sort_keys=True),
                              KIND: kind}
+            old = self.snapshot.metadata
             actions.append({"metaData": {
-                "id": self.snapshot.metadata.get("id") or str(uuid.uuid4()), "name": None,
+                "id": (old["id"] if old else "") or str(uuid.uuid4()), "name": None,
                 "description": "replicator: consumer positions and the table versions of each tick",
                 "format": {"provider": "parquet", "options": {}}, "schemaString": json.dumps(_DELTA_SCHEMA),
                 "partitionColumns": [], "configuration": configuration,
-                "createdTime": self.snapshot.metadata.get("createdTime") or delta_log.now_ms()}})
+                "createdTime": (old.get("createdTime") if old else None) or delta_log.now_ms()}})
         rows = [(consumer, tick, table, directory, version)
                 for consumer, tick in ([position] if position is not None else self.positions().items())
                 for table, directory, version in versions]
@@ -182,7 +184,7 @@ class WarehouseState:
         kept = [row for row in rows if row["committed_at"] >= cutoff or
                 newest[(row["consumer"], row["directory"])] is row]
         now = delta_log.now_ms()
-        actions: list[dict[str, Any]] = [
+        actions: list[Action] = [
             {"remove": {"path": path, "deletionTimestamp": now, "dataChange": len(kept) < len(rows),
                         "extendedFileMetadata": True, "partitionValues": {},
                         "size": self.snapshot.files[path].get("size")}} for path in paths]
@@ -199,7 +201,7 @@ class WarehouseState:
             return None
         return len(rows) - len(kept)
 
-    def _write(self, data: pa.Table) -> dict[str, Any]:
+    def _write(self, data: pa.Table) -> Add:
         """Writes rows as a new data file of this table: its add action."""
         buffer = io.BytesIO()
         pq.write_table(data, buffer, compression=COMPRESSION)
@@ -212,12 +214,12 @@ class WarehouseState:
         floor = least.replace(microsecond=least.microsecond // 1000 * 1000)   # bounds in milliseconds
         top = most.replace(microsecond=most.microsecond // 1000 * 1000)
         ceiling = top if top == most else top + timedelta(milliseconds=1)
-        stats = {"numRecords": data.num_rows,
-                 "minValues": {**{name: min(values) for name, values in columns.items()},
-                               "committed_at": _timestamp(floor)},
-                 "maxValues": {**{name: max(values) for name, values in columns.items()},
-                               "committed_at": _timestamp(ceiling)},
-                 "nullCount": {name: 0 for name in SCHEMA.names}}
+        stats: Stats = {"numRecords": data.num_rows,
+                        "minValues": {**{name: min(values) for name, values in columns.items()},
+                                      "committed_at": _timestamp(floor)},
+                        "maxValues": {**{name: max(values) for name, values in columns.items()},
+                                      "committed_at": _timestamp(ceiling)},
+                        "nullCount": {name: 0 for name in SCHEMA.names}}
         return {"path": path, "partitionValues": {}, "size": buffer.tell(), "modificationTime": delta_log.now_ms(),
                 "dataChange": True, "stats": json.dumps(stats)}
 

@@ -47,6 +47,7 @@ from replicator.targets.delta import deletion_vectors as dv
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import rewrite
 from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.actions import Action, Add, Metadata, Remove, Stats, configuration_of
 from replicator.targets.delta.index import KeyIndex, canonical_keys, is_integer_key
 from replicator.targets.delta.storage import Storage
 
@@ -67,7 +68,7 @@ class _Writing:
     writer: pq.ParquetWriter
     counter: CountingWriter
     rows: int = 0
-    stats: list[dict[str, Any]] = field(default_factory=list)   # per row group
+    stats: list[Stats] = field(default_factory=list)   # per row group
 
 
 @dataclass
@@ -81,7 +82,7 @@ class Staged:
     dropped: bool = False
     copy_rows: list[Sequence[Any]] = field(default_factory=list)
     writing: _Writing | None = None
-    new_files: dict[str, dict[str, Any]] = field(default_factory=dict)   # path → add action, written
+    new_files: dict[str, Add] = field(default_factory=dict)   # path → add action, written
     changes: dict[Any, tuple[bool, Sequence[Any]]] = field(default_factory=dict)   # key → (deleted, row)
     touched: set[str] = field(default_factory=set)   # committed files whose deletion vector grows
     spilled: bool = False
@@ -132,7 +133,7 @@ class ReplicaTable:
         self.staged: Staged | None = None
         # the table's metaData as of the consumer's position, when a crash left it holding a batch
         # past it: the batch is applied again in the structure it was captured in (DeltaTarget)
-        self.rewound: dict[str, Any] | None = None
+        self.rewound: Metadata | None = None
         self._vectors: dict[str, bytes] = {}   # deletion vector files read
         self.captures: list[Captured] | None = None   # what each commit did, while views read the table
 
@@ -144,7 +145,7 @@ class ReplicaTable:
         if not self.snapshot.exists:
             return None
         metadata = self.rewound if self.rewound is not None else self.snapshot.metadata
-        text = (metadata.get("configuration") or {}).get(delta_schema.TABLE_META)
+        text = configuration_of(metadata).get(delta_schema.TABLE_META)
         return json.loads(text) if text else None
 
     @property
@@ -173,7 +174,7 @@ class ReplicaTable:
         """The last tick of consumer `app` ("QUEUE/CONSUMER") the table holds."""
         return self.snapshot.txns.get(app)
 
-    def deletion_vector(self, add: dict[str, Any]) -> BitMap | None:
+    def deletion_vector(self, add: Add | Remove) -> BitMap | None:
         descriptor = add.get("deletionVector")
         if not descriptor:
             return None
@@ -193,7 +194,7 @@ class ReplicaTable:
 
     def _stage(self) -> Staged:
         if self.staged is None:
-            self.staged = Staged(max_column_id=delta_schema.max_column_id(self.snapshot.metadata or None))
+            self.staged = Staged(max_column_id=delta_schema.max_column_id(self.snapshot.metadata))
         return self.staged
 
     def reset(self, meta: dict[str, Any], structure: TableStructure) -> None:
@@ -257,7 +258,7 @@ class ReplicaTable:
         if len(staged.copy_rows) >= ROW_GROUP:
             self._write_copy_rows(staged)
 
-    def take_files(self, files: Sequence[tuple[str, int, dict[str, Any]]]) -> None:
+    def take_files(self, files: Sequence[tuple[str, int, Stats]]) -> None:
         """Data files written for the transaction by others (a parallel copy's workers, after
         reset()): (path in the table's directory, size, statistics) each, added by its commit,
         deleted by its rollback."""
@@ -274,7 +275,7 @@ class ReplicaTable:
             self._apply_changes(staged)
             staged.spilled = True
 
-    def add_files(self, adds: dict[str, dict[str, Any]]) -> None:
+    def add_files(self, adds: dict[str, Add]) -> None:
         """Data files another writer (Spark) wrote into the table's directory, added by the
         transaction (path → add action; the table's columns by their physical names)."""
         staged = self._stage()
@@ -374,7 +375,7 @@ class ReplicaTable:
         staged.new_files[path] = self._add_action(path, counter.size, file_stats(data))
         return path
 
-    def _add_action(self, path: str, size: int, stats: dict[str, Any]) -> dict[str, Any]:
+    def _add_action(self, path: str, size: int, stats: Stats) -> Add:
         return {"path": path, "partitionValues": {}, "size": size, "modificationTime": delta_log.now_ms(),
                 "dataChange": True, "stats": json.dumps(stats)}
 
@@ -459,7 +460,7 @@ class ReplicaTable:
             path = self._write_file(upserts)
             index.add_file(path, canonical_keys([upserts.column(i) for i in positions], index.integer))
 
-    def check_writable(self, actions: Sequence[dict[str, Any]] = ()) -> None:
+    def check_writable(self, actions: Sequence[Action] = ()) -> None:
         """Refuses, in one line, a table another writer left as replicator cannot write it: a Delta
         feature replicator does not write, column mapping other than by name, columns that are not
         its PostgreSQL table's; and, when given the actions of a commit, rows removed from an
@@ -480,7 +481,7 @@ class ReplicaTable:
         if self.meta is None or (self.staged is not None and self.staged.reset):   # a copy writes the table anew
             return
         mode, wanted = configuration.get(COLUMN_MAPPING, "none"), "none" if self.portable else "name"
-        features = self.snapshot.protocol.get("readerFeatures") or ()
+        features = delta_schema.reader_features(self.snapshot.protocol)
         if mode != wanted or (not self.portable and "deletionVectors" not in features):
             how = "without column mapping" if self.portable else "by name mapping, with deletion vectors"
             # a portable table's copy keeps the protocol Spark upgraded (column mapping's reader version)
@@ -511,7 +512,7 @@ class ReplicaTable:
             changes.append("columns reordered")
         return ", ".join(changes)
 
-    def _check_latest(self, actions: Sequence[dict[str, Any]] = ()) -> None:
+    def _check_latest(self, actions: Sequence[Action] = ()) -> None:
         """check_writable; a refusal over a version another writer has committed past is a conflict
         instead: the commit reads theirs and checks the table again (what was refused may be undone)."""
         try:
@@ -522,7 +523,7 @@ class ReplicaTable:
                                                f"{self.snapshot.version}") from None
             raise
 
-    def taken_in(self, commits: list[list[dict[str, Any]]]) -> None:
+    def taken_in(self, commits: list[list[Action]]) -> None:
         """Other writers' commits, read into the snapshot (a maintenance commit that lost its
         version): what depends on the table's state is derived again before the next commit: the
         key index (their files, their deletion vectors: built again when next needed), and
@@ -531,17 +532,17 @@ class ReplicaTable:
             self.index = None
             self.check_writable()
 
-    def _actions(self, staged: Staged, app: str | None, tick: int | None) -> list[dict[str, Any]]:
+    def _actions(self, staged: Staged, app: str | None, tick: int | None) -> list[Action]:
         self._apply_changes(staged)
-        actions: list[dict[str, Any]] = []
+        actions: list[Action] = []
         if staged.schema is not None or staged.meta is not None:
             schema = staged.schema or self.schema()
-            protocol = delta_schema.protocol(schema, self.snapshot.protocol or None, portable=self.portable)
+            protocol = delta_schema.protocol(schema, self.snapshot.protocol, portable=self.portable)
             if protocol != self.snapshot.protocol:
                 actions.append({"protocol": protocol})
             meta = staged.meta if staged.meta is not None else self.meta
             assert meta is not None
-            metadata = delta_schema.metadata(self.snapshot.metadata or None, schema, staged.max_column_id, meta,
+            metadata = delta_schema.metadata(self.snapshot.metadata, schema, staged.max_column_id, meta,
                                              meta.get("description") or
                                              f"PostgreSQL table {meta.get('source_name', '')}, replicated by "
                                              f"replicator", portable=self.portable)
@@ -561,7 +562,7 @@ class ReplicaTable:
             actions.append({"remove": remove})
         vectors = dv.VectorFile()
         for path in sorted(staged.touched) if not self.portable else ():   # a portable table's are rewritten
-            add = dict(self.snapshot.files[path])
+            add = self.snapshot.files[path].copy()
             assert index is not None
             add["deletionVector"] = vectors.add(index.deleted[index.number[path]])
             add["dataChange"] = True
@@ -580,11 +581,12 @@ class ReplicaTable:
             actions.append({"txn": {"appId": app, "version": tick, "lastUpdated": now}})
         return actions
 
-    def _stats_with_deletions(self, path: str, add: dict[str, Any]) -> str:
+    def _stats_with_deletions(self, path: str, add: Add) -> str:
         """A file's stats once rows of it are marked deleted: its bounds loose (they may no longer
         be reached), and numRecords, which Delta requires of a file with a deletion vector, read
         from the file's footer when the writer that added it left it out (exact: the physical rows)."""
-        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        text = add.get("stats")
+        stats = json.loads(text) if text else {}
         if "numRecords" not in stats:
             with self.storage.open_read(self.file(path)) as f:
                 stats["numRecords"] = pq.ParquetFile(f).metadata.num_rows
@@ -645,7 +647,7 @@ class ReplicaTable:
             return version
         raise UserError(f"{self.directory}: {COMMIT_ATTEMPTS} commits in a row lost to other writers of the table")
 
-    def _discard_attempt(self, staged: Staged, files: dict[str, dict[str, Any]]) -> None:
+    def _discard_attempt(self, staged: Staged, files: dict[str, Add]) -> None:
         """Deletes what a commit that lost its version wrote: its deletion vectors, and the data
         file of the changes it applied (files: the transaction's files before it)."""
         if staged.vector_file is not None:
@@ -681,15 +683,15 @@ class ReplicaTable:
         staged.touched, staged.rewrites = set(), {}
 
 
-def _metadata_by_replicator(commits: list[list[dict[str, Any]]]) -> bool:
+def _metadata_by_replicator(commits: list[list[Action]]) -> bool:
     """Whether one of these commits that set the table's metaData is replicator's (another consumer's copy)."""
     return any(any("metaData" in a for a in commit)
                and any(a.get("commitInfo", {}).get("engineInfo") == delta_log.ENGINE for a in commit)
                for commit in commits)
 
 
-def _remove(add: dict[str, Any], now: int) -> dict[str, Any]:
-    remove = {"path": add["path"], "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
+def _remove(add: Add, now: int) -> Remove:
+    remove: Remove = {"path": add["path"], "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
               "partitionValues": add.get("partitionValues", {}), "size": add.get("size")}
     if add.get("deletionVector"):
         remove["deletionVector"] = add["deletionVector"]
@@ -702,7 +704,7 @@ _LAST_CODE_POINT = 0x10FFFF
 _SURROGATES = range(0xD800, 0xE000)
 
 
-def file_stats(data: pa.Table) -> dict[str, Any]:
+def file_stats(data: pa.Table) -> Stats:
     """A data file's statistics (keyed by physical names, as column mapping has them): row and null
     counts, and the bounds of the columns whose values compare in Spark as in Arrow. A bound bounds
     every value of its column (readers skip the file by it); one that cannot be given is left out,
@@ -768,27 +770,30 @@ def _string_ceiling(value: str) -> str | None:
     return None
 
 
-def merged_stats(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def merged_stats(parts: Sequence[Stats]) -> Stats:
     """The statistics of a file written in parts (row groups; file_stats each). A column's bound is
     the parts' only when every part holding a value of the column has one: a part without (NaN, a
     timestamp at year 9999's end) leaves the file without it, never bounded by the others'."""
-    merged: dict[str, Any] = {"numRecords": sum(part["numRecords"] for part in parts),
-                              "minValues": {}, "maxValues": {}, "nullCount": {}}
+    minimum: dict[str, Any] = {}
+    maximum: dict[str, Any] = {}
+    nulls: dict[str, Any] = {}
     unbounded: set[tuple[str, str]] = set()
     for part in parts:
         for name, count in part["nullCount"].items():
-            merged["nullCount"][name] = merged["nullCount"].get(name, 0) + count
+            nulls[name] = nulls.get(name, 0) + count
             if count == part["numRecords"]:   # NULLs only: nothing to bound
                 continue
-            for kind, pick in (("minValues", min), ("maxValues", max)):
-                value = part[kind].get(name)
+            for kind, pick, merged, values in (("min", min, minimum, part["minValues"]),
+                                               ("max", max, maximum, part["maxValues"])):
+                value = values.get(name)
                 if value is None:
                     unbounded.add((kind, name))
-                    merged[kind].pop(name, None)
+                    merged.pop(name, None)
                 elif (kind, name) not in unbounded:
-                    old = merged[kind].get(name)
-                    merged[kind][name] = value if old is None else pick(old, value)
-    return merged
+                    old = merged.get(name)
+                    merged[name] = value if old is None else pick(old, value)
+    return {"numRecords": sum(part["numRecords"] for part in parts), "minValues": minimum, "maxValues": maximum,
+            "nullCount": nulls}
 
 
 def _json(value: Any) -> Any:

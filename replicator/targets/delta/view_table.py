@@ -19,11 +19,11 @@ version of the same table.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from replicator.structure import Column, TableStructure
 from replicator.targets.delta import log as delta_log
+from replicator.targets.delta.actions import records
 from replicator.targets.delta.schema import DELTA_TYPED
 from replicator.targets.delta.storage import Storage
 from replicator.targets.delta.table import ReplicaTable
@@ -88,6 +88,6 @@ class ViewTable:
         """The rows the view holds: its files' rows less their deleted ones."""
         total = 0
         for add in self.table.snapshot.files.values():
-            total += int(json.loads(add.get("stats") or "{}").get("numRecords", 0))
-            total -= int((add.get("deletionVector") or {}).get("cardinality", 0))
+            vector = add.get("deletionVector")
+            total += (records(add) or 0) - (vector["cardinality"] if vector else 0)
         return total

@@ -59,6 +59,7 @@ from replicator.structure import TableStructure, target_table_name
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import maintenance
 from replicator.targets.delta import schema as delta_schema
+from replicator.targets.delta.actions import Add, records
 from replicator.targets.delta.changes import TableChanges, changes_since
 from replicator.targets.delta.reader import consumer_of, tick_versions
 from replicator.targets.delta.spark_sql import check_query, spark_error_line
@@ -625,7 +626,7 @@ class DeltaViews:
         self._write(frame.select(*columns).toDF(*physical), f"{vt.directory}/{prefix}")
         adds = self._written(vt.directory, prefix)
         vt.table.add_files(adds)
-        rows = sum(json.loads(a["stats"])["numRecords"] for a in adds.values())
+        rows = sum(records(a) or 0 for a in adds.values())
         entry["tables"] = self._recorded(deps, target.versions)
         record = record_refresh(entry, "full", reason, time.perf_counter() - started, keys=None, deleted=old_rows,
                                 inserted=rows, updated=0, keep=KEEP_REFRESHES)
@@ -650,11 +651,11 @@ class DeltaViews:
             else:
                 spark.conf.set(key, before)
 
-    def _written(self, directory: str, prefix: str) -> dict[str, dict[str, Any]]:
+    def _written(self, directory: str, prefix: str) -> dict[str, Add]:
         """The data files Spark wrote under directory/prefix, as add actions (relative to the
         table); what else it left (_SUCCESS, checksums, empty files) is deleted."""
         storage = self.warehouse.storage
-        adds = {}
+        adds: dict[str, Add] = {}
         for entry in storage.list(f"{directory}/{prefix}"):
             name = entry.path.rsplit("/", 1)[-1]
             rows = 0

@@ -429,7 +429,7 @@ _STRING_NAMES = {"uuid": "io.debezium.data.Uuid", "json": "io.debezium.data.Json
 _STRING_TYPES = {"text", "character varying", "character", '"char"', "name", "citext"}
 
 
-def codec_for(column: Column, decimals: str = "precise") -> FieldCodec:
+def codec_for(column: Column, decimals: str = "precise") -> FieldCodec:   # noqa: C901 -- a flat case per type
     """The field of a column (docs/kafka.md, "Records", has the table)."""
     base = column.base_type
     if column.category == "A" or base.endswith("[]"):
