@@ -1,7 +1,7 @@
 """Incremental views: the analysis of a view's defining query.
 
-A view is a SELECT in the target's own SQL (SQLite's, or Spark SQL on a
-Spark warehouse) over replicated tables. This module reads the query and
+A view is a SELECT in the target's own SQL (SQLite's, or Spark SQL on a Delta
+warehouse) over replicated tables. This module reads the query and
 decides whether the target can keep it current incrementally, by recomputing
 only the keys a batch touched:
 

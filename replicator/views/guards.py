@@ -58,7 +58,7 @@ def _refuse_spark_escapes(sql: str, tokens: Sequence[Token]) -> None:
     tables: a script (SELECT TRANSFORM/MAP/REDUCE ... USING 'command'), a Java method
     (reflect, java_method), a name given at run time (IDENTIFIER(...)), and a qualified
     name in a FROM clause (`csv.`/path``, `parquet.dir`: Spark reads files by path, or
-    another catalog's table). replicator.views.spark_sql.check_query checks Spark's own parse of the
+    another catalog's table). replicator.targets.delta.spark_sql.check_query checks Spark's own parse of the
     query for the same (this is the first look, on the tokens)."""
     def at(t: Token) -> str:
         return " ".join(sql[t.start:t.start + 40].split())
