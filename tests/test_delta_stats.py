@@ -138,6 +138,27 @@ def test_a_copy_with_a_long_string_and_an_infinite_timestamp_in_one_row_group_is
     assert_stats_bound_values(path, "public.t")
 
 
+def test_a_string_bound_with_a_character_beyond_plane_1_skips_no_row_in_delta_rs_or_spark(dsn, conn, source,
+                                                                                         tmp_path, spark):
+    # delta-rs' JSON reader (arrow-json) decodes the \ud840\udc00 escape of U+20000 as U+10000, below
+    # U+1FFFF: a maximum escaped so skips the file for note > '\U0001ffff'
+    conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, note text)")
+    conn.execute("INSERT INTO t VALUES (1, %s)", ["\U00020000"])
+    source.create_queue("q")
+    source.add_table("q", "t")
+    path = tmp_path / "wh"
+    target = DeltaTarget(str(path))
+    try:
+        consume(dsn, target)
+    finally:
+        target.close()
+    uri = table_uris(str(path))["public.t"]
+    for where in ("note > '\U0001ffff'", "note = '\U00020000'", "note < '\U00020001'"):
+        assert delta_rs_ids(uri, where) == [1], where
+        assert spark_ids(spark, uri, where) == [1], where
+    assert_stats_bound_values(path, "public.t")
+
+
 def test_the_files_replicator_writes_are_zstd_parquet(dsn, conn, source, tmp_path):
     conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, v text)")
     conn.execute("INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 10) g")

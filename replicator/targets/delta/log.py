@@ -334,6 +334,14 @@ def _checkpoint_add(add: dict[str, Any]) -> dict[str, Any]:
     return action
 
 
+def json_text(value: Any) -> str:
+    """JSON as the log holds it (a commit's lines, an add's stats): characters as they are (UTF-8),
+    never \\u escapes. delta-rs' JSON reader (arrow-json) decodes the surrogate pair escape of a
+    character in an even plane (2, 4, ... 16) as the character 0x10000 below it (the pair's bits
+    ORed with 0x10000, not added): an escaped string bound would skip files holding values above it."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 def commit(storage: Storage, snapshot: Snapshot, actions: Sequence[Action], *, operation: str,
            parameters: dict[str, Any] | None = None) -> int:
     """Writes actions as the snapshot's next version and applies them to it; CommitConflict
@@ -345,7 +353,7 @@ def commit(storage: Storage, snapshot: Snapshot, actions: Sequence[Action], *, o
         "engineInfo": ENGINE, "txnId": txn_id}}
     if snapshot.version < 0:
         info["commitInfo"].pop("readVersion")
-    body = "\n".join(json.dumps(action, separators=(",", ":")) for action in [info, *actions]) + "\n"
+    body = "\n".join(json_text(action) for action in [info, *actions]) + "\n"
     version = snapshot.version + 1
     path = commit_path(snapshot.table, version)
     if not _put(storage, path, body.encode(), txn_id):

@@ -45,7 +45,6 @@ the consumer optimizes them after its refreshes; both commands cover them.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -229,7 +228,7 @@ def _rewrite(storage: Storage, snapshot: delta_log.Snapshot, chosen: set[str], t
             pq.write_table(data, counter, compression=COMPRESSION, row_group_size=ROW_GROUP)
         written.append({"path": path, "partitionValues": {}, "size": counter.size,
                         "modificationTime": delta_log.now_ms(), "dataChange": False,
-                        "stats": json.dumps(file_stats(data))})
+                        "stats": delta_log.json_text(file_stats(data))})
 
     moves: list[Move] = []
     try:

@@ -221,7 +221,7 @@ class WarehouseState:
                                       "committed_at": _timestamp(ceiling)},
                         "nullCount": {name: 0 for name in SCHEMA.names}}
         return {"path": path, "partitionValues": {}, "size": buffer.tell(), "modificationTime": delta_log.now_ms(),
-                "dataChange": True, "stats": json.dumps(stats)}
+                "dataChange": True, "stats": delta_log.json_text(stats)}
 
 
 def _timestamp(value: datetime) -> str:

@@ -377,7 +377,7 @@ class ReplicaTable:
 
     def _add_action(self, path: str, size: int, stats: Stats) -> Add:
         return {"path": path, "partitionValues": {}, "size": size, "modificationTime": delta_log.now_ms(),
-                "dataChange": True, "stats": json.dumps(stats)}
+                "dataChange": True, "stats": delta_log.json_text(stats)}
 
     def ensure_index(self) -> KeyIndex:
         """The index of the live rows: committed files (less a reset's) and the transaction's."""
@@ -591,7 +591,7 @@ class ReplicaTable:
             with self.storage.open_read(self.file(path)) as f:
                 stats["numRecords"] = pq.ParquetFile(f).metadata.num_rows
         stats["tightBounds"] = False
-        return json.dumps(stats)
+        return delta_log.json_text(stats)
 
     def commit(self, app: str | None, tick: int | None, *, retry: bool = True,
                parameters: dict[str, Any] | None = None) -> int | None:

@@ -668,7 +668,7 @@ class DeltaViews:
             path = entry.path[len(directory) + 1:]
             adds[path] = {"path": path, "partitionValues": {}, "size": entry.size,
                           "modificationTime": delta_log.now_ms(), "dataChange": True,
-                          "stats": json.dumps({"numRecords": rows})}
+                          "stats": delta_log.json_text({"numRecords": rows})}
         return adds
 
     def _recorded(self, deps: set[str], versions: dict[str, int]) -> dict[str, dict[str, Any]]:
