@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from replicator import __version__
 from replicator.errors import UserError
 from replicator.source.db import SESSION_SETTINGS
 from replicator.structure import Column, TableStructure, parse_json
@@ -466,7 +467,7 @@ def test_a_value_is_debeziums_envelope_with_its_schema():
         "before": None,
         "after": {"id": 7, "customer": "ann", "amount": "AeI6", "placed": "2024-01-02T03:04:05.123456Z", "paid": True,
                   "weight": 1.5},
-        "source": {"version": "0.1.0", "connector": "replicator", "name": "shop", "ts_ms": TS_MS - 5,
+        "source": {"version": __version__, "connector": "replicator", "name": "shop", "ts_ms": TS_MS - 5,
                    "snapshot": "false", "db": "appdb", "sequence": None, "ts_us": (TS_MS - 5) * 1000,
                    "ts_ns": (TS_MS - 5) * 1_000_000, "schema": "public", "table": "orders", "txId": 1234, "lsn": None,
                    "xmin": None, "tick": 7, "event": 42},

@@ -76,7 +76,7 @@ def _runtime_dependencies() -> dict[str, tuple[str, str]]:
     while todo:
         requirement, by = todo.pop(0)
         name = canonicalize_name(requirement.name)
-        if name in found:
+        if name in found or name == "replicator":   # an extra naming another (spark: replicator[delta]), listed above
             continue
         try:
             dist = importlib.metadata.distribution(name)
