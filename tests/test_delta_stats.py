@@ -119,15 +119,8 @@ def test_a_copy_with_a_long_string_and_an_infinite_timestamp_in_one_row_group_is
     conn.execute("UPDATE t SET note = repeat('a', 100) WHERE id = 7")
     conn.execute("UPDATE t SET note = repeat('z', 100) || 'y' WHERE id = 8")   # above its bound's prefix
     conn.execute("UPDATE t SET ts = 'infinity' WHERE id = 9")
-    source.create_queue("q")
-    source.add_table("q", "t")
     path = tmp_path / "wh"
-    target = DeltaTarget(str(path))
-    try:
-        consume(dsn, target)
-    finally:
-        target.close()
-    uri = table_uris(str(path))["public.t"]
+    uri = _copied(dsn, source, path)
     above = "note > '" + "z" * 100 + "'"
     assert delta_rs_ids(uri, "note < 'b'") == [7]
     assert delta_rs_ids(uri, above) == [8]
@@ -138,21 +131,26 @@ def test_a_copy_with_a_long_string_and_an_infinite_timestamp_in_one_row_group_is
     assert_stats_bound_values(path, "public.t")
 
 
+def _copied(dsn, source, path):
+    """Table t captured in queue q and copied into a warehouse at path: its Delta table's URI."""
+    source.create_queue("q")
+    source.add_table("q", "t")
+    target = DeltaTarget(str(path))
+    try:
+        consume(dsn, target)
+    finally:
+        target.close()
+    return table_uris(str(path))["public.t"]
+
+
 def test_a_string_bound_with_a_character_beyond_plane_1_skips_no_row_in_delta_rs_or_spark(dsn, conn, source,
                                                                                          tmp_path, spark):
     # delta-rs' JSON reader (arrow-json) decodes the \ud840\udc00 escape of U+20000 as U+10000, below
     # U+1FFFF: a maximum escaped so skips the file for note > '\U0001ffff'
     conn.execute("CREATE TABLE t (id bigint PRIMARY KEY, note text)")
     conn.execute("INSERT INTO t VALUES (1, %s)", ["\U00020000"])
-    source.create_queue("q")
-    source.add_table("q", "t")
     path = tmp_path / "wh"
-    target = DeltaTarget(str(path))
-    try:
-        consume(dsn, target)
-    finally:
-        target.close()
-    uri = table_uris(str(path))["public.t"]
+    uri = _copied(dsn, source, path)
     for where in ("note > '\U0001ffff'", "note = '\U00020000'", "note < '\U00020001'"):
         assert delta_rs_ids(uri, where) == [1], where
         assert spark_ids(spark, uri, where) == [1], where
