@@ -20,14 +20,15 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp A
 --      bounding it. replicator.batch_event_sql() reads a batch through it.
 --
 -- Returns:
---      one row; raises when no consumer has that batch open
+--      one row; raises when no consumer has that batch open (another
+--      session of the same consumer closed it: two daemons of one consumer)
 -- ----------------------------------------------------------------------
 DECLARE
     c replicator.consumer;
 BEGIN
     SELECT * INTO c FROM replicator.consumer WHERE batch_id = p_batch_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'batch % is not open', p_batch_id;
+        RAISE EXCEPTION 'batch % is not open: another session of its consumer finished it or moved the consumer; run one daemon per consumer', p_batch_id;
     END IF;
     PERFORM replicator.check_consumer_owner(c);
     SELECT q.queue_id, q.queue_name, c.consumer_name, pt.tick_id, ct.tick_id,
@@ -40,7 +41,7 @@ BEGIN
     JOIN replicator.tick ct ON ct.tick_queue = q.queue_id AND ct.tick_id = c.next_tick
     WHERE q.queue_id = c.queue_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'batch % is not open', p_batch_id;
+        RAISE EXCEPTION 'batch % is not open: another session of its consumer finished it or moved the consumer; run one daemon per consumer', p_batch_id;
     END IF;
 END;
 $$;

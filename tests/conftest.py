@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, settings
 
 from consumer_helpers import set_fast_ticks
 from kafkaserver import KafkaServer
@@ -29,6 +30,12 @@ _kafka_prefix_counter = itertools.count()
 # pyproject.toml), so that `-m 'not spark and not kafka'` leaves out the slow ones
 # (docs/testing.md). A test that starts a server of its own is marked by hand.
 SERVER_MARKERS = {"pg_server": "pg", "spark_sessions": "spark", "kafka": "kafka", "own_kafka": "kafka", "s3_server": "s3"}
+
+# Hypothesis's timing checks fail a run for the machine's load, not the code's: on 2 shared cores
+# one draw can wait seconds for the CPU. Tests that set suppress_health_check set their own.
+settings.register_profile("replicator", suppress_health_check=[HealthCheck.too_slow], deadline=None)
+settings.load_profile("replicator")
+
 # Under pytest-xdist's --dist loadgroup the tests of a shared JVM run on one worker, so that
 # one Spark session and one broker start, not one per worker (a test of both goes with Spark).
 JVM_GROUPS = ("spark", "kafka")

@@ -314,3 +314,21 @@ def test_consumer_refuses_a_batch_that_does_not_start_at_its_targets_position(ds
     finally:
         consumer.close()
         target.close()
+
+
+def test_a_batch_another_session_of_the_consumer_closed_is_refused_with_what_to_do(dsn, conn, source):
+    """Two daemons of one consumer: one opens the batch, the other applies and closes it before the
+    first reads it (a race the Delta s3 test of two consumers meets)."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    source.register_consumer("q", "c")
+    conn.execute("INSERT INTO t VALUES (1, 'one')")
+    source.tick("q", force=True)
+    batch_id = source.next_batch("q", "c")
+    assert batch_id is not None and source.finish_batch(batch_id)
+    with pytest.raises(UserError, match=rf"^batch {batch_id} is not open: another session of its consumer finished "
+                                        r"it or moved the consumer; run one daemon per consumer$"):
+        source.batch_info(batch_id)
+    with pytest.raises(UserError, match=rf"^batch {batch_id} is not open: another session"):
+        list(source.batch_events(batch_id))
