@@ -11,8 +11,9 @@ Spark warehouse it replaces (``spark:``, run from the commit given by --anchor) 
    Each size is measured twice: default tables, and portable ones (``delta:URI?tables=portable``:
    copy-on-write of the files a batch touches, no deletion vectors), printed side by side.
 2. Read of the current state (Spark, ``format("delta")``: count and aggregates over every column) after
-   the batches (their small files and deletion vectors), and after OPTIMIZE (one scan of large files):
-   the ratio is what a reader pays for batches not yet folded.
+   the batches (their small files and deletion vectors), after the empty batches of an idle consumer
+   that purge the deletion vectors a file at a time, and after OPTIMIZE (one scan of large files): the
+   ratios are what a reader pays for batches not yet folded, under load and once the consumer is idle.
 3. The same 10k-change batches with Spark ``MERGE INTO`` into a Delta table with deletion vectors (a
    copy of the same table written by Spark), the session warm.
 4. Initial copy: a PostgreSQL table of --copy-rows rows copied by the real consumer into a new Delta
@@ -136,6 +137,19 @@ def apply_batch(target: DeltaTarget, upserts: list[Row], deletes: list[Row], tic
     return time.perf_counter() - started
 
 
+def idle_until_purged(target: DeltaTarget, tick: int) -> tuple[int, float]:
+    """Empty batches, as an idle consumer gets them, until its idle purge has rewritten every file
+    with a deletion vector: how many, and their time."""
+    started = time.perf_counter()
+    batches = 0
+    while any(add.get("deletionVector") for add in delta_log.load(target.storage, "public.bench").files.values()):
+        target.begin()
+        target.set_position("bench", "bench", tick + batches)
+        target.commit()
+        batches += 1
+    return batches, time.perf_counter() - started
+
+
 def read_state(spark: Any, location: str, repeat: int = 3) -> tuple[float, int]:
     """The median time of reading the table's current state whole (count, aggregates over every column)."""
     from pyspark.sql import functions as F
@@ -209,13 +223,19 @@ def bench_table(args: argparse.Namespace, spark: Any, workdir: Path, rows: int, 
             tick += 1
         out[f"apply_{size}"] = statistics.median(times)
         console.print(f"  apply {size:,} changes: median {out[f'apply_{size}']:.3f}s of {args.repeat}")
-    target.close()
     files = len(delta_log.load(target.storage, "public.bench").files)
     read_state(spark, location, 1)   # warm-up: JIT, file listing caches
     out["read_after_batches"], count = read_state(spark, location)
     console.print(f"  read current state ({files} files{', deletion vectors' if kind == 'default' else ''}): "
                   f"{out['read_after_batches']:.2f}s "
                   f"({count:,} rows)")
+    out["idle_batches"], out["idle_seconds"] = idle_until_purged(target, tick)
+    target.close()
+    read_state(spark, location, 1)
+    out["read_after_idle"], count_idle = read_state(spark, location)
+    assert count_idle == count, (count, count_idle)
+    console.print(f"  the consumer idle: {out['idle_batches']} empty batches purged the deletion vectors in "
+                  f"{out['idle_seconds']:.1f}s; read current state after them: {out['read_after_idle']:.2f}s")
     started = time.perf_counter()
     maintenance.optimize(target.storage, everything=True)
     out["optimize"] = time.perf_counter() - started
@@ -347,15 +367,17 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(title=f"Delta warehouse, side by side with spark: ({args.anchor}) and Spark MERGE INTO "
                         f"(seconds)")
     for col in ("table rows", "tables", "apply 1k", "apply 10k", "10k: spark:", "10k: MERGE INTO", "first 10k (index)",
-                "read after batches", "read optimized", "ratio", "read spark: (logs)", "read spark: (compacted)"):
+                "read after batches", "read after idle", "read optimized", "ratio", "ratio idle",
+                "read spark: (logs)", "read spark: (compacted)"):
         table.add_column(col, justify="right")
     for t in figures.get("tables", []):
         o = old.get(t["rows"], {}) if t["kind"] == "default" else {}
         table.add_row(f"{t['rows']:,}", t["kind"], f"{t['apply_1000']:.3f}", f"{t['apply_10000']:.3f}",
                       f"{o['apply_10000']:.3f}" if o else "-",
                       f"{t['merge_10000']:.2f}" if "merge_10000" in t else "-", f"{t['first_batch_10000']:.2f}",
-                      f"{t['read_after_batches']:.2f}", f"{t['read_optimized']:.2f}",
+                      f"{t['read_after_batches']:.2f}", f"{t['read_after_idle']:.2f}", f"{t['read_optimized']:.2f}",
                       f"{t['read_after_batches'] / t['read_optimized']:.2f}",
+                      f"{t['read_after_idle'] / t['read_optimized']:.2f}",
                       f"{o['read_with_logs']:.2f}" if o else "-", f"{o['read_compacted']:.2f}" if o else "-")
     console.print(table)
     if "copy" in figures:

@@ -995,3 +995,40 @@ def test_a_copys_full_files_are_not_folded_again_and_folds_write_files_of_file_r
     assert done is not None and done.committed
     sizes = [json.loads(add["stats"])["numRecords"] for add in table.snapshot.files.values()]
     assert sum(sizes) == 9000 and max(sizes) <= 1000, sizes
+
+
+def test_an_idle_consumer_purges_a_file_whose_deletion_vector_marks_a_single_row(tmp_path):
+    """Spark reads a file with a deletion vector about a third slower however few rows it marks
+    (docs/benchmarks.md): while idle (a batch that changed no table) the consumer rewrites such a
+    file, so that a table that stops changing is read as a purged one."""
+    from replicator.structure import Column, TableStructure
+    from replicator.targets.delta import log as delta_log
+    from replicator.targets.protocol import TargetTable
+
+    structure = TableStructure("public", "t", (Column("id", "bigint", "bigint", "N", True, 1),
+                                               Column("v", "text", "text", "S", False, 2)), ("id",))
+    table = TargetTable(source_name="public.t", table_id=1, mode="full", copy_snapshot=None, structure=structure)
+    target = DeltaTarget(str(tmp_path))
+    try:
+        target.begin()
+        target.create_table(table)
+        target.upsert(table, "R", [(i, f"v{i}") for i in range(1000)])
+        target.set_position("q", "c", 1)
+        target.commit()
+        target.begin()
+        target.delete(table, [(7,)])
+        target.set_position("q", "c", 2)
+        target.commit()
+        vectors = [add["deletionVector"]["cardinality"] for add in delta_log.load(target.storage, "public.t").files.values()
+                   if add.get("deletionVector")]
+        assert vectors == [1]
+        target.begin()
+        target.set_position("q", "c", 3)
+        target.commit()
+    finally:
+        target.close()
+    files = delta_log.load(target.storage, "public.t").files.values()
+    assert not any(add.get("deletionVector") for add in files)
+    assert sum(json.loads(add["stats"])["numRecords"] for add in files) == 999
+    _, rows = delta_rows(str(tmp_path / "public.t"), ["id"])
+    assert sorted(rows) == [(i,) for i in range(1000) if i != 7]

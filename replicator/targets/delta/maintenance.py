@@ -75,7 +75,7 @@ log = logging.getLogger("replicator")
 SMALL_FILE_BYTES = 32 << 20    # a file smaller than this, and of under half FILE_ROWS rows, is folded with the others
 SMALL_FILES_DUE = 8            # small files of a table before the consumer folds them (cheap: they are small)
 PURGE_RATIO = 0.2              # share of a file's rows deleted before it is rewritten after a commit
-IDLE_PURGE_RATIO = 0.01        # ... while the consumer is idle (below it a rewrite would cost more than it saves)
+IDLE_PURGE_RATIO = 0.0         # ... while the consumer is idle: any (a vector costs Spark's read of its file the same)
 RETENTION_SECONDS = 7 * 24 * 3600   # delta.deletedFileRetentionDuration's default
 RETENTION = "delta.deletedFileRetentionDuration"
 MIN_RETENTION = 1.0                 # seconds: shorter, a retention would take the files of the commit just made
@@ -167,10 +167,11 @@ def _writable(table: ReplicaTable) -> bool:
 
 def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
     """While the consumer is idle (a batch that changed no table): the one file of all the tables
-    whose deletion vector marks the largest share of its rows, at least IDLE_PURGE_RATIO, is
+    whose deletion vector marks the largest share of its rows, more than IDLE_PURGE_RATIO, is
     rewritten without them (with its table's small files). Spark reads a file with a deletion
-    vector markedly slower than one without (docs/benchmarks.md): a file at a time, between
-    batches, brings reads back to a scan without delaying a batch by more than one file's rewrite."""
+    vector markedly slower than one without, however few rows it marks (docs/benchmarks.md): a
+    file at a time, between batches, brings reads back to a scan without delaying a batch by more
+    than one file's rewrite."""
     best: tuple[float, ReplicaTable, str] | None = None
     for table in tables:
         if table.meta is None or not _writable(table):
@@ -178,7 +179,7 @@ def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
         for path, add in table.snapshot.files.items():
             vector = add.get("deletionVector")
             share = vector["cardinality"] / max(records(add) or 0, 1) if vector else 0.0
-            if share >= IDLE_PURGE_RATIO and share > (best[0] if best else 0):
+            if share > max(IDLE_PURGE_RATIO, best[0] if best else 0):
                 best = (share, table, path)
     if best is None:
         return None
