@@ -17,10 +17,9 @@ from hypothesis import HealthCheck, settings
 
 from consumer_helpers import set_fast_ticks
 from kafkaserver import KafkaServer
-from pg_helpers import empty_database
+from pg_helpers import empty_database, fresh_database
 from pgserver import PgServer
 from replicator.source import Source
-from replicator.source.install import install
 from s3_helpers import MotoServer
 from spark_helpers import SparkSessions
 
@@ -70,11 +69,10 @@ def empty_dsn(pg_server: PgServer) -> Iterator[str]:
 
 
 @pytest.fixture
-def dsn(empty_dsn: str) -> str:
-    """DSN of a new database with replicator installed."""
-    with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        install(conn)
-    return empty_dsn
+def dsn(pg_server: PgServer) -> Iterator[str]:
+    """DSN of a new database with replicator installed (a copy of one installed once per session)."""
+    with fresh_database(pg_server) as dsn:
+        yield dsn
 
 
 @pytest.fixture

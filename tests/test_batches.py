@@ -114,7 +114,7 @@ def test_random_interleavings_deliver_each_committed_statement_once_in_its_trans
         if w.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             w.conn.execute("ROLLBACK")
         w.reset()
-    conn0.execute('TRUNCATE "t"')
+    conn0.execute('DELETE FROM "t"')   # cheaper than TRUNCATE, which makes new files
     source.tick("q", force=True)
     consumer = f"c{next(consumers)}"
     source.register_consumer("q", consumer)

@@ -35,7 +35,14 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
-from consumer_helpers import Daemon, assert_replica_equals_source, run_cli, set_fast_ticks, sqlite_position, wait_until
+from consumer_helpers import (
+    Daemon,
+    assert_replica_equals_source,
+    run_cli_in_process,
+    set_fast_ticks,
+    sqlite_position,
+    wait_until,
+)
 from pg_helpers import fresh_database
 
 TABLES = [("public.acct", "acct", ["id"]), ("s.items", "s__items", ["a", "b"]),
@@ -189,6 +196,7 @@ class Writer(threading.Thread):
         self.long_committed = 0
         self.aborted = 0
         self.done = 0
+        self.watcher: psycopg.Connection | None = None   # reads the latest tick (_latest_tick)
 
     def connect(self) -> psycopg.Connection:
         deadline = time.monotonic() + 90
@@ -221,9 +229,9 @@ class Writer(threading.Thread):
                 with conn.transaction():
                     self._ops(conn, first)
                     if long:   # spans ticks: the ticker must tick twice while it is open
-                        start = self._latest_tick(conn)
+                        start = self._latest_tick()
                         deadline = time.monotonic() + 10
-                        while self._latest_tick(conn) < start + 2 and time.monotonic() < deadline:
+                        while self._latest_tick() < start + 2 and time.monotonic() < deadline:
                             time.sleep(0.02)
                         self._ops(conn, second)
                 self.committed += 1
@@ -236,12 +244,15 @@ class Writer(threading.Thread):
                 if conn.broken or conn.closed:
                     conn = self.connect()
         conn.close()
+        if self.watcher is not None:
+            self.watcher.close()
 
-    @staticmethod
-    def _latest_tick(conn: psycopg.Connection) -> int:
-        # Outside the writer's transaction's snapshot: a sequence-like max over committed ticks.
-        with psycopg.connect(conn.info.dsn, autocommit=True, connect_timeout=5) as other:
-            return other.execute("SELECT coalesce(max(tick_id), 0) FROM replicator.tick").fetchone()[0]
+    def _latest_tick(self) -> int:
+        # Outside the writer's transaction's snapshot: a sequence-like max over committed ticks, on a
+        # connection kept for it (made again after the crash), not a new one at each poll.
+        if self.watcher is None or self.watcher.broken or self.watcher.closed:
+            self.watcher = psycopg.connect(self.dsn, autocommit=True, connect_timeout=5)
+        return self.watcher.execute("SELECT coalesce(max(tick_id), 0) FROM replicator.tick").fetchone()[0]
 
     @staticmethod
     def _ops(conn: psycopg.Connection, ops) -> None:
@@ -304,7 +315,7 @@ def run_example(dsn, pg_server, tmp, seeds, kill_after_ticks, add_table_at, cras
 
         for n, ticks in enumerate(kill_after_ticks):
             if n == add_table_at:
-                added = run_cli(dsn, "table", "add", "q", "late")
+                added = run_cli_in_process(dsn, "table", "add", "q", "late")
                 assert added.returncode == 0, added.stderr
             if n == crash_source_at:
                 # Crash the source under a consumer that is connected and applying batches.
@@ -339,7 +350,7 @@ def run_example(dsn, pg_server, tmp, seeds, kill_after_ticks, add_table_at, cras
         consumer.stop()
         ticker.stop()
 
-    caught_up = run_cli(dsn, *consume, "--until-caught-up", timeout=180)
+    caught_up = run_cli_in_process(dsn, *consume, "--until-caught-up")
     assert caught_up.returncode == 0, caught_up.stderr
 
     with psycopg.connect(dsn, autocommit=True) as check:

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from consumer_helpers import run_cli
+from consumer_helpers import run_cli, run_cli_in_process
 from pg_helpers import drop_database, dsn_of, owned_database, unique_name
 from replicator.consumer import Consumer
 from replicator.errors import UserError
@@ -191,33 +191,33 @@ def test_non_superuser_install_lets_a_granted_role_consume_and_its_owner_manage_
         reader = _new_role(admin, "reader")
     reader_dsn = _as(owner_dsn, reader)
     try:
-        assert run_cli(owner_dsn, "install").returncode == 0
+        assert run_cli_in_process(owner_dsn, "install").returncode == 0
         with psycopg.connect(owner_dsn, autocommit=True) as conn:
             conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'a')")
         for args in (("queue", "create", "q"), ("table", "add", "q", "t"), ("grant", reader)):
-            result = run_cli(owner_dsn, *args)
+            result = run_cli_in_process(owner_dsn, *args)
             assert result.returncode == 0, result.stderr
         replica = tmp_path / "r.db"
         consume = ("consume", "q", "--target", f"sqlite:{replica}", "--consumer", "r", "--until-caught-up")
-        result = run_cli(reader_dsn, *consume)
+        result = run_cli_in_process(reader_dsn, *consume)
         assert result.returncode == 0, result.stderr
         # install again: the functions are created anew, the grant carries over
-        assert run_cli(owner_dsn, "install").returncode == 0
+        assert run_cli_in_process(owner_dsn, "install").returncode == 0
         with psycopg.connect(owner_dsn, autocommit=True) as conn:
             conn.execute("INSERT INTO t VALUES (2, 'b')")
-        result = run_cli(reader_dsn, *consume)
+        result = run_cli_in_process(reader_dsn, *consume)
         assert result.returncode == 0, result.stderr
         with sqlite3.connect(replica) as db:
             assert db.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [(1, "a"), (2, "b")]
         # what status and table list call is granted too
-        status = run_cli(reader_dsn, "status", "--json")
+        status = run_cli_in_process(reader_dsn, "status", "--json")
         assert status.returncode == 0, status.stderr
         assert [(c["consumer"], c["owner"]) for c in json.loads(status.stdout)["consumers"]] == [("r", reader)]
-        listed = run_cli(reader_dsn, "table", "list", "q", "--json")
+        listed = run_cli_in_process(reader_dsn, "table", "list", "q", "--json")
         assert listed.returncode == 0, listed.stderr
         assert [t["table"] for t in json.loads(listed.stdout)] == ["public.t"]
         # the installing owner may unregister the reader's consumer
-        result = run_cli(owner_dsn, "queue", "unregister", "q", "r")
+        result = run_cli_in_process(owner_dsn, "queue", "unregister", "q", "r")
         assert result.returncode == 0, result.stderr
         assert "consumer r of queue q unregistered" in result.stdout
     finally:
@@ -247,7 +247,7 @@ def test_consumers_from_before_owners_belong_to_the_schema_owner_who_can_give_th
         refused = run_cli(_as(dsn, a), "queue", "owner", "q", "legacy", a)
         assert refused.returncode == 1
         assert "permission denied for function set_consumer_owner" in refused.stderr
-        given = run_cli(dsn, "queue", "owner", "q", "legacy", a)
+        given = run_cli_in_process(dsn, "queue", "owner", "q", "legacy", a)
         assert given.returncode == 0, given.stderr
         assert given.stdout.strip() == f"consumer legacy of queue q belongs to {a}"
         conn.execute("INSERT INTO t VALUES (1, 'x')")

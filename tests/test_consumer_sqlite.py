@@ -38,6 +38,7 @@ from consumer_helpers import (
     forced_tick,
     latest_tick,
     run_cli,
+    run_cli_in_process,
     set_fast_ticks,
     sqlite_position,
     sqlite_primary_key,
@@ -315,7 +316,7 @@ def test_kill_9_at_a_fixed_point_then_restart_leaves_replica_equal_to_source(dsn
     replica = tmp_path / "r.db"
     args = ["consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up"]
     if point != "during the initial copy":
-        assert run_cli(dsn, *args).returncode == 0
+        assert run_cli_in_process(dsn, *args).returncode == 0
     # Several batches, each of several statements (events).
     for batch in range(3):
         with conn.transaction():
@@ -413,8 +414,8 @@ def test_writes_concurrent_with_the_copy_are_neither_lost_nor_doubled(dsn, conn,
         if daemon is not None:
             daemon.stop()
         ticker.stop()
-    caught_up = run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--consumer", "c",
-                        "--until-caught-up")
+    caught_up = run_cli_in_process(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--consumer", "c",
+                                   "--until-caught-up")
     assert caught_up.returncode == 0, caught_up.stderr
     assert_replica_equals_source(conn, replica, [("public.counters", "counters", ["id"])])
     assert sqlite_rows(replica, "counters", ["id"])[(1,)]["n"] == written["updates"]
@@ -690,30 +691,30 @@ def test_once_applies_one_batch_and_until_caught_up_applies_everything_committed
     source.add_table("q", "t")
     replica = tmp_path / "r.db"
     args = ["consume", "q", "--target", f"sqlite:{replica}"]
-    assert run_cli(dsn, *args, "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, *args, "--until-caught-up").returncode == 0
     start = sqlite_position(replica)
 
     conn.execute("INSERT INTO t VALUES (1)")
     t1 = source.tick("q", force=True)
     conn.execute("INSERT INTO t VALUES (2)")          # committed, no tick yet: not in the next batch
-    once = run_cli(dsn, *args, "--once")
+    once = run_cli_in_process(dsn, *args, "--once")
     assert once.returncode == 0, once.stderr
     assert (start, sqlite_position(replica)) == (t1 - 1, t1)
     assert set(sqlite_rows(replica, "t", ["id"])) == {(1,)}
 
-    assert run_cli(dsn, *args, "--once").returncode == 0     # no tick: nothing to do, still exit 0
+    assert run_cli_in_process(dsn, *args, "--once").returncode == 0     # no tick: nothing to do, still exit 0
     assert sqlite_position(replica) == t1
 
     conn.execute("INSERT INTO t VALUES (3)")
     with psycopg.connect(dsn) as open_txn:                   # open when the call starts: not waited for
         open_txn.execute("INSERT INTO t VALUES (4)")
         started = time.monotonic()
-        caught_up = run_cli(dsn, *args, "--until-caught-up", timeout=60)
+        caught_up = run_cli_in_process(dsn, *args, "--until-caught-up")
         assert caught_up.returncode == 0, caught_up.stderr
         assert time.monotonic() - started < 30
         assert set(sqlite_rows(replica, "t", ["id"])) == {(1,), (2,), (3,)}
         open_txn.commit()
-    assert run_cli(dsn, *args, "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, *args, "--until-caught-up").returncode == 0
     assert set(sqlite_rows(replica, "t", ["id"])) == {(1,), (2,), (3,), (4,)}
 
 
@@ -760,7 +761,7 @@ def test_daemon_finishes_the_current_batch_on_sigterm_and_exits_0(dsn, conn, sou
     source.add_table("q", "big")
     replica = tmp_path / "r.db"
     args = ["consume", "q", "--target", f"sqlite:{replica}"]
-    assert run_cli(dsn, *args, "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, *args, "--until-caught-up").returncode == 0
     conn.execute("INSERT INTO big SELECT g, g FROM generate_series(1, 300000) g")
     tick = source.tick("q", force=True)
     daemon = Daemon(dsn, *args, log=tmp_path / "consumer.log")
@@ -929,7 +930,7 @@ def test_a_replica_deleted_under_a_running_consumer_is_rebuilt_by_following_its_
     assert last.startswith(f"error: {replica} was deleted"), last
     assert "run the same `replicator consume` again to build the replica anew" in last, last
     assert "aside" not in last, last                     # nothing else to do first
-    rebuilt = run_cli(dsn, *consume_args, "--until-caught-up")
+    rebuilt = run_cli_in_process(dsn, *consume_args, "--until-caught-up")
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert set(sqlite_rows(replica, "t", ["id"])) == {(1,), (2,)}
 

@@ -21,6 +21,7 @@ from consumer_helpers import (
     apply_losing_the_source_once,
     cli_env,
     run_cli,
+    run_cli_in_process,
     set_fast_ticks,
     wait_until,
 )
@@ -73,9 +74,9 @@ def write_changes(conn: psycopg.Connection) -> None:
 
 def test_jsonl_file_has_one_json_object_per_change(dsn, conn, queue_t, tmp_path):
     out = tmp_path / "changes.jsonl"
-    assert run_cli(dsn, "consume", "q", "--target", f"jsonl:{out}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"jsonl:{out}", "--until-caught-up").returncode == 0
     write_changes(conn)
-    result = run_cli(dsn, "consume", "q", "--target", f"jsonl:{out}", "--until-caught-up")
+    result = run_cli_in_process(dsn, "consume", "q", "--target", f"jsonl:{out}", "--until-caught-up")
     assert result.returncode == 0, result.stderr
     records = read_jsonl(out)
     assert records[0] == {"op": "R", "table": "public.t", "key": {"id": 1},
@@ -118,9 +119,9 @@ def test_jsonl_to_stdout_writes_only_change_objects_on_stdout(dsn, conn, queue_t
 
 def test_tsv_has_escaped_tab_separated_key_value_pairs(dsn, conn, queue_t, tmp_path):
     out = tmp_path / "changes.tsv"
-    assert run_cli(dsn, "consume", "q", "--target", f"tsv:{out}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"tsv:{out}", "--until-caught-up").returncode == 0
     write_changes(conn)
-    assert run_cli(dsn, "consume", "q", "--target", f"tsv:{out}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"tsv:{out}", "--until-caught-up").returncode == 0
     lines = out.read_text(encoding="utf-8").split("\n")
     assert lines[-1] == ""
     records = [parse_tsv_line(line) for line in lines[:-1]]
@@ -140,7 +141,7 @@ def test_pk_mode_stream_shows_one_line_per_collapsed_key_with_the_current_row(ds
     source.create_queue("q")
     source.add_table("q", "p", mode="pk")
     out = tmp_path / "changes.jsonl"
-    assert run_cli(dsn, "consume", "q", "--target", f"jsonl:{out}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"jsonl:{out}", "--until-caught-up").returncode == 0
     with conn.transaction():
         for _ in range(5):
             conn.execute("UPDATE p SET n = n + 1 WHERE id = 1")
@@ -148,7 +149,7 @@ def test_pk_mode_stream_shows_one_line_per_collapsed_key_with_the_current_row(ds
         conn.execute("DELETE FROM p WHERE id = 3")
         conn.execute("DELETE FROM p WHERE id = 2")
     conn.execute("UPDATE p SET n = 100 WHERE id = 1")      # later than the batch: read back anyway
-    assert run_cli(dsn, "consume", "q", "--target", f"jsonl:{out}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"jsonl:{out}", "--until-caught-up").returncode == 0
     changes = read_jsonl(out)[2:]                          # after the two copied rows
     upserts = [r for r in changes if r["op"] != "D"]
     assert upserts == [{"op": "U", "table": "public.p", "key": {"id": 1}, "row": {"id": 1, "n": 100}}]
@@ -195,7 +196,7 @@ def test_file_stream_resumed_after_kill_9_repeats_and_loses_no_line(dsn, conn, s
     source.add_table("q", "t")
     crashed, clean = tmp_path / f"crashed.{fmt}", tmp_path / f"clean.{fmt}"
     for out in (crashed, clean):      # both copy the empty table and start at the same tick
-        assert run_cli(dsn, "consume", "q", "--target", f"{fmt}:{out}", "--until-caught-up").returncode == 0
+        assert run_cli_in_process(dsn, "consume", "q", "--target", f"{fmt}:{out}", "--until-caught-up").returncode == 0
     ticks = source.latest_tick("q")
     for i in range(1, 61):
         conn.execute("INSERT INTO t VALUES (%s, %s)", (i, f"v\t{i}"))
@@ -210,7 +211,7 @@ def test_file_stream_resumed_after_kill_9_repeats_and_loses_no_line(dsn, conn, s
     assert killed.returncode == -9, f"the kill point was not reached: {killed.stderr}"
     resumed = run_cli(dsn, *args)
     assert resumed.returncode == 0, resumed.stderr
-    assert run_cli(dsn, "consume", "q", "--target", f"{fmt}:{clean}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"{fmt}:{clean}", "--until-caught-up").returncode == 0
 
     crashed_lines = crashed.read_text(encoding="utf-8").splitlines()
     assert len(crashed_lines) == 60 + 6 + 13 + 20    # 60 inserts; updates of ids divisible by 3
@@ -255,7 +256,7 @@ def test_writes_concurrent_with_the_copy_reach_the_stream_exactly_once(dsn, conn
         if daemon is not None:
             daemon.stop()
         ticker.stop()
-    result = run_cli(dsn, "consume", "q", "--target", f"jsonl:{out}", "--consumer", "c", "--until-caught-up")
+    result = run_cli_in_process(dsn, "consume", "q", "--target", f"jsonl:{out}", "--consumer", "c", "--until-caught-up")
     assert result.returncode == 0, result.stderr
     records = read_jsonl(out)
     counts = Counter(r["key"]["id"] for r in records)

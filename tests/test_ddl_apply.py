@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from consumer_helpers import LosesTheSourceOnce, apply_losing_the_source_once, run_cli
+from consumer_helpers import LosesTheSourceOnce, apply_losing_the_source_once, run_cli, run_cli_in_process
 from ddl_helpers import (
     Replicas,
     StreamReplay,
@@ -218,7 +218,7 @@ def test_consumer_behind_several_ddls_catches_up_across_them(dsn, conn, source, 
 
     def consume_all(step: str) -> None:
         for target in (f"sqlite:{sqlite_path}", f"jsonl:{stream_path}"):
-            result = run_cli(dsn, "consume", "q", "--target", target, "--until-caught-up")
+            result = run_cli_in_process(dsn, "consume", "q", "--target", target, "--until-caught-up")
             assert result.returncode == 0, result.stderr
         for table in source_tables(conn):
             layouts.setdefault(f"public.{table}", attnums(conn, table))
@@ -306,14 +306,14 @@ def test_create_table_and_insert_sent_as_one_string_reach_the_targets_exactly_on
     source.follow_schema("q", "app")
     sqlite_path, stream_path = tmp_path / "replica.db", tmp_path / "changes.jsonl"
     for target in (f"sqlite:{sqlite_path}", f"jsonl:{stream_path}"):
-        assert run_cli(dsn, "consume", "q", "--target", target, "--until-caught-up").returncode == 0
+        assert run_cli_in_process(dsn, "consume", "q", "--target", target, "--until-caught-up").returncode == 0
     # one string, simple query protocol: both statements in one implicit transaction
     conn.execute("CREATE TABLE app.orders (id int PRIMARY KEY, total numeric(10,2), at timestamptz DEFAULT now());"
                  " INSERT INTO app.orders (id, total) SELECT g, g * 1.5 FROM generate_series(1, 50) g;"
                  " UPDATE app.orders SET total = 0 WHERE id = 1")
     conn.execute("INSERT INTO app.orders (id, total) VALUES (51, 7.25)")
     for target in (f"sqlite:{sqlite_path}", f"jsonl:{stream_path}"):
-        result = run_cli(dsn, "consume", "q", "--target", target, "--until-caught-up")
+        result = run_cli_in_process(dsn, "consume", "q", "--target", target, "--until-caught-up")
         assert result.returncode == 0, result.stderr
     expected = source_rows(conn, "orders", "app")
     assert sum(expected.values()) == 51
@@ -329,11 +329,11 @@ def test_column_added_with_default_now_holds_the_source_values_on_targets(dsn, c
     conn.execute("INSERT INTO t SELECT generate_series(1, 10)")
     source.add_table("q", "t")
     sqlite_path = tmp_path / "replica.db"
-    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{sqlite_path}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"sqlite:{sqlite_path}", "--until-caught-up").returncode == 0
     conn.execute("ALTER TABLE t ADD COLUMN seen timestamptz DEFAULT now(), ADD COLUMN r float8 DEFAULT random()")
     conn.execute("ALTER TABLE t ADD COLUMN n int NOT NULL DEFAULT 3")
     conn.execute("INSERT INTO t (id) VALUES (11)")
-    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{sqlite_path}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"sqlite:{sqlite_path}", "--until-caught-up").returncode == 0
     replica = sqlite_rows(sqlite_path, "t")
     assert replica == source_rows(conn, "t")
     assert len({dict(row)["seen"] for row in replica}) == 2       # the ALTER's now(), the INSERT's
@@ -347,7 +347,7 @@ def test_column_added_with_a_domain_default_holds_the_source_values_on_targets(d
     source.add_table("q", "t")
     sqlite_path = tmp_path / "replica.db"
     consume = ["consume", "q", "--target", f"sqlite:{sqlite_path}", "--until-caught-up"]
-    assert run_cli(dsn, *consume).returncode == 0
+    assert run_cli_in_process(dsn, *consume).returncode == 0
     # existing rows get the domain's default; a nested domain has its base's
     conn.execute("CREATE DOMAIN level AS int DEFAULT 3; CREATE DOMAIN top_level AS level CHECK (VALUE > 0)")
     conn.execute("ALTER TABLE t ADD COLUMN lvl top_level")
@@ -355,7 +355,7 @@ def test_column_added_with_a_domain_default_holds_the_source_values_on_targets(d
     conn.execute("CREATE DOMAIN plain_level AS int DEFAULT 4")
     conn.execute("ALTER TABLE t ADD COLUMN plain plain_level")
     conn.execute("INSERT INTO t (id) VALUES (11)")
-    assert run_cli(dsn, *consume).returncode == 0
+    assert run_cli_in_process(dsn, *consume).returncode == 0
     replica = sqlite_rows(sqlite_path, "t")
     assert replica == source_rows(conn, "t")
     assert {dict(row)["lvl"] for row in replica} == {3}
@@ -371,11 +371,11 @@ def test_row_with_a_null_key_written_after_drop_not_null_replicates_exactly(dsn,
     source.add_table("q", "t", key=["code"])
     sqlite_path = tmp_path / "replica.db"
     consume = ["consume", "q", "--target", f"sqlite:{sqlite_path}", "--until-caught-up"]
-    assert run_cli(dsn, *consume).returncode == 0
+    assert run_cli_in_process(dsn, *consume).returncode == 0
     conn.execute("ALTER TABLE t ALTER COLUMN code DROP NOT NULL")
     conn.execute("INSERT INTO t VALUES (NULL, 'two')")
     conn.execute("UPDATE t SET v = 'three' WHERE code IS NULL")     # an upsert of the NULL key
-    assert run_cli(dsn, *consume).returncode == 0
+    assert run_cli_in_process(dsn, *consume).returncode == 0
     assert sqlite_rows(sqlite_path, "t") == source_rows(conn, "t")
     assert sum(sqlite_rows(sqlite_path, "t").values()) == 2
 
@@ -396,7 +396,7 @@ def test_inheritance_children_created_inherited_and_dropped_keep_the_parents_rep
     source.add_table("q", "parent")
     replica = tmp_path / "replica.db"
     consume = ["consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up"]
-    assert run_cli(dsn, *consume).returncode == 0
+    assert run_cli_in_process(dsn, *consume).returncode == 0
     steps = [
         # recursing to every descendant, while the statement names the parent only
         "ALTER TABLE parent ADD COLUMN c int;"
@@ -419,7 +419,7 @@ def test_inheritance_children_created_inherited_and_dropped_keep_the_parents_rep
     sizes = []
     for step in steps:
         apply_step(conn, source, capture, step)
-        assert run_cli(dsn, *consume).returncode == 0
+        assert run_cli_in_process(dsn, *consume).returncode == 0
         assert sqlite_rows(replica, "parent") == source_rows(conn, "parent"), step
         sizes.append(sum(sqlite_rows(replica, "parent").values()))
     assert sizes == [31, 42, 53, 40, 32, 24, 25, 25]
@@ -440,7 +440,7 @@ def test_partitions_created_attached_and_detached_keep_the_replica_equal(dsn, co
     source.add_table("q", "p")
     replica = tmp_path / "replica.db"
     consume = ["consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up"]
-    assert run_cli(dsn, *consume).returncode == 0
+    assert run_cli_in_process(dsn, *consume).returncode == 0
     steps = [
         # rows written through a new partition, named directly
         "CREATE TABLE p_mid PARTITION OF p FOR VALUES FROM (100) TO (200);"
@@ -455,7 +455,7 @@ def test_partitions_created_attached_and_detached_keep_the_replica_equal(dsn, co
     ]
     for step in steps:
         apply_step(conn, source, capture, step)
-        assert run_cli(dsn, *consume).returncode == 0
+        assert run_cli_in_process(dsn, *consume).returncode == 0
         assert sqlite_rows(replica, "p") == source_rows(conn, "p"), step
     assert "p_low" not in sqlite_tables(replica)
     tags = [e["tag"] for (e,) in conn.execute("SELECT ev_data FROM replicator.event_1 WHERE ev_type = 'S'"
@@ -482,7 +482,7 @@ def test_a_partition_detached_changed_and_attached_again_in_one_transaction_keep
     source.add_table("q", "p")
     replica = tmp_path / "replica.db"
     consume = ["consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up"]
-    assert run_cli(dsn, *consume).returncode == 0
+    assert run_cli_in_process(dsn, *consume).returncode == 0
     detach = "ALTER TABLE p DETACH PARTITION p_mid"
     change_and_attach = ("UPDATE p_mid SET v = 'archived'; DELETE FROM p_mid WHERE id > 140;"
                          " ALTER TABLE p ATTACH PARTITION p_mid FOR VALUES FROM (100) TO (200)")
@@ -497,13 +497,13 @@ def test_a_partition_detached_changed_and_attached_again_in_one_transaction_keep
     else:
         apply_step(conn, source, capture, f"{detach}; {change_and_attach}")
     source.tick("q")
-    assert run_cli(dsn, *consume).returncode == 0
+    assert run_cli_in_process(dsn, *consume).returncode == 0
     assert sqlite_rows(replica, "p") == source_rows(conn, "p")
     assert sum(sqlite_rows(replica, "p").values()) == 140
     assert conn.execute("SELECT count(*) FROM p WHERE v = 'archived'").fetchone()[0] == 41
     # p_mid carries the capture triggers again: a write naming it is captured
     conn.execute("UPDATE p_mid SET v = 'back' WHERE id = 100")
-    assert run_cli(dsn, *consume).returncode == 0
+    assert run_cli_in_process(dsn, *consume).returncode == 0
     assert sqlite_rows(replica, "p") == source_rows(conn, "p")
 
 
@@ -539,7 +539,7 @@ def test_unknown_schema_change_stops_the_consumer_naming_the_event_and_the_way_o
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     table_id = source.add_table("q", "t")
     sqlite_path = tmp_path / "replica.db"
-    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{sqlite_path}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"sqlite:{sqlite_path}", "--until-caught-up").returncode == 0
     conn.execute("INSERT INTO t VALUES (1, 'before')")
     # what a newer source would queue for a change this consumer does not know
     ev_id = conn.execute("SELECT replicator.insert_schema_event(%s, '{\"kind\": \"partitioned\", "
@@ -580,7 +580,7 @@ def test_a_key_dropped_where_no_event_trigger_sees_it_suspends_the_capture_not_t
             with pytest.raises(UserError, match=r"captured with key \(id\).*replicator table remove q public\.t"):
                 consumer.run(until_caught_up=True)
         assert [t.name for t in source.tables("q")] == ["public.t"]
-        listed = json.loads(run_cli(dsn, "table", "list", "--json").stdout)
+        listed = json.loads(run_cli_in_process(dsn, "table", "list", "--json").stdout)
         assert "captured with key (id)" in listed[0]["suspended"]
         # the way out the message names: remove it and add it again, with a key it has
         source.remove_table("q", "t")

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from consumer_helpers import run_cli
+from consumer_helpers import run_cli, run_cli_in_process
 from pg_helpers import dsn_of, make_captured_table_a_descendant, owned_database
 from queue_util import changes, read_events
 from replicator.errors import UserError
@@ -476,7 +476,7 @@ def test_ddl_elsewhere_does_not_wait_behind_a_lock_on_a_filtered_table(dsn, conn
 
 def test_tables_created_in_a_followed_schema_are_captured_from_their_first_row(dsn, conn, q):
     conn.execute("CREATE SCHEMA app")
-    result = run_cli(dsn, "table", "add", "q", "--schema", "app")
+    result = run_cli_in_process(dsn, "table", "add", "q", "--schema", "app")
     assert result.returncode == 0 and "following schema app" in result.stdout
     # one client string, simple query protocol: one transaction
     conn.execute("CREATE TABLE app.a (id int PRIMARY KEY, v text); INSERT INTO app.a VALUES (1, 'x'), (2, 'y')")
@@ -502,16 +502,16 @@ def test_followed_schemas_are_listed_by_table_list_and_status_until_unfollowed(d
     conn.execute("CREATE SCHEMA app; CREATE SCHEMA \"Sales\"")
     q.follow_schema("q", "app", mode="pk")
     q.follow_schema("q", "Sales")
-    listed = run_cli(dsn, "table", "list", "q")
+    listed = run_cli_in_process(dsn, "table", "list", "q")
     assert listed.returncode == 0, listed.stderr
     assert "followed schemas" in listed.stdout
     assert re.search(r"q\s*│\s*Sales\s*│\s*full", listed.stdout) and re.search(r"q\s*│\s*app\s*│\s*pk", listed.stdout)
-    report = json.loads(run_cli(dsn, "status", "--json").stdout)
+    report = json.loads(run_cli_in_process(dsn, "status", "--json").stdout)
     assert sorted((s["queue"], s["schema"], s["mode"]) for s in report["schemas"]) == [("q", "Sales", "full"),
                                                                                         ("q", "app", "pk")]
-    assert run_cli(dsn, "table", "remove", "q", "--schema", "Sales", "--schema", "app").returncode == 0
-    assert "followed schemas" not in run_cli(dsn, "table", "list").stdout
-    assert json.loads(run_cli(dsn, "status", "--json").stdout)["schemas"] == []
+    assert run_cli_in_process(dsn, "table", "remove", "q", "--schema", "Sales", "--schema", "app").returncode == 0
+    assert "followed schemas" not in run_cli_in_process(dsn, "table", "list").stdout
+    assert json.loads(run_cli_in_process(dsn, "status", "--json").stdout)["schemas"] == []
 
 
 def test_inheritance_child_created_in_a_followed_schema_is_captured_as_rows_of_its_parent(conn, q):
@@ -617,7 +617,7 @@ def test_execute_says_how_many_schema_changes_it_queued_whoever_queued_them(conn
     script = tmp_path / "migration.sql"
     script.write_text("ALTER TABLE t ADD COLUMN n int; INSERT INTO t VALUES (1, 'a', 1);"
                       " ALTER TABLE t RENAME COLUMN v TO w; ALTER TABLE o ADD COLUMN n int;")
-    result = run_cli(dsn, "execute", "q", str(script))
+    result = run_cli_in_process(dsn, "execute", "q", str(script))
     assert result.returncode == 0, result.stderr
     # two of queue q's (o is another queue's table)
     assert result.stdout.strip() == f"{script} applied; 2 schema changes queued"
@@ -885,7 +885,7 @@ def owner_dsn(pg_server):
 
 
 def test_install_without_the_privilege_says_so_and_execute_captures_ddl(owner_dsn, tmp_path):
-    result = run_cli(owner_dsn, "install")
+    result = run_cli_in_process(owner_dsn, "install")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == (
         "event triggers not allowed for this role: DDL run directly on a captured table is noticed at its next "
@@ -901,7 +901,7 @@ def test_install_without_the_privilege_says_so_and_execute_captures_ddl(owner_ds
         conn.execute("INSERT INTO t VALUES (1, 'a')")
         script = tmp_path / "change.sql"
         script.write_text("ALTER TABLE t ADD COLUMN n int DEFAULT 5;\nINSERT INTO t (id, v) VALUES (2, 'b');\n")
-        result = run_cli(owner_dsn, "execute", "q", str(script))
+        result = run_cli_in_process(owner_dsn, "execute", "q", str(script))
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == f"{script} applied; 1 schema change queued"
         events = read_events(source)

@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from consumer_helpers import run_cli, run_cli_in_process
 from pg_helpers import empty_database, make_captured_table_a_descendant
 from queue_util import read_events
 from replicator.errors import UserError
@@ -73,14 +74,13 @@ def test_install_applies_missing_migrations_to_an_older_schema(empty_dsn):
 
 
 def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, conn, source, tmp_path):
-    from consumer_helpers import run_cli
 
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     source.create_queue("q")
     source.add_table("q", "t")
     conn.execute("INSERT INTO t VALUES (1, 'before the upgrade')")
     replica = tmp_path / "r.db"
-    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
     # Back to the tables of version 2, as a database installed then would have them (no DDL capture yet).
     for name in EVENT_TRIGGERS:
         conn.execute(f"DROP EVENT TRIGGER {name}")
@@ -104,7 +104,7 @@ def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, c
     conn.execute("INSERT INTO t VALUES (3, 'after')")
     conn.execute("ALTER TABLE t ADD COLUMN n int")
     conn.execute("UPDATE t SET n = id")
-    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
     import sqlite3
     db = sqlite3.connect(replica)
     assert db.execute("SELECT id, v, n FROM t ORDER BY id").fetchall() == [
@@ -128,7 +128,6 @@ def test_the_upgrade_makes_the_durable_stdout_consumers_of_the_previous_version_
     shape (the hash of its path and host) and stays durable."""
     import hashlib
 
-    from consumer_helpers import run_cli
 
     stdout_names = [f"{fmt}_stdout_{hashlib.sha1(f'{fmt}:-'.encode()).hexdigest()[:8]}" for fmt in ("jsonl", "tsv")]
     source.create_queue("q")
@@ -139,14 +138,13 @@ def test_the_upgrade_makes_the_durable_stdout_consumers_of_the_previous_version_
     temporary = dict(conn.execute("SELECT consumer_name, consumer_temporary FROM replicator.consumer").fetchall())
     assert temporary == {stdout_names[0]: True, stdout_names[1]: True, "jsonl_stdout_0123abcd": False, "feed": False}
     conn.execute("UPDATE replicator.consumer SET active_time = now() - interval '2 hours'")
-    maint = run_cli(dsn, "maint", "--once")
+    maint = run_cli_in_process(dsn, "maint", "--once")
     assert maint.returncode == 0, maint.stderr
     assert sorted(name for (name,) in conn.execute("SELECT consumer_name FROM replicator.consumer")) == [
         "feed", "jsonl_stdout_0123abcd"]
 
 
 def test_a_schema_of_an_older_version_is_named_with_the_versions_and_replicator_install(dsn, conn):
-    from consumer_helpers import run_cli
 
     conn.execute("DROP FUNCTION replicator.ticker_info()")           # version 5 had no ticker heartbeat
     _back_to_version_5(conn)
@@ -156,7 +154,7 @@ def test_a_schema_of_an_older_version_is_named_with_the_versions_and_replicator_
         f"error: this database has an older version of replicator's schema (version 5) than this replicator needs "
         f"(version {latest.version}, {latest.name}): run `replicator install` to upgrade it"])
     install(conn)
-    assert run_cli(dsn, "status").returncode == 0
+    assert run_cli_in_process(dsn, "status").returncode == 0
 
 
 def test_install_keeps_a_users_view_over_a_replicator_function_and_says_so(dsn, conn):
@@ -277,7 +275,6 @@ def test_install_replaces_a_function_whose_result_type_changed(dsn, conn, source
 
 
 def test_install_refuses_a_server_older_than_12_in_one_line(empty_dsn):
-    from consumer_helpers import run_cli
 
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         version = conn.info.parameter_status("server_version")
@@ -291,7 +288,6 @@ def test_install_refuses_a_server_older_than_12_in_one_line(empty_dsn):
 
 
 def test_install_stops_on_a_partition_captured_on_its_own_and_names_the_way_out(dsn, conn, source):
-    from consumer_helpers import run_cli
 
     conn.execute("CREATE TABLE p (id int PRIMARY KEY) PARTITION BY RANGE (id)")
     conn.execute("CREATE TABLE p1 (id int PRIMARY KEY)")
@@ -315,8 +311,8 @@ def test_install_stops_on_a_partition_captured_on_its_own_and_names_the_way_out(
     assert conn.execute("SELECT array_agg(oid ORDER BY oid) FROM pg_proc"
                         " WHERE pronamespace = 'replicator'::regnamespace").fetchone()[0] == functions
     # the way out it names
-    assert run_cli(dsn, "table", "remove", "q", "public.p1").returncode == 0
-    assert run_cli(dsn, "install").returncode == 0
+    assert run_cli_in_process(dsn, "table", "remove", "q", "public.p1").returncode == 0
+    assert run_cli_in_process(dsn, "install").returncode == 0
     source.add_table("q", "p")
 
 
@@ -324,7 +320,6 @@ def test_install_asks_targets_to_copy_an_inheritance_parent_its_old_capture_miss
                                                                                            tmp_path):
     import sqlite3
 
-    from consumer_helpers import run_cli
 
     conn.execute("CREATE TABLE p (id int PRIMARY KEY, v text)")
     conn.execute("CREATE TABLE c () INHERITS (p)")
@@ -336,13 +331,13 @@ def test_install_asks_targets_to_copy_an_inheritance_parent_its_old_capture_miss
         for op in ("ins", "upd", "del", "trunc"):
             conn.execute(f"DROP TRIGGER _replicator_{table_id}_{op} ON c")
     replica = tmp_path / "r.db"
-    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
     conn.execute("INSERT INTO p VALUES (1, 'p'); INSERT INTO c VALUES (2, 'missed by the old capture')")
 
     install(conn)
     conn.execute("INSERT INTO c VALUES (3, 'captured')")
     install(conn)                           # once only: the capture covers c now
-    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
     db = sqlite3.connect(replica)
     assert db.execute("SELECT id, v FROM p ORDER BY id").fetchall() == [
         (1, "p"), (2, "missed by the old capture"), (3, "captured")]
