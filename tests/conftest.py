@@ -155,8 +155,23 @@ def spark(spark_sessions: SparkSessions) -> object:
     return spark_sessions.healthy()
 
 
+# A consumer at a partition's end hears so when the broker's long poll (fetch.wait.max.ms, 500 ms by
+# default) comes back empty: every read to the end (a publisher's start, a follower's step) waits that
+# long. replicator's clients in the tests, the commands' too, take a short one from the environment
+# (a setting users may give as well, docs/kafka.md).
+KAFKA_CLIENT_ENV = {"REPLICATOR_KAFKA_FETCH_WAIT_MAX_MS": "50"}
+
+
 @pytest.fixture(scope="session")
-def kafka() -> Iterator[KafkaServer]:
+def kafka_client_env() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in KAFKA_CLIENT_ENV.items():
+            env.setenv(name, value)
+        yield
+
+
+@pytest.fixture(scope="session")
+def kafka(kafka_client_env: None) -> Iterator[KafkaServer]:
     """The session's broker: tests share it, each with topics of its own (kafka_prefix)."""
     server = KafkaServer().start()
     try:
@@ -172,7 +187,7 @@ def kafka_prefix() -> str:
 
 
 @pytest.fixture
-def own_kafka() -> Iterator[KafkaServer]:
+def own_kafka(kafka_client_env: None) -> Iterator[KafkaServer]:
     """A broker of the test's own, which it may kill, stop and restart."""
     server = KafkaServer().start()
     try:

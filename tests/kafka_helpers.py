@@ -55,16 +55,21 @@ def payload(data: bytes | None) -> Any:
     return document
 
 
+# How long the broker holds a fetch that finds nothing new (500 ms by default): a reader at a
+# partition's end hears so that much later
+FETCH_WAIT = {"fetch.wait.max.ms": 10}
+
+
 def consumer(bootstrap: str, **settings: str | int | bool) -> Consumer:
     """A read_committed consumer assigned by hand (a group of its own: it commits nothing anyone reads)."""
     return Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-reader-{uuid.uuid4()}",
-                     "enable.auto.commit": False, "isolation.level": "read_committed", **settings})
+                     "enable.auto.commit": False, "isolation.level": "read_committed", **FETCH_WAIT, **settings})
 
 
 def read_committed(bootstrap: str, topic: str) -> list[Record]:
     """Every committed record of every partition of the topic, from its start to its end as it is
     now (a read_committed reader's end: the last stable offset), partition by partition."""
-    reader = consumer(bootstrap, **{"fetch.wait.max.ms": 10})
+    reader = consumer(bootstrap)
     records: list[Record] = []
     try:
         metadata = reader.list_topics(topic, timeout=READ_TIMEOUT).topics.get(topic)

@@ -24,6 +24,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from consumer_helpers import Daemon, run_cli, wait_until
+from kafka_helpers import FETCH_WAIT
 from kafkaserver import KafkaServer
 from replicator.errors import TargetUnavailable
 from replicator.follower import follower as follower_module
@@ -79,7 +80,7 @@ def topic_keys(bootstrap: str, topic: str) -> list[bytes | None]:
     """The keys of the committed records of partition 0 of topic, from its start to its end now."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"review-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "enable.partition.eof": True})
+                         "enable.partition.eof": True, **FETCH_WAIT})
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         keys: list[bytes | None] = []

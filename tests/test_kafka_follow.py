@@ -58,6 +58,7 @@ from consumer_helpers import (
     wait_until,
 )
 from ddl_helpers import StreamReplay, assert_stream_equals_source, attnums, stream_lines
+from kafka_helpers import FETCH_WAIT
 from kafkaserver import KafkaServer
 from pg_helpers import execute_retrying_deadlocks, fresh_database
 from replicator.follower.follower import Follower
@@ -588,7 +589,7 @@ def count_records(bootstrap: str, topic: str) -> int:
     """The committed records partition 0 of the topic holds now, from its start to its end."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"counter-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
-                         "enable.partition.eof": True})
+                         "enable.partition.eof": True, **FETCH_WAIT})
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         count = 0

@@ -461,7 +461,7 @@ def test_a_follower_reading_a_commits_records_while_the_broker_is_down_waits_for
     try:
         wait_until(lambda: (follower._read_commits(0.2), follower._commits)[1], 60, "the commit read")
         own_kafka.kill()
-        restart = threading.Timer(8.0, own_kafka.restart)
+        restart = threading.Timer(3.0, own_kafka.restart)   # with its start, an outage longer than 2 s
         restart.start()
         try:
             stats = follower.step()

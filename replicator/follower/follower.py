@@ -361,7 +361,8 @@ class Follower:
     # applying --------------------------------------------------------------------------------
 
     def step(self, wait: float = 0.0) -> FollowStats | None:
-        self._read_commits(wait)
+        # commits read already are applied at once: only a step with none waits for one to come
+        self._read_commits(0.0 if self._commits else wait)
         planned = self._next_goal()
         if planned is None:
             return None

@@ -52,7 +52,7 @@ class PartitionReader:
         # the end reached last time may have moved on since: read to the end Kafka reports next (none
         # comes while nothing new does)
         self._end.pop(tp, None)
-        self._fetch(wait, until=lambda: self._at_end(tp), wanted=tp)
+        self._fetch(wait, until=lambda: self._fetched_to_end(tp), wanted=tp)
         return self._take(tp, None)
 
     def at_end(self, tp: Partition) -> bool:
@@ -92,8 +92,12 @@ class PartitionReader:
             taken.append(buffer.popleft())
         return taken
 
+    def _fetched_to_end(self, tp: Partition) -> bool:
+        """Whether every committed record of tp is buffered or taken (its records may wait in the buffer)."""
+        return self._end.get(tp, -1) >= self._next[tp]
+
     def _at_end(self, tp: Partition) -> bool:
-        return self._end.get(tp, -1) >= self._next[tp] and not self._buffers[tp]
+        return self._fetched_to_end(tp) and not self._buffers[tp]
 
     def _fetch(self, wait: float, until: Callable[[], bool], wanted: Partition | None = None) -> None:
         """Consumes until `until()` or, when nothing comes, for `wait` seconds at most (once)."""
