@@ -467,6 +467,7 @@ def test_a_publisher_killed_at_random_moments_under_writes_publishes_each_change
     rng = random.Random(seed)
     target = url(kafka, kafka_prefix, "partitions=3")
     oracle, _ = start_published(dsn, conn, source, target)
+    copied = last_commit(kafka.bootstrap, kafka_prefix)
     set_fast_ticks(conn, max_lag="50 ms", idle="200 ms", max_count=40)
     ticker = Daemon(dsn, "ticker", "--interval", "0.05", log=tmp_path / "ticker.log")
     logs: list[Path] = []
@@ -481,11 +482,16 @@ def test_a_publisher_killed_at_random_moments_under_writes_publishes_each_change
     kills = 0
     try:
         while workload.is_alive() or kills < 4:
-            time.sleep(rng.uniform(0.1, 1.2))   # a random moment of its work, not a wait for a state
+            # once it has started (a loaded machine can take seconds to start Python), a random
+            # moment of its work, not a wait for a state
+            wait_until(lambda: "resumes queue" in daemon.log(), 60, "the publisher's start",
+                       check=lambda: daemon.alive() or pytest.fail(daemon.log()))
+            time.sleep(rng.uniform(0.1, 1.2))
             assert daemon.alive(), daemon.log()[-3000:]
             assert daemon.kill9() == -9
             kills += 1
             daemon = start()
+        during = last_commit(kafka.bootstrap, kafka_prefix)
         workload.join()
         assert workload.error is None, workload.error
         # SIGTERM ends a daemon that has started (not one still starting: that one it kills)
@@ -500,8 +506,8 @@ def test_a_publisher_killed_at_random_moments_under_writes_publishes_each_change
     assert_topics_replay_to_the_source(conn, kafka.bootstrap, kafka_prefix, ("t", "u"))
     text = "".join(p.read_text() for p in logs)
     assert "Traceback" not in text and "\nerror: " not in text, text[-3000:]
-    commits = last_commit(kafka.bootstrap, kafka_prefix)
-    assert commits is not None and commits["commit"] > kills   # it published between the kills
+    assert copied is not None and during is not None
+    assert during["commit"] > copied["commit"]   # it published between the kills, not only after them
 
 
 # 3. a broker restart -----------------------------------------------------------------------------
