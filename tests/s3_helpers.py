@@ -1,5 +1,5 @@
 """An S3-compatible server for tests: moto's server (pure Python, in memory) on a free
-loopback port, started from the venv's bin, and the environment that points the AWS
+loopback port, its writes atomic as S3's are (moto_atomic_server.py), and the environment that points the AWS
 clients (obstore, delta-rs, Spark's s3a, boto3) at it."""
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ class MotoServer:
             self.port = _free_port()
             with open(self.log, "ab") as log:
                 self.process = subprocess.Popen(
-                    [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(self.port)],
+                    [sys.executable, str(Path(__file__).with_name("moto_atomic_server.py")), "-H", "127.0.0.1",
+                     "-p", str(self.port)],
                     stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
             deadline = time.monotonic() + deadline_s
             while self.process.poll() is None:

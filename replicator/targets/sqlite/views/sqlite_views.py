@@ -285,7 +285,10 @@ class SqliteViews:
             self._install(plan, rebuild=True)
             self.refresher.refresh(plan, full_reason="CREATE")
             self.plans = in_dependency_order([*self.plans, plan])
-            self._loaded = None
+            # the plans held are the catalog's again: the next transaction need not plan every view
+            # anew (n views created on one connection would cost n² plannings)
+            if self._loaded is not None:
+                self._loaded = (self._loaded[0], catalog.fingerprint(self.db))
 
     def drop(self, name: str) -> None:
         with self._transaction():
