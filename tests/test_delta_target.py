@@ -39,13 +39,13 @@ from consumer_helpers import (
     apply_losing_the_source_once,
     forced_tick,
     run_cli,
+    run_cli_in_process,
     set_fast_ticks,
     wait_until,
 )
 from pg_helpers import execute_retrying_deadlocks, fresh_database
 from replicator.consumer import Consumer
 from replicator.errors import UserError
-from replicator.targets import open_target
 from replicator.targets.delta import deletion_vectors
 from replicator.targets.delta.reader import table_uris, versions_as_of
 from replicator.targets.delta.state import WarehouseState
@@ -214,15 +214,9 @@ def consume_cli(dsn: str, path: Path, option: str = "", **env: str) -> Any:
 
 
 def consume_to_now(dsn: str, path: Path | str, option: str = "") -> None:
-    """consume_cli's run in this process: the consumer the console script runs, with its defaults
-    (its name too), where the console script is not what a test is about (a Python start-up less)."""
-    target = open_target(f"delta:{path}{option}")
-    consumer = Consumer(dsn, "q", target)
-    try:
-        consumer.run(until_caught_up=True)
-    finally:
-        consumer.close()
-        target.close()
+    """consume_cli's run in this process, where the console script is not what a test is about."""
+    done = run_cli_in_process(dsn, "consume", "q", "--target", f"delta:{path}{option}", "--until-caught-up")
+    assert done.returncode == 0, done.stderr
 
 
 # 1. the randomized oracle ------------------------------------------------------------------
