@@ -28,7 +28,7 @@ DECLARE
 BEGIN
     SELECT * INTO c FROM replicator.consumer WHERE batch_id = p_batch_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'batch % is not open: another session of its consumer finished it or moved the consumer; run one daemon per consumer', p_batch_id;
+        RAISE EXCEPTION 'batch % is not open: another session of its consumer finished it, moved or unregistered the consumer; run one daemon per consumer', p_batch_id;
     END IF;
     PERFORM replicator.check_consumer_owner(c);
     SELECT q.queue_id, q.queue_name, c.consumer_name, pt.tick_id, ct.tick_id,
@@ -41,7 +41,7 @@ BEGIN
     JOIN replicator.tick ct ON ct.tick_queue = q.queue_id AND ct.tick_id = c.next_tick
     WHERE q.queue_id = c.queue_id;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'batch % is not open: another session of its consumer finished it or moved the consumer; run one daemon per consumer', p_batch_id;
+        RAISE EXCEPTION 'batch % is not open', p_batch_id;
     END IF;
 END;
 $$;

@@ -294,7 +294,8 @@ def test_output_settings_are_pinned_only_where_the_encoding_depends_on_them(dsn,
         "IntervalStyle=postgres", "standard_conforming_strings=on", "TimeZone=UTC", "DateStyle=ISO, MDY"]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                     HealthCheck.too_slow])
 @given(text=st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))),
        number=st.decimals(allow_nan=False, allow_infinity=False),
        double=st.floats(),
@@ -578,7 +579,8 @@ _STACKING = st.tuples(
     st.lists(st.sampled_from(_FRAGMENTS), max_size=3).map("".join)).map("".join)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                     HealthCheck.too_slow])
 @given(suffix=_STACKING)
 def test_no_row_filter_runs_a_statement_of_its_own_when_added(conn, q, ddl_ran, suffix):
     for add in (lambda where: q.add_table("q", "t", where=where),

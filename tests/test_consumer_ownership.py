@@ -328,7 +328,7 @@ def test_a_batch_another_session_of_the_consumer_closed_is_refused_with_what_to_
     batch_id = source.next_batch("q", "c")
     assert batch_id is not None and source.finish_batch(batch_id)
     with pytest.raises(UserError, match=rf"^batch {batch_id} is not open: another session of its consumer finished "
-                                        r"it or moved the consumer; run one daemon per consumer$"):
+                                        r"it, moved or unregistered the consumer; run one daemon per consumer$"):
         source.batch_info(batch_id)
     with pytest.raises(UserError, match=rf"^batch {batch_id} is not open: another session"):
         list(source.batch_events(batch_id))

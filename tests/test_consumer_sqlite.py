@@ -255,7 +255,8 @@ def generated_setup(dsn, conn, source, tmp_path):
     return replica
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                     HealthCheck.too_slow])
 @given(rows=st.lists(_row, min_size=1, max_size=6))
 def test_generated_values_match_the_oracle_after_replication(dsn, conn, generated_setup, rows):
     from psycopg.types.json import Jsonb

@@ -231,7 +231,8 @@ def test_a_second_consumer_of_an_s3_warehouse_stops_in_one_line_and_the_first_ke
     """What happens: the same consumer started again takes the batch the running one takes; of
     their two commits of a table's next version one loses, finds the other's transaction id and
     stops, or finds at the source that the other closed the batch and stops (and the winner too
-    when the loser's start moved the source's consumer back under it: it says so). Another consumer is refused at its start (the warehouse holds the first's
+    when the loser's start moved the source's consumer back under it: it says so); two that never
+    take the same batch both go on. Another consumer is refused at its start (the warehouse holds the first's
     position). Either way the warehouse stays whole: a run after them makes it exact."""
     conn.execute(CRASH_DDL)
     source.create_queue("q")

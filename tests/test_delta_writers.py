@@ -27,6 +27,7 @@ from deltalake.exceptions import DeltaError
 
 from consumer_helpers import forced_tick, run_cli
 from replicator.errors import UserError
+from replicator.targets.delta import maintenance
 from replicator.targets.delta.maintenance import optimize
 from replicator.targets.delta.reader import table_uris
 from replicator.targets.delta.storage import LocalStorage
@@ -85,6 +86,12 @@ def setup(dsn: str, conn: Any, source_: Any, path: Path) -> tuple[DeltaTarget, s
     target = DeltaTarget(str(path))
     consume(dsn, target)
     return target, table_uris(str(path))["public.t"]
+
+
+@pytest.fixture(autouse=True)
+def purge_when_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idle tick purges at once, as it does once a table has been quiet for IDLE_PURGE_QUIET."""
+    monkeypatch.setattr(maintenance, "IDLE_PURGE_QUIET", 0.0)
 
 
 def idle_tick(dsn: str, conn: Any, target: DeltaTarget) -> None:

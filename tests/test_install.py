@@ -74,7 +74,6 @@ def test_install_applies_missing_migrations_to_an_older_schema(empty_dsn):
 
 
 def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, conn, source, tmp_path):
-
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     source.create_queue("q")
     source.add_table("q", "t")
@@ -128,7 +127,6 @@ def test_the_upgrade_makes_the_durable_stdout_consumers_of_the_previous_version_
     shape (the hash of its path and host) and stays durable."""
     import hashlib
 
-
     stdout_names = [f"{fmt}_stdout_{hashlib.sha1(f'{fmt}:-'.encode()).hexdigest()[:8]}" for fmt in ("jsonl", "tsv")]
     source.create_queue("q")
     for name in [*stdout_names, "jsonl_stdout_0123abcd", "feed"]:
@@ -145,7 +143,6 @@ def test_the_upgrade_makes_the_durable_stdout_consumers_of_the_previous_version_
 
 
 def test_a_schema_of_an_older_version_is_named_with_the_versions_and_replicator_install(dsn, conn):
-
     conn.execute("DROP FUNCTION replicator.ticker_info()")           # version 5 had no ticker heartbeat
     _back_to_version_5(conn)
     latest = migrations()[-1]
@@ -275,7 +272,6 @@ def test_install_replaces_a_function_whose_result_type_changed(dsn, conn, source
 
 
 def test_install_refuses_a_server_older_than_12_in_one_line(empty_dsn):
-
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         version = conn.info.parameter_status("server_version")
         if conn.info.server_version >= 120000:
@@ -288,7 +284,6 @@ def test_install_refuses_a_server_older_than_12_in_one_line(empty_dsn):
 
 
 def test_install_stops_on_a_partition_captured_on_its_own_and_names_the_way_out(dsn, conn, source):
-
     conn.execute("CREATE TABLE p (id int PRIMARY KEY) PARTITION BY RANGE (id)")
     conn.execute("CREATE TABLE p1 (id int PRIMARY KEY)")
     source.create_queue("q")
@@ -319,7 +314,6 @@ def test_install_stops_on_a_partition_captured_on_its_own_and_names_the_way_out(
 def test_install_asks_targets_to_copy_an_inheritance_parent_its_old_capture_missed_rows_of(dsn, conn, source,
                                                                                            tmp_path):
     import sqlite3
-
 
     conn.execute("CREATE TABLE p (id int PRIMARY KEY, v text)")
     conn.execute("CREATE TABLE c () INHERITS (p)")

@@ -7,7 +7,7 @@ written into large files, committed with ``dataChange: false`` (readers of
 changes skip it: no row changed). It costs what it rewrites, not the table. The
 consumer runs it on a table after a commit leaves it with SMALL_FILES_DUE small
 files or a file past PURGE_RATIO deleted, and while idle (a batch that changed
-nothing) rewrites one file with deletions at a time (purge_next);
+nothing) rewrites one file with deletions of a quiet table at a time (purge_next);
 ``replicator delta optimize`` runs it on demand, also while a consumer writes:
 the second of the two to commit re-reads the log (the consumer then rebuilds its
 index; an OPTIMIZE whose files changed meanwhile gives up and says so).
@@ -75,7 +75,7 @@ log = logging.getLogger("replicator")
 SMALL_FILE_BYTES = 32 << 20    # a file smaller than this, and of under half FILE_ROWS rows, is folded with the others
 SMALL_FILES_DUE = 8            # small files of a table before the consumer folds them (cheap: they are small)
 PURGE_RATIO = 0.2              # share of a file's rows deleted before it is rewritten after a commit
-IDLE_PURGE_RATIO = 0.0         # ... while the consumer is idle: any (a vector costs Spark's read of its file the same)
+IDLE_PURGE_QUIET = 300.0       # seconds a table stays unchanged before an idle consumer purges its deletion vectors
 RETENTION_SECONDS = 7 * 24 * 3600   # delta.deletedFileRetentionDuration's default
 RETENTION = "delta.deletedFileRetentionDuration"
 MIN_RETENTION = 1.0                 # seconds: shorter, a retention would take the files of the commit just made
@@ -166,12 +166,13 @@ def _writable(table: ReplicaTable) -> bool:
 
 
 def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
-    """While the consumer is idle (a batch that changed no table): the one file of all the tables
-    whose deletion vector marks the largest share of its rows, more than IDLE_PURGE_RATIO, is
-    rewritten without them (with its table's small files). Spark reads a file with a deletion
-    vector markedly slower than one without, however few rows it marks (docs/benchmarks.md): a
-    file at a time, between batches, brings reads back to a scan without delaying a batch by more
-    than one file's rewrite."""
+    """While the consumer is idle (a batch that changed no table): the one file of these tables
+    (those quiet for IDLE_PURGE_QUIET: a table changed a row at a time would otherwise have a file
+    rewritten per change) whose deletion vector marks the largest share of its rows is rewritten
+    without them (with its table's small files). Spark reads a file with a deletion vector
+    markedly slower than one without, however few rows it marks (docs/benchmarks.md): a file at a
+    time, between batches, brings reads back to a scan without delaying a batch by more than one
+    file's rewrite."""
     best: tuple[float, ReplicaTable, str] | None = None
     for table in tables:
         if table.meta is None or not _writable(table):
@@ -179,7 +180,7 @@ def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
         for path, add in table.snapshot.files.items():
             vector = add.get("deletionVector")
             share = vector["cardinality"] / max(records(add) or 0, 1) if vector else 0.0
-            if share > max(IDLE_PURGE_RATIO, best[0] if best else 0):
+            if share > (best[0] if best else 0):
                 best = (share, table, path)
     if best is None:
         return None

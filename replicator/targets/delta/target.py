@@ -33,8 +33,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import math
 import os
 import re
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -141,6 +143,7 @@ class DeltaTarget:
         self._directories: dict[str, str] | None = None   # as the open transaction leaves them
         positions = self.state.positions()
         self._last: tuple[str, int] | None = next(iter(positions.items())) if len(positions) == 1 else None
+        self._changed: dict[str, float] = {}   # a table directory: when this consumer last committed a change of it
         self._session = session or (lambda: _spark_session(spark_master, spark_conf))
         self._views: DeltaViews | None = None   # once the warehouse has views
         self._views_due = Every(VIEWS_DISCOVER_SECONDS)
@@ -318,8 +321,12 @@ class DeltaTarget:
         """After a commit: OPTIMIZE of the tables it left with many small files or many deleted
         rows, and checkpoints. A failure here costs only speed: logged, and the consumer goes on."""
         try:
-            if not committed:   # idle: a file with deletions at a time
-                done = maintenance.purge_next(list(self._tables.values()))
+            now = time.monotonic()
+            self._changed.update((table.directory, now) for table in committed)
+            if not committed:   # idle: a file with deletions of a quiet table at a time
+                quiet = [table for table in self._tables.values()
+                         if now - self._changed.get(table.directory, -math.inf) >= maintenance.IDLE_PURGE_QUIET]
+                done = maintenance.purge_next(quiet)
                 if done is not None:
                     log.debug("purged deleted rows of %s: %s rewritten (%s) in %.1fs", done.table,
                               counted(done.files, "file"), counted(done.rows, "row"), done.seconds)
