@@ -112,6 +112,8 @@ def query_and_view(spark: Any, query: Any, view: Any) -> tuple[Counter, Counter]
     for both, their rows told apart by a side column."""
     from pyspark.sql import functions as F
     side = "_replicator_side"
+    # a union widens types: the view's must be the query's, checked before it can hide a difference
+    assert [f.dataType for f in view.schema] == [f.dataType for f in query.schema], (view.schema, query.schema)
     both = query.select(F.lit(0).alias(side), "*").union(view.select(F.lit(1).alias(side), "*")).collect()
     rows: tuple[Counter, Counter] = (Counter(), Counter())
     for row in both:
