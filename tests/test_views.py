@@ -867,6 +867,56 @@ def test_a_crash_after_the_refresh_before_the_commit_leaves_rows_and_views_as_th
     t.close()
 
 
+def test_views_are_planned_once_per_create_and_again_only_when_the_catalog_changed(replica, monkeypatch):
+    """Planning a view parses and analyses its query: n views created on one connection, or a
+    batch rolled back, must not plan every view again; a create rolled back at its commit must."""
+    from replicator.targets.sqlite.views import sqlite_views
+    planned: list[str] = []
+    real_plan = sqlite_views.plan_view
+    monkeypatch.setattr(sqlite_views, "plan_view", lambda db, capture, name, sql, policy: (
+        planned.append(name), real_plan(db, capture, name, sql, policy))[1])
+    views = {"per_customer": "SELECT cid, count(*) AS n FROM orders GROUP BY cid",
+             "lines": "SELECT o.id, c.name FROM orders o JOIN customers c ON c.id = o.cid",
+             "statuses": "SELECT DISTINCT status FROM orders"}
+    target = open_target(replica)
+    for name, sql in views.items():
+        target.views.create(name, sql, "incremental")
+    assert planned == list(views)
+    for outcome in ("rollback", "commit"):
+        target.begin()
+        target.upsert(ORDERS, "U", [(1, 2, 3, outcome)])
+        getattr(target, outcome)()
+    assert planned == list(views)
+    # a restarted consumer's first batch plans the views and makes their TEMP tables in its
+    # transaction: rolled back, they are gone, and the next batch makes them again
+    target.close()
+    target = open_target(replica)
+    for outcome in ("rollback", "commit"):
+        target.begin()
+        target.upsert(ORDERS, "U", [(1, 2, 3, outcome)])
+        target.upsert(CUSTOMERS, "U", [(2, "eu", outcome)])
+        getattr(target, outcome)()
+    assert sorted(planned) == sorted([*views, *views])
+    assert target.db.execute("SELECT status FROM orders WHERE id = 1").fetchone() == ("commit",)
+    for name, sql in views.items():
+        assert view_differences(target.db, name, sql) is None
+    # the plans held include a view whose create did not commit: planned again from the catalog
+    def commit_fails() -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+    target.views.before_commit = commit_fails
+    with pytest.raises(UserError, match="disk I/O error"):
+        target.views.create("ids", "SELECT id FROM orders", "incremental")
+    del target.views.before_commit
+    planned.clear()
+    target.begin()
+    target.upsert(ORDERS, "U", [(2, 2, 3, "after")])
+    target.commit()
+    assert sorted(planned) == sorted(views) and "ids" not in [v["view"] for v in target.views.list()]
+    for name, sql in views.items():
+        assert view_differences(target.db, name, sql) is None
+    target.close()
+
+
 def test_schema_changes_through_the_target_api(target):
     """The hooks the consumer's schema changes go through: add, rename and drop of
     columns (DROP COLUMN must not be blocked by the capture triggers or the helper

@@ -107,7 +107,7 @@ def _build(db: sqlite3.Connection, capture: Capture, plan: Plan) -> None:
         plan.fold, plan.fold_reason = _plan_fold(a)
     plan.full_insert = statements.full_insert(plan)
     plan.indexes = _helper_indexes(db, a)
-    _make_temp_tables(db, capture, plan)
+    make_temp_tables(db, capture, plan)
     _prepare(db, plan)
 
 
@@ -135,7 +135,7 @@ def _helper_indexes(db: sqlite3.Connection, a: Analysis) -> list[tuple[str, tupl
     return sorted(dict.fromkeys(wanted), key=lambda w: -len(w[1]))
 
 
-def _make_temp_tables(db: sqlite3.Connection, capture: Capture, plan: Plan) -> None:
+def make_temp_tables(db: sqlite3.Connection, capture: Capture, plan: Plan) -> None:
     """The TEMP tables the statements use: deltas, keys, and a rooted view's rows or a fold's groups."""
     a = plan.analysis
     assert a is not None

@@ -25,7 +25,7 @@ from replicator.targets.sqlite.views import catalog, statements, storage
 from replicator.targets.sqlite.views.capture import Capture
 from replicator.targets.sqlite.views.names import STORAGE_PREFIX
 from replicator.targets.sqlite.views.plan import Plan, check_reads_not_itself, in_dependency_order
-from replicator.targets.sqlite.views.planner import plan_view
+from replicator.targets.sqlite.views.planner import make_temp_tables, plan_view
 from replicator.targets.sqlite.views.refresh import Refresher, Savepoint, grow_page_cache
 from replicator.targets.sqlite.views.sql import quote
 from replicator.targets.sqlite.views.tables import ReplicaTables
@@ -33,6 +33,7 @@ from replicator.views.analysis import TableInfo
 from replicator.views.protocol import check_name, check_policy
 
 log = logging.getLogger("replicator")
+NOT_READ = -1   # a data_version SQLite never gives: the next begin compares the catalog's fingerprint
 
 
 def _columns_changed(plan: Plan, stored: str | None) -> bool:
@@ -49,7 +50,7 @@ class SqliteViews:
         self.capture = Capture(db)
         self.refresher = Refresher(db, self.capture)
         self.plans: list[Plan] = []               # in refresh order (a view after the views it reads)
-        # (data_version, catalog fingerprint) when the views were loaded; None: load them again
+        # (data_version, catalog fingerprint) of the plans held; None: they may not be the catalog's
         self._loaded: tuple[int, str | None] | None = None
         self._forced: dict[str, str] = {}         # view -> why it is refreshed in full at commit
         self._revalidate: dict[str, str] = {}     # view -> the schema change that calls for it
@@ -69,6 +70,10 @@ class SqliteViews:
             fingerprint = catalog.fingerprint(self.db)
             if self._loaded is None or fingerprint != self._loaded[1]:
                 self._load()
+            elif self._loaded[0] == NOT_READ:   # a rollback took back the TEMP tables its transaction made
+                for plan in self.plans:
+                    if plan.status == "ok" and plan.mode == "incremental":
+                        make_temp_tables(self.db, self.capture, plan)
             self._loaded = (version, fingerprint)
             # a view to check again gets its indexes when it is installed
             storage.restore_indexes(self.db, [p for p in self.plans if p.status == "ok" and p.mode == "incremental"
@@ -126,11 +131,16 @@ class SqliteViews:
             self._revalidate.clear()
 
     def rolled_back(self) -> None:
-        """Temp objects created or dropped in the transaction are back as they were: look again."""
+        """Temp objects created or dropped in the transaction are back as they were: look again.
+        The plans are kept unless the transaction changed them or had views to check again (a
+        batch retried after a failure would otherwise plan every view anew)."""
         self.capture.rolled_back()
         self._forced.clear()
+        if self._loaded is not None and not self._revalidate:
+            self._loaded = (NOT_READ, self._loaded[1])   # the catalog's fingerprint decides at the next begin
+        else:
+            self._loaded = None
         self._revalidate.clear()
-        self._loaded = None
 
     def force_full(self, name: str, why: str) -> None:
         """Refreshes view `name` in full at this transaction's commit."""
