@@ -648,6 +648,19 @@ def test_a_key_is_debeziums_even_when_its_fields_cannot_hold_its_values():
     assert envelope.decode_value(envelope.value("u", row, source_of(envelope), TS_US)).after == row
 
 
+def test_a_key_an_earlier_publisher_wrote_with_its_exact_texts_is_read_exactly():
+    """Publishers before keys were Debezium's wrote the texts in the key, in a field named unlike
+    its columns: a follower of their topics still applies a tombstone of such a key exactly."""
+    envelope = TableEnvelope(table(column("replicator", "interval", not_null=True), key=["replicator"]), SETTINGS)
+    former = {"schema": {"type": "struct", "optional": False, "name": "shop.public.t.Key", "fields": [
+        {"type": "int64", "optional": False, "name": "io.debezium.time.MicroDuration", "version": 1,
+         "field": "replicator"},
+        {"type": "map", "keys": {"type": "string", "optional": False}, "values": {"type": "string", "optional": False},
+         "optional": True, "field": "replicator_"}]},
+        "payload": {"replicator": 2_629_800_000_000, "replicator_": {"replicator": "1 mon"}}}
+    assert envelope.decode_key(json.dumps(former).encode()) == ("1 mon",)
+
+
 def test_keys_that_differ_only_in_what_their_fields_cannot_hold_are_one_record_key():
     """Debezium's MicroDuration of 1 mon is 30 days 10:30:00's: Kafka compacts the two rows' records
     as one key's (docs/kafka.md, Key)."""

@@ -199,7 +199,6 @@ class TableEnvelope:
             (key_index[i], f.codec) if i in key_index else f.missing for i, f in enumerate(self._fields)])
         self._key = _struct_encoder(key_names, [(i, f.codec) for i, f in enumerate(key_fields)])
         self._key_exact = _exact_encoder(key_names, key_fields)
-        self._key_names = key_names
 
         value_struct: dict[str, Any] = {"type": "struct", "fields": [f.schema for f in self._fields],
                                         "optional": True, "name": f"{names}.Value"}
@@ -225,14 +224,15 @@ class TableEnvelope:
         truncate_fields = [connect_schema({k: v for k, v in f.schema.items() if k not in ("optional", "field")},
                                           optional=True, field_name=f.column.name) for f in key_fields]
         payload = [f"{encode_basestring(name)}:null" for name in key_names]
+        exact_field = EXACT_FIELD
+        while exact_field in key_names:
+            exact_field += "_"
         if not any(f.column.not_null for f in key_fields):
-            marker = EXACT_FIELD
-            while marker in key_names:
-                marker += "_"
-            truncate_fields.append(_exact_schema(marker))
-            payload.append(f"{encode_basestring(marker)}:{{}}")
+            truncate_fields.append(_exact_schema(exact_field))
+            payload.append(f"{encode_basestring(exact_field)}:{{}}")
         head, tail = _record({**key_schema, "fields": truncate_fields}, settings)
         self._truncate_key = f"{head}{{{','.join(payload)}}}{tail}".encode()
+        self._former_exact_field = exact_field
 
         self._source_head = (f'{{"version":{encode_basestring(__version__)},"connector":"{CONNECTOR}",'
                              f'"name":{encode_basestring(settings.prefix)},')
@@ -299,10 +299,11 @@ class TableEnvelope:
         """The key values of a key record, in structure.key order: exact with the tombstone's
         KEY_HEADER, else as far as the key's fields hold them."""
         payload = _parse_payload(data, self._key_head_bytes, self.settings.schemas)
-        exact = {} if header is None else json.loads(header)
-        if not isinstance(exact, dict):
+        # (a publisher before this version wrote the texts in the key, in a field named unlike its columns)
+        exact = payload.get(self._former_exact_field) if header is None else json.loads(header)
+        if not isinstance(exact, dict | None):
             raise ValueError(f"header {KEY_HEADER} is no map of texts")
-        return self._decode_struct(payload, self._key_fields, exact)
+        return self._decode_struct(payload, self._key_fields, exact or {})
 
     def deleted_key(self, change: DecodedChange) -> tuple[Any, ...]:
         """The key values of a delete, exact: from its value's `before` and `replicator` map."""

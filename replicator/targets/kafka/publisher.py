@@ -89,6 +89,7 @@ class _Copy:
     table: TargetTable
     envelope: TableEnvelope
     topic: str
+    key_positions: list[int]
     published: int = 0
     held: Row | None = None
 
@@ -444,7 +445,8 @@ class KafkaTarget:
         if copy is None or copy.table.table_id != table.table_id:
             if copy is not None:
                 self._end_copy()
-            copy = _Copy(table=table, envelope=self._envelope(table), topic=self.topic(table))
+            copy = _Copy(table=table, envelope=self._envelope(table), topic=self.topic(table),
+                         key_positions=table.structure.key_positions())
         ts_us = _now_us()
         middle = copy.envelope.source(ts_us=ts_us, snapshot="true", tick=self._tick(), event=None, txid=None)
         for row in rows:
@@ -471,7 +473,7 @@ class KafkaTarget:
                                                                    first_of_table=first, last_of_table=last))
         else:
             source = middle
-        key = [row[i] for i in copy.table.structure.key_positions()]
+        key = [row[i] for i in copy.key_positions]
         self._produce(copy.topic, copy.envelope.key(key), copy.envelope.value("r", row, source, ts_us))
 
     def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
