@@ -19,7 +19,7 @@ from replicator.structure import Column, decoder_for
 # Debezium's: a call, possibly parenthesized and followed by more (now() + '1 day'::interval)
 _FUNCTION = re.compile(r"[(]?[A-Za-z0-9_.]+\((?:.+(?:, ?.+)*)?\)")
 _CURRENT = frozenset(("current_timestamp", "current_time", "current_date", "localtime", "localtimestamp"))
-_QUOTED = re.compile(r"'((?:[^']|'')*)'(?:::[^']+)?")
+_QUOTED = re.compile(r"B?'((?:[^']|'')*)'(?:::[^']+)?")   # B'101': a bit string, as older PostgreSQL shows one
 _BARE = re.compile(r"-?[0-9][0-9.eE+-]*|true|false")
 _TYPMOD_SCALE = re.compile(r"numeric\(\d+,(-?\d+)\)")
 
