@@ -19,6 +19,7 @@ import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
@@ -150,14 +151,18 @@ class _Summary:
         self.started, self.batches, self.events, self.rows = now, 0, 0, 0
 
 
+_Origin = tuple[int | None, datetime | None]   # an event's transaction and time
+
+
 @dataclass
 class _PendingKeys:
-    """PK-only keys collected from events, joined back in chunks."""
-    keys: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
+    """PK-only keys collected from events, joined back in chunks; each with the transaction and
+    time of the last event that named it (a RecordsOrigin target's source of the row read back)."""
+    keys: dict[int, dict[tuple[Any, ...], _Origin]] = field(default_factory=dict)
 
-    def add(self, table: int, items: Iterable[list[Any]]) -> int:
-        bucket = self.keys.setdefault(table, set())
-        bucket.update(map(tuple, items))
+    def add(self, table: int, items: Iterable[list[Any]], origin: _Origin) -> int:
+        bucket = self.keys.setdefault(table, {})
+        bucket.update(dict.fromkeys(map(tuple, items), origin))
         return len(bucket)
 
 
@@ -547,7 +552,8 @@ class Consumer:
                 origin.event(tick_id, ev_id, txid, ev_time)
             if ev_type == "T":
                 run.flush()
-                self._join_back(table, pending, stats)
+                if self._join_back(table, pending, stats) and origin is not None:
+                    origin.event(tick_id, ev_id, txid, ev_time)   # the truncate's, again
                 self.target.truncate(table)
                 continue
             if ev_type not in ("I", "U", "D", "S"):
@@ -559,7 +565,7 @@ class Consumer:
                 items = parse_json(data)
                 stats.rows += len(items)
                 if table.mode == "pk":
-                    if pending.add(table.table_id, items) >= JOIN_BACK_KEYS:
+                    if pending.add(table.table_id, items, (txid, ev_time)) >= JOIN_BACK_KEYS:
                         run.flush()
                         self._join_back(table, pending, stats)
                     continue
@@ -650,26 +656,39 @@ class Consumer:
         log.info("event %s: %s copied again after %s", ev_id, current.name, event.get("tag"))
         return False
 
-    def _join_back(self, table: TargetTable, pending: _PendingKeys, stats: BatchStats) -> None:
+    def _join_back(self, table: TargetTable, pending: _PendingKeys, stats: BatchStats) -> bool:
         """Applies the current source rows of the table's pending keys: upsert
-        the rows found, delete the keys not found."""
+        the rows found, delete the keys not found. A RecordsOrigin target is told,
+        before each row, the transaction and time of the last event that named its
+        key. True when it applied anything."""
         assert self.source is not None
         keys = pending.keys.pop(table.table_id, None)
         if not keys or table.table_id not in self._captured:
             # (a table no longer captured cannot be read back: its DROP event follows)
-            return
+            return False
         key_list = list(keys)
         rows = source_copy.fetch_current_rows(self.source.conn, self._captured[table.table_id],
                                               table.structure, key_list)
         positions = table.structure.key_positions()
-        if len(positions) == 1:
-            position = positions[0]
-            found = {(row[position],) for row in rows}
-        else:
-            found = set(map(itemgetter(*positions), rows))
-        missing = [k for k in map(tuple, table.structure.keys_decoder()(key_list)) if k not in found]
-        self.target.upsert(table, "U", rows)
-        self.target.delete(table, missing)
+        key_of = (lambda row: (row[positions[0]],)) if len(positions) == 1 else itemgetter(*positions)
+        decoded = [tuple(k) for k in table.structure.keys_decoder()(key_list)]
+        found = set(map(key_of, rows))
+        missing = [k for k in decoded if k not in found]
+        if not isinstance(self.target, RecordsOrigin):
+            self.target.upsert(table, "U", rows)
+            self.target.delete(table, missing)
+            return True
+        origins = dict(zip(decoded, keys.values()))
+        by_origin: dict[_Origin, tuple[list[Any], list[Any]]] = {}
+        for row in rows:
+            by_origin.setdefault(origins.get(key_of(row), (None, None)), ([], []))[0].append(row)
+        for key in missing:
+            by_origin.setdefault(origins[key], ([], []))[1].append(key)
+        for (txid, ev_time), (found_rows, gone) in by_origin.items():
+            self.target.event(stats.tick_id, None, txid, ev_time)
+            self.target.upsert(table, "U", found_rows)
+            self.target.delete(table, gone)
+        return True
 
     # running -----------------------------------------------------------------------------
 

@@ -332,6 +332,47 @@ def test_a_new_follower_does_not_bring_back_truncated_rows_once_a_row_of_null_ke
     assert sorted(held, key=repr) == sorted(conn.execute("SELECT code, v FROM codes").fetchall(), key=repr)
 
 
+def test_a_follower_resuming_past_a_delete_compaction_removed_deletes_by_its_tombstones_exact_key(
+        dsn: str, conn: psycopg.Connection, source: Source, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path) -> None:
+    """Keys are Debezium's: an interval key with months is Debezium's MicroDuration in its record key.
+    Compaction cleans a delete's record before its tombstone (kept delete.retention.ms): a follower
+    that resumes after that reads the tombstone alone, and deletes the row by the exact key its
+    replicator.key header holds."""
+    conn.execute("CREATE TABLE spans (k interval PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO spans VALUES ('1 mon', 'deleted'), ('2 days', 'kept')")
+    source.create_queue("q")
+    source.add_table("q", "spans")
+    topic = f"{kafka_prefix}.public.spans"
+    create_compacting_topic(kafka.bootstrap, topic, **{"delete.retention.ms": "86400000"})
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    db = tmp_path / "follower.db"
+    assert follow(dsn, url, f"sqlite:{db}").returncode == 0
+    conn.execute("DELETE FROM spans WHERE k = '1 mon'")
+    publish(dsn, url)
+
+    rolling = iter(range(1_000_000))
+    month = {"k": 2_629_800_000_000}
+
+    def delete_cleaned() -> bool:
+        conn.execute("UPDATE spans SET v = %s WHERE k = '2 days'", (f"rolls {next(rolling)}",))
+        publish(dsn, url)   # a later record: only closed segments are cleaned
+        return sum(key is not None and json.loads(key)["payload"] == month
+                   for key in topic_keys(kafka.bootstrap, topic)) == 1   # its copied row and delete gone
+    wait_until(delete_cleaned, 90, "Kafka to clean the delete record", interval=0.5)
+
+    result = follow(dsn, url, f"sqlite:{db}")
+    assert result.returncode == 0, result.stderr
+    reader_db = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        held = reader_db.execute("SELECT k, v FROM spans").fetchall()
+    finally:
+        reader_db.close()
+    conn.execute("SET IntervalStyle = 'postgres'")
+    assert held == conn.execute("SELECT k::text, v FROM spans").fetchall()
+
+
 def test_a_new_follower_finishes_when_the_topic_of_a_dropped_table_was_deleted(
         dsn: str, conn: psycopg.Connection, source: Source, orders: str, kafka: KafkaServer, kafka_prefix: str,
         tmp_path: Path) -> None:

@@ -922,6 +922,44 @@ def test_followers_of_each_envelope_option_hold_what_a_direct_consumer_holds(
         assert_same_replicas(tmp_path / f"follower-{n}.db", direct)
 
 
+SPANS = """
+    CREATE TABLE spans (k interval PRIMARY KEY, v text);
+    INSERT INTO spans VALUES ('1 mon', 'a'), ('30 days 10:30:00', 'b'), ('1 year 2 mons -3 days', 'c'),
+                             ('00:00:01.5', 'd'), ('-1 mons', 'e'), ('2 mons', 'f');
+"""
+
+
+def test_a_follower_of_interval_keys_with_months_stays_equal_to_the_source(
+        dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
+    """Keys are Debezium's: an interval with months is Debezium's MicroDuration (1 mon and 30 days
+    10:30:00 are one record key). A follower applies each change by the exact value its record's
+    value holds, a live one and one that starts from the topics."""
+    conn.execute(SPANS)
+    conn.execute("SELECT replicator.create_queue('q')")
+    conn.execute("SELECT replicator.add_table('q', 'spans')")
+    url = url_of(kafka, kafka_prefix)
+
+    def assert_equal_to_the_source(path: Path) -> None:
+        conn.execute("SET IntervalStyle = 'postgres'")
+        want = sorted(conn.execute("SELECT k::text, v FROM spans").fetchall())
+        assert sorted(sqlite_contents(path)["spans"][1]) == [("text", k, "text", v) for k, v in want]
+
+    publish(dsn, url)
+    live = tmp_path / "live.db"
+    follow_all(url, f"sqlite:{live}")
+    assert_equal_to_the_source(live)
+    conn.execute("UPDATE spans SET v = 'changed' WHERE k = '1 mon'")
+    conn.execute("DELETE FROM spans WHERE k IN ('30 days 10:30:00', '-1 mons')")
+    conn.execute("UPDATE spans SET k = '3 mons' WHERE k = '1 year 2 mons -3 days'")   # a key change
+    conn.execute("INSERT INTO spans VALUES ('30 days 10:30:00', 'again')")
+    publish(dsn, url)
+    follow_all(url, f"sqlite:{live}")
+    assert_equal_to_the_source(live)
+    fresh = tmp_path / "fresh.db"
+    follow_all(url, f"sqlite:{fresh}")
+    assert_equal_to_the_source(fresh)
+
+
 # 6. a broker restart ---------------------------------------------------------------------------------
 
 def test_a_follower_daemon_waits_for_a_restarted_broker_then_catches_up(dsn: str, conn: psycopg.Connection,

@@ -129,8 +129,8 @@ def expected_changes(events: list[Event], source: Source, prefix: str, partition
         topic = topic_of(prefix, table.table)
         positions = [table.columns.index(k) for k in table.key]
         if event.type == "T":
-            # every key field null, and an empty map of exact texts: no row's key
-            truncate_key = key_text({**{k: None for k in table.key}, "replicator": {}})
+            # every key field null: no row's key (the tables' keys are NOT NULL)
+            truncate_key = key_text({k: None for k in table.key})
             changes[(topic, "t", truncate_key, event.ev_id)] += partition_count
         elif event.type in ROW_OPS:
             for item in event.items:
@@ -208,9 +208,11 @@ def test_an_initial_copy_is_a_create_record_then_op_r_records_keyed_by_the_rows_
             value = record.value_payload
             assert value["op"] == "r" and value["before"] is None
             assert value["after"] == rows[key_text(record.key_payload)]
-            assert value["source"]["snapshot"] == "true"
             assert value["source"]["event"] is None and value["source"]["txId"] is None
+        # a table's copy is a snapshot of its own, marked as Debezium marks a snapshot's rows
             assert (value["source"]["schema"], value["source"]["table"]) == ("public", table)
+        markers = [r.value_payload["source"]["snapshot"] for r in in_publishing_order(records)]
+        assert markers == ["first"] + ["true"] * (len(rows) - 2) + ["last"]
     creates = [r.value_payload for r in read_committed(kafka.bootstrap, kafka_prefix)]
     assert [(c["tableChanges"][0]["type"], c["tableChanges"][0]["id"]) for c in creates] == [
         ("CREATE", '"public"."t"'), ("CREATE", '"public"."u"')]
@@ -224,19 +226,20 @@ def test_changes_are_c_u_d_tombstone_and_t_records_with_their_tick_event_and_tra
     capture(source, "t")
     target = url(kafka, kafka_prefix, "partitions=3")
     assert_succeeded(publish(dsn, target))
-    started = clock_ms(conn)
+    now_us = "(extract(epoch FROM now()) * 1000000)::bigint"   # the transaction's start: its events' ev_time
     with conn.transaction():
-        (txid,) = conn.execute("SELECT txid_current()").fetchone()
+        (txid, written) = conn.execute(f"SELECT txid_current(), {now_us}").fetchone()
         conn.execute("INSERT INTO t VALUES (1000, 'new', 1)")
         conn.execute("UPDATE t SET v = 'changed' WHERE id = 5")
         conn.execute("DELETE FROM t WHERE id = 6")
         conn.execute("UPDATE t SET id = 2000 WHERE id = 7")   # a key change
     with conn.transaction():
-        (truncating,) = conn.execute("SELECT txid_current()").fetchone()
+        (truncating, truncated) = conn.execute(f"SELECT txid_current(), {now_us}").fetchone()
         conn.execute("TRUNCATE t")
         conn.execute("INSERT INTO t VALUES (1, 'after the truncate', 0)")
-    ended = clock_ms(conn, "ceil")
+    publishing = time.time_ns() // 1000
     assert_succeeded(publish(dsn, target))
+    published = time.time_ns() // 1000
 
     commit = last_commit(kafka.bootstrap, kafka_prefix)
     assert commit is not None
@@ -262,9 +265,66 @@ def test_changes_are_c_u_d_tombstone_and_t_records_with_their_tick_event_and_tra
     events = [s["event"] for s in sources]
     assert events == sorted(events) and len(set(events)) == 7   # I, U, D, U and D of the key change, T, I
     assert [s["txId"] for s in sources] == [txid] * 5 + [truncating] * 4
-    assert all(started <= s["ts_ms"] <= ended for s in sources), (started, [s["ts_ms"] for s in sources], ended)
-    assert {(s["snapshot"], s["db"], s["connector"], s["name"]) for s in sources} == {
-        ("false", conn.info.dbname, "replicator", kafka_prefix)}
+    # the event's time to the microsecond (the queue's ev_time), in every unit
+    assert [(s["ts_ms"], s["ts_us"], s["ts_ns"]) for s in sources] == [
+        (us // 1000, us, us * 1000) for us in [written] * 5 + [truncated] * 4]
+    assert {(s["snapshot"], s["db"], s["connector"], s["name"], s["origin"], s["origin_lsn"]) for s in sources} == {
+        ("false", conn.info.dbname, "replicator", kafka_prefix, None, None)}
+    # when the publisher wrote each record, to the microsecond
+    written_at = [(r.value_payload["ts_ms"], r.value_payload["ts_us"], r.value_payload["ts_ns"])
+                  for r in changes if r.value is not None]
+    assert all(publishing <= us <= published and (ms, ns) == (us // 1000, us * 1000) for ms, us, ns in written_at)
+
+
+def test_rows_of_a_pk_mode_table_have_the_transaction_and_time_of_the_last_event_that_changed_them(
+        dsn, conn, source, kafka, kafka_prefix):
+    """A pk-mode table's rows are read back from the source when the batch is applied: their source
+    block is the last event of the batch that named the row's key (its transaction and time), the
+    event id null (the row is applied at the read, not at the event's place)."""
+    conn.execute(TABLES_DDL)
+    source.create_queue("q")
+    source.add_table("q", "t", mode="pk")
+    target = url(kafka, kafka_prefix)
+    assert_succeeded(publish(dsn, target))
+    now_us = "(extract(epoch FROM now()) * 1000000)::bigint"
+    origins: dict[int, tuple[int, int]] = {}   # key → (txid, ev_time) of the last transaction that changed it
+    for keys, statements in (([1, 2, 3], ["UPDATE t SET v = 'first' WHERE id IN (1, 2)", "DELETE FROM t WHERE id = 3"]),
+                             ([2, 1000], ["UPDATE t SET v = 'second' WHERE id = 2",
+                                          "INSERT INTO t VALUES (1000, 'new', 0)"])):
+        with conn.transaction():
+            origin = conn.execute(f"SELECT txid_current(), {now_us}").fetchone()
+            for statement in statements:
+                conn.execute(statement)
+        origins.update(dict.fromkeys(keys, origin))
+    assert_succeeded(publish(dsn, target))
+
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    records = read_committed(kafka.bootstrap, topic_of(kafka_prefix, "t"))
+    changes = [r for r in records if r.sequence[0] == commit["commit"] and r.value is not None]
+    assert sorted((r.key_payload["id"], r.value_payload["op"]) for r in changes) == [
+        (1, "u"), (2, "u"), (3, "d"), (1000, "u")]
+    for record in changes:
+        s = record.value_payload["source"]
+        txid, us = origins[record.key_payload["id"]]
+        assert (s["txId"], s["ts_us"], s["ts_ms"], s["event"], s["tick"]) == (txid, us, us // 1000, None,
+                                                                               commit["tick"]), record.key_payload
+
+
+def test_a_copy_again_marks_its_rows_as_a_snapshot(dsn, conn, source, kafka, kafka_prefix):
+    conn.execute(TABLES_DDL)
+    capture(source, "u")
+    target = url(kafka, kafka_prefix)
+    assert_succeeded(publish(dsn, target))
+    conn.execute("ALTER TABLE u ADD COLUMN flag boolean NOT NULL DEFAULT true")   # rewrites: copied again
+    assert_succeeded(publish(dsn, target))
+
+    commit = last_commit(kafka.bootstrap, kafka_prefix)
+    assert commit is not None
+    copied = [r for r in in_publishing_order(read_committed(kafka.bootstrap, topic_of(kafka_prefix, "u")))
+              if r.sequence[0] == commit["commit"] and r.value is not None and r.value_payload["op"] == "r"]
+    assert len(copied) == 50
+    assert [r.value_payload["source"]["snapshot"] for r in copied] == ["first"] + ["true"] * 48 + ["last"]
 
 
 def test_schema_changes_are_records_on_the_prefix_topic_in_order_with_the_rows(dsn, conn, source, kafka,

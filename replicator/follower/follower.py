@@ -41,7 +41,7 @@ from replicator.follower.reader import Partition, PartitionReader
 from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.structure import TableStructure, reconcile
-from replicator.targets.kafka.envelope import EnvelopeSettings, TableEnvelope
+from replicator.targets.kafka.envelope import KEY_HEADER, EnvelopeSettings, TableEnvelope
 from replicator.targets.kafka.settings import KafkaSettings
 from replicator.targets.kafka.state import (
     COMMIT_KEY,
@@ -50,6 +50,7 @@ from replicator.targets.kafka.state import (
     bad_record,
     committed_consumer,
     data,
+    header_values,
     located,
     partition_bounds,
     sequence_of,
@@ -131,6 +132,14 @@ class _Changes:
 
 
 _KINDS = {"c": "I", "u": "U", "r": "R"}
+
+
+def _key_header(message: Message) -> bytes | None:
+    """A tombstone's KEY_HEADER: the exact texts of the key values its key's fields cannot hold."""
+    values = header_values(message, KEY_HEADER)
+    if len(values) > 1:
+        raise ValueError(f"{len(values)} {KEY_HEADER} headers")
+    return data(values[0]) if values else None
 
 
 class Follower:
@@ -573,10 +582,10 @@ class Follower:
         try:
             value = message.value()
             if value is None:
-                return "tombstone", envelope.decode_key(data(message.key()))
+                return "tombstone", envelope.decode_key(data(message.key()), _key_header(message))
             change = envelope.decode_value(value)
-            if change.op == "d":
-                return "D", envelope.decode_key(data(message.key()))
+            if change.op == "d":   # the exact key: a key's fields may not hold it (docs/kafka.md, Key)
+                return "D", envelope.deleted_key(change)
             if change.op == "t":
                 return "T", ()
             if change.op not in _KINDS or change.after is None:

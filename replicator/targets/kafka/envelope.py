@@ -5,8 +5,9 @@ way back, for followers. docs/kafka.md, "Records", describes every field.
 
 A record is JSON text spliced from parts made once per table structure (the Connect schemas,
 the field names) and the values' JSON, written by one generated expression per struct.
-Where a field's type cannot hold a value exactly (docs/kafka.md lists when), the record
-carries the value's text in an extra field, `replicator`, that followers read.
+Where a field's type cannot hold a value exactly (docs/kafka.md lists when), the value record
+carries the value's text in an extra field, `replicator`, that followers read; keys are
+Debezium's, so a tombstone carries its key's texts in a header (KEY_HEADER).
 """
 
 from __future__ import annotations
@@ -25,10 +26,28 @@ from replicator.targets.protocol import Row
 
 CONNECTOR = "replicator"
 EXACT_FIELD = "replicator"
+KEY_HEADER = "replicator.key"   # a tombstone's: the exact texts of its key values its fields cannot hold
 # Debezium's SnapshotRecord values, the `snapshot` field's allowed strings
 SNAPSHOT_VALUES = ("true", "first", "first_in_data_collection", "last_in_data_collection", "last", "false",
                    "incremental")
 ROW_OPS = ("c", "u", "r")
+
+
+def snapshot_marker(*, first_of_snapshot: bool, last_of_snapshot: bool, first_of_table: bool,
+                    last_of_table: bool) -> str:
+    """The `snapshot` of a copied row where it stands in its snapshot, as Debezium's snapshots
+    mark theirs (RelationalSnapshotChangeEventSource): the very last row `last`, the very first
+    `first`, a table's last and first `last_in_data_collection` and `first_in_data_collection`,
+    any other `true`."""
+    if last_of_snapshot:
+        return "last"
+    if first_of_snapshot:
+        return "first"
+    if last_of_table:
+        return "last_in_data_collection"
+    if first_of_table:
+        return "first_in_data_collection"
+    return "true"
 
 
 @dataclass(frozen=True)
@@ -74,10 +93,10 @@ SOURCE_SCHEMA = {
         {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
          "parameters": {"allowed": ",".join(SNAPSHOT_VALUES)}, "default": "false", "field": "snapshot"},
         _string("db"), _string("sequence", optional=True), _int64("ts_us"), _int64("ts_ns"), _string("schema"),
-        _string("table"), _int64("txId"), _int64("lsn"), _int64("xmin"), _int64("tick", optional=False),
-        _int64("event"),
+        _string("table"), _int64("txId"), _int64("lsn"), _int64("xmin"), _string("origin", optional=True),
+        _int64("origin_lsn"), _int64("tick", optional=False), _int64("event"),
     ],
-    "optional": False, "name": "replicator.Source", "version": 1, "field": "source",
+    "optional": False, "name": "io.debezium.connector.postgresql.Source", "version": 1, "field": "source",
 }
 _TRANSACTION_SCHEMA = {
     "type": "struct",
@@ -193,25 +212,27 @@ class TableEnvelope:
         self._value_head, self._value_tail = _record(envelope, settings)
         self._value_head_bytes = self._value_head.encode()
 
-        # The key's exact texts go in an extra key field only when there are some: the key
-        # stays Debezium's for every other value. It is named unlike every key column.
-        self._key_exact_field = EXACT_FIELD
-        while self._key_exact_field in key_names:
-            self._key_exact_field += "_"
-        key_field_schemas = [f.schema for f in key_fields]
-        key_schema = {"type": "struct", "fields": key_field_schemas, "optional": False, "name": f"{names}.Key"}
+        # Debezium's key: the key columns' fields only. Values a field cannot hold exactly are in
+        # the value's `replicator` map (a tombstone's in its KEY_HEADER)
+        key_schema = {"type": "struct", "fields": [f.schema for f in key_fields], "optional": False,
+                      "name": f"{names}.Key"}
         self._key_head, self._key_tail = _record(key_schema, settings)
         self._key_head_bytes = self._key_head.encode()
-        lossy_key = {**key_schema, "fields": [*key_field_schemas, _exact_schema(self._key_exact_field)]}
-        self._lossy_key_head, _ = _record(lossy_key, settings)
-        # every key field null (optional, for the record to be valid Connect data), and an empty map of
-        # exact texts: no row's key (a row of a NULL --key column has no map, or one naming a column)
-        truncate_schema = {**key_schema, "fields": [
-            *(connect_schema(f.codec.schema, optional=True, field_name=f.column.name) for f in key_fields),
-            _exact_schema(self._key_exact_field)]}
-        head, tail = _record(truncate_schema, settings)
-        nulls = ",".join(f"{encode_basestring(name)}:null" for name in key_names)
-        self._truncate_key = f"{head}{{{nulls},{encode_basestring(self._key_exact_field)}:{{}}}}{tail}".encode()
+        # every key field null (optional, for the record to be valid Connect data): no row's key when a key
+        # column is NOT NULL. When none is, a row's key can be all null too (compaction would keep one of
+        # the two): an extra field, an empty map, named unlike every key column, tells the truncate's
+        truncate_fields = [connect_schema({k: v for k, v in f.schema.items() if k not in ("optional", "field")},
+                                          optional=True, field_name=f.column.name) for f in key_fields]
+        payload = [f"{encode_basestring(name)}:null" for name in key_names]
+        exact_field = EXACT_FIELD
+        while exact_field in key_names:
+            exact_field += "_"
+        if not any(f.column.not_null for f in key_fields):
+            truncate_fields.append(_exact_schema(exact_field))
+            payload.append(f"{encode_basestring(exact_field)}:{{}}")
+        head, tail = _record({**key_schema, "fields": truncate_fields}, settings)
+        self._truncate_key = f"{head}{{{','.join(payload)}}}{tail}".encode()
+        self._former_exact_field = exact_field
 
         self._source_head = (f'{{"version":{encode_basestring(__version__)},"connector":"{CONNECTOR}",'
                              f'"name":{encode_basestring(settings.prefix)},')
@@ -222,31 +243,32 @@ class TableEnvelope:
     # the publisher's side --------------------------------------------------------------------
 
     def key(self, key_values: Sequence[Any]) -> bytes:
-        """The key record of a row: its key values, in structure.key order."""
-        payload = self._key(key_values)
+        """The key record of a row: its key values, in structure.key order, as Debezium's."""
+        return f"{self._key_head}{self._key(key_values)}{self._key_tail}".encode()
+
+    def key_header(self, key_values: Sequence[Any]) -> bytes | None:
+        """A tombstone's KEY_HEADER: the exact texts of the key values their fields cannot hold
+        (a JSON map, column name -> text); None when there are none."""
         exact = "null" if self._key_exact is None else self._key_exact(key_values)
-        if exact == "null":
-            return f"{self._key_head}{payload}{self._key_tail}".encode()
-        payload = f"{payload[:-1]},{encode_basestring(self._key_exact_field)}:{exact}}}"
-        return f"{self._lossy_key_head}{payload}{self._key_tail}".encode()
+        return None if exact == "null" else exact.encode()
 
     def truncate_key(self) -> bytes:
         """The key of a truncate record (compacted topics refuse records without a key): every key
-        field null and an empty map of exact texts, which no row's key has."""
+        field null, which no row's key is (docs/kafka.md, Key)."""
         return self._truncate_key
 
-    def source(self, *, ts_ms: int, snapshot: str, tick: int, event: int | None, txid: int | None) -> str:
-        """The JSON of the `source` block of the rows of one captured event: ts_ms its time,
-        snapshot Debezium's ("true", "last", "false"...), tick the queue tick its batch ends at,
-        event the event id (None in a copy), txid the transaction that wrote it."""
+    def source(self, *, ts_us: int, snapshot: str, tick: int, event: int | None, txid: int | None) -> str:
+        """The JSON of the `source` block of the rows of one captured event: ts_us its time in
+        microseconds, snapshot Debezium's (snapshot_marker(), or "false"), tick the queue tick its
+        batch ends at, event the event id (None in a copy), txid the transaction that wrote it."""
         if snapshot not in SNAPSHOT_VALUES:
             raise ValueError(f"snapshot {snapshot!r} is not one of {', '.join(SNAPSHOT_VALUES)}")
-        return (f'{self._source_head}"ts_ms":{ts_ms},"snapshot":"{snapshot}"{self._source_middle}'
-                f'"ts_us":{ts_ms * 1000},"ts_ns":{ts_ms * 1_000_000}{self._source_table}'
-                f'"txId":{"null" if txid is None else txid},"lsn":null,"xmin":null,"tick":{tick},'
-                f'"event":{"null" if event is None else event}}}')
+        return (f'{self._source_head}"ts_ms":{ts_us // 1000},"snapshot":"{snapshot}"{self._source_middle}'
+                f'"ts_us":{ts_us},"ts_ns":{ts_us * 1000}{self._source_table}'
+                f'"txId":{"null" if txid is None else txid},"lsn":null,"xmin":null,"origin":null,'
+                f'"origin_lsn":null,"tick":{tick},"event":{"null" if event is None else event}}}')
 
-    def value(self, op: str, after: Row | None, source: str, ts_ms: int) -> bytes:
+    def value(self, op: str, after: Row | None, source: str, ts_us: int) -> bytes:
         """The value record of an insert, update or copied row (op c, u, r: `after` the full
         row in column order, `before` null) or of a truncate (op t, no row)."""
         if op in ROW_OPS and after is not None:
@@ -256,26 +278,38 @@ class TableEnvelope:
             row = exact = "null"
         else:
             raise ValueError(f"op {op!r} with {'a' if after is not None else 'no'} row")
-        return self._value("null", row, op, source, ts_ms, exact)
+        return self._value("null", row, op, source, ts_us, exact)
 
-    def delete_value(self, key_values: Sequence[Any], source: str, ts_ms: int) -> bytes:
+    def delete_value(self, key_values: Sequence[Any], source: str, ts_us: int) -> bytes:
         """The value record of a delete: `before` the key columns' values and no other column's
-        (null, or Debezium's zero in a NOT NULL column), `after` null."""
+        (null, or Debezium's zero in a NOT NULL column), `after` null; the exact texts of the key
+        values in `replicator`."""
         exact = "null" if self._key_exact is None else self._key_exact(key_values)
-        return self._value(self._delete_before(key_values), "null", "d", source, ts_ms, exact)
+        return self._value(self._delete_before(key_values), "null", "d", source, ts_us, exact)
 
-    def _value(self, before: str, after: str, op: str, source: str, ts_ms: int, exact: str) -> bytes:
+    def _value(self, before: str, after: str, op: str, source: str, ts_us: int, exact: str) -> bytes:
+        """ts_us: when the publisher wrote the record, in microseconds."""
         return (f'{self._value_head}{{"before":{before},"after":{after},"source":{source},"transaction":null,'
-                f'"op":"{op}","ts_ms":{ts_ms},"ts_us":{ts_ms * 1000},"ts_ns":{ts_ms * 1_000_000},'
+                f'"op":"{op}","ts_ms":{ts_us // 1000},"ts_us":{ts_us},"ts_ns":{ts_us * 1000},'
                 f'"{EXACT_FIELD}":{exact}}}{self._value_tail}').encode()
 
     # the followers' side ---------------------------------------------------------------------
 
-    def decode_key(self, data: bytes) -> tuple[Any, ...]:
-        """The key values of a key record, in structure.key order."""
+    def decode_key(self, data: bytes, header: bytes | None = None) -> tuple[Any, ...]:
+        """The key values of a key record, in structure.key order: exact with the tombstone's
+        KEY_HEADER, else as far as the key's fields hold them."""
         payload = _parse_payload(data, self._key_head_bytes, self.settings.schemas)
-        exact = payload.get(self._key_exact_field) or {}
-        return self._decode_struct(payload, self._key_fields, exact)
+        # (a publisher before this version wrote the texts in the key, in a field named unlike its columns)
+        exact = payload.get(self._former_exact_field) if header is None else json.loads(header)
+        if not isinstance(exact, dict | None):
+            raise ValueError(f"header {KEY_HEADER} is no map of texts")
+        return self._decode_struct(payload, self._key_fields, exact or {})
+
+    def deleted_key(self, change: DecodedChange) -> tuple[Any, ...]:
+        """The key values of a delete, exact: from its value's `before` and `replicator` map."""
+        if change.op != "d" or change.before is None:
+            raise ValueError(f"op {change.op!r} is no delete with its key in `before`")
+        return tuple(change.before[i] for i in self._key_positions)
 
     def decode_value(self, data: bytes) -> DecodedChange:
         """A value record back into the change it holds."""

@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from typing import Any
 
@@ -29,7 +29,14 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from replicator.errors import TargetUnavailable, UserError
 from replicator.structure import Change
 from replicator.targets.crash import crash_point
-from replicator.targets.kafka.envelope import EnvelopeSettings, TableEnvelope, schema_change_key, schema_change_value
+from replicator.targets.kafka.envelope import (
+    KEY_HEADER,
+    EnvelopeSettings,
+    TableEnvelope,
+    schema_change_key,
+    schema_change_value,
+    snapshot_marker,
+)
 from replicator.targets.kafka.settings import KafkaSettings
 from replicator.targets.kafka.state import (
     COMMIT_KEY,
@@ -62,13 +69,33 @@ PRODUCER: dict[str, str | int | float | bool] = {
 }
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 @dataclass(frozen=True)
 class _Event:
     """Where the rows that follow come from."""
     tick: int
     event: int | None
     txid: int | None
-    ts_ms: int
+    ts_us: int
+
+
+@dataclass
+class _Copy:
+    """The copy of a table being published: its last row is held back until the copy's end is
+    known (the next record of anything else, or the commit), to be marked the last one."""
+    table: TargetTable
+    envelope: TableEnvelope
+    topic: str
+    key_positions: list[int]
+    published: int = 0
+    held: Row | None = None
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
 
 
 def _kafka_error(exc: KafkaException) -> KafkaError:
@@ -123,8 +150,9 @@ class KafkaTarget:
         self._tables_changed = False
         # a schema event, and the event it came in, until the table call that follows it
         self._pending_event: tuple[TargetTable, dict[str, Any], _Event] | None = None
-        self._event = _Event(tick=self._tick(), event=None, txid=None, ts_ms=0)
+        self._event = _Event(tick=self._tick(), event=None, txid=None, ts_us=0)
         self._sources: dict[str, str] = {}
+        self._copy: _Copy | None = None
 
     # where the records come from (replicator.targets.protocol.RecordsOrigin) ------------------
 
@@ -135,8 +163,8 @@ class KafkaTarget:
             self._sources.clear()
 
     def event(self, tick: int, ev_id: int | None, txid: int | None, ev_time: datetime | None) -> None:
-        ts_ms = int((ev_time.timestamp() if ev_time is not None else time.time()) * 1000)
-        self._event = _Event(tick=tick, event=ev_id, txid=txid, ts_ms=ts_ms)
+        ts_us = (ev_time - _EPOCH) // _MICROSECOND if ev_time is not None else _now_us()
+        self._event = _Event(tick=tick, event=ev_id, txid=txid, ts_us=ts_us)
         self._sources.clear()
 
     # state ----------------------------------------------------------------------------------
@@ -176,8 +204,9 @@ class KafkaTarget:
         self._call(self.producer.begin_transaction)
         # until the consumer says where the records come from (a batch's events): from the position
         # the transaction starts at (a table's copy)
-        self._event = _Event(tick=self._tick(), event=None, txid=None, ts_ms=int(time.time() * 1000))
+        self._event = _Event(tick=self._tick(), event=None, txid=None, ts_us=_now_us())
         self._sources.clear()
+        self._copy = None
         self._in_transaction = True
         self._number += 1
         self._index = 0
@@ -187,6 +216,7 @@ class KafkaTarget:
         self._errors.clear()
 
     def commit(self) -> None:
+        self._end_copy()
         if self._pending_event is not None:   # a schema change no table call followed
             self._schema_record("ALTER", "event", self._pending_event[0], {})
         self._flush()
@@ -244,6 +274,7 @@ class KafkaTarget:
         self._position = _position_of(self._committed.commit)
         self._tables_changed = False
         self._pending_event = None
+        self._copy = None
 
     def close(self) -> None:
         if self._in_transaction:
@@ -342,8 +373,13 @@ class KafkaTarget:
         written = self._written.setdefault(tp, [offset, 0])  # type: ignore[arg-type,list-item]
         written[1] += 1
 
-    def _produce(self, topic: str, key: bytes, value: bytes | None, partition: int = -1) -> None:
+    def _produce(self, topic: str, key: bytes, value: bytes | None, partition: int = -1,
+                 key_header: bytes | None = None) -> None:
+        if self._copy is not None:   # anything but a copied row: the copy has ended
+            self._end_copy()
         headers: list[tuple[str, str | bytes | None]] = [(SEQUENCE, b"%d.%d" % (self._number, self._index))]
+        if key_header is not None:
+            headers.append((KEY_HEADER, key_header))
         self._index += 1
         while True:
             try:
@@ -368,19 +404,14 @@ class KafkaTarget:
         return EnvelopeSettings(prefix=self.settings.prefix, database=self._database, schemas=self.settings.schemas,
                                 decimals=self.settings.decimals)
 
-    def _source(self, table: TargetTable, envelope: TableEnvelope, snapshot: bool) -> str:
-        """The source block of the current event (or of a copy's rows) for table, made once."""
-        cached = self._sources.get(table.source_name) if not snapshot else None
-        if cached is not None:
-            return cached
-        e = self._event
-        if snapshot:
-            source = envelope.source(ts_ms=int(time.time() * 1000), snapshot="true", tick=self._tick(),
-                                     event=None, txid=None)
-        else:
-            source = self._sources[table.source_name] = envelope.source(
-                ts_ms=e.ts_ms, snapshot="false", tick=e.tick, event=e.event, txid=e.txid)
-        return source
+    def _source(self, table: TargetTable, envelope: TableEnvelope) -> str:
+        """The source block of the current event for table, made once."""
+        cached = self._sources.get(table.source_name)
+        if cached is None:
+            e = self._event
+            cached = self._sources[table.source_name] = envelope.source(
+                ts_us=e.ts_us, snapshot="false", tick=e.tick, event=e.event, txid=e.txid)
+        return cached
 
     def _tick(self) -> int:
         return next(iter(self._position.values()), 0)
@@ -389,9 +420,12 @@ class KafkaTarget:
         return table_topic(self.settings.prefix, table.structure.schema, table.structure.name)
 
     def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+        if op == "R":
+            self._copy_rows(table, rows)
+            return
         envelope = self._envelope(table)
-        source = self._source(table, envelope, snapshot=op == "R")
-        ts_ms = int(time.time() * 1000)
+        source = self._source(table, envelope)
+        ts_us = _now_us()
         topic = self.topic(table)
         debezium_op = _OPS[op]
         key_of = itemgetter(*table.structure.key_positions())
@@ -399,27 +433,68 @@ class KafkaTarget:
         for row in rows:
             key = key_of(row)
             self._produce(topic, envelope.key((key,) if single else key),
-                          envelope.value(debezium_op, row, source, ts_ms))
+                          envelope.value(debezium_op, row, source, ts_us))
         self._serve(self.producer.poll, 0)
+
+    def _copy_rows(self, table: TargetTable, rows: Iterable[Row]) -> None:
+        """Rows of a table's copy (op 'r'), each marked where it stands in the copy: a copy is a
+        snapshot of one table (Debezium's markers: the first row `first`, the last `last`). The
+        last row given is held back: only the next record of anything else, or the commit, says
+        it was the copy's last."""
+        copy = self._copy
+        if copy is None or copy.table.table_id != table.table_id:
+            if copy is not None:
+                self._end_copy()
+            copy = _Copy(table=table, envelope=self._envelope(table), topic=self.topic(table),
+                         key_positions=table.structure.key_positions())
+        ts_us = _now_us()
+        middle = copy.envelope.source(ts_us=ts_us, snapshot="true", tick=self._tick(), event=None, txid=None)
+        for row in rows:
+            if copy.held is not None:
+                self._copy = None   # (not the copy's end)
+                self._copied(copy, copy.held, middle, ts_us, last=False)
+            copy.held = row
+        self._copy = copy
+        self._serve(self.producer.poll, 0)
+
+    def _end_copy(self) -> None:
+        """The copy's last row, marked so."""
+        copy, self._copy = self._copy, None
+        if copy is not None and copy.held is not None:
+            self._copied(copy, copy.held, None, _now_us(), last=True)
+
+    def _copied(self, copy: _Copy, row: Row, middle: str | None, ts_us: int, *, last: bool) -> None:
+        """One copied row's records; middle: the source block of rows neither first nor last."""
+        first = copy.published == 0
+        copy.published += 1
+        if first or last or middle is None:
+            source = copy.envelope.source(ts_us=ts_us, tick=self._tick(), event=None, txid=None,
+                                          snapshot=snapshot_marker(first_of_snapshot=first, last_of_snapshot=last,
+                                                                   first_of_table=first, last_of_table=last))
+        else:
+            source = middle
+        key = [row[i] for i in copy.key_positions]
+        self._produce(copy.topic, copy.envelope.key(key), copy.envelope.value("r", row, source, ts_us))
 
     def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
         envelope = self._envelope(table)
-        source = self._source(table, envelope, snapshot=False)
-        ts_ms = int(time.time() * 1000)
+        source = self._source(table, envelope)
+        ts_us = _now_us()
         topic = self.topic(table)
         for values in keys:
             key = envelope.key(values)
-            self._produce(topic, key, envelope.delete_value(values, source, ts_ms))
-            self._produce(topic, key, None)   # the tombstone: compaction forgets the row
+            self._produce(topic, key, envelope.delete_value(values, source, ts_us))
+            # the tombstone: compaction forgets the row; its header holds what the key cannot
+            self._produce(topic, key, None, key_header=envelope.key_header(values))
         self._serve(self.producer.poll, 0)
 
     def truncate(self, table: TargetTable) -> None:
         """A 't' record in every partition of the table's topic: a reader of any partition sees it
         in order with that partition's rows."""
         envelope = self._envelope(table)
-        source = self._source(table, envelope, snapshot=False)
+        source = self._source(table, envelope)
         topic = self.topic(table)
-        value = envelope.value("t", None, source, int(time.time() * 1000))
+        value = envelope.value("t", None, source, _now_us())
         for partition in range(self.topics.ensure_table(topic)):
             self._produce(topic, envelope.truncate_key(), value, partition)
 
@@ -440,7 +515,7 @@ class KafkaTarget:
                                          "event": event, **replicator}, default=str))
         envelope = self._envelope(table)
         ts_ms = int(time.time() * 1000)
-        source = envelope.source(ts_ms=origin.ts_ms, snapshot="false", tick=origin.tick, event=origin.event,
+        source = envelope.source(ts_us=origin.ts_us, snapshot="false", tick=origin.tick, event=origin.event,
                                  txid=origin.txid)
         value = schema_change_value(self._settings(), change=change, structure=table.structure,
                                     ddl=event.get("sql") if event else None, source=source, ts_ms=ts_ms,

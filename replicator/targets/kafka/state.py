@@ -139,10 +139,15 @@ def data(value: bytes | str | None) -> bytes:
     return value.encode() if isinstance(value, str) else value
 
 
+def header_values(message: Message, header: str) -> list[str | bytes | None]:
+    """The values of a record's headers of that name."""
+    headers = message.headers() or []
+    return [value for name, value in (headers.items() if isinstance(headers, dict) else headers) if name == header]
+
+
 def sequence_of(message: Message) -> tuple[int, int]:
     """(commit, index) from a record's SEQUENCE header."""
-    headers = message.headers() or []
-    values = [value for name, value in (headers.items() if isinstance(headers, dict) else headers) if name == SEQUENCE]
+    values = header_values(message, SEQUENCE)
     if len(values) != 1 or values[0] is None:
         raise bad_record(message, f"has no {SEQUENCE} header, or more than one")
     commit, dot, index = data(values[0]).partition(b".")

@@ -19,6 +19,7 @@ from typing import Any
 
 from replicator.structure import Column, decoder_for, parse_json
 from replicator.targets.kafka import temporal
+from replicator.targets.kafka.defaults import default_value
 
 NON_FINITE = frozenset(("NaN", "Infinity", "-Infinity"))
 DECIMAL_MODES = ("precise", "string", "double")
@@ -473,7 +474,11 @@ class ColumnField:
     schema: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "schema", connect_schema(self.codec.schema, optional=not self.column.not_null,
+        schema = self.codec.schema
+        default = default_value(self.column)
+        if default is not None and schema["type"] != "struct":   # Connect takes no struct default (KAFKA-12694)
+            schema = {**schema, "default": json.loads(self.codec.encode(default))}
+        object.__setattr__(self, "schema", connect_schema(schema, optional=not self.column.not_null,
                                                           field_name=self.column.name))
 
     @property
