@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from consumer_helpers import Daemon, run_cli, wait_until
+from consumer_helpers import Daemon, run_cli, sqlite_reader, wait_until
 from kafka_helpers import FETCH_WAIT
 from kafkaserver import KafkaServer
 from replicator.errors import TargetUnavailable
@@ -324,11 +325,8 @@ def test_a_new_follower_does_not_bring_back_truncated_rows_once_a_row_of_null_ke
     db = tmp_path / "follower.db"
     result = follow(dsn, url, f"sqlite:{db}")
     assert result.returncode == 0, result.stderr
-    reader_db = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
+    with closing(sqlite_reader(db)) as reader_db:
         held = reader_db.execute("SELECT code, v FROM codes").fetchall()
-    finally:
-        reader_db.close()
     assert sorted(held, key=repr) == sorted(conn.execute("SELECT code, v FROM codes").fetchall(), key=repr)
 
 
@@ -364,11 +362,8 @@ def test_a_follower_resuming_past_a_delete_compaction_removed_deletes_by_its_tom
 
     result = follow(dsn, url, f"sqlite:{db}")
     assert result.returncode == 0, result.stderr
-    reader_db = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
+    with closing(sqlite_reader(db)) as reader_db:
         held = reader_db.execute("SELECT k, v FROM spans").fetchall()
-    finally:
-        reader_db.close()
     conn.execute("SET IntervalStyle = 'postgres'")
     assert held == conn.execute("SELECT k::text, v FROM spans").fetchall()
 

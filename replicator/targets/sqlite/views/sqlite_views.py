@@ -71,16 +71,17 @@ class SqliteViews:
             if self._loaded is None or fingerprint != self._loaded[1]:
                 self._load()
             elif self._loaded[0] == NOT_READ:   # a rollback took back the TEMP tables its transaction made
-                for plan in self.plans:
-                    if plan.status == "ok" and plan.mode == "incremental":
-                        make_temp_tables(self.db, self.capture, plan)
+                for plan in self._incremental():
+                    make_temp_tables(self.db, self.capture, plan)
             self._loaded = (version, fingerprint)
             # a view to check again gets its indexes when it is installed
-            storage.restore_indexes(self.db, [p for p in self.plans if p.status == "ok" and p.mode == "incremental"
-                                              and p.name not in self._revalidate])
+            storage.restore_indexes(self.db, [p for p in self._incremental() if p.name not in self._revalidate])
         if self.active:
-            self.capture.arm(t for p in self.plans if p.status == "ok" and p.mode == "incremental"
-                             for t in p.tables)
+            self.capture.arm(t for p in self._incremental() for t in p.tables)
+
+    def _incremental(self) -> builtins.list[Plan]:
+        """The plans maintained from captured changes: valid, incremental."""
+        return [p for p in self.plans if p.status == "ok" and p.mode == "incremental"]
 
     def note_write(self, table: str) -> None:
         if self.active:
