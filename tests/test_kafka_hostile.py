@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from replicator.follower import follower as follower_module
 from replicator.follower.follower import Follower
 from replicator.shutdown import StopFlag
 from replicator.source import Source
+from replicator.targets.kafka.envelope import KEY_HEADER
 from replicator.targets.kafka.settings import parse_url
 from replicator.targets.sqlite.target import SqliteTarget
 
@@ -63,11 +65,13 @@ def source_rows(conn: psycopg.Connection) -> dict[int, Any]:
 
 
 def plain_write(bootstrap: str, topic: str, key: bytes | None, value: bytes | None,
-                header: bytes | None = None) -> int:
-    """A record written by a plain producer (no transaction); returns its offset."""
+                header: bytes | None = None, *, headers: Sequence[tuple[str, bytes]] = ()) -> int:
+    """A record written by a plain producer (no transaction), with the sequence header given and any
+    other headers; returns its offset."""
     producer = Producer({"bootstrap.servers": bootstrap})
     offsets: list[int] = []
-    producer.produce(topic, value, key, partition=0, headers=[(SEQUENCE_HEADER, header)] if header else None,
+    all_headers = ([(SEQUENCE_HEADER, header)] if header else []) + list(headers)
+    producer.produce(topic, value, key, partition=0, headers=all_headers or None,
                      on_delivery=lambda error, message: offsets.append(message.offset()))
     assert producer.flush(30) == 0
     return offsets[0]
@@ -260,7 +264,8 @@ def _writing(db: Path) -> bool:
 
 # finding 7 ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("poison", ["no header", "not JSON", "no change", "schema without structure"])
+@pytest.mark.parametrize("poison", ["no header", "not JSON", "no change", "schema without structure",
+                                    "tombstone key header not JSON", "tombstone key header no map"])
 def test_a_poison_record_stops_a_follower_in_one_line_and_skip_record_gets_past_it(
         dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str,
         tmp_path: Path, poison: str) -> None:
@@ -278,6 +283,10 @@ def test_a_poison_record_stops_a_follower_in_one_line_and_skip_record_gets_past_
         offset = plain_write(kafka.bootstrap, topic, b"k", b"\xff not json", header)
     elif poison == "no change":
         offset = plain_write(kafka.bootstrap, topic, b"{}", b'{"payload": {"op": "c"}}', header)
+    elif poison.startswith("tombstone"):   # a genuine key, the exact texts its header claims to hold forged
+        key = next(r.key for r in read_committed(kafka.bootstrap, topic) if r.key_payload == {"id": 1})
+        forged = b"{not json" if poison.endswith("not JSON") else b'["1"]'
+        offset = plain_write(kafka.bootstrap, topic, key, None, header, headers=[(KEY_HEADER, forged)])
     else:
         topic = kafka_prefix
         value = {"payload": {"replicator": json.dumps({"call": "create", "table_id": 1, "name": "x", "mode": "full"})}}
