@@ -212,6 +212,17 @@ def test_credentials_in_the_url_are_refused_without_echoing_them(dsn: str, queue
             assert result.stderr.count("\n") == 1 and "REPLICATOR_KAFKA_SASL_PASSWORD" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("source", [f"postgresql://app:{SECRET}@db/shop", f"dbname=shop password={SECRET}", "shop"])
+def test_a_database_given_to_source_is_refused_naming_dsn_without_echoing_it(source: str, tmp_path: Path) -> None:
+    """--source names a publisher's topics: a newcomer giving it the source database is told where that
+    goes, and the text, which may hold a password, is not printed."""
+    result = run_cli("", "consume", "--source", source, "--target", f"sqlite:{tmp_path / 'x.db'}", timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("\n") == 1 and "--dsn" in result.stderr and "kafka://" in result.stderr, result.stderr
+    assert SECRET not in result.stderr + result.stdout
+    assert not (tmp_path / "x.db").exists()
+
+
 @pytest.mark.parametrize("setting", ["sasl.password", "ssl.key.password", "sasl.oauthbearer.client.secret"])
 def test_a_secret_setting_on_the_command_line_is_refused_naming_where_it_goes(setting: str) -> None:
     with pytest.raises(UserError, match="REPLICATOR_KAFKA_") as raised:

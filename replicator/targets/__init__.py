@@ -109,6 +109,9 @@ def open_views(url: str, *, spark_master: str | None = None,
 
 def kafka_source(url: str) -> KafkaSettings:
     """The publisher's topics a follower's --source kafka://BROKERS/PREFIX names."""
+    if not url.startswith("kafka:"):   # (not echoed: a database's connection string may hold a password)
+        raise UserError("--source takes a publisher's topics, kafka://BROKERS/PREFIX; the source database "
+                        "is --dsn (or REPLICATOR_DSN)")
     require("kafka", "a follower of Kafka topics")
     from replicator.targets.kafka.settings import parse_url
     return parse_url(url)
