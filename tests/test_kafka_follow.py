@@ -1059,7 +1059,8 @@ def test_a_follower_command_line_that_cannot_work_is_one_line_and_exit_1(dsn: st
         ("--source", published, "--target", published + "_again"): "a follower writes a target of its own",
         ("--source", published, "--target", target, "--consumer", "c"): "--recopy and --consumer apply to consumers",
         ("--source", published, "--target", target, "--recopy"): "--recopy and --consumer apply to consumers",
-        ("--source", "http://127.0.0.1:9092/shop", "--target", target): "invalid Kafka URL",
+        ("--source", "http://127.0.0.1:9092/shop", "--target", target): "--source takes a publisher's topics",
+        ("--source", "kafka:127.0.0.1:9092/shop", "--target", target): "invalid Kafka URL",
         ("--source", published + "?decimals=float", "--target", target): "invalid decimals='float'",
     }
     for args, message in refused.items():
