@@ -601,7 +601,8 @@ class Follower:
     def _schema_change(self, message: Message, tables: dict[int, TargetTable], by_topic: dict[str, TargetTable],
                        truncated: set[tuple[int, int]]) -> None:
         """Repeats the publisher's target call on this follower's target. A create of a table held is a copy
-        again, which the publisher marks (`again`), or, before it did, truncated first in the same commit."""
+        again, which the publisher marks (`again`), or, before it did, truncated first in the same commit;
+        it replaces the table's rows here (the rows before it that the copy lacks are gone)."""
         change = schema_change_of(message)
         call, table_id = change["call"], change["table_id"]
         if self._followed is not None and table_id not in self._followed:
@@ -617,6 +618,10 @@ class Follower:
         new = TargetTable(source_name=change["name"], table_id=table_id, mode=change["mode"],
                           structure=structure, copy_snapshot=None)
         if call == "create":
+            if old is not None and not self.target.copies_over_rows:
+                # a copy again, which the publisher writes over the rows sinks hold (no truncate before
+                # it): this target is told the copy replaces them, as a consumer of the queue tells it
+                self.target.truncate(old)
             self.target.create_table(new)
         elif call == "alter":
             if old is None:

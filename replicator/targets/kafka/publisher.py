@@ -78,10 +78,14 @@ def _kafka_error(exc: KafkaException) -> KafkaError:
 
 class KafkaTarget:
     exactly_once = True
-    # A renamed table is published anew on its new name's topic (a truncate on the old one): a new
+    # A renamed table is published anew on its new name's topic (a DROP of the old name): a new
     # follower then finds each table whole on one topic, and a table created later under the old
     # name cannot compact the renamed table's rows away.
     copies_renamed_tables = True
+    # A copy again after a schema change is `r` records over the rows sinks hold, never a truncate
+    # first (a sink would show the table empty, or lose it, until the copy's rows came); followers
+    # replace the table at its create record, marked `again`
+    copies_over_rows = True
     # its position is in topics others may be able to write: it must match the source consumer's
     resumes_where_the_source_is = True
 
