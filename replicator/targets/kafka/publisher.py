@@ -71,6 +71,16 @@ class _Event:
     ts_ms: int
 
 
+@dataclass
+class _HeldRows:
+    """The records of an event's updated rows, held until the next call: an UPDATE that changed keys is
+    queued as a U event of its new rows and a D event of the old keys no new row kept, and Debezium
+    writes the old keys' deletes first."""
+    topic: str
+    txid: int | None
+    records: list[tuple[bytes, bytes]]   # (key, value) of each row
+
+
 def _kafka_error(exc: KafkaException) -> KafkaError:
     error: KafkaError = exc.args[0]
     return error
@@ -129,6 +139,7 @@ class KafkaTarget:
         self._pending_event: tuple[TargetTable, dict[str, Any], _Event] | None = None
         self._event = _Event(tick=self._tick(), event=None, txid=None, ts_ms=0)
         self._sources: dict[str, str] = {}
+        self._held: _HeldRows | None = None
 
     # where the records come from (replicator.targets.protocol.RecordsOrigin) ------------------
 
@@ -191,6 +202,7 @@ class KafkaTarget:
         self._errors.clear()
 
     def commit(self) -> None:
+        self._release()
         if self._pending_event is not None:   # a schema change no table call followed
             self._schema_record("ALTER", "event", self._pending_event[0], {})
         self._flush()
@@ -248,6 +260,7 @@ class KafkaTarget:
         self._position = _position_of(self._committed.commit)
         self._tables_changed = False
         self._pending_event = None
+        self._held = None
 
     def close(self) -> None:
         if self._in_transaction:
@@ -393,33 +406,55 @@ class KafkaTarget:
         return table_topic(self.settings.prefix, table.structure.schema, table.structure.name)
 
     def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+        self._release()
         envelope = self._envelope(table)
         source = self._source(table, envelope, snapshot=op == "R")
         ts_ms = int(time.time() * 1000)
         topic = self.topic(table)
         debezium_op = _OPS[op]
-        key_of = itemgetter(*table.structure.key_positions())
-        single = len(table.structure.key) == 1
-        for row in rows:
-            key = key_of(row)
-            self._produce(topic, envelope.key((key,) if single else key),
-                          envelope.value(debezium_op, row, source, ts_ms))
-        self._serve(self.producer.poll, 0)
+        key_positions = table.structure.key_positions()
+        key_of = itemgetter(*key_positions) if len(key_positions) > 1 else lambda row: (row[key_positions[0]],)
+        records = ((envelope.key(key_of(row)), envelope.value(debezium_op, row, source, ts_ms)) for row in rows)
+        if op == "U" and self._event.event is not None:   # an event's updated rows: see delete()
+            self._held = _HeldRows(topic, self._event.txid, list(records))
+            return
+        self._write(topic, records)
 
     def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
+        """A 'd' record and its tombstone per key. The deletes of an UPDATE's old keys come before its
+        new rows, as Debezium writes a key change: the rows of the event just before, held, when they
+        are of the same table and transaction and none has a key deleted here (operations on other
+        keys commute: a reader ends with the same rows, in whichever order it applies them)."""
         envelope = self._envelope(table)
         source = self._source(table, envelope, snapshot=False)
         ts_ms = int(time.time() * 1000)
         topic = self.topic(table)
-        for values in keys:
-            key = envelope.key(values)
-            self._produce(topic, key, envelope.delete_value(values, source, ts_ms))
-            self._produce(topic, key, None)   # the tombstone: compaction forgets the row
+        deletes = [(envelope.key(values), envelope.delete_value(values, source, ts_ms)) for values in keys]
+        held = self._held
+        if held is not None and not (held.topic == topic and held.txid == self._event.txid
+                                     and not {key for key, _ in deletes} & {key for key, _ in held.records}):
+            self._release()
+        held, self._held = self._held, None
+        self._write(topic, (record for key, value in deletes
+                            for record in ((key, value), (key, None))))   # the tombstone: compaction forgets the row
+        if held is not None:
+            self._write(topic, held.records)
+
+    def _release(self) -> None:
+        """Writes the updated rows held, which no delete of their UPDATE's old keys followed."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._write(held.topic, held.records)
+
+    def _write(self, topic: str, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+        for key, value in records:
+            self._produce(topic, key, value)
         self._serve(self.producer.poll, 0)
 
     def truncate(self, table: TargetTable) -> None:
         """A 't' record in every partition of the table's topic: a reader of any partition sees it
         in order with that partition's rows."""
+        self._release()
         envelope = self._envelope(table)
         source = self._source(table, envelope, snapshot=False)
         topic = self.topic(table)
@@ -437,6 +472,7 @@ class KafkaTarget:
         """A record on the schema change topic: Debezium's schema change event (change CREATE, ALTER or
         DROP, with the statement of the pending schema event as its ddl), and in its `replicator` member
         the target call a follower repeats (create, alter, drop, or event alone)."""
+        self._release()
         pending, self._pending_event = self._pending_event, None
         event, origin = (pending[1], pending[2]) if pending else (None, self._event)
         payload = json.loads(json.dumps({"call": call, "table_id": table.table_id, "mode": table.mode,
