@@ -743,10 +743,11 @@ AFTER_THE_SCHEMA_CHANGE = [
 
 
 def recopied(dsn: str, conn: psycopg.Connection, url: str, topic: str, bootstrap: str,
-             statements: list[str]) -> tuple[list[Record], list[Record]]:
+             statements: list[str]) -> tuple[list[Record], list[Record], dict[str, list[int]]]:
     """t published, then `ALTER TABLE t ADD COLUMN ... NOT NULL DEFAULT` (copied again) and the statements,
-    published in one run: (the records before it, those of the run)."""
+    published in one run: (the records before it, those of the run, t's layout as first copied)."""
     conn.execute(RECOPY_SCHEMA)
+    layouts = {"public.t": attnums(conn, "t")}
     conn.execute("SELECT replicator.create_queue('q')")
     conn.execute("SELECT replicator.add_table('q', 't')")
     publish(dsn, url)
@@ -759,7 +760,7 @@ def recopied(dsn: str, conn: psycopg.Connection, url: str, topic: str, bootstrap
     last_commit(bootstrap, url.rpartition("/")[2])
     records = read_committed(bootstrap, topic)
     return ([r for r in records if r.sequence[0] <= before["commit"]],
-            [r for r in records if r.sequence[0] > before["commit"]])
+            [r for r in records if r.sequence[0] > before["commit"]], layouts)
 
 
 def test_a_copy_again_after_a_schema_change_never_empties_a_sink_and_leaves_it_equal_to_the_source(
@@ -768,7 +769,7 @@ def test_a_copy_again_after_a_schema_change_never_empties_a_sink_and_leaves_it_e
     row it held before that the source still holds (rows the source deleted may go), and at the end the
     source's rows, those the changes the copy holds deleted gone too; a follower equals the source."""
     url, topic = url_of(kafka, kafka_prefix), table_topic(kafka_prefix, "public", "t")
-    old, new = recopied(dsn, conn, url, topic, kafka.bootstrap, AFTER_THE_SCHEMA_CHANGE)
+    old, new, layouts = recopied(dsn, conn, url, topic, kafka.bootstrap, AFTER_THE_SCHEMA_CHANGE)
     assert not [r for r in new if r.value is not None and r.value_payload["op"] == "t"]
     assert {r.value_payload["op"] for r in new if r.value is not None} == {"r", "d"}
     source = source_rows(conn, "t")
@@ -779,9 +780,11 @@ def test_a_copy_again_after_a_schema_change_never_empties_a_sink_and_leaves_it_e
             missing = kept - rows.get(topic, {}).keys()
             assert not missing, f"after record {n - len(old)} of the copy again, {len(missing)} rows are missing"
     assert replay(old + new)[topic] == source
-    path = tmp_path / "follower.db"
+    path, stream = tmp_path / "follower.db", tmp_path / "changes.jsonl"
     follow_all(url, f"sqlite:{path}")
     assert_follower_equals_source(conn, path)
+    follow_all(url, f"jsonl:{stream}")   # told the copy replaces the rows: T, S, the rows
+    assert_stream_equals_source(conn, StreamReplay(layouts).replay(stream_lines(stream)))
 
 
 def test_a_truncate_the_copy_again_holds_is_published_then_the_table_copied_again(
@@ -789,7 +792,7 @@ def test_a_truncate_the_copy_again_holds_is_published_then_the_table_copied_agai
     """The source truncated t after the schema change: the only records that empty a sink are a
     truncate of the source's, and the copy after it."""
     url, topic = url_of(kafka, kafka_prefix), table_topic(kafka_prefix, "public", "t")
-    old, new = recopied(dsn, conn, url, topic, kafka.bootstrap,
+    old, new, _ = recopied(dsn, conn, url, topic, kafka.bootstrap,
                         ["TRUNCATE t", "INSERT INTO t (id, v) SELECT g, 'after' FROM generate_series(1, 20) g"])
     ops = [r.value_payload["op"] for r in new if r.value is not None]
     assert ops == ["r"] * 20 + ["t"] + ["r"] * 20, Counter(ops)   # (each copy is of the source as it is then)

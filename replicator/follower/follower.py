@@ -612,16 +612,16 @@ class Follower:
                 and (table_id, sequence_of(message)[0]) not in truncated):
             raise bad_record(message, f"creates {old.source_name} again, which this follower holds, as no copy again "
                                       f"does (applied, it would empty the table)")
+        if call == "create" and old is not None:
+            # a copy again, published over the rows sinks hold (no truncate before it): this target is
+            # told the copy replaces them, as a consumer of the queue tells it (a stream: T, S, the rows)
+            self.target.truncate(old)
         if change.get("event") and old is not None:
             self.target.schema_event(old, change["event"])
         structure = TableStructure.from_json(change["structure"])
         new = TargetTable(source_name=change["name"], table_id=table_id, mode=change["mode"],
                           structure=structure, copy_snapshot=None)
         if call == "create":
-            if old is not None and not self.target.copies_over_rows:
-                # a copy again, which the publisher writes over the rows sinks hold (no truncate before
-                # it): this target is told the copy replaces them, as a consumer of the queue tells it
-                self.target.truncate(old)
             self.target.create_table(new)
         elif call == "alter":
             if old is None:
