@@ -753,9 +753,12 @@ def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_rec
         raise UserError("a follower writes a target of its own (sqlite:, delta:, jsonl:, tsv:), not Kafka")
     # before the first Kafka request: a SIGTERM while the follower starts ends it at its first step
     stop = StopFlag() if once or until_caught_up else StopFlag().install()
+    from replicator.follower.follower import Follower, wait_for_publisher  # kafka_source() found the kafka extra
+    wait_for_publisher(settings, stop, waits=not (once or until_caught_up))
+    if stop.is_set:
+        return
     target = open_target(target_url, spark_master=spark_master, spark_conf=spark_conf)
     try:
-        from replicator.follower.follower import Follower  # kafka_source() found the kafka extra
         follower = Follower(settings, target, tables=tables, poll_interval=poll_interval,
                             stats_interval=stats_interval, health_max_lag=health_max_lag, skip=skip_records)
         try:

@@ -544,7 +544,9 @@ class Consumer:
         origin = self.target if isinstance(self.target, RecordsOrigin) else None
         for ev_id, txid, ev_time, ev_type, table_id, data in self.source.batch_events(batch_id, list(following)):
             table = following.get(table_id)
-            if table is None or (table.copy_snapshot and txid_visible(txid, table.copy_snapshot)):
+            if table is None or self._held_by_copy(table, (tick_id, ev_id, txid, ev_time, ev_type), data, pending, run,
+                                                    stats):
+                decoders.pop(table_id, None)   # (the table may have been copied again)
                 continue
             stats.events += 1
             if origin is not None:   # each event's rows in a call of their own, told where they come from
@@ -644,9 +646,11 @@ class Consumer:
             return False
         self._captured[table.table_id] = current
         # The copy replaces every row: a stream says so (T) before the change and the copied
-        # rows. The copy is in the table's current structure (later S events are in the copy):
-        # the change announced is to that structure.
-        self.target.truncate(table)
+        # rows; a target the copy is written over (Kafka) never shows the table empty. The copy
+        # is in the table's current structure (later S events are in the copy): the change
+        # announced is to that structure.
+        if not self.target.copies_over_rows:
+            self.target.truncate(table)
         self.target.schema_event(table, {**event, "schema": current.schema, "name": current.table,
                                          "key": current.key, "columns": current.columns,
                                          "structure": current.structure})
@@ -655,6 +659,34 @@ class Consumer:
         self._following[table.table_id] = self.copy_table(current)
         log.info("event %s: %s copied again after %s", ev_id, current.name, event.get("tag"))
         return False
+
+    def _held_by_copy(self, table: TargetTable, event: tuple[int, int, int, Any, str], data: str | None,
+                      pending: _PendingKeys, run: _Run, stats: BatchStats) -> bool:
+        """Whether the table's copy holds the event's changes (it is then skipped). For a target the copy
+        was written over (Kafka), the rows a delete or truncate held removed are not in the copy, but the
+        target (a sink of the topics) still has them from before it: a delete's keys are read back
+        (deleted where the source lacks them now; later events apply after, as for pk-mode keys); a
+        truncate is published, and the table copied again. `event` is (tick, event id, txid, time, type)."""
+        tick_id, ev_id, txid, ev_time, ev_type = event
+        if not (table.copy_snapshot and txid_visible(txid, table.copy_snapshot)):
+            return False
+        if not self.target.copies_over_rows or ev_type not in ("D", "T"):
+            return True
+        run.flush()
+        if ev_type == "D":
+            if data is not None and pending.add(table.table_id, parse_json(data), (txid, ev_time)) >= JOIN_BACK_KEYS:
+                self._join_back(table, pending, stats)
+            return True
+        assert self.source is not None
+        current = next((t for t in self.source.tables(self.queue) if t.table_id == table.table_id), None)
+        if current is not None and current.structure is not None:   # (dropped since: its DROP follows)
+            pending.keys.pop(table.table_id, None)
+            if isinstance(self.target, RecordsOrigin):
+                self.target.event(tick_id, ev_id, txid, ev_time)
+            self.target.truncate(table)
+            self._captured[table.table_id] = current
+            self._following[table.table_id] = self.copy_table(current)
+        return True
 
     def _join_back(self, table: TargetTable, pending: _PendingKeys, stats: BatchStats) -> bool:
         """Applies the current source rows of the table's pending keys: upsert

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 import uuid
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,7 +141,15 @@ def replay(records: list[Record]) -> dict[str, dict[Any, dict[str, Any]]]:
     """The rows a table topic's records leave, as a consumer of Debezium's topics applies them:
     per table topic, {key as JSON text: the row (the last `after`)}; a delete or a tombstone
     removes the key, a truncate every row of its partition. Records in offset order per partition."""
+    last = deque(replaying(records), maxlen=1)
+    return last[0] if last else {}
+
+
+def replaying(records: list[Record]) -> Iterator[dict[str, dict[Any, dict[str, Any]]]]:
+    """The rows as replay() gives them, after each record in turn: what a sink applying the records
+    one by one shows at each point (the same dict, changed in place)."""
     tables: dict[str, dict[Any, dict[str, Any]]] = {}
+    partitions: dict[tuple[str, Any], int] = {}
     for record in sorted(records, key=lambda r: (r.topic, r.partition, r.offset)):
         rows = tables.setdefault(record.topic, {})
         key = json.dumps(record.key_payload, sort_keys=True)
@@ -147,11 +157,12 @@ def replay(records: list[Record]) -> dict[str, dict[Any, dict[str, Any]]]:
         if value is None or value["op"] == "d":
             rows.pop(key, None)
         elif value["op"] == "t":
-            for other in [k for k, row in rows.items() if row["partition"] == record.partition]:
+            for other in [k for k in rows if partitions[(record.topic, k)] == record.partition]:
                 del rows[other]
         else:
-            rows[key] = {"partition": record.partition, "after": value["after"]}
-    return {topic: {key: row["after"] for key, row in rows.items()} for topic, rows in tables.items()}
+            rows[key] = value["after"]
+            partitions[(record.topic, key)] = record.partition
+        yield tables
 
 
 def publish(dsn: str, url: str, *args: str, queue: str = "q", timeout: float = 120,

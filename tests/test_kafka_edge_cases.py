@@ -420,13 +420,16 @@ def test_a_follower_until_caught_up_that_cannot_reach_kafka_fails_in_one_line(
     assert "Kafka" in result.stderr.splitlines()[-1]
 
 
-def test_a_follower_of_a_prefix_nothing_publishes_is_refused_in_one_line(
+def test_a_follower_of_a_prefix_nothing_publishes_is_refused_in_one_line_before_making_its_target(
         dsn: str, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
-    """A mistyped prefix: no commit topic, no table; the follower ends with exit status 0 (its
-    target made, holding a position), as a consumer of a queue that does not exist does not."""
+    """A mistyped prefix: no commit topic, no table; the follower would end with exit status 0 (its
+    target made, holding a position), as a consumer of a queue that does not exist does not. Refused,
+    it leaves nothing behind: no SQLite file a later run (with the prefix right) would take for its own."""
     result = follow(dsn, f"kafka://{kafka.bootstrap}/{kafka_prefix}_typo", f"sqlite:{tmp_path / 'follower.db'}")
     assert result.returncode == 1
     assert f"{kafka_prefix}_typo" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "follower.db").exists()
 
 
 def test_a_follower_with_tables_the_prefix_does_not_publish_is_refused_in_one_line(

@@ -58,7 +58,7 @@ from consumer_helpers import (
     wait_until,
 )
 from ddl_helpers import StreamReplay, assert_stream_equals_source, attnums, stream_lines
-from kafka_helpers import FETCH_WAIT
+from kafka_helpers import FETCH_WAIT, Record, last_commit, read_committed, replay, replaying
 from kafkaserver import KafkaServer
 from pg_helpers import execute_retrying_deadlocks, fresh_database
 from replicator.follower.follower import Follower
@@ -66,6 +66,7 @@ from replicator.structure import target_table_name
 from replicator.targets import open_target
 from replicator.targets.kafka.settings import parse_url
 from replicator.targets.kafka.topics import state_topic, table_topic
+from test_kafka_publish import source_rows
 
 # A follower needs no source: every one runs with a DSN that reaches no database.
 NO_SOURCE = "host=127.0.0.1 port=9 dbname=no_source_for_followers user=nobody connect_timeout=1"
@@ -706,7 +707,7 @@ def test_a_new_follower_bootstraps_from_topics_kafka_compacted_and_never_touches
 def test_a_row_deleted_after_its_table_was_renamed_stays_deleted_for_a_new_follower_after_compaction(
         dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
     # A renamed table is published anew on its new name's topic: its rows' earlier records on the
-    # former topic come before that topic's truncate, so no cleaned tombstone can bring one back.
+    # former topic come before the table's DROP there, so no cleaned tombstone can bring one back.
     conn.execute("CREATE TABLE r (id int PRIMARY KEY, v text)")
     conn.execute("INSERT INTO r SELECT g, 'before the rename' FROM generate_series(1, 100) g")
     conn.execute("SELECT replicator.create_queue('q')")
@@ -721,6 +722,81 @@ def test_a_row_deleted_after_its_table_was_renamed_stays_deleted_for_a_new_follo
     # the deletes cleaned, then their tombstones: the 50 rows left, and a record of the row rolling the segments
     publish_until_cleaned(dsn, url, kafka.bootstrap, [topic], ["UPDATE r2 SET v = 'rolls' WHERE id = 100"],
                           tmp_path / "publisher.log", lambda now: now[topic] <= 55)
+    path = tmp_path / "follower.db"
+    follow_all(url, f"sqlite:{path}")
+    assert_follower_equals_source(conn, path)
+
+
+# a copy again after a schema change, as sinks of the topics see it ----------------------------------
+
+RECOPY_SCHEMA = """
+    CREATE TABLE t (id int PRIMARY KEY, v text, n int NOT NULL DEFAULT 0);
+    INSERT INTO t SELECT g, 'v' || g, 0 FROM generate_series(1, 300) g;
+"""
+# made after the schema change, before the publisher copies t again: its copy holds them
+AFTER_THE_SCHEMA_CHANGE = [
+    "DELETE FROM t WHERE id % 10 = 0",
+    "UPDATE t SET id = id + 1000 WHERE id % 10 = 1",
+    "UPDATE t SET v = 'changed' WHERE id % 10 = 2",
+    "INSERT INTO t (id, v) SELECT g, 'new' FROM generate_series(2001, 2050) g",
+]
+
+
+def recopied(dsn: str, conn: psycopg.Connection, url: str, topic: str, bootstrap: str,
+             statements: list[str]) -> tuple[list[Record], list[Record], dict[str, list[int]]]:
+    """t published, then `ALTER TABLE t ADD COLUMN ... NOT NULL DEFAULT` (copied again) and the statements,
+    published in one run: (the records before it, those of the run, t's layout as first copied)."""
+    conn.execute(RECOPY_SCHEMA)
+    layouts = {"public.t": attnums(conn, "t")}
+    conn.execute("SELECT replicator.create_queue('q')")
+    conn.execute("SELECT replicator.add_table('q', 't')")
+    publish(dsn, url)
+    before = last_commit(bootstrap, url.rpartition("/")[2])
+    assert before is not None
+    conn.execute("ALTER TABLE t ADD COLUMN flag boolean NOT NULL DEFAULT true")
+    for statement in statements:
+        conn.execute(statement)
+    publish(dsn, url)
+    last_commit(bootstrap, url.rpartition("/")[2])
+    records = read_committed(bootstrap, topic)
+    return ([r for r in records if r.sequence[0] <= before["commit"]],
+            [r for r in records if r.sequence[0] > before["commit"]], layouts)
+
+
+def test_a_copy_again_after_a_schema_change_never_empties_a_sink_and_leaves_it_equal_to_the_source(
+        dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
+    """No truncate before the copy: a sink applying the records one by one holds, at every point, every
+    row it held before that the source still holds (rows the source deleted may go), and at the end the
+    source's rows, those the changes the copy holds deleted gone too; a follower equals the source."""
+    url, topic = url_of(kafka, kafka_prefix), table_topic(kafka_prefix, "public", "t")
+    old, new, layouts = recopied(dsn, conn, url, topic, kafka.bootstrap, AFTER_THE_SCHEMA_CHANGE)
+    assert not [r for r in new if r.value is not None and r.value_payload["op"] == "t"]
+    assert {r.value_payload["op"] for r in new if r.value is not None} == {"r", "d"}
+    source = source_rows(conn, "t")
+    kept = replay(old)[topic].keys() & source.keys()
+    assert len(kept) == 240
+    for n, rows in enumerate(replaying(old + new)):
+        if n >= len(old):
+            missing = kept - rows.get(topic, {}).keys()
+            assert not missing, f"after record {n - len(old)} of the copy again, {len(missing)} rows are missing"
+    assert replay(old + new)[topic] == source
+    path, stream = tmp_path / "follower.db", tmp_path / "changes.jsonl"
+    follow_all(url, f"sqlite:{path}")
+    assert_follower_equals_source(conn, path)
+    follow_all(url, f"jsonl:{stream}")   # told the copy replaces the rows: T, S, the rows
+    assert_stream_equals_source(conn, StreamReplay(layouts).replay(stream_lines(stream)))
+
+
+def test_a_truncate_the_copy_again_holds_is_published_then_the_table_copied_again(
+        dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str, tmp_path: Path) -> None:
+    """The source truncated t after the schema change: the only records that empty a sink are a
+    truncate of the source's, and the copy after it."""
+    url, topic = url_of(kafka, kafka_prefix), table_topic(kafka_prefix, "public", "t")
+    old, new, _ = recopied(dsn, conn, url, topic, kafka.bootstrap,
+                        ["TRUNCATE t", "INSERT INTO t (id, v) SELECT g, 'after' FROM generate_series(1, 20) g"])
+    ops = [r.value_payload["op"] for r in new if r.value is not None]
+    assert ops == ["r"] * 20 + ["t"] + ["r"] * 20, Counter(ops)   # (each copy is of the source as it is then)
+    assert replay(old + new)[topic] == source_rows(conn, "t")
     path = tmp_path / "follower.db"
     follow_all(url, f"sqlite:{path}")
     assert_follower_equals_source(conn, path)

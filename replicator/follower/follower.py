@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 
 from replicator import run_loop
 from replicator.errors import UserError
@@ -142,6 +142,34 @@ def _key_header(message: Message) -> bytes | None:
     return data(values[0]) if values else None
 
 
+def wait_for_publisher(settings: KafkaSettings, stop: StopFlag, waits: bool) -> None:
+    """Before a follower makes its target: a run that stops by itself refuses a prefix nothing is
+    published to (its commit topic is missing: a typo would follow nothing, in silence, and leave a
+    target behind); a daemon waits for its publisher, saying so."""
+    consumer = committed_consumer(settings, **{"group.id": f"replicator-follower.{settings.prefix}"})
+    try:
+        if _published(consumer, settings):
+            return
+        message = (f"nothing is published to {settings.name} (no topic {state_topic(settings.prefix)}): check the "
+                   f"prefix, or start its publisher (`replicator consume QUEUE --target {settings.name}`)")
+        if not waits:
+            raise UserError(message + " first")
+        log.warning("%s; waiting for it", message)
+        while not stop.is_set and not _published(consumer, settings):
+            stop.wait(PROBE_EVERY)
+    finally:
+        consumer.close()
+
+
+def _published(consumer: Consumer, settings: KafkaSettings) -> bool:
+    """Whether a publisher has written to the prefix (its commit topic exists)."""
+    try:
+        topics = consumer.list_topics(timeout=PROBE_TIMEOUT * 10).topics
+    except KafkaException as exc:
+        raise UserError(f"cannot reach Kafka at {settings.brokers}: {exc.args[0].str()}") from None
+    return state_topic(settings.prefix) in topics
+
+
 class Follower:
     def __init__(self, settings: KafkaSettings, target: Target, *, tables: list[str] | None = None,
                  poll_interval: float = 0.2, stats_interval: float = 30.0, health_max_lag: float = 300.0,
@@ -222,27 +250,6 @@ class Follower:
         down is an outage."""
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
             self._outage(error.str())
-
-    def _published(self) -> bool:
-        """Whether a publisher has written to the prefix (its commit topic exists)."""
-        try:
-            topics = self.consumer.list_topics(timeout=PROBE_TIMEOUT * 10).topics
-        except KafkaException as exc:
-            raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
-        return self._state[0] in topics
-
-    def _wait_for_publisher(self, stop: StopFlag, waits: bool) -> None:
-        """A run that stops by itself refuses a prefix nothing is published to (a typo would follow
-        nothing, in silence); a daemon waits for its publisher, saying so."""
-        if self._published():
-            return
-        message = (f"nothing is published to {self.settings.name} (no topic {self._state[0]}): check the prefix, or "
-                   f"start its publisher (`replicator consume QUEUE --target {self.settings.name}`)")
-        if not waits:
-            raise UserError(message + " first")
-        log.warning("%s; waiting for it", message)
-        while not stop.is_set and not self._published():
-            stop.wait(PROBE_EVERY)
 
     def _outage(self, reason: str) -> None:
         """Kafka unreachable: said once, and by /health until it answers again."""
@@ -603,7 +610,8 @@ class Follower:
     def _schema_change(self, message: Message, tables: dict[int, TargetTable], by_topic: dict[str, TargetTable],
                        truncated: set[tuple[int, int]]) -> None:
         """Repeats the publisher's target call on this follower's target. A create of a table held is a copy
-        again, which the publisher marks (`again`), or, before it did, truncated first in the same commit."""
+        again, which the publisher marks (`again`), or, before it did, truncated first in the same commit;
+        it replaces the table's rows here (the rows before it that the copy lacks are gone)."""
         change = schema_change_of(message)
         call, table_id = change["call"], change["table_id"]
         if self._followed is not None and table_id not in self._followed:
@@ -613,6 +621,10 @@ class Follower:
                 and (table_id, sequence_of(message)[0]) not in truncated):
             raise bad_record(message, f"creates {old.source_name} again, which this follower holds, as no copy again "
                                       f"does (applied, it would empty the table)")
+        if call == "create" and old is not None:
+            # a copy again, published over the rows sinks hold (no truncate before it): this target is
+            # told the copy replaces them, as a consumer of the queue tells it (a stream: T, S, the rows)
+            self.target.truncate(old)
         if change.get("event") and old is not None:
             self.target.schema_event(old, change["event"])
         structure = TableStructure.from_json(change["structure"])
@@ -651,7 +663,6 @@ class Follower:
         """Runs until stopped, for one step (once), or until every commit made before the call is
         applied (until_caught_up). Returns the number of steps that applied something."""
         stop = self._stop = stop or StopFlag()
-        self._wait_for_publisher(stop, waits=not (once or until_caught_up))
         self._check_positions()
         applied = run_loop.run(self, stop, once=once, until_caught_up=until_caught_up)
         for record in sorted(self.skip - self._skipped):

@@ -34,6 +34,10 @@ class Target(Protocol):
     # whether a renamed table is copied again rather than renamed in place (Kafka: a topic per table
     # name; the records before the rename stay on the old name's topic)
     copies_renamed_tables: bool
+    # whether a table copied again after a schema change is written over the rows the target holds
+    # rather than in place of them (Kafka: a sink of the topics never sees the table empty); the
+    # consumer then deletes the rows that deletes the copy holds removed (consumer._copied_over)
+    copies_over_rows: bool
 
     def positions(self, queue: str) -> dict[str, int]:
         """The last tick applied of each consumer of `queue` this target holds."""

@@ -49,6 +49,7 @@ def _committed_tables(state: dict[str, Any]) -> dict[str, TargetTable]:
 
 class StreamTarget:
     copies_renamed_tables = False
+    copies_over_rows = False
 
     def __init__(self, where: str, fmt: str) -> None:
         self.format = fmt

@@ -113,6 +113,7 @@ class _Tables:
 class DeltaTarget:
     exactly_once = True
     copies_renamed_tables = False
+    copies_over_rows = False
 
     def __init__(self, url: str, *, spark_master: str | None = None, spark_conf: dict[str, str] | None = None,
                  session: Callable[[], Any] | None = None) -> None:

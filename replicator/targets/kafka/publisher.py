@@ -98,6 +98,16 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
+@dataclass
+class _HeldRows:
+    """The records of an event's updated rows, held until the next call: an UPDATE that changed keys is
+    queued as a U event of its new rows and a D event of the old keys no new row kept, and Debezium
+    writes the old keys' deletes first."""
+    topic: str
+    txid: int | None
+    records: list[tuple[bytes, bytes, None]]   # (key, value, no key header) of each row
+
+
 def _kafka_error(exc: KafkaException) -> KafkaError:
     error: KafkaError = exc.args[0]
     return error
@@ -105,10 +115,14 @@ def _kafka_error(exc: KafkaException) -> KafkaError:
 
 class KafkaTarget:
     exactly_once = True
-    # A renamed table is published anew on its new name's topic (a truncate on the old one): a new
+    # A renamed table is published anew on its new name's topic (a DROP of the old name): a new
     # follower then finds each table whole on one topic, and a table created later under the old
     # name cannot compact the renamed table's rows away.
     copies_renamed_tables = True
+    # A copy again after a schema change is `r` records over the rows sinks hold, never a truncate
+    # first (a sink would show the table empty, or lose it, until the copy's rows came); followers
+    # replace the table at its create record, marked `again`
+    copies_over_rows = True
     # its position is in topics others may be able to write: it must match the source consumer's
     resumes_where_the_source_is = True
 
@@ -153,6 +167,7 @@ class KafkaTarget:
         self._event = _Event(tick=self._tick(), event=None, txid=None, ts_us=0)
         self._sources: dict[str, str] = {}
         self._copy: _Copy | None = None
+        self._held: _HeldRows | None = None
 
     # where the records come from (replicator.targets.protocol.RecordsOrigin) ------------------
 
@@ -216,6 +231,7 @@ class KafkaTarget:
         self._errors.clear()
 
     def commit(self) -> None:
+        self._release()
         self._end_copy()
         if self._pending_event is not None:   # a schema change no table call followed
             self._schema_record("ALTER", "event", self._pending_event[0], {})
@@ -275,6 +291,7 @@ class KafkaTarget:
         self._tables_changed = False
         self._pending_event = None
         self._copy = None
+        self._held = None
 
     def close(self) -> None:
         if self._in_transaction:
@@ -420,6 +437,7 @@ class KafkaTarget:
         return table_topic(self.settings.prefix, table.structure.schema, table.structure.name)
 
     def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+        self._release()   # (rows held before anything else)
         if op == "R":
             self._copy_rows(table, rows)
             return
@@ -428,13 +446,13 @@ class KafkaTarget:
         ts_us = _now_us()
         topic = self.topic(table)
         debezium_op = _OPS[op]
-        key_of = itemgetter(*table.structure.key_positions())
-        single = len(table.structure.key) == 1
-        for row in rows:
-            key = key_of(row)
-            self._produce(topic, envelope.key((key,) if single else key),
-                          envelope.value(debezium_op, row, source, ts_us))
-        self._serve(self.producer.poll, 0)
+        key_positions = table.structure.key_positions()
+        key_of = itemgetter(*key_positions) if len(key_positions) > 1 else lambda row: (row[key_positions[0]],)
+        records = [(envelope.key(key_of(row)), envelope.value(debezium_op, row, source, ts_us), None) for row in rows]
+        if op == "U" and self._event.event is not None:   # an event's updated rows: see delete()
+            self._held = _HeldRows(topic, self._event.txid, records)
+            return
+        self._write(topic, records)
 
     def _copy_rows(self, table: TargetTable, rows: Iterable[Row]) -> None:
         """Rows of a table's copy (op 'r'), each marked where it stands in the copy: a copy is a
@@ -477,20 +495,43 @@ class KafkaTarget:
         self._produce(copy.topic, copy.envelope.key(key), copy.envelope.value("r", row, source, ts_us))
 
     def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
+        """A 'd' record and its tombstone per key. The deletes of an UPDATE's old keys come before its
+        new rows, as Debezium writes a key change: the rows of the event just before, held, when they
+        are of the same table and transaction and none has a key deleted here (operations on other
+        keys commute: a reader ends with the same rows, in whichever order it applies them)."""
         envelope = self._envelope(table)
         source = self._source(table, envelope)
         ts_us = _now_us()
         topic = self.topic(table)
-        for values in keys:
-            key = envelope.key(values)
-            self._produce(topic, key, envelope.delete_value(values, source, ts_us))
-            # the tombstone: compaction forgets the row; its header holds what the key cannot
-            self._produce(topic, key, None, key_header=envelope.key_header(values))
+        deletes = [(envelope.key(values), envelope.delete_value(values, source, ts_us), envelope.key_header(values))
+                   for values in keys]
+        held = self._held
+        if held is not None and not (held.topic == topic and held.txid == self._event.txid
+                                     and not {key for key, _, _ in deletes} & {key for key, _, _ in held.records}):
+            self._release()
+        held, self._held = self._held, None
+        # each delete's tombstone: compaction forgets the row; its header holds what the key cannot
+        self._write(topic, (record for key, value, key_header in deletes
+                            for record in ((key, value, None), (key, None, key_header))))
+        if held is not None:
+            self._write(topic, held.records)
+
+    def _release(self) -> None:
+        """Writes the updated rows held, which no delete of their UPDATE's old keys followed."""
+        held, self._held = self._held, None
+        if held is not None:
+            self._write(held.topic, held.records)
+
+    def _write(self, topic: str, records: Iterable[tuple[bytes, bytes | None, bytes | None]]) -> None:
+        """Produces records (key, value, the tombstone's key header)."""
+        for key, value, key_header in records:
+            self._produce(topic, key, value, key_header=key_header)
         self._serve(self.producer.poll, 0)
 
     def truncate(self, table: TargetTable) -> None:
         """A 't' record in every partition of the table's topic: a reader of any partition sees it
         in order with that partition's rows."""
+        self._release()
         envelope = self._envelope(table)
         source = self._source(table, envelope)
         topic = self.topic(table)
@@ -508,6 +549,7 @@ class KafkaTarget:
         """A record on the schema change topic: Debezium's schema change event (change CREATE, ALTER or
         DROP, with the statement of the pending schema event as its ddl), and in its `replicator` member
         the target call a follower repeats (create, alter, drop, or event alone)."""
+        self._release()
         pending, self._pending_event = self._pending_event, None
         event, origin = (pending[1], pending[2]) if pending else (None, self._event)
         payload = json.loads(json.dumps({"call": call, "table_id": table.table_id, "mode": table.mode,

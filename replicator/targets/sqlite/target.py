@@ -260,6 +260,7 @@ def _name_before_escaping(source: TableStructure) -> str:
 class SqliteTarget:
     exactly_once = True
     copies_renamed_tables = False
+    copies_over_rows = False
 
     def __init__(self, path: Path, *, numeric: str | None = None) -> None:
         """numeric: how numeric values are stored (types.NUMERIC_MODES) in a new replica;
