@@ -303,7 +303,7 @@ def test_happy_path(empty_dsn):
     assert "1 table added to queue main" in ok("table", "add", "main", "public.orders", "--ignore", "seen")
     assert json.loads(ok("table", "list", "main", "--json")) == [
         {"queue": "main", "table": "public.orders", "mode": "full", "key": ["id"], "ignore": ["seen"],
-         "where": None, "suspended": None}]
+         "where": None, "old_rows": False, "suspended": None}]
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         c.execute("SELECT replicator.register_consumer('main', 'reader')")
         c.execute("""INSERT INTO "orders" VALUES (1, 'a', now()), (2, 'b', now())""")
