@@ -24,6 +24,8 @@ from replicator.wording import counted, format_age
 BATCH_WORK_MEM = "64MB"
 
 T = TypeVar("T")
+# an event as a consumer reads it: ev_id, ev_txid, ev_time, ev_type, ev_table, ev_data, ev_old
+EventRow = tuple[int, int, datetime, str, int, str | None, str | None]
 
 
 @dataclass(frozen=True)
@@ -347,7 +349,7 @@ class Source:
         return self._value(str, "SELECT replicator.batch_event_sql(%s, %s)", (batch_id, tables))
 
     def batch_events(self, batch_id: int, tables: list[int] | None = None, chunk_size: int = 16,
-                     chunk_bytes: int = 8 << 20) -> Iterator[tuple[int, int, datetime, str, int, str | None, str | None]]:
+                     chunk_bytes: int = 8 << 20) -> Iterator[EventRow]:
         """The batch's events in ev_id order, streamed through a server-side cursor:
         (ev_id, ev_txid, ev_time, ev_type, ev_table, ev_data, ev_old). ev_data and ev_old (the
         old rows of a table captured with them, else None) come as JSON text: decoding them is

@@ -15,6 +15,7 @@ still running (Kafka aborts what that one had not committed).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -29,7 +30,13 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from replicator.errors import TargetUnavailable, UserError
 from replicator.structure import Change
 from replicator.targets.crash import crash_point
-from replicator.targets.kafka.envelope import EnvelopeSettings, TableEnvelope, schema_change_key, schema_change_value
+from replicator.targets.kafka.envelope import (
+    OLD_ROW_HEADER,
+    EnvelopeSettings,
+    TableEnvelope,
+    schema_change_key,
+    schema_change_value,
+)
 from replicator.targets.kafka.settings import KafkaSettings
 from replicator.targets.kafka.state import (
     COMMIT_KEY,
@@ -48,7 +55,7 @@ from replicator.targets.kafka.topics import (
     state_topic,
     table_topic,
 )
-from replicator.targets.protocol import Row, TargetTable, queue_positions
+from replicator.targets.protocol import OldRows, Row, TargetTable, queue_positions
 
 log = logging.getLogger("replicator")
 _OPS = {"I": "c", "U": "u", "R": "r"}
@@ -342,8 +349,11 @@ class KafkaTarget:
         written = self._written.setdefault(tp, [offset, 0])  # type: ignore[arg-type,list-item]
         written[1] += 1
 
-    def _produce(self, topic: str, key: bytes, value: bytes | None, partition: int = -1) -> None:
+    def _produce(self, topic: str, key: bytes, value: bytes | None, partition: int = -1,
+                 old_row: bool = False) -> None:
         headers: list[tuple[str, str | bytes | None]] = [(SEQUENCE, b"%d.%d" % (self._number, self._index))]
+        if old_row:
+            headers.append((OLD_ROW_HEADER, b"true"))
         self._index += 1
         while True:
             try:
@@ -388,7 +398,9 @@ class KafkaTarget:
     def topic(self, table: TargetTable) -> str:
         return table_topic(self.settings.prefix, table.structure.schema, table.structure.name)
 
-    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row], old_rows: OldRows = None) -> None:
+        """A record per row. With old rows (--old-rows), an update's `before` is its old row, and an
+        updated row without one is a create: its key is new (a key change), as Debezium writes it."""
         envelope = self._envelope(table)
         source = self._source(table, envelope, snapshot=op == "R")
         ts_ms = int(time.time() * 1000)
@@ -396,20 +408,27 @@ class KafkaTarget:
         debezium_op = _OPS[op]
         key_of = itemgetter(*table.structure.key_positions())
         single = len(table.structure.key) == 1
-        for row in rows:
-            key = key_of(row)
-            self._produce(topic, envelope.key((key,) if single else key),
-                          envelope.value(debezium_op, row, source, ts_ms))
+        if old_rows is None:
+            for row in rows:
+                key = key_of(row)
+                self._produce(topic, envelope.key((key,) if single else key),
+                              envelope.value(debezium_op, row, source, ts_ms))
+        else:
+            for row, old in zip(rows, old_rows):
+                key = key_of(row)
+                self._produce(topic, envelope.key((key,) if single else key),
+                              envelope.value("c" if old is None else debezium_op, row, source, ts_ms, old))
         self._serve(self.producer.poll, 0)
 
-    def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
+    def delete(self, table: TargetTable, keys: Iterable[Row], old_rows: OldRows = None) -> None:
+        """A delete record (`before` the old row with --old-rows, else the key) and its tombstone per key."""
         envelope = self._envelope(table)
         source = self._source(table, envelope, snapshot=False)
         ts_ms = int(time.time() * 1000)
         topic = self.topic(table)
-        for values in keys:
+        for values, old in zip(keys, old_rows or itertools.repeat(None)):
             key = envelope.key(values)
-            self._produce(topic, key, envelope.delete_value(values, source, ts_ms))
+            self._produce(topic, key, envelope.delete_value(values, source, ts_ms, old), old_row=old is not None)
             self._produce(topic, key, None)   # the tombstone: compaction forgets the row
         self._serve(self.producer.poll, 0)
 
