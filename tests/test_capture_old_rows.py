@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from queue_util import Event, read_events
+from replicator.source.install import drop_event_triggers
 
 
 @pytest.fixture
@@ -147,3 +148,20 @@ def test_pk_mode_with_old_rows_is_refused(conn, q):
     assert q.alter_table("q", "t", mode="full", old_rows=True)["changed"] == ["mode", "old_rows"]
     with pytest.raises(Exception, match=r"old rows \(--old-rows\) need full mode"):
         q.alter_table("q", "t", mode="pk")
+
+
+def test_a_statement_after_ddl_no_event_trigger_saw_queues_the_old_rows_in_the_new_layout(conn, q):
+    """Without event triggers, the first statement after a DDL on the table is captured by the capture of
+    a structure it follows then (replicator.capture_drift): with the old rows too, in the new columns."""
+    drop_event_triggers(conn)
+    conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text)')
+    q.add_table("q", "t", old_rows=True)
+    conn.execute("""INSERT INTO "t" VALUES (1, 'a'), (2, 'b')""")
+    conn.execute('ALTER TABLE "t" ADD COLUMN "n" int')
+    conn.execute("""UPDATE "t" SET "n" = "id" * 10, "v" = upper("v")""")
+    conn.execute("""DELETE FROM "t" WHERE "id" = 1""")
+    events = [e for e in read_events(q) if e.type != "S"]
+    assert pairs(events[1:]) == [
+        ("U", [([1, "A", 10], [1, "a", None]), ([2, "B", 20], [2, "b", None])]),
+        ("D", [([1], [1, "A", 10])]),
+    ]
