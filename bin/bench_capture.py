@@ -316,11 +316,15 @@ class Bench:
                 installer.install(conn)
             if v.unseen:
                 installer.drop_event_triggers(conn)
-            source = Source(conn)
+            # (another revision's schema may be older than this one's: its own add_table takes the table)
+            source = Source(conn, check_installed=v.source_dir is None)
             source.create_queue("bench")
             assert v.mode is not None   # a replicator variant has its mode
             for table in TABLES:
-                source.add_table("bench", f"public.{table}", mode=v.mode, old_rows=v.old_rows)
+                if v.source_dir:
+                    conn.execute("SELECT replicator.add_table('bench', %s, %s)", (f"public.{table}", v.mode))
+                else:
+                    source.add_table("bench", f"public.{table}", mode=v.mode, old_rows=v.old_rows)
             if v.sql_file:
                 for table_id, table in enumerate(TABLES, 1):
                     conn.execute(v.sql_file.read_text().replace("@ID@", str(table_id)).replace("@TABLE@", table))
