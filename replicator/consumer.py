@@ -191,9 +191,9 @@ class _Run:
     def flush(self) -> None:
         if self.table is not None and self.rows:
             if self.ev_type == "D":
-                self.target.delete(self.table, self.rows, self.old_rows)
+                self.target.delete(self.table, self.rows, old_rows=self.old_rows)
             else:
-                self.target.upsert(self.table, self.ev_type, self.rows, self.old_rows)
+                self.target.upsert(self.table, self.ev_type, self.rows, old_rows=self.old_rows)
         self.table, self.rows, self.old_rows = None, [], None
 
 

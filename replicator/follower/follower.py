@@ -128,9 +128,9 @@ class _Changes:
         if self.table is not None and self.rows:
             old_rows = self.old_rows if any(old is not None for old in self.old_rows) else None
             if self.kind == "D":
-                self.target.delete(self.table, self.rows, old_rows)
+                self.target.delete(self.table, self.rows, old_rows=old_rows)
             else:
-                self.target.upsert(self.table, self.kind, self.rows, old_rows)
+                self.target.upsert(self.table, self.kind, self.rows, old_rows=old_rows)
         self.table, self.rows, self.old_rows = None, [], []
 
 
