@@ -243,7 +243,7 @@ def raw_apply(dsn: str, queue: str, consumer: str, start_tick: int, path: Path) 
                 break
             batch_events = batch_rows = 0
             lite.execute("BEGIN")
-            for _id, _txid, _time, ev_type, _table, data in src.batch_events(batch):
+            for _id, _txid, _time, ev_type, _table, data, _old in src.batch_events(batch):
                 assert data is not None   # only T events have none: the workload truncates nothing
                 items = loads(data)
                 lite.executemany(delete if ev_type == "D" else upsert, items)

@@ -10,6 +10,7 @@ the updated ones would make the update workloads slower round after round):
 * ``none``  no capture (the reference)
 * ``full``  replicator, mode full
 * ``pk``    replicator, mode pk
+* ``full-old-rows`` (optional) replicator, mode full with old rows (``--old-rows``)
 * ``pgq``   PgQ's C row trigger ``pgq.logutriga`` (Debian's postgresql-NN-pgq3,
             installed with apt-get when the extension is missing)
 * ``jsonb-row`` (optional) a plain PL/pgSQL row trigger inserting ``to_jsonb(NEW)``
@@ -115,7 +116,7 @@ GOALS = {  # variant: (single-row writes, 100-row update): TPS kept at least
     "pk": (0.80, 0.55),
 }
 
-BUILTIN_VARIANTS = ["none", "full", "pk", "full-unseen", "pgq", "jsonb-row"]
+BUILTIN_VARIANTS = ["none", "full", "pk", "full-unseen", "full-old-rows", "pgq", "jsonb-row"]
 DEFAULT_VARIANTS = ["none", "full", "pk", "pgq"]
 
 JSONB_ROW_SQL = """
@@ -139,6 +140,7 @@ class Variant:
     kind: str                 # none | replicator | pgq | jsonb-row
     mode: str | None = None   # replicator mode
     unseen: bool = False      # no event triggers: the capture checks its table's catalog rows (capture_guard)
+    old_rows: bool = False    # updates and deletes queue their old rows too (--old-rows)
     sql_file: Path | None = None
     source_dir: Path | None = None  # install queue_sql/ and migrations/ from here (--baseline)
     dbname: str = ""
@@ -200,6 +202,8 @@ def build_variants(args: argparse.Namespace) -> list[Variant]:
             variants.append(Variant(name, "replicator", mode=name))
         elif name == "full-unseen":
             variants.append(Variant(name, "replicator", mode="full", unseen=True))
+        elif name == "full-old-rows":
+            variants.append(Variant(name, "replicator", mode="full", old_rows=True))
         else:
             variants.append(Variant(name, name))
     for spec in args.extra:
@@ -312,11 +316,15 @@ class Bench:
                 installer.install(conn)
             if v.unseen:
                 installer.drop_event_triggers(conn)
-            source = Source(conn)
+            # (another revision's schema may be older than this one's: its own add_table takes the table)
+            source = Source(conn, check_installed=v.source_dir is None)
             source.create_queue("bench")
             assert v.mode is not None   # a replicator variant has its mode
             for table in TABLES:
-                source.add_table("bench", f"public.{table}", mode=v.mode)
+                if v.source_dir:
+                    conn.execute("SELECT replicator.add_table('bench', %s, %s)", (f"public.{table}", v.mode))
+                else:
+                    source.add_table("bench", f"public.{table}", mode=v.mode, old_rows=v.old_rows)
             if v.sql_file:
                 for table_id, table in enumerate(TABLES, 1):
                     conn.execute(v.sql_file.read_text().replace("@ID@", str(table_id)).replace("@TABLE@", table))
@@ -474,7 +482,7 @@ class Bench:
                         assert v.mode is not None   # a replicator variant has its mode
                         if v.unseen:
                             installer.drop_event_triggers(conn)
-                        table_id = source.add_table("bench", f"public.{table}", mode=v.mode)
+                        table_id = source.add_table("bench", f"public.{table}", mode=v.mode, old_rows=v.old_rows)
                         if v.unseen:
                             conn.execute("SELECT replicator.create_event_triggers()")
                         if v.sql_file:

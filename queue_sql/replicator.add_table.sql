@@ -5,11 +5,13 @@ CREATE OR REPLACE FUNCTION replicator.add_table(
     p_key text[] DEFAULT NULL,
     p_ignore text[] DEFAULT '{}',
     p_where text DEFAULT NULL,
-    p_auto_key boolean DEFAULT false)
+    p_auto_key boolean DEFAULT false,
+    p_old_rows boolean DEFAULT false)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.add_table(p_queue_name, p_table, p_mode, p_key, p_ignore, p_where)
+-- Function: replicator.add_table(p_queue_name, p_table, p_mode, p_key, p_ignore, p_where,
+--                                 p_auto_key, p_old_rows)
 --
 --      Starts capturing a table into a queue: records it and generates its
 --      capture function and triggers. Everything that could make a capture
@@ -30,6 +32,8 @@ LANGUAGE plpgsql AS $$
 --                     that has an equality operator as the key (set semantics);
 --                     used for tables created in a followed schema, whose primary
 --                     key, if added later, replaces it
+--      p_old_rows   - queue the old row of each UPDATE and DELETE too (full mode only),
+--                     as REPLICA IDENTITY FULL does (ev_old: replicator.generate_capture)
 --
 -- Returns:
 --      the captured table id; adding a table twice to a queue is an error
@@ -87,7 +91,7 @@ BEGIN
     IF v_key IS NULL THEN
         RAISE EXCEPTION 'table %.% has no primary key: give the key columns with --key COL,...', v_schema, v_name;
     END IF;
-    PERFORM replicator.check_capture_settings(v_oid, p_mode, v_key, p_ignore, p_where);
+    PERFORM replicator.check_capture_settings(v_oid, p_mode, v_key, p_ignore, p_where, p_old_rows);
 
     IF EXISTS (SELECT 1 FROM replicator.capture_tree(v_oid) d WHERE d <> v_oid)
        AND (SELECT relkind FROM pg_class WHERE oid = v_oid) = 'r' THEN
@@ -97,10 +101,11 @@ BEGIN
 
     INSERT INTO replicator.captured_table
         (queue_id, table_schema, table_name, table_mode, table_key, key_is_pk, key_is_auto,
-         table_ignore, table_where, table_columns, table_oid, table_structure)
+         table_ignore, table_where, table_columns, table_oid, table_structure, table_old_rows)
     VALUES (q.queue_id, v_schema, v_name, p_mode, v_key, v_key = v_pk,
             p_auto_key AND nullif(p_key, '{}') IS NULL AND nullif(v_pk, '{}') IS NULL,
-            coalesce(p_ignore, '{}'), p_where, v_columns, v_oid, replicator.table_structure(v_oid, v_key))
+            coalesce(p_ignore, '{}'), p_where, v_columns, v_oid, replicator.table_structure(v_oid, v_key),
+            coalesce(p_old_rows, false))
     RETURNING table_id INTO v_id;
     PERFORM replicator.generate_capture(v_id);
     RETURN v_id;
@@ -108,11 +113,12 @@ END;
 $$;
 
 CREATE OR REPLACE FUNCTION replicator.check_capture_settings(p_table regclass, p_mode text, p_key text[],
-                                                             p_ignore text[], p_where text)
+                                                             p_ignore text[], p_where text,
+                                                             p_old_rows boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.check_capture_settings(p_table, p_mode, p_key, p_ignore, p_where)
+-- Function: replicator.check_capture_settings(p_table, p_mode, p_key, p_ignore, p_where, p_old_rows)
 --
 --      Checks the settings of a table's capture, as add_table is given
 --      them and alter_table changes them: everything about them that
@@ -125,6 +131,7 @@ LANGUAGE plpgsql AS $$
 --      p_key       - the key columns (resolved: never NULL)
 --      p_ignore    - columns not captured
 --      p_where     - the row filter, or NULL
+--      p_old_rows  - whether old rows are queued too
 --
 -- Returns:
 --      nothing; raises naming the first setting at fault
@@ -161,6 +168,11 @@ BEGIN
     IF v_bad IS NOT NULL THEN
         RAISE EXCEPTION 'invalid row filter for %.%: % (use bare column names; schema-qualify functions, types and tables)',
             v_schema, v_name, v_bad;
+    END IF;
+    IF p_mode = 'pk' AND p_old_rows THEN
+        -- pk mode queues keys: the consumer reads rows back as they are when it runs, no old row
+        RAISE EXCEPTION 'table %.%: old rows (--old-rows) need full mode, not pk mode (which queues keys only)',
+            v_schema, v_name;
     END IF;
     IF p_mode = 'pk' AND cardinality(replicator.nullable_key_columns(p_table, p_key)) > 0 THEN
         RAISE EXCEPTION 'table %.%: pk mode needs NOT NULL key columns (the consumer joins back on them)',

@@ -21,11 +21,13 @@ CREATE OR REPLACE FUNCTION replicator.alter_table(
     p_key text[] DEFAULT NULL,
     p_ignore text[] DEFAULT NULL,
     p_where text DEFAULT NULL,
-    p_set_where boolean DEFAULT false)
+    p_set_where boolean DEFAULT false,
+    p_old_rows boolean DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.alter_table(p_queue_name, p_table, p_mode, p_key, p_ignore, p_where, p_set_where)
+-- Function: replicator.alter_table(p_queue_name, p_table, p_mode, p_key, p_ignore, p_where, p_set_where,
+--                                   p_old_rows)
 --
 --      Changes the capture settings of a captured table in place: checks
 --      them as add_table does (replicator.check_capture_settings),
@@ -37,7 +39,8 @@ LANGUAGE plpgsql AS $$
 --      only where rows or values they lack are needed: a new row filter
 --      (rows enter or leave), a new key, columns no longer ignored. Columns
 --      newly ignored are dropped from the replicas in place; a new mode
---      changes no row (consumers apply later events in it).
+--      changes no row (consumers apply later events in it), nor do old rows
+--      taken or dropped (the events after it carry them, or not).
 --      PostgreSQL's own checks decide who may: the role replacing the
 --      capture function must own it (the role that added the table, or the
 --      owner of schema replicator after an install) and may lock the table
@@ -59,9 +62,10 @@ LANGUAGE plpgsql AS $$
 --      p_ignore     - the columns not captured (the whole list); NULL keeps them
 --      p_where      - the row filter (NULL: none), when p_set_where
 --      p_set_where  - whether p_where replaces the row filter
+--      p_old_rows   - whether old rows are queued too; NULL keeps the setting
 --
 -- Returns:
---      {"changed": [the settings changed: "mode", "key", "ignore", "where"],
+--      {"changed": [the settings changed: "mode", "key", "ignore", "where", "old_rows"],
 --       "copy": whether targets copy the table again}; raises when nothing
 --      changes
 -- ----------------------------------------------------------------------
@@ -72,6 +76,7 @@ DECLARE
     v_key text[];
     v_ignore text[];
     v_where text;
+    v_old_rows boolean;
     v_pk text[];
     v_changed text[] := '{}';
     v_copy boolean;
@@ -117,10 +122,12 @@ BEGIN
     v_key := coalesce(nullif(p_key, '{}'), t.table_key);
     v_ignore := coalesce(p_ignore, t.table_ignore);
     v_where := CASE WHEN p_set_where THEN p_where ELSE t.table_where END;
+    v_old_rows := coalesce(p_old_rows, t.table_old_rows);
     IF v_mode <> t.table_mode THEN v_changed := array_append(v_changed, 'mode'); END IF;
     IF v_key <> t.table_key THEN v_changed := array_append(v_changed, 'key'); END IF;
     IF NOT (v_ignore @> t.table_ignore AND v_ignore <@ t.table_ignore) THEN v_changed := array_append(v_changed, 'ignore'); END IF;
     IF v_where IS DISTINCT FROM t.table_where THEN v_changed := array_append(v_changed, 'where'); END IF;
+    IF v_old_rows <> t.table_old_rows THEN v_changed := array_append(v_changed, 'old_rows'); END IF;
     IF cardinality(v_changed) = 0 THEN
         RAISE EXCEPTION 'table %.% of queue "%" already has these settings: nothing to change',
             t.table_schema, t.table_name, p_queue_name;
@@ -128,7 +135,7 @@ BEGIN
     IF 'key' = ANY (v_changed) THEN
         PERFORM replicator.check_capture_tree(v_oid, v_key, p_queue_name, t.table_id);
     END IF;
-    PERFORM replicator.check_capture_settings(v_oid, v_mode, v_key, v_ignore, v_where);
+    PERFORM replicator.check_capture_settings(v_oid, v_mode, v_key, v_ignore, v_where, v_old_rows);
 
     v_pk := ARRAY(SELECT a.attname
                   FROM pg_index i
@@ -138,7 +145,8 @@ BEGIN
     UPDATE replicator.captured_table
     SET table_mode = v_mode, table_key = v_key, key_is_pk = v_key = v_pk,
         key_is_auto = key_is_auto AND NOT 'key' = ANY (v_changed),
-        table_ignore = v_ignore, table_where = v_where, table_structure = replicator.table_structure(v_oid, v_key)
+        table_ignore = v_ignore, table_where = v_where, table_structure = replicator.table_structure(v_oid, v_key),
+        table_old_rows = v_old_rows
     WHERE table_id = t.table_id;
     PERFORM replicator.generate_capture(t.table_id, true);
     -- rows a target lacks: a new filter's, a new key's (rows it merged), a column no longer ignored

@@ -51,7 +51,8 @@ BEGIN
             ev_table    integer NOT NULL,
             ev_slot     smallint NOT NULL,
             ev_type     "char" NOT NULL,
-            ev_data     json
+            ev_data     json,
+            ev_old      json     -- tables with old rows (--old-rows): their old rows, item for item
         ) PARTITION BY LIST (ev_slot)$sql$, replicator.event_table(v_id));
     FOR i IN 0 .. p_ntables - 1 LOOP
         EXECUTE format('CREATE TABLE %s PARTITION OF %s FOR VALUES IN (%s) WITH (fillfactor = 100)',

@@ -163,8 +163,9 @@ LANGUAGE sql STABLE AS $$
 --
 -- Returns:
 --      cols        - the event table's columns, quoted, in their order
---      row_values  - their values: placeholders {slot} and {type}, items
---                    aggregated from s.r
+--      row_values  - their values: placeholders {slot}, {type} and {old}
+--                    (ev_old: NULL, or the old rows of tables with
+--                    table_old_rows), items aggregated from s.r
 -- ----------------------------------------------------------------------
     SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum),
            string_agg(CASE a.attname
@@ -173,6 +174,7 @@ LANGUAGE sql STABLE AS $$
                           WHEN 'ev_slot' THEN '{slot}'
                           WHEN 'ev_type' THEN '{type}::"char"'
                           WHEN 'ev_data' THEN 'json_agg(s.r)'
+                          WHEN 'ev_old' THEN '{old}'
                           ELSE coalesce(pg_get_expr(d.adbin, d.adrelid), 'NULL')
                       END, ', ' ORDER BY a.attnum)
     FROM pg_attribute a
@@ -194,6 +196,15 @@ LANGUAGE plpgsql STABLE AS $$
 --      no new row kept. The capture of a table whose structure changed
 --      behind it runs it too (replicator.capture_drift).
 --
+--      With old rows (table_old_rows), each item's old row goes into
+--      ev_old at the item's place: a D's the deleted row; a U's the old
+--      row of the same key (null when no old row had it: the new row of a
+--      key change). An UPDATE pairs its old and new rows by key, grouping
+--      both by the key columns as EXCEPT compares them (NULLs equal): a key
+--      with a new row is a U (with the old row of that key, if any), a key
+--      with only an old row a D. Each old row is so the old row of one
+--      item, and each item's old row is the row the key had before.
+--
 -- Parameters:
 --      t           - the captured table's record: columns, key, ignored
 --                    columns, row filter and mode
@@ -211,19 +222,25 @@ DECLARE
     v_payload_o text;
     v_changed text := '';
     v_event record := replicator.capture_event_row(t.queue_id, t.table_id);
+    v_old boolean := t.table_old_rows AND t.table_mode = 'full';
     v_insert text;
 BEGIN
     v_payload_n := replicator.capture_row_json('n',
         CASE t.table_mode WHEN 'full' THEN v_tracked ELSE t.table_key END, v_oid);
     v_payload_o := replicator.capture_row_json('o', t.table_key, v_oid);
     v_insert := 'INSERT INTO ' || replicator.event_table(t.queue_id) || ' (' || v_event.cols || ') SELECT '
-                || replace(replace(v_event.row_values, '{slot}', p_slot), '{type}', 's.t') || ' FROM (';
+                || replace(replace(replace(v_event.row_values, '{slot}', p_slot), '{type}', 's.t'), '{old}',
+                           CASE WHEN v_old AND p_op <> 'INSERT' THEN 'json_agg(s.o)' ELSE 'NULL' END) || ' FROM (';
     IF p_op = 'INSERT' THEN
         RETURN v_insert || format($q$SELECT 'I' AS t, %s AS r, row_number() OVER () / 1000 AS g
             FROM new_rows n WHERE %s$q$, v_payload_n, v_filter) || ') s GROUP BY s.t, s.g';
     ELSIF p_op = 'DELETE' THEN
-        RETURN v_insert || format($q$SELECT 'D' AS t, %s AS r, row_number() OVER () / 1000 AS g
-            FROM old_rows o WHERE %s$q$, v_payload_o, v_filter) || ') s GROUP BY s.t, s.g';
+        RETURN v_insert || format($q$SELECT 'D' AS t, %s AS r,%s row_number() OVER () / 1000 AS g
+            FROM old_rows o WHERE %s$q$, v_payload_o,
+            CASE WHEN v_old THEN ' ' || replicator.capture_row_json('o', v_tracked, v_oid) || ' AS o,' ELSE '' END,
+            v_filter) || ') s GROUP BY s.t, s.g';
+    ELSIF v_old THEN
+        RETURN v_insert || replicator.capture_paired_update_sql(t, v_tracked, v_filter) || ') s GROUP BY s.t, s.g';
     END IF;
     IF cardinality(t.table_ignore) > 0 THEN
         v_changed := format(' AND %s::text NOT IN (SELECT %s::text FROM old_rows o WHERE %s)',
@@ -241,6 +258,52 @@ BEGIN
         (SELECT string_agg('o.' || quote_ident(k), ', ') FROM unnest(t.table_key) k),
         (SELECT string_agg('n.' || quote_ident(k), ', ') FROM unnest(t.table_key) k)) || ') s GROUP BY s.t, s.g';
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.capture_paired_update_sql(t replicator.captured_table, p_tracked text[],
+                                                                 p_filter text)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.capture_paired_update_sql(t, p_tracked, p_filter)
+--
+--      Part of replicator.capture_chunked_sql(): the items of an UPDATE of
+--      a table with old rows, each old row paired with the new row of its
+--      key. Both sides are grouped by the key columns (as EXCEPT compares
+--      them: the type's equality, NULLs equal): a key with a new row is a
+--      U, with the old row of its key or null (a key change's new key); a
+--      key with only an old row a D (a key change's old key, or a row
+--      updated out of the row filter). With ignored columns, a U whose
+--      captured columns kept their values is left out.
+--
+-- Parameters:
+--      t           - the captured table's record (full mode, old rows)
+--      p_tracked   - its captured columns
+--      p_filter    - its row filter, as a condition ('true' without)
+--
+-- Returns:
+--      a query of items (t, r, o, g): type, ev_data item, ev_old item, and
+--      the event (g) it goes in, 1000 items each
+-- ----------------------------------------------------------------------
+    SELECT format(
+        $q$SELECT CASE WHEN p.r IS NULL THEN 'D' ELSE 'U' END AS t, coalesce(p.r, p.k) AS r, p.o,
+                  row_number() OVER () / 1000 AS g
+            FROM (SELECT (array_agg(p.r) FILTER (WHERE p.r IS NOT NULL))[1] AS r,
+                         (array_agg(p.o) FILTER (WHERE p.o IS NOT NULL))[1] AS o,
+                         (array_agg(p.k) FILTER (WHERE p.k IS NOT NULL))[1] AS k
+                  FROM (SELECT %1$s, %2$s AS r, NULL::json AS o, NULL::json AS k FROM new_rows n WHERE %3$s
+                        UNION ALL
+                        SELECT %4$s, NULL, %5$s, %6$s FROM old_rows o WHERE %3$s) p
+                  GROUP BY %7$s) p%8$s$q$,
+        (SELECT string_agg(format('n.%I AS k%s', c, i), ', ' ORDER BY i) FROM unnest(t.table_key) WITH ORDINALITY k(c, i)),
+        replicator.capture_row_json('n', p_tracked, t.table_oid),
+        p_filter,
+        (SELECT string_agg(format('o.%I', c), ', ' ORDER BY i) FROM unnest(t.table_key) WITH ORDINALITY k(c, i)),
+        replicator.capture_row_json('o', p_tracked, t.table_oid),
+        replicator.capture_row_json('o', t.table_key, t.table_oid),
+        (SELECT string_agg('k' || i, ', ' ORDER BY i) FROM unnest(t.table_key) WITH ORDINALITY k(c, i)),
+        CASE WHEN cardinality(t.table_ignore) > 0
+             THEN E'\n            WHERE p.r IS NULL OR p.o IS NULL OR p.r::text <> p.o::text' ELSE '' END);
 $$;
 
 CREATE OR REPLACE FUNCTION replicator.generate_capture(p_table_id integer, p_function_only boolean DEFAULT false)
@@ -264,6 +327,11 @@ LANGUAGE plpgsql AS $gen$
 --        D  keys deleted; for an UPDATE, the old keys no updated row kept
 --           (a key change is a D of the old key and a U of the new row)
 --        T  the table was truncated (ev_data NULL)
+--      A table with old rows (table_old_rows, full mode only) also
+--      writes ev_old for U and D: a JSON array of the items' old rows, in
+--      the items' order (a U's null where its key is new: a key change);
+--      other events, and other tables, leave it NULL
+--      (replicator.capture_chunked_sql says how old rows are paired).
 --      A partitioned table or an inheritance parent is captured with its
 --      descendants (replicator.capture_tree): the function encodes their
 --      rows under this table's id, with this table's columns (by name).
@@ -341,6 +409,9 @@ DECLARE
     v_upd text;
     v_body text;
     v_truncate text;
+    v_old_full text;
+    v_old_u text := 'NULL';
+    v_old_d text := 'NULL';
 BEGIN
     SELECT * INTO t FROM replicator.captured_table WHERE table_id = p_table_id;
     IF NOT FOUND THEN
@@ -374,6 +445,13 @@ BEGIN
     v_keys_n := (SELECT string_agg('n.' || quote_ident(k), ', ') FROM unnest(t.table_key) k);
 
     SELECT e.cols, e.row_values INTO v_cols, v_row FROM replicator.capture_event_row(t.queue_id, p_table_id) e;
+    IF t.table_old_rows AND t.table_mode = 'full' THEN
+        -- the fast UPDATE runs only when the old keys are the new keys in the same order:
+        -- old_rows read again in that order are the old rows of the items, one by one
+        v_old_full := replicator.capture_row_json('o', v_tracked, v_oid);
+        v_old_u := format('(SELECT json_agg(%s) FROM old_rows o)', v_old_full);
+        v_old_d := 'json_agg(s.o)';
+    END IF;
 
     -- Old keys that no new row kept are looked for only when a key may have
     -- changed (see the header): the fast form of an UPDATE also requires the
@@ -388,14 +466,16 @@ BEGIN
                 %2$s
             END IF;
         END IF;$f$,
-            replicator.capture_fast_insert(t.queue_id, v_cols, replace(v_row, '{type}', quote_literal('U')),
+            replicator.capture_fast_insert(t.queue_id, v_cols,
+                replace(replace(v_row, '{type}', quote_literal('U')), '{old}', v_old_u),
                 format('SELECT %s AS r, %s AS k FROM new_rows n', v_payload_n, v_key_n),
                 format(' AND array_agg(s.k) = ARRAY(SELECT %s FROM old_rows o LIMIT 1001)', v_key_o)),
             v_upd);
     END IF;
 
     v_truncate := format('INSERT INTO %s (%s) VALUES (%s);', v_evtable, v_cols,
-        replace(replace(replace(v_row, '{slot}', 'capture.v_slot'), '{type}', quote_literal('T')), 'json_agg(s.r)', 'NULL'));
+        replace(replace(replace(replace(v_row, '{slot}', 'capture.v_slot'), '{type}', quote_literal('T')),
+                        'json_agg(s.r)', 'NULL'), '{old}', 'NULL'));
     IF (SELECT relkind FROM pg_class WHERE oid = v_oid) = 'p' THEN
         -- the TRUNCATE trigger is on every partition too: one naming a partition
         -- empties part of the table only
@@ -441,13 +521,16 @@ BEGIN%9$s
     RETURN NULL;
 END capture;$f$,
         replicator.event_slot_seq(t.queue_id),
-        replicator.capture_fast_insert(t.queue_id, v_cols, replace(v_row, '{type}', quote_literal('I')),
+        replicator.capture_fast_insert(t.queue_id, v_cols,
+            replace(replace(v_row, '{type}', quote_literal('I')), '{old}', 'NULL'),
             format('SELECT %s AS r FROM new_rows n WHERE %s', v_payload_n, v_filter), ''),
         v_filter,
         replicator.capture_chunked_sql(t, 'INSERT', 'capture.v_slot') || ';',
         v_upd,
-        replicator.capture_fast_insert(t.queue_id, v_cols, replace(v_row, '{type}', quote_literal('D')),
-            format('SELECT %s AS r FROM old_rows o WHERE %s', v_payload_o, v_filter), ''),
+        replicator.capture_fast_insert(t.queue_id, v_cols,
+            replace(replace(v_row, '{type}', quote_literal('D')), '{old}', v_old_d),
+            format('SELECT %s AS r%s FROM old_rows o WHERE %s', v_payload_o,
+                   CASE WHEN v_old_full IS NOT NULL THEN ', ' || v_old_full || ' AS o' ELSE '' END, v_filter), ''),
         replicator.capture_chunked_sql(t, 'DELETE', 'capture.v_slot') || ';',
         v_truncate,
         CASE WHEN v_guard IS NOT NULL THEN format($g$

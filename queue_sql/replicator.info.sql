@@ -67,7 +67,7 @@ $$;
 CREATE OR REPLACE FUNCTION replicator.table_info(p_queue_name text DEFAULT NULL)
 RETURNS TABLE (queue_name text, table_id integer, table_name text, mode text, key text[],
                ignore text[], row_filter text, columns text[], table_oid oid, structure jsonb,
-               suspended text)
+               suspended text, old_rows boolean)
 LANGUAGE sql STABLE AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.table_info(p_queue_name)
@@ -75,12 +75,13 @@ LANGUAGE sql STABLE AS $$
 --      Tables captured by one queue (or all queues when NULL), with the
 --      structure targets create their copies from. "columns" lists the
 --      captured columns in the order of the values in full-mode events;
---      "suspended" why capture stopped (replicator.suspend_capture), if it did.
+--      "suspended" why capture stopped (replicator.suspend_capture), if it did;
+--      "old_rows" whether updates and deletes queue their old rows too.
 -- ----------------------------------------------------------------------
     SELECT q.queue_name, t.table_id, t.table_schema || '.' || t.table_name, t.table_mode,
            t.table_key, t.table_ignore, t.table_where,
            ARRAY(SELECT c FROM unnest(t.table_columns) c WHERE c <> ALL (t.table_ignore)), t.table_oid,
-           replicator.table_structure(t.table_oid, t.table_key), t.table_suspended
+           replicator.table_structure(t.table_oid, t.table_key), t.table_suspended, t.table_old_rows
     FROM replicator.captured_table t
     JOIN replicator.queue q ON q.queue_id = t.queue_id
     WHERE p_queue_name IS NULL OR q.queue_name = p_queue_name

@@ -383,9 +383,12 @@ def table() -> None:
 @click.option("--key", help="Key columns (COL,...) for a table without a primary key.")
 @click.option("--ignore", help="Columns not captured (COL,...); an update touching only them queues nothing.")
 @click.option("--where", "where", help="SQL condition over the row; rows outside it are not queued.")
+@click.option("--old-rows", is_flag=True,
+              help="Queue the old row of each UPDATE and DELETE too (as REPLICA IDENTITY FULL): Kafka's `before`, "
+                   "a stream's \"old\". Full mode only.")
 @pass_ctx
 def table_add(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: tuple[str, ...], mode: str,
-              key: str | None, ignore: str | None, where: str | None) -> None:
+              key: str | None, ignore: str | None, where: str | None, old_rows: bool) -> None:
     """Capture TABLE... (schema.table or table) into QUEUE.
 
     \b
@@ -393,16 +396,21 @@ def table_add(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: t
         replicator table add main public.orders --ignore updated_at
         replicator table add main audit_log --key id --mode pk --where "kind <> 'debug'"
         replicator table add main --schema sales
+        replicator table add main public.accounts --old-rows
     """
     if not tables and not schemas:
         raise UserError("name the tables to add, or follow a schema with --schema NAME")
-    if schemas and (key or ignore or where):
-        raise UserError("--key, --ignore and --where apply to the tables named, not to a schema's: follow the "
-                        "schema and add those tables in two commands")
+    if schemas and (key or ignore or where or old_rows):
+        raise UserError("--key, --ignore, --where and --old-rows apply to the tables named, not to a schema's: "
+                        "follow the schema and add those tables in two commands")
+    if old_rows and mode == "pk":
+        raise UserError("--old-rows needs --mode full: pk mode queues keys only (the consumer reads rows back as "
+                        "they are then, with no old row)")
     added = 0
     with ctx.source() as source, source.conn.transaction():
         for name in tables:
-            source.add_table(queue_name, name, mode=mode, key=_split(key), ignore=_split(ignore), where=where)
+            source.add_table(queue_name, name, mode=mode, key=_split(key), ignore=_split(ignore), where=where,
+                             old_rows=old_rows)
             added += 1
         for schema in schemas:
             added += source.follow_schema(queue_name, schema, mode=mode)
@@ -457,9 +465,13 @@ def table_remove(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas
 @click.option("--no-ignore", is_flag=True, help="Capture every column again (targets copy the table again).")
 @click.option("--where", "where", help="New row filter: targets copy the table again.")
 @click.option("--no-where", is_flag=True, help="Capture every row again (targets copy the table again).")
+@click.option("--old-rows/--no-old-rows", "old_rows", default=None,
+              help="Queue the old row of each UPDATE and DELETE too, or no longer: from the first statement after "
+                   "the change commits (full mode only).")
 @pass_ctx
 def table_alter(ctx: Context, queue_name: str, table_name: str, mode: str | None, key: str | None,
-                ignore: str | None, no_ignore: bool, where: str | None, no_where: bool) -> None:
+                ignore: str | None, no_ignore: bool, where: str | None, no_where: bool,
+                old_rows: bool | None) -> None:
     """Change how TABLE of QUEUE is captured, in place: settings not given are
     kept. Consumers apply the changes queued before with the old settings and
     copy the table again only where they lack rows or values.
@@ -469,6 +481,7 @@ def table_alter(ctx: Context, queue_name: str, table_name: str, mode: str | None
         replicator table alter main orders --where "status <> 'draft'"
         replicator table alter main users --ignore last_seen,login_count
         replicator table alter main audit_log --mode full --no-where
+        replicator table alter main accounts --old-rows
     """
     if where is not None and no_where:
         raise UserError("--where and --no-where exclude each other")
@@ -478,12 +491,17 @@ def table_alter(ctx: Context, queue_name: str, table_name: str, mode: str | None
         raise UserError("--ignore needs one or more column names (--no-ignore captures every column again)")
     if key is not None and not _split(key):
         raise UserError("--key needs one or more column names")
-    if mode is None and key is None and ignore is None and not no_ignore and where is None and not no_where:
-        raise UserError("nothing to change: give --mode, --key, --ignore, --no-ignore, --where or --no-where")
+    if (mode is None and key is None and ignore is None and not no_ignore and where is None and not no_where
+            and old_rows is None):
+        raise UserError("nothing to change: give --mode, --key, --ignore, --no-ignore, --where, --no-where, "
+                        "--old-rows or --no-old-rows")
+    if mode == "pk" and old_rows:
+        raise UserError("--old-rows needs --mode full: pk mode queues keys only (the consumer reads rows back as "
+                        "they are then, with no old row)")
     new_ignore = [] if no_ignore else None if ignore is None else _split(ignore)
     with ctx.source() as source, source.conn.transaction():
         result = source.alter_table(queue_name, table_name, mode=mode, key=_split(key) or None, ignore=new_ignore,
-                                    where=where, set_where=where is not None or no_where)
+                                    where=where, set_where=where is not None or no_where, old_rows=old_rows)
     how = ("targets copy it again at that point of the queue" if result["copy"]
            else "targets change their copy in place at that point of the queue")
     click.echo(f"{table_name} of queue {queue_name}: {', '.join(result['changed'])} changed; {how}")
@@ -503,7 +521,7 @@ def table_list(ctx: Context, queue_name: str | None, as_json: bool) -> None:
     """
     with ctx.source() as source:
         rows = [{"queue": t.queue_name, "table": t.name, "mode": t.mode, "key": t.key,
-                 "ignore": t.ignore, "where": t.row_filter, "suspended": t.suspended}
+                 "ignore": t.ignore, "where": t.row_filter, "old_rows": t.old_rows, "suspended": t.suspended}
                 for t in source.tables(queue_name)]
         schemas = [] if as_json else source.followed_schemas(queue_name)
     if as_json:

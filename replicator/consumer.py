@@ -32,8 +32,8 @@ from replicator.shutdown import StopFlag
 from replicator.source import BatchInfo, CapturedTable, Source, monitoring
 from replicator.source import table_copy as source_copy
 from replicator.source.txid_snapshot import snapshot_xmax, snapshot_xmin, txid_visible
-from replicator.structure import RowsDecoder, TableStructure, parse_json, reconcile
-from replicator.targets.protocol import RecordsOrigin, Target, TargetTable
+from replicator.structure import RowsDecoder, TableStructure, decode_old_rows, parse_json, reconcile
+from replicator.targets.protocol import RecordsOrigin, Row, Target, TargetTable
 from replicator.wording import counted
 
 log = logging.getLogger("replicator")
@@ -167,33 +167,39 @@ class _PendingKeys:
 
 
 class _Run:
-    """Consecutive row events of one full-mode table and one type, applied to
-    the target in one call: fewer calls, same changes in the same order (a
-    target applies the rows of a call in order)."""
+    """Consecutive row events of one full-mode table and one type, with old rows or
+    without, applied to the target in one call: fewer calls, same changes in the same
+    order (a target applies the rows of a call in order)."""
 
-    __slots__ = ("ev_type", "rows", "table", "target")
+    __slots__ = ("ev_type", "old_rows", "rows", "table", "target")
 
     def __init__(self, target: Target) -> None:
         self.target = target
         self.table: TargetTable | None = None
         self.ev_type = ""
         self.rows: list[Sequence[Any]] = []
+        self.old_rows: list[Row | None] | None = None
 
-    def add(self, table: TargetTable, ev_type: str, rows: list[Sequence[Any]]) -> None:
-        """Adds an event's decoded rows (a list the run may keep and extend)."""
-        if table is self.table and ev_type == self.ev_type and len(self.rows) < RUN_ROWS:
+    def add(self, table: TargetTable, ev_type: str, rows: list[Sequence[Any]],
+            old_rows: list[Row | None] | None) -> None:
+        """Adds an event's decoded rows and, for a table captured with --old-rows, their
+        old rows (lists the run may keep and extend)."""
+        if (table is self.table and ev_type == self.ev_type and (old_rows is None) == (self.old_rows is None)
+                and len(self.rows) < RUN_ROWS):
             self.rows += rows
+            if self.old_rows is not None and old_rows is not None:
+                self.old_rows += old_rows
         else:
             self.flush()
-            self.table, self.ev_type, self.rows = table, ev_type, rows
+            self.table, self.ev_type, self.rows, self.old_rows = table, ev_type, rows, old_rows
 
     def flush(self) -> None:
         if self.table is not None and self.rows:
             if self.ev_type == "D":
-                self.target.delete(self.table, self.rows)
+                self.target.delete(self.table, self.rows, old_rows=self.old_rows)
             else:
-                self.target.upsert(self.table, self.ev_type, self.rows)
-        self.table, self.rows = None, []
+                self.target.upsert(self.table, self.ev_type, self.rows, old_rows=self.old_rows)
+        self.table, self.rows, self.old_rows = None, [], None
 
 
 class _CopyWatch:
@@ -542,7 +548,8 @@ class Consumer:
         decoders: dict[int, tuple[RowsDecoder, RowsDecoder]] = {}
         run = _Run(self.target)
         origin = self.target if isinstance(self.target, RecordsOrigin) else None
-        for ev_id, txid, ev_time, ev_type, table_id, data in self.source.batch_events(batch_id, list(following)):
+        for ev_id, txid, ev_time, ev_type, table_id, data, old in self.source.batch_events(batch_id,
+                                                                                           list(following)):
             table = following.get(table_id)
             if table is None or self._held_by_copy(table, (tick_id, ev_id, txid, ev_time, ev_type), data, pending, run,
                                                     stats):
@@ -574,7 +581,8 @@ class Consumer:
                 decode = decoders.get(table_id)
                 if decode is None:
                     decode = decoders[table_id] = (table.structure.rows_decoder(), table.structure.keys_decoder())
-                run.add(table, ev_type, decode[ev_type == "D"](items))
+                run.add(table, ev_type, decode[ev_type == "D"](items),
+                        None if old is None else decode_old_rows(decode[0], parse_json(old)))
                 continue
             run.flush()
             # S: PK-only keys pending are read back later in the new layout, by attnum (a

@@ -346,6 +346,13 @@ def rows_decoder(decoders: Sequence[Decoder]) -> RowsDecoder:
     return decode
 
 
+def decode_old_rows(decode: RowsDecoder, items: list[list[Any] | None]) -> list[Sequence[Any] | None]:
+    """An event's old rows (ev_old, of a table captured with --old-rows): each item's old row
+    decoded as the rows are, None where the item has none (the new row of a key change)."""
+    decoded = iter(decode([item for item in items if item is not None]))
+    return [None if item is None else next(decoded) for item in items]
+
+
 def decoder_for(column: Column) -> Decoder:
     """How a value of this column, as found in the capture encoding, becomes a
     target value (see README.md, "SQLite type mapping", and docs/spark.md, "Type mapping")."""

@@ -22,6 +22,7 @@ class Event:
     type: str
     table: int
     data: Any          # decoded ev_data: list of items (each a list of values), or None
+    old: Any = None    # decoded ev_old: the items' old rows (tables with --old-rows), or None
 
     @property
     def items(self) -> list[list[Any]]:
@@ -40,8 +41,8 @@ def read_batches(source: Source, queue: str = "q", consumer: str = "c", *, tick:
         source.tick(queue, force=True)
     batches: list[list[Event]] = []
     while (batch_id := source.next_batch(queue, consumer)) is not None:
-        batches.append([Event(ev_id, txid, ev_type, table, decode(data))
-                        for ev_id, txid, _time, ev_type, table, data in source.batch_events(batch_id)])
+        batches.append([Event(ev_id, txid, ev_type, table, decode(data), decode(old))
+                        for ev_id, txid, _time, ev_type, table, data, old in source.batch_events(batch_id)])
         assert source.finish_batch(batch_id)
     return batches
 

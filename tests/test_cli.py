@@ -303,7 +303,7 @@ def test_happy_path(empty_dsn):
     assert "1 table added to queue main" in ok("table", "add", "main", "public.orders", "--ignore", "seen")
     assert json.loads(ok("table", "list", "main", "--json")) == [
         {"queue": "main", "table": "public.orders", "mode": "full", "key": ["id"], "ignore": ["seen"],
-         "where": None, "suspended": None}]
+         "where": None, "old_rows": False, "suspended": None}]
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         c.execute("SELECT replicator.register_consumer('main', 'reader')")
         c.execute("""INSERT INTO "orders" VALUES (1, 'a', now()), (2, 'b', now())""")
@@ -378,6 +378,32 @@ def test_table_alter_refuses_an_empty_ignore_or_key_list_in_one_line(app):
     assert_user_error(run("table", "alter", "q", "orders", "--ignore", " , ", dsn=app), "--ignore needs")
     assert_user_error(run("table", "alter", "q", "orders", "--key", "", dsn=app), "--key needs")
     assert json.loads(run("table", "list", "q", "--json", dsn=app).stdout)[0]["ignore"] == ["v"]   # unchanged
+
+
+def test_old_rows_with_pk_mode_or_a_schema_is_refused_in_one_line_and_changes_nothing(app):
+    with psycopg.connect(app, autocommit=True) as c:
+        c.execute("CREATE SCHEMA sales")
+        c.execute('CREATE TABLE "keys" ("id" int PRIMARY KEY, "v" text)')
+    add_pk, add_schema, add_pk_then, alter_pk = run_all([
+        ["table", "add", "q", "orders", "--mode", "pk", "--old-rows"],
+        ["table", "add", "q", "--schema", "sales", "--old-rows"],
+        ["table", "add", "q", "keys", "--mode", "pk"],
+        ["table", "alter", "q", "orders", "--mode", "pk", "--old-rows"]], app)
+    assert_user_error(add_pk, "--old-rows needs --mode full")
+    assert_user_error(add_schema, "apply to the tables named, not to a schema's")
+    assert_user_error(alter_pk, "--old-rows needs --mode full")
+    assert add_pk_then.returncode == 0, add_pk_then.stderr
+    # a pk-mode table altered to old rows, and an old-rows table altered to pk mode: the server's refusal
+    assert_user_error(run("table", "alter", "q", "keys", "--old-rows", dsn=app),
+                      "old rows (--old-rows) need full mode, not pk mode")
+    assert run("table", "add", "q", "orders", "--old-rows", dsn=app).returncode == 0
+    assert_user_error(run("table", "alter", "q", "orders", "--mode", "pk", dsn=app),
+                      "old rows (--old-rows) need full mode, not pk mode")
+    assert_user_error(run("table", "alter", "q", "orders", "--old-rows", dsn=app), "already has these settings")
+    assert [(t["table"], t["mode"], t["old_rows"]) for t in json.loads(run("table", "list", "q", "--json", dsn=app).stdout)
+            ] == [("public.keys", "pk", False), ("public.orders", "full", True)]
+    assert run("table", "alter", "q", "orders", "--no-old-rows", dsn=app).stdout == (
+        "orders of queue q: old_rows changed; targets change their copy in place at that point of the queue\n")
 
 
 def test_a_name_that_means_two_captured_tables_names_the_one_sql_means(app):

@@ -135,6 +135,32 @@ def test_tsv_has_escaped_tab_separated_key_value_pairs(dsn, conn, queue_t, tmp_p
     assert records[-1]["row.v"] is None and lines[-2].split("\t")[9] == "\\N"
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "tsv"])
+def test_with_old_rows_an_update_and_a_delete_carry_the_old_row_as_old(dsn, conn, queue_t, source, tmp_path, fmt):
+    """jsonl: "old", the row before the change, on U and D lines (none on the new key's U of a key change);
+    tsv: its columns as old.COLUMN pairs."""
+    source.alter_table("q", "t", old_rows=True)
+    out = tmp_path / f"changes.{fmt}"
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"{fmt}:{out}", "--until-caught-up").returncode == 0
+    write_changes(conn)
+    assert run_cli_in_process(dsn, "consume", "q", "--target", f"{fmt}:{out}", "--until-caught-up").returncode == 0
+    copied = {"id": 1, "v": "copied", "n": "1.50", "b": "\\x00ff", "f": "NaN"}
+    inserted = {"id": 2, "v": "tab\there\nline \\ back", "n": "2", "b": None, "f": 1.5}
+    if fmt == "jsonl":
+        records = read_jsonl(out)
+        changes = [(r["op"], r["key"], r.get("old")) for r in records if r["op"] in "UD"]
+    else:
+        records = [parse_tsv_line(line) for line in out.read_text(encoding="utf-8").splitlines()]
+        changes = [(r["op"], {"id": int(r["key.id"] or 0)},
+                    {k[4:]: v for k, v in r.items() if k.startswith("old.")} or None) for r in records if r["op"] in "UD"]
+        copied = {k: None if v is None else str(v) for k, v in copied.items()}
+        inserted = {k: None if v is None else str(v) for k, v in inserted.items()}
+    assert sorted(changes, key=repr) == sorted([
+        ("U", {"id": 1}, copied),
+        ("D", {"id": 2}, inserted), ("U", {"id": 3}, None),    # the key change
+        ("D", {"id": 1}, {**copied, "v": "updated"})], key=repr)
+
+
 def test_pk_mode_stream_shows_one_line_per_collapsed_key_with_the_current_row(dsn, conn, source, tmp_path):
     conn.execute("CREATE TABLE p (id int PRIMARY KEY, n int)")
     conn.execute("INSERT INTO p VALUES (1, 0), (2, 0)")

@@ -81,6 +81,7 @@ def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, c
     replica = tmp_path / "r.db"
     assert run_cli_in_process(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
     # Back to the tables of version 2, as a database installed then would have them (no DDL capture yet).
+    _back_to_version_7(conn)
     for name in EVENT_TRIGGERS:
         conn.execute(f"DROP EVENT TRIGGER {name}")
     conn.execute("ALTER TABLE replicator.captured_table DROP COLUMN table_oid, DROP COLUMN table_structure,"
@@ -111,8 +112,39 @@ def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, c
     db.close()
 
 
+def _back_to_version_7(conn) -> None:
+    """The tables of version 7, as a database installed by that version has them: event tables without
+    ev_old, captured by functions that do not write it (generated again once it is gone)."""
+    for (queue_id,) in conn.execute("SELECT queue_id FROM replicator.queue").fetchall():
+        conn.execute(f"ALTER TABLE replicator.event_{queue_id} DROP COLUMN ev_old")
+    conn.execute("SELECT replicator.generate_capture(table_id) FROM replicator.captured_table")
+    conn.execute("ALTER TABLE replicator.captured_table DROP COLUMN table_old_rows")
+    conn.execute("DELETE FROM replicator.schema_version WHERE version > 7")
+
+
+def test_install_upgrades_a_version_7_database_in_use_to_old_rows(dsn, conn, source, tmp_path):
+    """Migration 0008 adds ev_old to the event tables of existing queues: events queued before it are
+    consumed as before, and a table altered to --old-rows after it queues its old rows."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    source.register_consumer("q", "c")
+    conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    _back_to_version_7(conn)
+    conn.execute("UPDATE t SET v = 'queued by version 7' WHERE id = 1")
+    assert [m.name for m in install(conn).applied] == ["old_rows"]
+    source.alter_table("q", "t", old_rows=True)
+    conn.execute("UPDATE t SET v = 'after the upgrade' WHERE id = 2")
+    conn.execute("DELETE FROM t WHERE id = 1")
+    events = [(e.type, e.items, e.old) for e in read_events(source) if e.type != "S"]
+    assert events == [("I", [[1, "a"], [2, "b"]], None), ("U", [[1, "queued by version 7"]], None),
+                      ("U", [[2, "after the upgrade"]], [[2, "b"]]), ("D", [[1]], [[1, "queued by version 7"]])]
+    assert [t.old_rows for t in source.tables("q")] == [True]
+
+
 def _back_to_version_5(conn) -> None:
     """The tables of version 5, as a database installed by that version has them."""
+    _back_to_version_7(conn)
     conn.execute("ALTER TABLE replicator.consumer DROP COLUMN consumer_temporary, DROP COLUMN consumer_pid,"
                  " DROP COLUMN consumer_usesysid, DROP COLUMN consumer_application_name")
     conn.execute("ALTER TABLE replicator.queue DROP COLUMN queue_consumer_idle_limit")

@@ -33,7 +33,7 @@ def oracle(source: Source, layouts: dict[int, tuple[Any, ...]], consumer: str = 
     out = []
     while (batch_id := source.next_batch("q", consumer)) is not None:
         tick = source.batch_info(batch_id).tick_id
-        for ev_id, _txid, _time, ev_type, table_id, data in source.batch_events(batch_id):
+        for ev_id, _txid, _time, ev_type, table_id, data, _old in source.batch_events(batch_id):
             value = None if data is None else json.loads(data, parse_float=Decimal)
             if ev_type == "S":
                 layouts[table_id] = (f"{value['schema']}.{value['name']}", value.get("columns"), value.get("key"),

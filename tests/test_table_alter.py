@@ -165,7 +165,8 @@ def test_table_alter_key_copies_the_table_again_with_the_new_key(conn, dsn, repl
 
 def test_table_alter_with_nothing_to_change_is_refused_in_one_line(dsn, replicas, mode):
     for args, message in [
-            ((), "error: nothing to change: give --mode, --key, --ignore, --no-ignore, --where or --no-where"),
+            ((), "error: nothing to change: give --mode, --key, --ignore, --no-ignore, --where, --no-where, "
+                 "--old-rows or --no-old-rows"),
             (("--mode", mode, "--no-where"),
              'error: table public.t of queue "q" already has these settings: nothing to change'),
             (("--where", "n > 1", "--no-where"), "error: --where and --no-where exclude each other")]:
@@ -305,3 +306,52 @@ def test_table_alter_gets_its_lock_on_a_table_written_without_a_pause(conn, sour
             thread.join(30)
     assert not failures, failures
     assert conn.execute("SELECT table_where FROM replicator.captured_table").fetchone() == ("n > 0",)
+
+
+def old_rows_of_changes(lines: list[dict], table: str) -> dict[int, bool]:
+    """Replays a stream's lines of a table, checking that each line's "old" is the row the replay holds at
+    its key just before (no change lost or doubled before it); returns, by line number, whether each U and
+    D line had one. A U line of a key the replay lacks (a key change's new key) has none."""
+    rows: dict[tuple, dict] = {}
+    had: dict[int, bool] = {}
+    for number, line in enumerate(lines):
+        if line["table"] != table or line["op"] == "S":
+            continue
+        if line["op"] == "T":
+            rows.clear()
+            continue
+        key = tuple(line["key"].values())
+        if line["op"] in ("U", "D"):
+            had[number] = "old" in line
+            if "old" in line:
+                assert line["old"] == rows.get(key), line
+        if line["op"] == "D":
+            rows.pop(key, None)
+        else:
+            rows[key] = line["row"]
+    return had
+
+
+@pytest.mark.parametrize("event_triggers", ["event triggers"], indirect=True)
+@pytest.mark.parametrize("mode", ["full"], indirect=True)
+def test_table_alter_old_rows_takes_effect_at_its_s_event_with_no_change_lost_or_doubled(conn, dsn, replicas):
+    """Changes committed before the alter have no old row, those of statements after it commits (an older
+    transaction's too) have theirs, each the row the replica had; --no-old-rows takes them away the same way.
+    The S event of each alter is the point in the stream where they start or stop."""
+    for round_, args in ((1, ["--old-rows"]), (2, ["--no-old-rows"])):
+        assert "old_rows changed" in write_around(conn, dsn, args, round_)
+        conn.execute("UPDATE t SET id = id + 10000 WHERE id % 11 = 0")   # key changes
+        replicas.catch_up()
+        assert_replicas_hold_the_capture(conn, replicas, "t", " ".join(args))
+    lines = replicas.stream()
+    first, second = [i for i, line in enumerate(lines) if line["op"] == "S" and line.get("tag") == "TABLE ALTER"]
+    had = old_rows_of_changes(lines, "public.t")
+    before = [old for number, old in had.items() if number < first]
+    during = {number: old for number, old in had.items() if first < number < second}
+    after = [old for number, old in had.items() if number > second]
+    assert before and not any(before)
+    assert after and not any(after)
+    # with old rows, every U and D has one but the rows of the key changes' new keys
+    new_keys = {lines[number]["key"]["id"] for number, old in during.items() if not old}
+    assert new_keys and all(lines[n]["op"] == "U" for n, old in during.items() if not old)
+    assert all(k > 10000 for k in new_keys), new_keys

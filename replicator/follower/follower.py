@@ -41,7 +41,7 @@ from replicator.follower.reader import Partition, PartitionReader
 from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.structure import TableStructure, reconcile
-from replicator.targets.kafka.envelope import KEY_HEADER, EnvelopeSettings, TableEnvelope
+from replicator.targets.kafka.envelope import KEY_HEADER, OLD_ROW_HEADER, EnvelopeSettings, TableEnvelope
 from replicator.targets.kafka.settings import KafkaSettings
 from replicator.targets.kafka.state import (
     COMMIT_KEY,
@@ -108,27 +108,31 @@ class _Summary:
 
 
 class _Changes:
-    """Consecutive row changes of one table and kind, applied in one target call."""
+    """Consecutive row changes of one table and kind, applied in one target call, with the
+    old rows the records carry (`before`, of tables captured with --old-rows)."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
         self.table: TargetTable | None = None
         self.kind = ""
         self.rows: list[Row] = []
+        self.old_rows: list[Row | None] = []
 
-    def add(self, table: TargetTable, kind: str, row: Row) -> None:
+    def add(self, table: TargetTable, kind: str, row: Row, old_row: Row | None) -> None:
         if table is not self.table or kind != self.kind or len(self.rows) >= RUN_ROWS:
             self.flush()
             self.table, self.kind = table, kind
         self.rows.append(row)
+        self.old_rows.append(old_row)
 
     def flush(self) -> None:
         if self.table is not None and self.rows:
+            old_rows = self.old_rows if any(old is not None for old in self.old_rows) else None
             if self.kind == "D":
-                self.target.delete(self.table, self.rows)
+                self.target.delete(self.table, self.rows, old_rows=old_rows)
             else:
-                self.target.upsert(self.table, self.kind, self.rows)
-        self.table, self.rows = None, []
+                self.target.upsert(self.table, self.kind, self.rows, old_rows=old_rows)
+        self.table, self.rows, self.old_rows = None, [], []
 
 
 _KINDS = {"c": "I", "u": "U", "r": "R"}
@@ -566,12 +570,12 @@ class Follower:
                                 f"which bootstraps every table it lists")
             partition = where(message)[:2]
             deleted, deletes[partition] = deletes.get(partition), None
-            kind, row = self._decoded(message, table)
+            kind, row, old_row = self._decoded(message, table)
             if kind == "tombstone":
                 # the row is gone; applied unless it follows its delete record (cleaned away by Kafka after a
                 # while: then the tombstone alone says so)
                 if deleted != message.key():
-                    changes.add(table, "D", row)
+                    changes.add(table, "D", row, None)
             elif kind == "T":
                 changes.flush()
                 self.target.truncate(table)
@@ -579,25 +583,27 @@ class Follower:
             else:
                 if kind == "D":
                     deletes[partition] = message.key()
-                changes.add(table, kind, row)
+                changes.add(table, kind, row, old_row)
         changes.flush()
         return count
 
-    def _decoded(self, message: Message, table: TargetTable) -> tuple[str, Row]:
-        """What a change record says: (kind, the key or row); kind I, U, R, D, T or tombstone."""
+    def _decoded(self, message: Message, table: TargetTable) -> tuple[str, Row, Row | None]:
+        """What a change record says: (kind, the key or row, the old row if it carries one); kind I,
+        U, R, D, T or tombstone."""
         envelope = self._envelope(table)
         try:
             value = message.value()
             if value is None:
-                return "tombstone", envelope.decode_key(data(message.key()), _key_header(message))
-            change = envelope.decode_value(value)
+                return "tombstone", envelope.decode_key(data(message.key()), _key_header(message)), None
+            old_row = bool(header_values(message, OLD_ROW_HEADER))
+            change = envelope.decode_value(value, old_row=old_row)
             if change.op == "d":   # the exact key: a key's fields may not hold it (docs/kafka.md, Key)
-                return "D", envelope.deleted_key(change)
+                return "D", envelope.deleted_key(change), change.before if old_row else None
             if change.op == "t":
-                return "T", ()
+                return "T", (), None
             if change.op not in _KINDS or change.after is None:
                 raise ValueError(f"op {change.op!r} without a row")
-            return _KINDS[change.op], change.after
+            return _KINDS[change.op], change.after, change.before
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             raise bad_record(message, f"is no change of {table.source_name} ({type(exc).__name__}: {exc})") from None
 

@@ -24,6 +24,8 @@ from replicator.wording import counted, format_age
 BATCH_WORK_MEM = "64MB"
 
 T = TypeVar("T")
+# an event as a consumer reads it: ev_id, ev_txid, ev_time, ev_type, ev_table, ev_data, ev_old
+EventRow = tuple[int, int, datetime, str, int, str | None, str | None]
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class CapturedTable:
     oid: int
     structure: dict[str, Any] | None  # replicator.table_structure(); None if the table is gone
     suspended: str | None = None       # why capture stopped (replicator.suspend_capture)
+    old_rows: bool = False             # updates and deletes queue their old rows too (--old-rows)
 
     @property
     def schema(self) -> str:
@@ -172,26 +175,26 @@ class Source:
     # tables -----------------------------------------------------------------
 
     def add_table(self, queue: str, table: str, *, mode: str = "full", key: list[str] | None = None,
-                  ignore: list[str] | None = None, where: str | None = None) -> int:
+                  ignore: list[str] | None = None, where: str | None = None, old_rows: bool = False) -> int:
         """Captures a table (replicator.add_table). The row filter is checked
         first (check_row_filter): nothing of it reaches the server unless it is
         one expression. The table, key and ignored columns travel as parameters
         (the server parses the name with to_regclass and matches the columns
         against the table's)."""
         check_row_filter(where, self_contained=where is not None and not has_event_triggers(self.conn))
-        return self._value(int, "SELECT replicator.add_table(%s, %s, %s, %s, %s, %s)",
-                          (queue, table, mode, key or None, ignore or [], where))
+        return self._value(int, "SELECT replicator.add_table(%s, %s, %s, %s, %s, %s, p_old_rows => %s)",
+                          (queue, table, mode, key or None, ignore or [], where, old_rows))
 
     def alter_table(self, queue: str, table: str, *, mode: str | None = None, key: list[str] | None = None,
                     ignore: list[str] | None = None, where: str | None = None,
-                    set_where: bool = False) -> dict[str, Any]:
+                    set_where: bool = False, old_rows: bool | None = None) -> dict[str, Any]:
         """Changes a table's capture settings in place (replicator.alter_table); None
         keeps a setting, as does where unless set_where. The row filter is checked as
         add_table checks it. Returns {"changed": [...], "copy": bool}."""
         if set_where:
             check_row_filter(where, self_contained=where is not None and not has_event_triggers(self.conn))
-        return self._value(dict, "SELECT replicator.alter_table(%s, %s, %s, %s, %s, %s, %s)",
-                           (queue, table, mode, key, ignore, where, set_where))
+        return self._value(dict, "SELECT replicator.alter_table(%s, %s, %s, %s, %s, %s, %s, %s)",
+                           (queue, table, mode, key, ignore, where, set_where, old_rows))
 
     def follow_schema(self, queue: str, schema: str, *, mode: str = "full") -> int:
         """Captures every table of a schema, now and as they are created; returns how many were added."""
@@ -230,7 +233,7 @@ class Source:
         return [CapturedTable(queue_name=r["queue_name"], table_id=r["table_id"], name=r["table_name"],
                               mode=r["mode"], key=r["key"], ignore=r["ignore"], row_filter=r["row_filter"],
                               columns=r["columns"], oid=r["table_oid"], structure=r["structure"],
-                              suspended=r["suspended"]) for r in rows]
+                              suspended=r["suspended"], old_rows=r["old_rows"]) for r in rows]
 
     # ticks and maintenance ----------------------------------------------------
 
@@ -346,16 +349,19 @@ class Source:
         return self._value(str, "SELECT replicator.batch_event_sql(%s, %s)", (batch_id, tables))
 
     def batch_events(self, batch_id: int, tables: list[int] | None = None, chunk_size: int = 16,
-                     chunk_bytes: int = 8 << 20) -> Iterator[tuple[int, int, datetime, str, int, str | None]]:
-        """The batch's events in ev_id order, streamed through a server-side cursor.
-        ev_data comes as JSON text: decoding it is the consumer's job (consumer.py).
+                     chunk_bytes: int = 8 << 20) -> Iterator[EventRow]:
+        """The batch's events in ev_id order, streamed through a server-side cursor:
+        (ev_id, ev_txid, ev_time, ev_type, ev_table, ev_data, ev_old). ev_data and ev_old (the
+        old rows of a table captured with them, else None) come as JSON text: decoding them is
+        the consumer's job (consumer.py).
 
         An event holds up to 1000 rows, so a fixed number of events per fetch
         is no memory bound: after the first fetch (chunk_size events), each fetch asks for as many
         events as fit in about chunk_bytes of ev_data at the sizes seen so far
         (at least one, at most 1000)."""
         query = self.batch_event_sql(batch_id, tables)
-        query = query.replace("ev_data FROM", "ev_data::text FROM", 1)
+        # (ev_old is asked for here, not by the SQL function: consumers of the version before read its columns)
+        query = query.replace("ev_data FROM", "ev_data::text, ev_old::text FROM", 1)
         with self.conn.transaction(), self.conn.cursor(name=f"batch_{batch_id}") as cur:
             # The query sorts the batch by ev_id before the first row: in memory
             # for batches of up to ~100,000 small events, not through temp files.
@@ -366,7 +372,7 @@ class Source:
                 rows = cur.fetchmany(count)
                 if not rows:
                     return
-                size = sum(len(r[5]) for r in rows if r[5] is not None) + 64 * len(rows)
+                size = sum(len(r[5] or "") + len(r[6] or "") for r in rows) + 64 * len(rows)
                 count = max(1, min(1000, chunk_bytes * len(rows) // size))
                 yield from rows
                 del rows

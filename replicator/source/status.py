@@ -31,7 +31,7 @@ def status(source: Source) -> dict[str, Any]:
         "tickers": source.tickers(),
         "tables": [{"queue": t.queue_name, "table": t.name, "mode": t.mode, "key": t.key,
                     "ignore": t.ignore, "where": t.row_filter, "exists": t.structure is not None,
-                    "suspended": t.suspended}
+                    "old_rows": t.old_rows, "suspended": t.suspended}
                    for t in source.tables()],
         "schemas": source.followed_schemas(),
         "consumers": consumer_rows(source),

@@ -13,6 +13,7 @@ consumer's position, which a crash may leave one batch behind (at least once).
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 import sys
@@ -23,7 +24,7 @@ from typing import Any, TextIO
 from replicator.errors import UserError
 from replicator.structure import Change, TableStructure
 from replicator.targets.files import file_changed, special_file
-from replicator.targets.protocol import Row, TargetTable, queue_positions
+from replicator.targets.protocol import OldRows, Row, TargetTable, queue_positions
 
 
 def _json_value(value: Any) -> Any:
@@ -39,6 +40,9 @@ def _tsv_escape(value: Any) -> str:
         value = "\\x" + value.hex()
     return (str(value).replace("\\", "\\\\").replace("\t", "\\t")
             .replace("\n", "\\n").replace("\r", "\\r"))
+
+
+_NONE = itertools.repeat(None)   # the old rows of rows that have none
 
 
 def _committed_tables(state: dict[str, Any]) -> dict[str, TargetTable]:
@@ -219,20 +223,31 @@ class StreamTarget:
                 pairs.append((field, value))
         self.out.write("\t".join(f"{_tsv_escape(k)}\t{_tsv_escape(v)}" for k, v in pairs) + "\n")
 
-    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+    def _values(self, row: Row) -> list[Any]:
+        return [_json_value(v) for v in row] if self.format == "jsonl" else list(row)
+
+    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row], old_rows: OldRows = None) -> None:
+        """A line per row; with old rows, "old" holds the row before the change (none for a
+        row whose key is new)."""
         names = table.structure.column_names
         key_positions = table.structure.key_positions()
-        for row in rows:
-            values = [_json_value(v) for v in row] if self.format == "jsonl" else list(row)
-            self._write({"op": op, "table": table.source_name,
-                         "key": {names[i]: values[i] for i in key_positions},
-                         "row": dict(zip(names, values))})
+        for row, old in zip(rows, old_rows or _NONE):
+            values = self._values(row)
+            record = {"op": op, "table": table.source_name, "key": {names[i]: values[i] for i in key_positions},
+                      "row": dict(zip(names, values))}
+            if old is not None:
+                record["old"] = dict(zip(names, self._values(old)))
+            self._write(record)
 
-    def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
+    def delete(self, table: TargetTable, keys: Iterable[Row], old_rows: OldRows = None) -> None:
+        """A line per key; with old rows, "old" holds the row deleted."""
         key = table.structure.key
-        for values in keys:
-            vals = [_json_value(v) for v in values] if self.format == "jsonl" else list(values)
-            self._write({"op": "D", "table": table.source_name, "key": dict(zip(key, vals))})
+        names = table.structure.column_names
+        for values, old in zip(keys, old_rows or _NONE):
+            record = {"op": "D", "table": table.source_name, "key": dict(zip(key, self._values(values)))}
+            if old is not None:
+                record["old"] = dict(zip(names, self._values(old)))
+            self._write(record)
 
     def truncate(self, table: TargetTable) -> None:
         self._write({"op": "T", "table": table.source_name})

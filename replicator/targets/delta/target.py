@@ -53,7 +53,7 @@ from replicator.targets.delta.storage import LocalStorage, Storage, recorded_dir
 from replicator.targets.delta.table import ReplicaTable
 from replicator.targets.delta.url import TABLES_OPTION, open_storage, parse_url
 from replicator.targets.delta.view_table import view_directories
-from replicator.targets.protocol import Row, TargetTable, queue_positions
+from replicator.targets.protocol import OldRows, Row, TargetTable, queue_positions
 from replicator.wording import counted
 
 if TYPE_CHECKING:
@@ -499,7 +499,7 @@ class DeltaTarget:
     def schema_event(self, table: TargetTable, event: dict[str, Any]) -> None:
         """Nothing to record: the table's schema and record are the record."""
 
-    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row], old_rows: OldRows = None) -> None:
         replica = self._table(table.source_name)
         if op == "R":
             replica.copy(rows if isinstance(rows, list) else list(rows))
@@ -509,7 +509,7 @@ class DeltaTarget:
         for row in rows:
             change(tuple(row[i] for i in positions), False, row)
 
-    def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
+    def delete(self, table: TargetTable, keys: Iterable[Row], old_rows: OldRows = None) -> None:
         replica = self._table(table.source_name)
         positions = table.structure.key_positions()
         width = len(table.structure.columns)

@@ -27,6 +27,9 @@ from replicator.targets.protocol import Row
 CONNECTOR = "replicator"
 EXACT_FIELD = "replicator"
 KEY_HEADER = "replicator.key"   # a tombstone's: the exact texts of its key values its fields cannot hold
+# The header of a delete record whose `before` is the old row (--old-rows), not the key columns alone:
+# both have the same schema, and a NOT NULL column's Debezium zero would read as a value
+OLD_ROW_HEADER = "replicator.old_row"
 # Debezium's SnapshotRecord values, the `snapshot` field's allowed strings
 SNAPSHOT_VALUES = ("true", "first", "first_in_data_collection", "last_in_data_collection", "last", "false",
                    "incremental")
@@ -69,7 +72,8 @@ class DecodedChange:
     """A change record as a follower applies it: rows in column order, decoded as
     replicator.structure's decoders decode captured rows; a field the record lacks is None."""
     op: str                              # c, u, r, d or t
-    before: tuple[Any, ...] | None       # a delete's key columns (the other columns None)
+    before: tuple[Any, ...] | None       # an update's old row (--old-rows); a delete's key columns (the other
+                                         # columns None), or its old row when the record carries one
     after: tuple[Any, ...] | None
     source: dict[str, Any]
 
@@ -194,6 +198,12 @@ class TableEnvelope:
 
         self._row = _struct_encoder(self._names, [(i, f.codec) for i, f in enumerate(self._fields)])
         self._row_exact = _exact_encoder(self._names, self._fields)
+        # An update's `before` (--old-rows) has its exact texts in the same map as `after`'s, each under
+        # its column name after a prefix no column name starts with ("before.", one more "_" each time).
+        self._before_prefix = "before."
+        while any(name.startswith(self._before_prefix) for name in self._names):
+            self._before_prefix = self._before_prefix[:-1] + "_."
+        self._before_exact = _exact_encoder([self._before_prefix + name for name in self._names], self._fields)
         self._key_index = key_index = {position: index for index, position in enumerate(self._key_positions)}
         self._delete_before = _struct_encoder(self._names, [
             (key_index[i], f.codec) if i in key_index else f.missing for i, f in enumerate(self._fields)])
@@ -268,22 +278,32 @@ class TableEnvelope:
                 f'"txId":{"null" if txid is None else txid},"lsn":null,"xmin":null,"origin":null,'
                 f'"origin_lsn":null,"tick":{tick},"event":{"null" if event is None else event}}}')
 
-    def value(self, op: str, after: Row | None, source: str, ts_us: int) -> bytes:
+    def value(self, op: str, after: Row | None, source: str, ts_us: int, before: Row | None = None) -> bytes:
         """The value record of an insert, update or copied row (op c, u, r: `after` the full
-        row in column order, `before` null) or of a truncate (op t, no row)."""
-        if op in ROW_OPS and after is not None:
+        row in column order; `before` null, or an update's old row, of a table captured with
+        --old-rows) or of a truncate (op t, no row)."""
+        if op in ROW_OPS and after is not None and (before is None or op == "u"):
             row = self._row(after)
             exact = "null" if self._row_exact is None else self._row_exact(after)
-        elif op == "t" and after is None:
+        elif op == "t" and after is None and before is None:
             row = exact = "null"
         else:
-            raise ValueError(f"op {op!r} with {'a' if after is not None else 'no'} row")
-        return self._value("null", row, op, source, ts_us, exact)
+            raise ValueError(f"op {op!r} with {'a' if after is not None else 'no'} row"
+                             f"{' and an old row' if before is not None else ''}")
+        if before is None:
+            return self._value("null", row, op, source, ts_us, exact)
+        before_exact = "null" if self._before_exact is None else self._before_exact(before)
+        if before_exact != "null":
+            exact = before_exact if exact == "null" else f"{exact[:-1]},{before_exact[1:]}"
+        return self._value(self._row(before), row, op, source, ts_us, exact)
 
-    def delete_value(self, key_values: Sequence[Any], source: str, ts_us: int) -> bytes:
-        """The value record of a delete: `before` the key columns' values and no other column's
-        (null, or Debezium's zero in a NOT NULL column), `after` null; the exact texts of the key
-        values in `replicator`."""
+    def delete_value(self, key_values: Sequence[Any], source: str, ts_us: int, old_row: Row | None = None) -> bytes:
+        """The value record of a delete: `before` the old row of a table captured with --old-rows,
+        else the key columns' values and no other column's (null, or Debezium's zero in a NOT NULL
+        column), with the exact texts of the key values in `replicator`; `after` null."""
+        if old_row is not None:
+            exact = "null" if self._row_exact is None else self._row_exact(old_row)
+            return self._value(self._row(old_row), "null", "d", source, ts_us, exact)
         exact = "null" if self._key_exact is None else self._key_exact(key_values)
         return self._value(self._delete_before(key_values), "null", "d", source, ts_us, exact)
 
@@ -311,15 +331,20 @@ class TableEnvelope:
             raise ValueError(f"op {change.op!r} is no delete with its key in `before`")
         return tuple(change.before[i] for i in self._key_positions)
 
-    def decode_value(self, data: bytes) -> DecodedChange:
-        """A value record back into the change it holds."""
+    def decode_value(self, data: bytes, old_row: bool = False) -> DecodedChange:
+        """A value record back into the change it holds; old_row: a delete's `before` is its old
+        row (the publisher says so in a header), not its key columns alone."""
         payload = _parse_payload(data, self._value_head_bytes, self.settings.schemas)
         exact = payload.get(EXACT_FIELD) or {}
         op = payload["op"]
         before = payload.get("before")
         after = payload.get("after")
-        decoded_before = None if before is None else self._decode_struct(before, self._fields, exact)
-        if op == "d" and decoded_before is not None:    # the other columns hold no value, null or not
+        before_exact = exact
+        if op == "u":
+            prefix = self._before_prefix
+            before_exact = {name[len(prefix):]: text for name, text in exact.items() if name.startswith(prefix)}
+        decoded_before = None if before is None else self._decode_struct(before, self._fields, before_exact)
+        if op == "d" and decoded_before is not None and not old_row:   # the other columns hold no value
             decoded_before = tuple(v if i in self._key_index else None for i, v in enumerate(decoded_before))
         return DecodedChange(op=op, before=decoded_before,
                              after=None if after is None else self._decode_struct(after, self._fields, exact),

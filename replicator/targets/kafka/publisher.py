@@ -15,6 +15,7 @@ still running (Kafka aborts what that one had not committed).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -31,6 +32,7 @@ from replicator.structure import Change
 from replicator.targets.crash import crash_point
 from replicator.targets.kafka.envelope import (
     KEY_HEADER,
+    OLD_ROW_HEADER,
     EnvelopeSettings,
     TableEnvelope,
     schema_change_key,
@@ -55,7 +57,7 @@ from replicator.targets.kafka.topics import (
     state_topic,
     table_topic,
 )
-from replicator.targets.protocol import Row, TargetTable, queue_positions
+from replicator.targets.protocol import OldRows, Row, TargetTable, queue_positions
 
 log = logging.getLogger("replicator")
 _OPS = {"I": "c", "U": "u", "R": "r"}
@@ -98,6 +100,11 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
+Headers = tuple[tuple[str, bytes], ...]   # a record's own, besides SEQUENCE
+_Record = tuple[bytes, bytes | None, Headers]   # key, value (None: a tombstone), the record's own headers
+_OLD_ROW: Headers = ((OLD_ROW_HEADER, b"true"),)
+
+
 @dataclass
 class _HeldRows:
     """The records of an event's updated rows, held until the next call: an UPDATE that changed keys is
@@ -105,7 +112,7 @@ class _HeldRows:
     writes the old keys' deletes first."""
     topic: str
     txid: int | None
-    records: list[tuple[bytes, bytes, None]]   # (key, value, no key header) of each row
+    records: list[_Record]
 
 
 def _kafka_error(exc: KafkaException) -> KafkaError:
@@ -391,16 +398,16 @@ class KafkaTarget:
         written[1] += 1
 
     def _produce(self, topic: str, key: bytes, value: bytes | None, partition: int = -1,
-                 key_header: bytes | None = None) -> None:
+                 headers: Headers = ()) -> None:
+        """headers: the record's own, after the SEQUENCE header every record has."""
         if self._copy is not None:   # anything but a copied row: the copy has ended
             self._end_copy()
-        headers: list[tuple[str, str | bytes | None]] = [(SEQUENCE, b"%d.%d" % (self._number, self._index))]
-        if key_header is not None:
-            headers.append((KEY_HEADER, key_header))
+        all_headers: list[tuple[str, str | bytes | None]] = [(SEQUENCE, b"%d.%d" % (self._number, self._index)),
+                                                             *headers]
         self._index += 1
         while True:
             try:
-                self.producer.produce(topic, value, key, partition=partition, headers=headers,
+                self.producer.produce(topic, value, key, partition=partition, headers=all_headers,
                                       on_delivery=self._delivered)
                 return
             except BufferError:   # librdkafka's queue is full: let it send
@@ -436,7 +443,9 @@ class KafkaTarget:
     def topic(self, table: TargetTable) -> str:
         return table_topic(self.settings.prefix, table.structure.schema, table.structure.name)
 
-    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row], old_rows: OldRows = None) -> None:
+        """A record per row. With old rows (--old-rows), an update's `before` is its old row, and an
+        updated row without one is a create: its key is new (a key change), as Debezium writes it."""
         self._release()   # (rows held before anything else)
         if op == "R":
             self._copy_rows(table, rows)
@@ -448,7 +457,13 @@ class KafkaTarget:
         debezium_op = _OPS[op]
         key_positions = table.structure.key_positions()
         key_of = itemgetter(*key_positions) if len(key_positions) > 1 else lambda row: (row[key_positions[0]],)
-        records = [(envelope.key(key_of(row)), envelope.value(debezium_op, row, source, ts_us), None) for row in rows]
+        records: list[_Record]
+        if old_rows is None:
+            records = [(envelope.key(key_of(row)), envelope.value(debezium_op, row, source, ts_us), ()) for row in rows]
+        else:
+            records = [(envelope.key(key_of(row)),
+                        envelope.value("c" if old is None else debezium_op, row, source, ts_us, old), ())
+                       for row, old in zip(rows, old_rows)]
         if op == "U" and self._event.event is not None:   # an event's updated rows: see delete()
             self._held = _HeldRows(topic, self._event.txid, records)
             return
@@ -494,25 +509,28 @@ class KafkaTarget:
         key = [row[i] for i in copy.key_positions]
         self._produce(copy.topic, copy.envelope.key(key), copy.envelope.value("r", row, source, ts_us))
 
-    def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
-        """A 'd' record and its tombstone per key. The deletes of an UPDATE's old keys come before its
-        new rows, as Debezium writes a key change: the rows of the event just before, held, when they
-        are of the same table and transaction and none has a key deleted here (operations on other
-        keys commute: a reader ends with the same rows, in whichever order it applies them)."""
+    def delete(self, table: TargetTable, keys: Iterable[Row], old_rows: OldRows = None) -> None:
+        """A 'd' record (`before` the old row with --old-rows, else the key) and its tombstone per key.
+        The deletes of an UPDATE's old keys come before its new rows, as Debezium writes a key change:
+        the rows of the event just before, held, when they are of the same table and transaction and
+        none has a key deleted here (operations on other keys commute: a reader ends with the same
+        rows, in whichever order it applies them)."""
         envelope = self._envelope(table)
         source = self._source(table, envelope)
         ts_us = _now_us()
         topic = self.topic(table)
-        deletes = [(envelope.key(values), envelope.delete_value(values, source, ts_us), envelope.key_header(values))
-                   for values in keys]
+        deletes = [(envelope.key(values), envelope.delete_value(values, source, ts_us, old),
+                    envelope.key_header(values), old is not None)
+                   for values, old in zip(keys, old_rows or itertools.repeat(None))]
         held = self._held
         if held is not None and not (held.topic == topic and held.txid == self._event.txid
-                                     and not {key for key, _, _ in deletes} & {key for key, _, _ in held.records}):
+                                     and not {d[0] for d in deletes} & {key for key, _, _ in held.records}):
             self._release()
         held, self._held = self._held, None
         # each delete's tombstone: compaction forgets the row; its header holds what the key cannot
-        self._write(topic, (record for key, value, key_header in deletes
-                            for record in ((key, value, None), (key, None, key_header))))
+        self._write(topic, (record for key, value, key_header, old_row in deletes
+                            for record in ((key, value, _OLD_ROW if old_row else ()),
+                                           (key, None, () if key_header is None else ((KEY_HEADER, key_header),)))))
         if held is not None:
             self._write(topic, held.records)
 
@@ -522,10 +540,9 @@ class KafkaTarget:
         if held is not None:
             self._write(held.topic, held.records)
 
-    def _write(self, topic: str, records: Iterable[tuple[bytes, bytes | None, bytes | None]]) -> None:
-        """Produces records (key, value, the tombstone's key header)."""
-        for key, value, key_header in records:
-            self._produce(topic, key, value, key_header=key_header)
+    def _write(self, topic: str, records: Iterable[_Record]) -> None:
+        for key, value, headers in records:
+            self._produce(topic, key, value, headers=headers)
         self._serve(self.producer.poll, 0)
 
     def truncate(self, table: TargetTable) -> None:

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from replicator.errors import UserError
 from replicator.structure import Change, Column, RowsDecoder, TableStructure, ascii_lower, target_table_name
 from replicator.targets.files import file_changed, special_file
-from replicator.targets.protocol import Row, TargetTable
+from replicator.targets.protocol import OldRows, Row, TargetTable
 from replicator.targets.sqlite.types import FORMS, LEGACY_FORMS, NUMERIC_MODES, adapter, sqlite_type, value_adapters
 from replicator.targets.sqlite.views.catalog import following_renames as views_following_renames
 from replicator.targets.sqlite.views.names import REFRESHES, STORAGE_PREFIX, VIEWS
@@ -659,7 +659,7 @@ class SqliteTarget:
         cached = self._adapters[table.source_name] = (adapter(adapters), adapter([adapters[i] for i in positions]))
         return cached
 
-    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row]) -> None:
+    def upsert(self, table: TargetTable, op: str, rows: Iterable[Row], old_rows: OldRows = None) -> None:
         self.views.note_write(self.table_name(table))
         adapt = self._adapted(table)[0]
         if adapt is not None:
@@ -676,7 +676,7 @@ class SqliteTarget:
             return
         self.db.executemany(self._statement(table, "upsert"), rows)
 
-    def delete(self, table: TargetTable, keys: Iterable[Row]) -> None:
+    def delete(self, table: TargetTable, keys: Iterable[Row], old_rows: OldRows = None) -> None:
         self.views.note_write(self.table_name(table))
         adapt = self._adapted(table)[1]
         if adapt is not None:
