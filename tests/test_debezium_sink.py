@@ -6,17 +6,20 @@ types; with and without Debezium's ExtractNewRecordState in front of the sink.
 
 The sink runs as users run it with Debezium's topics: `insert.mode=upsert`, `delete.enabled`,
 `truncate.enabled`, `primary.key.mode=record_key`, `schema.evolution=basic`, the JsonConverter with
-schemas for keys and values, `topics.regex` for the prefix's table topics. A test waits until the
-sink's consumer group has committed every record of the topics (it commits what it has written),
-or fails at once with the task's error when the task fails.
+schemas for keys and values, `topics.regex` for the prefix's table topics, into a database with
+hstore (the sink's type for a map field). A test waits until the sink's consumer group has
+committed every record of the topics that reaches the sink (it commits what it has written; the
+SMT drops tombstones and truncates), or fails at once with the task's error when the task fails.
 
 "Equal" is what Debezium's own topics of the same source would make equal:
 - rows are compared as the sink stores them: each column as the sink's type reads back (an
   interval is Debezium's MicroDuration, a month being 30.4375 days; a varchar a text...);
-- `schema.evolution=basic` only adds columns: after DROP COLUMN the sink keeps the column (null in
-  rows written after it), after RENAME COLUMN it adds the new name and keeps the old one. Only the
-  source's columns are compared, which Debezium's topics would keep equal; the sink's extra columns
-  are not;
+- `schema.evolution=basic` only adds columns and never changes one: after DROP COLUMN the sink
+  keeps the column (null in rows written after it); after RENAME COLUMN it adds the new name beside
+  the old, filled in the rows written since (Debezium writes no record of the others). The source's
+  columns are compared, the renamed one in the rows written since the rename; the sink's extra
+  columns are not. A change the sink cannot follow (a column's type) stops it, with Debezium's
+  records too: then the sink must still hold every row it had;
 - with ExtractNewRecordState the truncate records are dropped (the SMT drops them, and Debezium's
   connector publishes none by default), so the workloads in front of it have no TRUNCATE.
 """
