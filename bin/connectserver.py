@@ -34,14 +34,13 @@ CONNECT_VERSION = "4.3.0"
 # 3.6.0.Final is (the release the issue's reproduction used: 3.6.1 changed only array and tsvector
 # bindings in the sink)
 DEBEZIUM_VERSION = "3.6.0.Final"
-POSTGRESQL_DRIVER = "org.postgresql:postgresql:42.7.14"
 RUNTIME = (
     f"org.apache.kafka:connect-runtime:{CONNECT_VERSION}",
     f"org.apache.kafka:connect-json:{CONNECT_VERSION}",
     # Connect logs through SLF4J 1.7, which this binds to log4j2 (as bin/kafkaserver.py's broker)
     "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3",
 )
-# The sink's Connection pool module, org.hibernate:hibernate-agroal at Hibernate 7.2.6 in Debezium's
+# The sink's connection pool module, org.hibernate:hibernate-agroal at Hibernate 7.2.6 in Debezium's
 # POM, is served only as org.hibernate.orm:hibernate-agroal, of 7.2.0 and later patch releases: the
 # earliest, whose calls into Hibernate 7.2.6 (Debezium's) exist there. The other databases' drivers
 # the connector brings (MySQL, MariaDB, SQL Server, Oracle: 20 MB) are left out; Kafka's own
@@ -50,7 +49,7 @@ RUNTIME = (
 PLUGIN = (
     f"io.debezium:debezium-connector-jdbc:{DEBEZIUM_VERSION}",
     "org.hibernate.orm:hibernate-agroal:7.2.0.Final",
-    POSTGRESQL_DRIVER,
+    "org.postgresql:postgresql:42.7.14",
 )
 _PLUGIN_EXCLUSIONS = {
     "io.debezium:debezium-connector-jdbc": (
