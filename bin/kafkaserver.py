@@ -109,42 +109,47 @@ def _pom() -> str:
             f"<dependencies>{dependencies}</dependencies></project>\n")
 
 
-def _fetched(directory: Path) -> bool:
-    try:
-        return (directory / FETCHED).read_text().split() == list(ARTIFACTS)
-    except FileNotFoundError:
-        return False
-
-
 def fetch(directory: Path) -> list[Path]:
     """Kafka's jars in the cache directory, fetched with Maven unless done (for these artifacts)."""
+    return fetch_with_maven(directory, _pom(), "".join(f"{coordinates}\n" for coordinates in ARTIFACTS),
+                            f"Kafka {KAFKA_VERSION}'s jars")
+
+
+def fetch_with_maven(directory: Path, pom: str, marker: str, what: str) -> list[Path]:
+    """The jars of the POM's runtime dependencies in directory/jars, fetched with Maven unless a fetch
+    wrote the marker (the artifacts' list) last into directory/FETCHED: without it, or with another
+    list, the directory is emptied and the fetch starts over."""
     jars = directory / "jars"
-    if not _fetched(directory):
+    try:
+        fetched = (directory / FETCHED).read_text() == marker
+    except FileNotFoundError:
+        fetched = False
+    if not fetched:
         mvn = shutil.which("mvn")
         if mvn is None:
-            raise UserError("Maven (mvn) not found, which fetches the Kafka broker's jars: install the 'maven' package")
+            raise UserError(f"Maven (mvn) not found, which fetches {what}: install the 'maven' package")
         shutil.rmtree(directory, ignore_errors=True)   # a half fetch, and class archives of other jars
         directory.mkdir(parents=True)
         with tempfile.TemporaryDirectory(prefix="replicator-kafka-maven-") as project:
-            pom = Path(project) / "pom.xml"
-            pom.write_text(_pom())
+            (Path(project) / "pom.xml").write_text(pom)
             # a local repository of this fetch's own, not ~/.m2: Maven leaves there the POMs of versions
             # it did not choose, without their jars, and Spark's resolution fails on any of them it needs
-            result = subprocess.run([mvn, "-q", "-B", "-f", str(pom), f"-Dmaven.repo.local={project}/repository",
+            result = subprocess.run([mvn, "-q", "-B", "-f", f"{project}/pom.xml",
+                                     f"-Dmaven.repo.local={project}/repository",
                                      "dependency:copy-dependencies", f"-DoutputDirectory={jars}",
                                      "-DincludeScope=runtime"],
                                     capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(f"Maven could not fetch Kafka {KAFKA_VERSION}'s jars:\n{result.stdout}{result.stderr}")
-        (directory / FETCHED).write_text("".join(f"{coordinates}\n" for coordinates in ARTIFACTS))
+            raise RuntimeError(f"Maven could not fetch {what}:\n{result.stdout}{result.stderr}")
+        (directory / FETCHED).write_text(marker)
     return sorted(jars.glob("*.jar"))
 
 
-def _java() -> Path:
+def java_binary() -> Path:
     home = os.environ.get("JAVA_HOME")
     found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
     if found is None or not Path(found).is_file():
-        raise UserError("Java not found, which runs the Kafka broker: install Java 17 or newer, or set JAVA_HOME")
+        raise UserError("Java not found, which runs Kafka and Connect: install Java 17 or newer, or set JAVA_HOME")
     return Path(found)
 
 
@@ -157,7 +162,7 @@ def _class_archive(java: Path) -> Path:
     return cache_dir() / f"classes-{key}.jsa"
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Distinct free ports: the sockets stay bound until all are chosen."""
     sockets = [socket.socket() for _ in range(count)]
     try:
@@ -186,7 +191,7 @@ class KafkaServer:
 
     def __init__(self, directory: str | Path | None = None) -> None:
         self.directory = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="replicator-kafka-"))
-        self.port, self.controller_port = _free_ports(2)
+        self.port, self.controller_port = free_ports(2)
         self.process: subprocess.Popen[bytes] | None = None
         self._archive_draft = self.directory / "classes.jsa"   # written at a clean stop, then kept in the cache
 
@@ -214,12 +219,12 @@ class KafkaServer:
 
     def _shared_classes(self) -> tuple[str, ...]:
         """The JVM option that loads the class archive, once there is one."""
-        archive = _class_archive(_java())
+        archive = _class_archive(java_binary())
         return (f"-XX:SharedArchiveFile={archive}",) if archive.exists() else ()
 
     def _java_command(self, *arguments: str, options: tuple[str, ...] = ()) -> list[str]:
         classpath = os.pathsep.join(str(jar) for jar in fetch(cache_dir()))   # in one order, as the archive wants
-        return [str(_java()), *JVM_OPTIONS, *options,
+        return [str(java_binary()), *JVM_OPTIONS, *options,
                 f"-Dlog4j2.configurationFile={self.directory / 'log4j2.properties'}", "-cp", classpath, *arguments]
 
     def init(self) -> KafkaServer:
@@ -317,7 +322,7 @@ class KafkaServer:
             raise RuntimeError(f"the Kafka broker did not stop in {timeout:.0f} s; the end of {self.log}:\n"
                                f"{self._log_tail()}") from None
         if self._archive_draft.exists():
-            self._archive_draft.replace(_class_archive(_java()))
+            self._archive_draft.replace(_class_archive(java_binary()))
 
     def kill(self) -> None:
         """Ends the broker at once (SIGKILL), as a crash would."""
