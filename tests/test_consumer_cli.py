@@ -72,6 +72,15 @@ def test_unusable_target_is_one_error_line_and_nonzero_exit(dsn, queue_q, tmp_pa
     assert_one_line_error(result, *fragments)
 
 
+@pytest.mark.parametrize("target", ["host=db password=s3cret", "dbname=shop user=app password=s3:cret"])
+def test_a_connection_string_given_as_target_is_refused_naming_dsn_without_echoing_it(dsn, queue_q, target):
+    """A newcomer giving --target the database: told where it goes; its text, which may hold a
+    password, is not printed (with a colon in it, the part before was echoed as the scheme)."""
+    result = run_cli(dsn, "consume", "q", "--target", target, "--until-caught-up")
+    assert_one_line_error(result, "--dsn", "sqlite:PATH")
+    assert "password" not in result.stderr
+
+
 def test_unknown_queue_is_one_error_line_and_registers_nothing(dsn, conn, queue_q, tmp_path):
     result = run_cli(dsn, "consume", "nosuchq", "--target", f"sqlite:{tmp_path}/r.db", "--until-caught-up")
     assert_one_line_error(result, "nosuchq")

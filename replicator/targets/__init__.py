@@ -52,6 +52,9 @@ def open_target(url: str, *, spark_master: str | None = None,
 
 def _parse(url: str) -> tuple[str, str]:
     scheme, sep, rest = url.partition(":")
+    if "=" in scheme:   # (not echoed: a database's connection string may hold a password)
+        raise UserError("a target is a URL (sqlite:PATH, delta:PATH|URI, jsonl:PATH|-, tsv:PATH|- or "
+                        "kafka://BROKERS/PREFIX); the source database is --dsn (or REPLICATOR_DSN)")
     if not sep or not rest:
         raise UserError(f"invalid target {url!r}: use sqlite:PATH, delta:PATH|URI, jsonl:PATH|-, tsv:PATH|- or "
                         f"kafka://BROKERS/PREFIX")
