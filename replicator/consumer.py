@@ -106,6 +106,11 @@ def consumer_name(target: Target, queue: str, name: str | None) -> str:
     return name
 
 
+def _key_columns(structure: TableStructure) -> list[tuple[str, str, bool]]:
+    """What a target's rows are keyed by: each key column's name, type and nullability."""
+    return [(c.name, c.type, c.not_null) for c in structure.key_columns()]
+
+
 def check_captured(queue: str, tables: list[str], queue_tables: list[CapturedTable]) -> None:
     """Refuses a --tables list naming a table the queue does not capture."""
     names = {t.name for t in queue_tables}
@@ -455,17 +460,18 @@ class Consumer:
                            if t.table_id in self._captured or t.table_id not in still_captured}
         self._table_ids = None if self._deferred else ids
 
-    def copy_table(self, table: CapturedTable) -> TargetTable:
+    def copy_table(self, table: CapturedTable, over_rows: bool = False) -> TargetTable:
         """(Re)creates the table in the target and copies it in a REPEATABLE READ
         snapshot of the source, in the target's open transaction. Events visible in
-        that snapshot are skipped for the table from then on."""
+        that snapshot are skipped for the table from then on; over_rows: the copy is
+        written over the rows the target holds, no truncate first (see _held_by_copy)."""
         assert table.structure is not None
         structure = TableStructure.from_source(table.structure, table.columns, table.key)
         started = time.monotonic()
         rows = 0
         with source_copy.SnapshotCopy(self.dsn, table, structure) as snap:
             target_table = TargetTable(source_name=table.name, table_id=table.table_id, mode=table.mode,
-                                       structure=structure, copy_snapshot=snap.snapshot)
+                                       structure=structure, copy_snapshot=snap.snapshot, copied_over_rows=over_rows)
             self.target.create_table(target_table)
             watch = _CopyWatch(self, table.name, snap.estimated_rows)
             try:
@@ -637,7 +643,7 @@ class Consumer:
             # `table alter --mode` changes no row: later events are applied in the new mode
             new_table = TargetTable(source_name=new_structure.qualified_name, table_id=table.table_id,
                                     mode=event.get("mode", table.mode), structure=new_structure,
-                                    copy_snapshot=table.copy_snapshot)
+                                    copy_snapshot=table.copy_snapshot, copied_over_rows=table.copied_over_rows)
             self.target.alter_table(table, new_table, changes)
             self._following[table.table_id] = new_table
             log.info("event %s: %s altered in place (%s)", ev_id, new_table.source_name, event.get("tag"))
@@ -654,17 +660,23 @@ class Consumer:
             return False
         self._captured[table.table_id] = current
         # The copy replaces every row: a stream says so (T) before the change and the copied
-        # rows; a target the copy is written over (Kafka) never shows the table empty. The copy
-        # is in the table's current structure (later S events are in the copy): the change
-        # announced is to that structure.
-        if not self.target.copies_over_rows:
+        # rows; a target the copy is written over (Kafka) never shows the table empty, when the
+        # change only rewrote values: not when rows may have left without events ("copy": a
+        # partition truncated or detached, a narrower --where), the key changed (rows under the
+        # old key would stay) or keys of a pk-mode table are pending. The copy is in the table's
+        # current structure (later S events are in the copy): the change announced is to that
+        # structure.
+        over_rows = (self.target.copies_over_rows and not event.get("copy") and table.mode == "full"
+                     and current.mode == "full" and _key_columns(table.structure) == _key_columns(
+                         TableStructure.from_source(current.structure, current.columns, current.key)))
+        if not over_rows:
             self.target.truncate(table)
         self.target.schema_event(table, {**event, "schema": current.schema, "name": current.table,
                                          "key": current.key, "columns": current.columns,
                                          "structure": current.structure})
         if current.name != table.source_name:
             self.target.drop_table(table)
-        self._following[table.table_id] = self.copy_table(current)
+        self._following[table.table_id] = self.copy_table(current, over_rows)
         log.info("event %s: %s copied again after %s", ev_id, current.name, event.get("tag"))
         return False
 
@@ -678,7 +690,7 @@ class Consumer:
         tick_id, ev_id, txid, ev_time, ev_type = event
         if not (table.copy_snapshot and txid_visible(txid, table.copy_snapshot)):
             return False
-        if not self.target.copies_over_rows or ev_type not in ("D", "T"):
+        if not table.copied_over_rows or ev_type not in ("D", "T"):
             return True
         run.flush()
         if ev_type == "D":
@@ -715,8 +727,8 @@ class Consumer:
         found = set(map(key_of, rows))
         missing = [k for k in decoded if k not in found]
         if not isinstance(self.target, RecordsOrigin):
-            self.target.upsert(table, "U", rows)
             self.target.delete(table, missing)
+            self.target.upsert(table, "U", rows)
             return True
         origins = dict(zip(decoded, keys.values()))
         by_origin: dict[_Origin, tuple[list[Any], list[Any]]] = {}
@@ -726,8 +738,8 @@ class Consumer:
             by_origin.setdefault(origins[key], ([], []))[1].append(key)
         for (txid, ev_time), (found_rows, gone) in by_origin.items():
             self.target.event(stats.tick_id, None, txid, ev_time)
+            self.target.delete(table, gone)   # (a key change: the old key's delete first, as Debezium's)
             self.target.upsert(table, "U", found_rows)
-            self.target.delete(table, gone)
         return True
 
     # running -----------------------------------------------------------------------------

@@ -335,6 +335,78 @@ def test_a_copy_again_marks_its_rows_as_a_snapshot(dsn, conn, source, kafka, kaf
     assert [r.value_payload["source"]["snapshot"] for r in copied] == ["first"] + ["true"] * 48 + ["last"]
 
 
+ROWS_LEAVING = {
+    # a pk-mode table's delete pending when the same batch copies it again
+    "pk-mode delete, then a column added": (
+        "CREATE TABLE w (id int PRIMARY KEY, v text); INSERT INTO w SELECT g, 'v' FROM generate_series(1, 6) g",
+        {"mode": "pk"},
+        lambda conn, source: conn.execute("DELETE FROM w WHERE id = 3; "
+                                          "ALTER TABLE w ADD COLUMN n int NOT NULL DEFAULT 7")),
+    # rows gone without a row trigger: the copy again must not be written over the sink's rows
+    "a partition truncated": (
+        "CREATE TABLE w (id int PRIMARY KEY, v text) PARTITION BY RANGE (id); "
+        "CREATE TABLE w1 PARTITION OF w FOR VALUES FROM (0) TO (4); "
+        "CREATE TABLE w2 PARTITION OF w FOR VALUES FROM (4) TO (10); "
+        "INSERT INTO w SELECT g, 'v' FROM generate_series(1, 6) g",
+        {},
+        lambda conn, source: conn.execute("TRUNCATE w1")),
+    "a narrower --where": (
+        "CREATE TABLE w (id int PRIMARY KEY, v text); INSERT INTO w SELECT g, 'v' FROM generate_series(1, 6) g",
+        {},
+        lambda conn, source: source.alter_table("q", "w", where="id > 3", set_where=True)),
+}
+
+
+@pytest.mark.parametrize("case", ROWS_LEAVING)
+def test_a_copy_again_after_rows_left_without_events_leaves_a_sink_only_the_sources_rows(
+        dsn, conn, source, kafka, kafka_prefix, case):
+    """A copy written over a sink's rows leaves the rows no event removed: such copies are preceded by
+    a truncate, as a copy after rows left must be."""
+    ddl, options, change = ROWS_LEAVING[case]
+    conn.execute(ddl)
+    source.create_queue("q")
+    source.add_table("q", "w", **options)
+    target = url(kafka, kafka_prefix)
+    assert_succeeded(publish(dsn, target))
+    change(conn, source)
+    assert_succeeded(publish(dsn, target))
+    replayed = replay(table_records(kafka.bootstrap, kafka_prefix, ("w",)))[topic_of(kafka_prefix, "w")]
+    where = "WHERE id > 3" if case == "a narrower --where" else ""
+    assert set(replayed) == {json.dumps({"id": i}) for (i,) in conn.execute(f"SELECT id FROM w {where}")}
+
+
+def test_truncates_an_initial_copy_holds_publish_nothing(dsn, conn, source, kafka, kafka_prefix):
+    """The copy has the rows after them: a truncate record (where Flink stops) and a copy again
+    would repeat what the copy says."""
+    conn.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY, v text)")
+    source.create_queue("q")
+    source.add_table("q", "a")
+    target = url(kafka, kafka_prefix)
+    assert_succeeded(publish(dsn, target))
+    source.add_table("q", "b")
+    for _ in range(3):
+        conn.execute("TRUNCATE b; INSERT INTO b SELECT g, 'w' FROM generate_series(1, 20) g")
+    conn.execute("DELETE FROM b WHERE id <= 5")
+    assert_succeeded(publish(dsn, target))
+    records = table_records(kafka.bootstrap, kafka_prefix, ("b",))
+    assert Counter(r.value_payload["op"] if r.value is not None else "tombstone" for r in records) == {"r": 15}
+
+
+def test_a_pk_mode_key_change_deletes_the_old_key_first(dsn, conn, source, kafka, kafka_prefix):
+    conn.execute("CREATE TABLE p (id int PRIMARY KEY, v text); INSERT INTO p SELECT g, 'v' FROM generate_series(1, 5) g")
+    source.create_queue("q")
+    source.add_table("q", "p", mode="pk")
+    target = url(kafka, kafka_prefix)
+    assert_succeeded(publish(dsn, target))
+    first = last_commit(kafka.bootstrap, kafka_prefix)["commit"]
+    conn.execute("UPDATE p SET id = 100 WHERE id = 1")
+    assert_succeeded(publish(dsn, target))
+    records = [r for r in in_publishing_order(table_records(kafka.bootstrap, kafka_prefix, ("p",)))
+               if r.sequence[0] > first]
+    assert [(r.value_payload["op"] if r.value is not None else "tombstone", r.key_payload["id"]) for r in records] == [
+        ("d", 1), ("tombstone", 1), ("u", 100)]
+
+
 KEYS = list(range(1, 25))   # the keys a row of k may take
 
 

@@ -28,6 +28,9 @@ class TargetTable:
     mode: str                    # 'full' or 'pk'
     structure: TableStructure
     copy_snapshot: str | None    # events visible in it are already in the copy
+    # the copy was written over the rows the target held, no truncate first (copies_over_rows): the
+    # rows that events the copy holds removed are removed after it
+    copied_over_rows: bool = False
 
 
 class Target(Protocol):
@@ -40,7 +43,7 @@ class Target(Protocol):
     copies_renamed_tables: bool
     # whether a table copied again after a schema change is written over the rows the target holds
     # rather than in place of them (Kafka: a sink of the topics never sees the table empty); the
-    # consumer then deletes the rows that deletes the copy holds removed (consumer._copied_over)
+    # consumer then removes the rows that events the copy holds removed (consumer._held_by_copy)
     copies_over_rows: bool
 
     def positions(self, queue: str) -> dict[str, int]:

@@ -100,13 +100,15 @@ class Commit:
 
 def tables_to_json(tables: dict[str, TargetTable]) -> bytes:
     return json.dumps({name: {"table_id": t.table_id, "mode": t.mode, "structure": t.structure.to_json(),
-                              "copy_snapshot": t.copy_snapshot} for name, t in tables.items()}).encode()
+                              "copy_snapshot": t.copy_snapshot, "copied_over_rows": t.copied_over_rows}
+                       for name, t in tables.items()}).encode()
 
 
 def tables_from_record(message: Message) -> dict[str, TargetTable]:
     try:
         return {name: TargetTable(source_name=name, table_id=t["table_id"], mode=t["mode"],
-                                  structure=TableStructure.from_json(t["structure"]), copy_snapshot=t["copy_snapshot"])
+                                  structure=TableStructure.from_json(t["structure"]), copy_snapshot=t["copy_snapshot"],
+                                  copied_over_rows=t.get("copied_over_rows", False) is True)
                 for name, t in json.loads(data(message.value())).items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise bad_record(message, f"is no list of tables ({type(exc).__name__}: {exc})") from None
