@@ -14,6 +14,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
+from xdist.remote import Producer
+from xdist.workermanage import WorkerController
 
 from consumer_helpers import set_fast_ticks
 from kafkaserver import KafkaServer
@@ -22,6 +24,7 @@ from pgserver import PgServer
 from replicator.source import Source
 from s3_helpers import MotoServer
 from spark_helpers import SparkSessions
+from xdist_groups import FileGroupScheduling, make_scheduler, start, stop, tell_worker, write_groups
 
 _kafka_prefix_counter = itertools.count()
 
@@ -41,7 +44,7 @@ JVM_GROUPS = ("spark", "kafka")
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         for fixture in getattr(item, "fixturenames", ()):   # every fixture the test uses, directly or not
             if fixture in SERVER_MARKERS:
@@ -49,6 +52,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = next((name for name in JVM_GROUPS if item.get_closest_marker(name)), None)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    write_groups(config, items)
+
+
+# The groups reach xdist's scheduler through files (xdist_groups says why).
+def pytest_configure(config: pytest.Config) -> None:
+    start(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    stop(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: WorkerController) -> None:
+    tell_worker(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> FileGroupScheduling | None:
+    return make_scheduler(config, log)
 
 
 @pytest.fixture(scope="session")

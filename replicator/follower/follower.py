@@ -70,6 +70,8 @@ RUN_ROWS = 5000          # rows applied in one target call, at most (a bootstrap
 READ_COMMITS_TIMEOUT = 60.0   # seconds --until-caught-up may take to read the commits to their end
 PROBE_EVERY = 5.0        # seconds between the metadata requests that ask whether Kafka is back after an outage
 PROBE_TIMEOUT = 1.0      # seconds one may take
+START_TIMEOUT = 10.0     # seconds the first metadata request may take, at most: less when the URL's
+                         # kafka.socket.timeout.ms says so (as the publisher's admin requests, topics.py)
 VISIBLE_WAIT = 30.0      # seconds a partition may stay short of the offset a commit names (Kafka ends a
                          # transaction partition by partition) before the follower gives up
 
@@ -168,7 +170,7 @@ def wait_for_publisher(settings: KafkaSettings, stop: StopFlag, waits: bool) -> 
 def _published(consumer: Consumer, settings: KafkaSettings) -> bool:
     """Whether a publisher has written to the prefix (its commit topic exists)."""
     try:
-        topics = consumer.list_topics(timeout=PROBE_TIMEOUT * 10).topics
+        topics = consumer.list_topics(timeout=min(START_TIMEOUT, settings.timeout)).topics
     except KafkaException as exc:
         raise UserError(f"cannot reach Kafka at {settings.brokers}: {exc.args[0].str()}") from None
     return state_topic(settings.prefix) in topics
