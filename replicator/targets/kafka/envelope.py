@@ -277,6 +277,7 @@ class TableEnvelope:
         self._delete_before = _struct_encoder(self._names, [
             (key_index[i], f.codec) if i in key_index else f.missing for i, f in enumerate(self._fields)])
         self._key = _struct_encoder(key_names, [(i, f.codec) for i, f in enumerate(key_fields)])
+        self._row_key = _struct_encoder(key_names, [(i, self._fields[i].codec) for i in self._key_positions])
         self._read_row = _struct_decoder(self._names, self._fields)
         self._read_key = _struct_decoder(key_names, key_fields)
         self._key_exact = _exact_encoder(key_names, key_fields)
@@ -326,6 +327,10 @@ class TableEnvelope:
     def key(self, key_values: Sequence[Any]) -> bytes:
         """The key record of a row: its key values, in structure.key order, as Debezium's."""
         return f"{self._key_head}{self._key(key_values)}{self._key_tail}".encode()
+
+    def row_key(self, row: Row) -> bytes:
+        """The key record of a row (in column order): key(), read from the row itself."""
+        return f"{self._key_head}{self._row_key(row)}{self._key_tail}".encode()
 
     def key_header(self, key_values: Sequence[Any]) -> bytes | None:
         """A tombstone's KEY_HEADER: the exact texts of the key values their fields cannot hold
