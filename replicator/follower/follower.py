@@ -596,9 +596,11 @@ class Follower:
             value = message.value()
             if value is None:
                 return "tombstone", envelope.decode_key(data(message.key()), _key_header(message)), None
-            old_row = bool(header_values(message, OLD_ROW_HEADER))
-            change = envelope.row_change(value, old_row=old_row)
+            # `before` whole: of a delete it is the old row only where the header says so (its key columns are
+            # read the same either way), which only a delete's header is asked
+            change = envelope.row_change(value, old_row=True)
             if change.op == "d":   # the exact key: a key's fields may not hold it (docs/kafka.md, Key)
+                old_row = bool(header_values(message, OLD_ROW_HEADER))
                 return "D", envelope.deleted_key(change), change.before if old_row else None
             if change.op == "t":
                 return "T", (), None
