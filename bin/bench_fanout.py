@@ -94,6 +94,7 @@ AHEAD_NICE = -10               # the nice of the servers' sessions and of the wr
 # The source's cost counts as flat in the followers where going from 1 to N of them adds at most this share of what
 # going from 1 to N direct consumers adds (two runs of one phase differ by up to a quarter in queries/s here)
 FLAT = 0.1
+PUBLISHER_GOAL = 100_000       # row changes/s
 
 SCHEMA = f"""
 CREATE TABLE {TABLE} (
@@ -691,10 +692,11 @@ class FanoutBench:
         row("broker CPU, s/s", lambda p: f"{p.broker_cpu:.2f}")
         row("busy cores, load", lambda p: f"{p.machine_cpu:.1f}, {p.load:.1f}")
         rates = {t.name: t.rate for t in self.throughputs}
-        table.add_row("publisher, changes/s", "", "", f"{rates['publisher']:,.0f}", "", "≥ 50,000",
-                      _met(rates["publisher"] >= 50_000))
+        table.add_row("publisher, changes/s", "", "", f"{rates['publisher']:,.0f}", "", f"≥ {PUBLISHER_GOAL:,}",
+                      _met(rates["publisher"] >= PUBLISHER_GOAL))
+        share = rates["follower"] / rates["direct consumer"]
         table.add_row("one replica, changes/s", f"{rates['direct consumer']:,.0f}", "", f"{rates['follower']:,.0f}",
-                      "", "", "")
+                      "", "Kafka: ≥ 1.0× direct", f"{_met(share >= 1)}: {share:.2f}×")
         console.print(table)
         priority = (f"it, every PostgreSQL process and the broker first for the CPU (their sessions at nice "
                     f"{AHEAD_NICE}: servers of their own); each replicator process in a session of its own"

@@ -11,7 +11,7 @@ from replicator.errors import UserError
 # The modules each extra brings, as imported (pyproject.toml names their distributions).
 EXTRAS: dict[str, tuple[str, ...]] = {
     "delta": ("pyarrow", "numpy", "pyroaring", "obstore", "deltalake"),
-    "kafka": ("confluent_kafka",),
+    "kafka": ("confluent_kafka", "msgspec"),
     "spark": ("pyspark", "pandas"),
 }
 

@@ -31,13 +31,14 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 
 from replicator import run_loop
 from replicator.errors import UserError
 from replicator.follower.history import TableHistory, schema_change_of
-from replicator.follower.reader import Partition, PartitionReader
+from replicator.follower.reader import CONSUMER_SETTINGS, Partition, PartitionReader
 from replicator.metrics import ConsumerMetrics
 from replicator.shutdown import StopFlag
 from replicator.structure import TableStructure, reconcile
@@ -62,6 +63,7 @@ from replicator.targets.protocol import Row, Target, TargetTable
 from replicator.wording import counted
 
 log = logging.getLogger("replicator")
+Sequenced = tuple[tuple[int, int], Message]   # a record read, after its (commit, index) from its SEQUENCE header
 
 BATCH_RECORDS = 200000   # records of several commits applied in one target transaction, about
 TICK = "tick"            # the position that holds the publisher's tick (the others are TOPIC:PARTITION)
@@ -207,7 +209,7 @@ class Follower:
         if self.table_filter:
             self._follow_tables()
         self.consumer = committed_consumer(settings, **{"group.id": f"replicator-follower.{settings.prefix}",
-                                                        "error_cb": self._client_error})
+                                                        "error_cb": self._client_error, **CONSUMER_SETTINGS})
         self.reader = PartitionReader(self.consumer, self._outage)
         self._commits: list[Commit] = []   # read, not applied yet
         self._state_sequences: set[tuple[int, int]] = set()   # of the state topic's records but the commits
@@ -305,7 +307,7 @@ class Follower:
 
     def _passed_over(self, message: Message) -> bool:
         """Whether --skip-record names the record (said at WARNING when it does)."""
-        if located(message) not in self.skip:
+        if not self.skip or located(message) not in self.skip:
             return False
         log.warning("record %s passed over (--skip-record)", located(message))
         self._skipped.add(located(message))
@@ -399,14 +401,14 @@ class Follower:
             self._assign([tp for tp in ends if tp[0] in self._known_topics(ends)] + [self._schema], ends)
             schema_records = list(self._partition(self._schema, ends))
             topics = self._followed_topics(schema_records, ends)
-            streams: list[Iterable[Message]] = [schema_records]
+            streams: list[Iterable[Sequenced]] = [[(sequence_of(m), m) for m in schema_records]]
             read = [self._schema] if self._schema in ends else []
             for tp in sorted(ends):
                 if tp[0] in topics:
-                    streams.append(self._partition(tp, ends))
+                    streams.append((sequence_of(m), m) for m in self._partition(tp, ends))
                     read.append(tp)
             # checked whole before any is applied: of two records of one sequence, neither is
-            records = list(heapq.merge(*streams, key=sequence_of))
+            records = list(heapq.merge(*streams, key=itemgetter(0)))
             self._check_sequences(records, self.target.positions(self.queue).get(COMMIT, 0), goal.number)
             stats.records = self._apply(records)
             for tp in read:
@@ -508,15 +510,15 @@ class Follower:
                 topics.add(topic)
         return topics
 
-    def _check_sequences(self, records: list[Message], applied: int, goal: int) -> None:
+    def _check_sequences(self, records: list[Sequenced], applied: int, goal: int) -> None:
         """Each record read must be one the commits after commit `applied` up to commit `goal` cover: of one of
         their numbers, within the count of records its commit gives, and within the offsets and count it
         says it wrote in the record's partition (when the commit is still there to say), and no sequence
         twice, nor one of a record of the state topic."""
         seen: dict[tuple[int, int], Message] = {}
         counts: dict[tuple[int, str, int], int] = {}   # (commit, topic, partition) → records read
-        for message in records:
-            number, index = sequence = sequence_of(message)
+        for sequence, message in records:
+            number, index = sequence
             commit = self._step_commits.get(number)
             if not applied < number <= goal or (commit is not None and index >= commit.records):
                 raise bad_record(message, f"is record {number}.{index}, which no commit from {applied + 1} to "
@@ -546,7 +548,7 @@ class Follower:
                                 f"the follower again with --skip-record TOPIC:PARTITION:OFFSET of that one")
         self._state_sequences = {s for s in self._state_sequences if s[0] > goal}
 
-    def _apply(self, records: Iterable[Message]) -> int:
+    def _apply(self, records: Iterable[Sequenced]) -> int:
         """Applies checked records in order; returns how many."""
         tables = {t.table_id: t for t in self.target.tables().values()}
         by_topic = {table_topic(self.settings.prefix, t.structure.schema, t.structure.name): t
@@ -555,13 +557,12 @@ class Follower:
         deletes: dict[tuple[str, int], bytes | None] = {}   # partition → the key of its last record, a delete's
         truncated: set[tuple[int, int]] = set()   # (table id, commit) of each truncate applied
         count = 0
-        for message in records:
+        for (number, _), message in records:
             count += 1
-            topic = where(message)[0]
+            topic, partition_number, _ = where(message)
             table = by_topic.get(topic)
             if topic != self._schema[0] and table is None and self._followed is not None:
                 continue   # a table not followed, before or after a followed one in the same topic
-            number = sequence_of(message)[0]
             if topic == self._schema[0]:
                 changes.flush()
                 self._schema_change(message, tables, by_topic, truncated)
@@ -570,7 +571,7 @@ class Follower:
                 raise UserError(f"{topic} holds changes of a table this follower has no structure of (its schema "
                                 f"changes came before this follower's position): follow it into a new target, "
                                 f"which bootstraps every table it lists")
-            partition = where(message)[:2]
+            partition = (topic, partition_number)
             deleted, deletes[partition] = deletes.get(partition), None
             kind, row, old_row = self._decoded(message, table)
             if kind == "tombstone":
@@ -597,9 +598,11 @@ class Follower:
             value = message.value()
             if value is None:
                 return "tombstone", envelope.decode_key(data(message.key()), _key_header(message)), None
-            old_row = bool(header_values(message, OLD_ROW_HEADER))
-            change = envelope.decode_value(value, old_row=old_row)
+            # `before` whole: of a delete it is the old row only where the header says so (its key columns are
+            # read the same either way), which only a delete's header is asked
+            change = envelope.row_change(value, old_row=True)
             if change.op == "d":   # the exact key: a key's fields may not hold it (docs/kafka.md, Key)
+                old_row = bool(header_values(message, OLD_ROW_HEADER))
                 return "D", envelope.deleted_key(change), change.before if old_row else None
             if change.op == "t":
                 return "T", (), None

@@ -19,13 +19,17 @@ Partition = tuple[str, int]
 BUFFERED = 200000         # records held in all, about: a partition holding its share of them is paused
 MIN_SHARE = 500           # the least a partition may hold before it is paused
 FETCH = 5000              # records asked of the consumer at a time
+# librdkafka stops fetching a partition whose queue holds queued.max.messages.kbytes (64 MiB, about 20,000
+# records of a table with schemas) and fetches again fetch.queue.backoff.ms later (1 s by default): a follower
+# catching up waited most of that second every 20,000 records (4 s of the 12 s of 210,000)
+CONSUMER_SETTINGS = {"fetch.queue.backoff.ms": 10}
 
 
 class PartitionReader:
     def __init__(self, consumer: Consumer, on_outage: Callable[[str], None]) -> None:
         self.consumer = consumer
         self.on_outage = on_outage
-        self._buffers: dict[Partition, deque[Message]] = {}
+        self._buffers: dict[Partition, deque[tuple[int, Message]]] = {}   # (offset, record)
         self._next: dict[Partition, int] = {}      # offset after the last record buffered
         self._end: dict[Partition, int] = {}       # the partition's end when last reached
         self._paused: set[Partition] = set()
@@ -70,10 +74,10 @@ class PartitionReader:
         idle_since: float | None = None
         while True:
             while buffer:
-                if where(buffer[0])[2] > last:
+                if buffer[0][0] > last:
                     return
                 idle_since = None
-                yield buffer.popleft()
+                yield buffer.popleft()[1]
             if self._next[tp] > last or (tp in self._end and self._end[tp] > last and self._at_end(tp)):
                 return
             # an end reached before `last` is stale: the transaction's end shows in this partition later
@@ -88,8 +92,8 @@ class PartitionReader:
     def _take(self, tp: Partition, last: int | None) -> list[Message]:
         buffer = self._buffers[tp]
         taken = []
-        while buffer and (last is None or where(buffer[0])[2] <= last):
-            taken.append(buffer.popleft())
+        while buffer and (last is None or buffer[0][0] <= last):
+            taken.append(buffer.popleft()[1])
         return taken
 
     def _fetched_to_end(self, tp: Partition) -> bool:
@@ -125,7 +129,7 @@ class PartitionReader:
         topic, partition, offset = where(message)
         tp = (topic, partition)
         if error is None:
-            self._buffers[tp].append(message)
+            self._buffers[tp].append((offset, message))
             self._next[tp] = offset + 1
         else:
             self._end[tp] = offset

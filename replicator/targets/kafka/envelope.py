@@ -16,12 +16,14 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, NamedTuple
+
+import msgspec
 
 from replicator import __version__
 from replicator.errors import UserError
 from replicator.structure import TableStructure
-from replicator.targets.kafka.values import DECIMAL_MODES, ColumnField, FieldCodec, codec_for, connect_schema
+from replicator.targets.kafka.values import DECIMAL_MODES, ColumnField, FieldCodec, codec_for, connect_schema, identity
 from replicator.targets.protocol import Row
 
 CONNECTOR = "replicator"
@@ -173,13 +175,80 @@ def _exact_encoder(names: Sequence[str], fields: Sequence[ColumnField]) -> Calla
     return exact
 
 
+def _loads(data: bytes) -> Any:
+    """JSON as json.loads reads it: by msgspec, faster, and by json where msgspec refuses what json
+    takes (NaN, 1e400, lone surrogates, a BOM or UTF-16). Where both take a text they read the same."""
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return json.loads(data)
+
+
 def _parse_payload(data: bytes, head: bytes, schemas: bool) -> Any:
     """The payload of a record: the schema not parsed again when it is the expected one."""
     if not schemas:
-        return json.loads(data)
+        return _loads(data)
     if data.startswith(head):
-        return json.loads(data[len(head):-1])
-    return json.loads(data)["payload"]
+        return _loads(data[len(head):-1])
+    return _loads(data)["payload"]
+
+
+class _Payload(msgspec.Struct):
+    """The members of a value record's payload a follower reads; msgspec skips the others
+    (transaction, the times) and leaves `source` unparsed."""
+    op: Any
+    source: msgspec.Raw
+    before: Any = None
+    after: Any = None
+    exact: Any = msgspec.field(default=None, name=EXACT_FIELD)
+
+
+_PAYLOAD: msgspec.json.Decoder[_Payload] = msgspec.json.Decoder(_Payload)
+
+
+class _Record(msgspec.Struct):
+    """A value record with a schema other than the expected one: its payload, the schema skipped."""
+    payload: _Payload
+
+
+_RECORD: msgspec.json.Decoder[_Record] = msgspec.json.Decoder(_Record)
+
+
+def _value_payload(data: bytes, head: bytes, schemas: bool) -> _Payload:
+    """A value record's _Payload, read as _parse_payload reads it (it does, where msgspec refuses)."""
+    whole = schemas and not data.startswith(head)
+    text = data[len(head):-1] if schemas and not whole else data
+    try:
+        if not text.isascii():   # msgspec skips members without checking their UTF-8, which json.loads does
+            text.decode("utf-8", "surrogatepass")
+        return _RECORD.decode(text).payload if whole else _PAYLOAD.decode(text)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        payload = _parse_payload(data, head, schemas)
+        return _Payload(op=payload["op"], source=msgspec.Raw(json.dumps(payload["source"]).encode()),
+                        before=payload.get("before"), after=payload.get("after"), exact=payload.get(EXACT_FIELD))
+
+
+class RowChange(NamedTuple):
+    """A change record's rows as a follower applies them: DecodedChange without the source."""
+    op: str
+    before: tuple[Any, ...] | None
+    after: tuple[Any, ...] | None
+
+
+def _struct_decoder(names: Sequence[str], fields: Sequence[ColumnField]) -> Callable[[Any], tuple[Any, ...]]:
+    """One generated expression reading a parsed Connect struct (no exact texts) into the values
+    in field order, e.g. lambda s: (s.get('id'), (None if (v1 := s.get('at')) is None else d1(v1)),)
+    for an integer and a timestamp field."""
+    env: dict[str, Any] = {}
+    items = []
+    for i, (name, f) in enumerate(zip(names, fields)):
+        if f.codec.decode is identity:
+            items.append(f"s.get({name!r})")
+        else:
+            env[f"d{i}"] = f.codec.decode
+            items.append(f"(None if (v{i} := s.get({name!r})) is None else d{i}(v{i}))")
+    decoder: Callable[[Any], tuple[Any, ...]] = eval(f"lambda s: ({', '.join(items)},)", env)  # names only
+    return decoder
 
 
 class TableEnvelope:
@@ -208,6 +277,9 @@ class TableEnvelope:
         self._delete_before = _struct_encoder(self._names, [
             (key_index[i], f.codec) if i in key_index else f.missing for i, f in enumerate(self._fields)])
         self._key = _struct_encoder(key_names, [(i, f.codec) for i, f in enumerate(key_fields)])
+        self._row_key = _struct_encoder(key_names, [(i, self._fields[i].codec) for i in self._key_positions])
+        self._read_row = _struct_decoder(self._names, self._fields)
+        self._read_key = _struct_decoder(key_names, key_fields)
         self._key_exact = _exact_encoder(key_names, key_fields)
 
         value_struct: dict[str, Any] = {"type": "struct", "fields": [f.schema for f in self._fields],
@@ -255,6 +327,10 @@ class TableEnvelope:
     def key(self, key_values: Sequence[Any]) -> bytes:
         """The key record of a row: its key values, in structure.key order, as Debezium's."""
         return f"{self._key_head}{self._key(key_values)}{self._key_tail}".encode()
+
+    def row_key(self, row: Row) -> bytes:
+        """The key record of a row (in column order): key(), read from the row itself."""
+        return f"{self._key_head}{self._row_key(row)}{self._key_tail}".encode()
 
     def key_header(self, key_values: Sequence[Any]) -> bytes | None:
         """A tombstone's KEY_HEADER: the exact texts of the key values their fields cannot hold
@@ -320,12 +396,14 @@ class TableEnvelope:
         KEY_HEADER, else as far as the key's fields hold them."""
         payload = _parse_payload(data, self._key_head_bytes, self.settings.schemas)
         # (a publisher before this version wrote the texts in the key, in a field named unlike its columns)
-        exact = payload.get(self._former_exact_field) if header is None else json.loads(header)
+        exact = payload.get(self._former_exact_field) if header is None else _loads(header)
         if not isinstance(exact, dict | None):
             raise ValueError(f"header {KEY_HEADER} is no map of texts")
-        return self._decode_struct(payload, self._key_fields, exact or {})
+        if not exact:
+            return self._read_key(payload)
+        return self._decode_struct(payload, self._key_fields, exact)
 
-    def deleted_key(self, change: DecodedChange) -> tuple[Any, ...]:
+    def deleted_key(self, change: DecodedChange | RowChange) -> tuple[Any, ...]:
         """The key values of a delete, exact: from its value's `before` and `replicator` map."""
         if change.op != "d" or change.before is None:
             raise ValueError(f"op {change.op!r} is no delete with its key in `before`")
@@ -334,21 +412,29 @@ class TableEnvelope:
     def decode_value(self, data: bytes, old_row: bool = False) -> DecodedChange:
         """A value record back into the change it holds; old_row: a delete's `before` is its old
         row (the publisher says so in a header), not its key columns alone."""
-        payload = _parse_payload(data, self._value_head_bytes, self.settings.schemas)
-        exact = payload.get(EXACT_FIELD) or {}
-        op = payload["op"]
-        before = payload.get("before")
-        after = payload.get("after")
+        payload = _value_payload(data, self._value_head_bytes, self.settings.schemas)
+        op, before, after = self._rows(payload, old_row)
+        return DecodedChange(op=op, before=before, after=after, source=_loads(bytes(payload.source)))
+
+    def row_change(self, data: bytes, old_row: bool = False) -> RowChange:
+        """decode_value without the source block, which a follower does not apply (nor parse)."""
+        return self._rows(_value_payload(data, self._value_head_bytes, self.settings.schemas), old_row)
+
+    def _rows(self, payload: _Payload, old_row: bool) -> RowChange:
+        exact = payload.exact or {}
+        op = payload.op
+        before, after = payload.before, payload.after
         before_exact = exact
-        if op == "u":
+        if op == "u" and exact:
             prefix = self._before_prefix
             before_exact = {name[len(prefix):]: text for name, text in exact.items() if name.startswith(prefix)}
-        decoded_before = None if before is None else self._decode_struct(before, self._fields, before_exact)
+        decoded_before = None if before is None else self._decode_row(before, before_exact)
         if op == "d" and decoded_before is not None and not old_row:   # the other columns hold no value
             decoded_before = tuple(v if i in self._key_index else None for i, v in enumerate(decoded_before))
-        return DecodedChange(op=op, before=decoded_before,
-                             after=None if after is None else self._decode_struct(after, self._fields, exact),
-                             source=payload["source"])
+        return RowChange(op, decoded_before, None if after is None else self._decode_row(after, exact))
+
+    def _decode_row(self, struct: Any, exact: dict[str, str]) -> tuple[Any, ...]:
+        return self._read_row(struct) if not exact else self._decode_struct(struct, self._fields, exact)
 
     @staticmethod
     def _decode_struct(struct: dict[str, Any], fields: Sequence[ColumnField], exact: dict[str, str]) -> tuple[Any, ...]:

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from operator import itemgetter
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -69,6 +68,7 @@ PRODUCER: dict[str, str | int | float | bool] = {
     "transaction.timeout.ms": 900000,  # the brokers' default maximum: a table's copy is one transaction
     "queue.buffering.max.messages": 1000000,
 }
+SERVE_EVERY = 1000   # records written between two servings of their delivery reports (commit() serves them all)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -91,7 +91,6 @@ class _Copy:
     table: TargetTable
     envelope: TableEnvelope
     topic: str
-    key_positions: list[int]
     published: int = 0
     held: Row | None = None
 
@@ -163,7 +162,7 @@ class KafkaTarget:
         self._aborting = False   # an abort_transaction call to resume
         self._broken = False     # the producer stopped by a fatal error: a new one takes over
         self._number = state.commit.number if state.commit else 0
-        self._index = 0
+        self._index = self._served = 0
         self._offsets: dict[tuple[str, int], int] = {}
         self._written: dict[tuple[str, int], list[int]] = {}   # partition → [first offset, records] of this transaction
         self._dropped_topics: set[str] = set()   # by this transaction
@@ -231,7 +230,7 @@ class KafkaTarget:
         self._copy = None
         self._in_transaction = True
         self._number += 1
-        self._index = 0
+        self._index = self._served = 0   # _served: the record index at which delivery reports were last served
         self._offsets.clear()
         self._written.clear()
         self._dropped_topics.clear()
@@ -455,13 +454,11 @@ class KafkaTarget:
         ts_us = _now_us()
         topic = self.topic(table)
         debezium_op = _OPS[op]
-        key_positions = table.structure.key_positions()
-        key_of = itemgetter(*key_positions) if len(key_positions) > 1 else lambda row: (row[key_positions[0]],)
         records: list[_Record]
         if old_rows is None:
-            records = [(envelope.key(key_of(row)), envelope.value(debezium_op, row, source, ts_us), ()) for row in rows]
+            records = [(envelope.row_key(row), envelope.value(debezium_op, row, source, ts_us), ()) for row in rows]
         else:
-            records = [(envelope.key(key_of(row)),
+            records = [(envelope.row_key(row),
                         envelope.value("c" if old is None else debezium_op, row, source, ts_us, old), ())
                        for row, old in zip(rows, old_rows)]
         if op == "U" and self._event.event is not None:   # an event's updated rows: see delete()
@@ -478,8 +475,7 @@ class KafkaTarget:
         if copy is None or copy.table.table_id != table.table_id:
             if copy is not None:
                 self._end_copy()
-            copy = _Copy(table=table, envelope=self._envelope(table), topic=self.topic(table),
-                         key_positions=table.structure.key_positions())
+            copy = _Copy(table=table, envelope=self._envelope(table), topic=self.topic(table))
         ts_us = _now_us()
         middle = copy.envelope.source(ts_us=ts_us, snapshot="true", tick=self._tick(), event=None, txid=None)
         for row in rows:
@@ -506,8 +502,7 @@ class KafkaTarget:
                                                                    first_of_table=first, last_of_table=last))
         else:
             source = middle
-        key = [row[i] for i in copy.key_positions]
-        self._produce(copy.topic, copy.envelope.key(key), copy.envelope.value("r", row, source, ts_us))
+        self._produce(copy.topic, copy.envelope.row_key(row), copy.envelope.value("r", row, source, ts_us))
 
     def delete(self, table: TargetTable, keys: Iterable[Row], old_rows: OldRows = None) -> None:
         """A 'd' record (`before` the old row with --old-rows, else the key) and its tombstone per key.
@@ -543,7 +538,9 @@ class KafkaTarget:
     def _write(self, topic: str, records: Iterable[_Record]) -> None:
         for key, value, headers in records:
             self._produce(topic, key, value, headers=headers)
-        self._serve(self.producer.poll, 0)
+        if self._index >= self._served + SERVE_EVERY:   # not at each call: most write one row
+            self._serve(self.producer.poll, 0)
+            self._served = self._index
 
     def truncate(self, table: TargetTable) -> None:
         """A 't' record in every partition of the table's topic: a reader of any partition sees it

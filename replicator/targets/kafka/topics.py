@@ -18,6 +18,7 @@ topic, or to colliding ones, are refused by the publisher (_claim_topic).
 
 from __future__ import annotations
 
+import functools
 import re
 
 from confluent_kafka import KafkaError, KafkaException
@@ -32,6 +33,7 @@ ADMIN_TIMEOUT = 30.0   # at most: less when the URL's kafka.socket.timeout.ms sa
 _UNREACHABLE = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT)
 
 
+@functools.cache   # a publisher asks for the topic of each row's table
 def table_topic(prefix: str, schema: str, table: str) -> str:
     """PREFIX.schema.table, each character a topic name cannot hold replaced by '_' (as Debezium
     does); a dot inside a name too, so that the parts stay apart."""

@@ -83,11 +83,13 @@ _INT_TYPES = {"smallint": "int16", "integer": "int32", "bigint": "int64", "oid":
 def _integer(literal: str, column: Column) -> FieldCodec:
     # oid, xid and cid come out of the capture as text (json_build_array quotes them)
     textual = column.base_type in ("oid", "xid", "cid")
-    return FieldCodec({"type": literal}, encode=str, decode=str if textual else _identity, render=str,
+    return FieldCodec({"type": literal}, encode=str, decode=str if textual else identity, render=str,
                       inline="{v}")
 
 
-def _identity(value: Any) -> Any:
+def identity(value: Any) -> Any:
+    """The decode of a field whose parsed JSON value is the decoded value (a follower's generated
+    decoders read such a field as it is)."""
     return value
 
 
@@ -104,12 +106,12 @@ def _float_text(value: Any) -> str:
 
 
 def _float(literal: str) -> FieldCodec:
-    return FieldCodec({"type": literal}, encode=_float_text, decode=_identity, fallback="0.0", render=_float_text)
+    return FieldCodec({"type": literal}, encode=_float_text, decode=identity, fallback="0.0", render=_float_text)
 
 
 def _string(name: str | None = None) -> FieldCodec:
     schema = _named("string", name) if name else {"type": "string"}
-    return FieldCodec(schema, encode=encode_basestring, decode=_identity, fallback='""', inline="q({v})")
+    return FieldCodec(schema, encode=encode_basestring, decode=identity, fallback='""', inline="q({v})")
 
 
 def _other(value: Any) -> str:
@@ -119,7 +121,7 @@ def _other(value: Any) -> str:
 
 
 def _text(schema_name: str | None = None) -> FieldCodec:
-    return FieldCodec(_string(schema_name).schema, encode=_other, decode=_identity, fallback='""', render=_other)
+    return FieldCodec(_string(schema_name).schema, encode=_other, decode=identity, fallback='""', render=_other)
 
 
 # numeric -------------------------------------------------------------------------------------
