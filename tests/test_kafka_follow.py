@@ -563,6 +563,8 @@ def test_a_follower_killed_while_it_applies_big_batches_then_restarted_applies_e
                 follower = follower_daemon(url, f"sqlite:{path}", logs[-1])
             wait_until(lambda: follower_positions(path, prefix).get("tick", 0) > ticks_at_kills[-1], 120,
                        "the last follower to go on", check=lambda: alive(follower))
+            # the kills fell among several rounds of big batches (a loaded machine may be slower to make them)
+            wait_until(lambda: writer.rounds >= 3 or writer.error, 300, "the writer's third round")
             writer.stopped.set()
             writer.join(60)
             assert writer.error is None, writer.error
@@ -575,7 +577,7 @@ def test_a_follower_killed_while_it_applies_big_batches_then_restarted_applies_e
         publish(dsn, url)
         follow_all(url, f"sqlite:{path}")
         assert_follower_equals_source(conn, path)
-        assert ticks_at_kills == sorted(ticks_at_kills) and writer.rounds >= 3
+        assert ticks_at_kills == sorted(ticks_at_kills)
         all_logs = "".join(p.read_text() for p in logs)
         assert "Traceback" not in all_logs and "error" not in all_logs, all_logs[-3000:]
         print(json.dumps({"kill_after": kill_after, "ticks_at_kills": ticks_at_kills, "rounds": writer.rounds}))
