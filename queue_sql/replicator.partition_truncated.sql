@@ -15,7 +15,8 @@ LANGUAGE plpgsql AS $$
 --      within the snapshot rules of the initial copy.
 --
 --      Nothing is queued when the copy would be redundant: when this
---      transaction already queued a copy of the table (targets copy it
+--      transaction already queued a copy of the table that replaces the
+--      rows targets hold, not one of a rewrite ("rows_kept"; targets copy it
 --      after the transaction committed, and skip its events), or when its
 --      latest event of the table is a T (the whole table was truncated:
 --      a TRUNCATE of a partitioned table or inheritance parent fires the
@@ -48,7 +49,8 @@ BEGIN
     END IF;
     IF v_last IS NOT NULL THEN
         EXECUTE format('SELECT EXISTS (SELECT 1 FROM %s WHERE ev_txid = txid_current() AND ev_table = $1'
-                       ' AND ev_type = ''S'' AND ev_data->>''copy'' = ''true'')', v_events)
+                       ' AND ev_type = ''S'' AND ev_data->>''copy'' = ''true'' AND ev_data->>''rows_kept'' IS NULL)',
+                       v_events)
             INTO v_copied USING p_table_id;
     END IF;
     IF v_copied THEN

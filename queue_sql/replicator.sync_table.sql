@@ -171,7 +171,9 @@ LANGUAGE plpgsql AS $$
 --      p_rewritten - the statement rewrote the table's rows without row
 --                    triggers (ALTER COLUMN ... TYPE ... USING, even to the
 --                    same type; a volatile default): the S event carries
---                    "copy": true and targets copy the table again
+--                    "copy": true and targets copy the table again, and
+--                    "rows_kept": true (values changed, no row left: a
+--                    target may write the copy over the rows it holds)
 --
 -- Returns:
 --      true if an S event was queued
@@ -192,7 +194,8 @@ BEGIN
     PERFORM replicator.store_table_record(v_now);
     PERFORM replicator.generate_capture(p_table_id);
     IF p_rewritten THEN
-        PERFORM replicator.queue_copy_event(p_table_id, p_tag, p_sql);
+        PERFORM replicator.insert_schema_event(p_table_id,
+            replicator.schema_event_data(p_table_id, p_tag, p_sql, 'altered') || '{"copy": true, "rows_kept": true}');
     ELSE
         PERFORM replicator.insert_schema_event(p_table_id,
             replicator.schema_event_data(p_table_id, p_tag, p_sql, 'altered'));

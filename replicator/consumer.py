@@ -106,6 +106,12 @@ def consumer_name(target: Target, queue: str, name: str | None) -> str:
     return name
 
 
+def _drops_rows(event: dict[str, Any]) -> bool:
+    """Whether an S event asks for a copy because rows may have left the table without events (a
+    partition truncated or detached, a narrower --where): a copy over a target's rows keeps them."""
+    return bool(event.get("copy")) and event.get("rows_kept") is not True
+
+
 def _key_columns(structure: TableStructure) -> list[tuple[str, str, bool]]:
     """What a target's rows are keyed by: each key column's name, type and nullability."""
     return [(c.name, c.type, c.not_null) for c in structure.key_columns()]
@@ -661,14 +667,15 @@ class Consumer:
         self._captured[table.table_id] = current
         # The copy replaces every row: a stream says so (T) before the change and the copied
         # rows; a target the copy is written over (Kafka) never shows the table empty, when the
-        # change only rewrote values: not when rows may have left without events ("copy": a
-        # partition truncated or detached, a narrower --where), the key changed (rows under the
+        # change only rewrote values: not when rows may have left without events ("copy" without
+        # "rows_kept": a partition truncated or detached, a narrower --where), the key changed (rows under the
         # old key would stay) or keys of a pk-mode table are pending. The copy is in the table's
         # current structure (later S events are in the copy): the change announced is to that
         # structure.
-        over_rows = (self.target.copies_over_rows and not event.get("copy") and table.mode == "full"
-                     and current.mode == "full" and _key_columns(table.structure) == _key_columns(
-                         TableStructure.from_source(current.structure, current.columns, current.key)))
+        current_structure = TableStructure.from_source(current.structure, current.columns, current.key)
+        over_rows = (self.target.copies_over_rows and not _drops_rows(event)
+                     and table.mode == current.mode == "full"
+                     and _key_columns(table.structure) == _key_columns(current_structure))
         if not over_rows:
             self.target.truncate(table)
         self.target.schema_event(table, {**event, "schema": current.schema, "name": current.table,
@@ -686,11 +693,14 @@ class Consumer:
         was written over (Kafka), the rows a delete or truncate held removed are not in the copy, but the
         target (a sink of the topics) still has them from before it: a delete's keys are read back
         (deleted where the source lacks them now; later events apply after, as for pk-mode keys); a
-        truncate is published, and the table copied again. `event` is (tick, event id, txid, time, type)."""
+        truncate, or a copy that rows left without events asked for, is published as a truncate, and
+        the table copied again. `event` is (tick, event id, txid, time, type)."""
         tick_id, ev_id, txid, ev_time, ev_type = event
         if not (table.copy_snapshot and txid_visible(txid, table.copy_snapshot)):
             return False
-        if not table.copied_over_rows or ev_type not in ("D", "T"):
+        if not table.copied_over_rows or ev_type not in ("D", "T", "S"):
+            return True
+        if ev_type == "S" and not _drops_rows(parse_json(data) if data is not None else {}):
             return True
         run.flush()
         if ev_type == "D":
