@@ -121,19 +121,20 @@ class PartitionReader:
 
     def _route(self, message: Message) -> None:
         error = message.error()
-        if error is not None and error.code() != KafkaError._PARTITION_EOF:
+        if error is None:   # a record (each one read: where() inlined, a record has all three)
+            tp: Partition = (message.topic(), message.partition())  # type: ignore[assignment]
+            offset: int = message.offset()  # type: ignore[assignment]
+            self._buffers[tp].append((offset, message))
+            self._next[tp] = offset + 1
+            return
+        if error.code() != KafkaError._PARTITION_EOF:
             if error.fatal():
                 raise KafkaException(error)
             self.on_outage(error.str())
             return
-        topic, partition, offset = where(message)
-        tp = (topic, partition)
-        if error is None:
-            self._buffers[tp].append((offset, message))
-            self._next[tp] = offset + 1
-        else:
-            self._end[tp] = offset
-            self._next[tp] = max(self._next[tp], offset)
+        topic, partition, end = where(message)   # the partition's end
+        self._end[(topic, partition)] = end
+        self._next[(topic, partition)] = max(self._next[(topic, partition)], end)
 
     def _balance(self, wanted: Partition | None) -> None:
         """Pauses partitions holding their share of BUFFERED records (the wanted one never), resumes the
