@@ -45,6 +45,7 @@ import json
 import multiprocessing
 import os
 import platform
+import resource
 import shutil
 import signal
 import sqlite3
@@ -167,6 +168,12 @@ def cluster_cpu(postmaster: int) -> float:
     return ticks / CLOCK_TICKS
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's children waited for (user + system)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def machine_cpu() -> float:
     """CPU seconds the whole machine has spent busy, all cores (/proc/stat: all but idle and iowait)."""
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
@@ -197,8 +204,10 @@ class Daemons:
         self.running[name] = process
         return process
 
-    def run(self, name: str, *args: str) -> float:
-        """Runs `replicator ARGS` to its end; returns its wall-clock seconds."""
+    def run(self, name: str, *args: str) -> tuple[float, float]:
+        """Runs `replicator ARGS` to its end; returns its wall-clock seconds and its CPU seconds (user + system,
+        its threads included)."""
+        cpu = _children_cpu()
         started = time.perf_counter()
         with open(self.logs / f"{name}.log", "ab") as log:
             result = subprocess.run(self._command(args), env=self.env, stdin=subprocess.DEVNULL, stdout=log,
@@ -206,7 +215,7 @@ class Daemons:
         seconds = time.perf_counter() - started
         if result.returncode != 0:
             raise RuntimeError(f"`replicator {' '.join(args)}` failed ({result.returncode}); {self.tail(name)}")
-        return seconds
+        return seconds, _children_cpu() - cpu
 
     def check(self) -> None:
         """Raises if a daemon has ended."""
@@ -440,10 +449,17 @@ class Throughput:
     rows: int
     seconds: float     # `consume --until-caught-up`, wall clock
     startup: float     # the same with nothing to do
+    cpu: float         # the CPU seconds of each (user + system): on a loaded machine, the wall clock is
+    startup_cpu: float  # also the other jobs' share
 
     @property
     def rate(self) -> float:
         return self.rows / (self.seconds - self.startup)
+
+    @property
+    def cpu_rate(self) -> float:
+        """Row changes per CPU second."""
+        return self.rows / (self.cpu - self.startup_cpu)
 
 
 def percentile(ordered: Sequence[float], p: float) -> float:
@@ -646,11 +662,12 @@ class FanoutBench:
                 ("publisher", ("consume", QUEUE, "--target", self.kafka_url)),
                 ("follower", ("consume", "--source", self.kafka_url, "--target", f"sqlite:{follower}")),
                 ("direct consumer", ("consume", QUEUE, "--target", f"sqlite:{direct}", "--consumer", "direct_00"))):
-            seconds = self.daemons.run(f"{name}-burst", *args, "--until-caught-up")
-            startup = self.daemons.run(f"{name}-idle", *args, "--until-caught-up")
-            self.throughputs.append(Throughput(name, rows, seconds, startup))
+            seconds, cpu = self.daemons.run(f"{name}-burst", *args, "--until-caught-up")
+            startup, startup_cpu = self.daemons.run(f"{name}-idle", *args, "--until-caught-up")
+            self.throughputs.append(Throughput(name, rows, seconds, startup, cpu, startup_cpu))
             console.print(f"  {name}: {seconds:.1f}s (start-up {startup:.1f}s): "
-                          f"{self.throughputs[-1].rate:,.0f} row changes/s")
+                          f"{self.throughputs[-1].rate:,.0f} row changes/s; CPU {cpu:.1f}s (start-up "
+                          f"{startup_cpu:.1f}s): {self.throughputs[-1].cpu_rate:,.0f} row changes per CPU second")
         for path in (direct, follower):
             replica = Replica(path.stem, path)
             replica.observe()
@@ -697,6 +714,10 @@ class FanoutBench:
         share = rates["follower"] / rates["direct consumer"]
         table.add_row("one replica, changes/s", f"{rates['direct consumer']:,.0f}", "", f"{rates['follower']:,.0f}",
                       "", "Kafka: ≥ 1.0× direct", f"{_met(share >= 1)}: {share:.2f}×")
+        per_cpu = {t.name: t.cpu_rate for t in self.throughputs}
+        table.add_row("… per CPU second", f"{per_cpu['direct consumer']:,.0f}", "", f"{per_cpu['follower']:,.0f}",
+                      "", "", f"{per_cpu['follower'] / per_cpu['direct consumer']:.2f}× (publisher "
+                      f"{per_cpu['publisher']:,.0f})")
         console.print(table)
         priority = (f"it, every PostgreSQL process and the broker first for the CPU (their sessions at nice "
                     f"{AHEAD_NICE}: servers of their own); each replicator process in a session of its own"
@@ -726,7 +747,7 @@ class FanoutBench:
                 "ticker_max_lag": args.ticker_max_lag, "poll_interval": args.poll_interval,
                 "read_interval": POLL_INTERVAL, "python": platform.python_version(), "cpus": os.cpu_count(),
                 "phases": [asdict(p) for p in self.phases],
-                "throughput": [{**asdict(t), "rate": t.rate} for t in self.throughputs]}
+                "throughput": [{**asdict(t), "rate": t.rate, "cpu_rate": t.cpu_rate} for t in self.throughputs]}
 
 
 def _met(ok: bool) -> str:
