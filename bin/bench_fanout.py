@@ -34,7 +34,8 @@ autogroups are on); they share what is left with the machine's other jobs.
 Every replica is checked against the source after each phase. Then throughput: with the daemons
 stopped, --burst-rows row changes are queued (the same transactions, by a procedure); the time of
 ``consume --until-caught-up`` of the publisher, of one follower and, for comparison, of one direct
-consumer, less the time of a second run with nothing to do (start-up), gives row changes/s.
+consumer, less the time of a second run with nothing to do (start-up), gives row changes/s, by the
+wall clock and per CPU second of the process.
 """
 
 from __future__ import annotations
