@@ -179,7 +179,8 @@ LANGUAGE plpgsql AS $$
 --
 -- Returns:
 --      the statement capturing this statement's rows in the table's new
---      structure (replicator.capture_chunked_sql, the slot as $1), or NULL
+--      structure (replicator.capture_chunked_sql, the slot as $1; for a row
+--      capture, this row's: NEW as $2, OLD as $3), or NULL
 --      when there is none to run (TRUNCATE, before a tick, capture
 --      suspended)
 -- ----------------------------------------------------------------------
@@ -249,7 +250,11 @@ BEGIN
                     v_now.table_name, SQLERRM;
         END;
     END IF;
-    IF p_op IN ('INSERT', 'UPDATE', 'DELETE') THEN
+    IF p_op IN ('INSERT', 'UPDATE', 'DELETE') AND v_now.table_capture = 'row' THEN
+        -- one row, as the statement capture would queue it (a key swap within the
+        -- statement, in this first statement after the DDL, queues the old key's D too)
+        RETURN replicator.capture_chunked_sql(v_now, p_op, '$1', '(SELECT ($2).*)', '(SELECT ($3).*)');
+    ELSIF p_op IN ('INSERT', 'UPDATE', 'DELETE') THEN
         RETURN replicator.capture_chunked_sql(v_now, p_op, '$1');
     END IF;
     RETURN NULL;
