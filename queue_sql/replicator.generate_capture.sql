@@ -526,7 +526,10 @@ LANGUAGE plpgsql AS $gen$
 --      most 1000 rows per event, each row encoded as a JSON array in the
 --      column order recorded in replicator.captured_table. The column list,
 --      key, ignored columns, row filter and mode are baked into the
---      generated SQL: no per-row dynamic SQL.
+--      generated SQL: no per-row dynamic SQL. A table with table_capture
+--      'row' gets AFTER ROW triggers instead, writing the same events one
+--      row at a time (replicator.capture_row_body); TRUNCATE stays a
+--      statement trigger.
 --
 --      Events written (ev_data is a JSON array of items):
 --        I  rows inserted (full) / their keys (pk)
