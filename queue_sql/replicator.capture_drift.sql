@@ -251,9 +251,14 @@ BEGIN
         END;
     END IF;
     IF p_op IN ('INSERT', 'UPDATE', 'DELETE') AND v_now.table_capture = 'row' THEN
-        -- one row, as the statement capture would queue it (a key swap within the
-        -- statement, in this first statement after the DDL, queues the old key's D too)
-        RETURN replicator.capture_chunked_sql(v_now, p_op, '$1', '(SELECT ($2).*)', '(SELECT ($3).*)');
+        -- one row, as the row capture queues it: a key change's old row is left out
+        -- (no D) while another row holds its key (a key swap)
+        RETURN replicator.capture_chunked_sql(v_now, p_op, '$1', '(SELECT ($2).*)',
+            CASE WHEN p_op = 'UPDATE'
+                 THEN format('(SELECT ($3).* WHERE %s OR NOT EXISTS (SELECT FROM %s%s))',
+                             replicator.capture_row_key_kept(v_now, '($2)', '($3)'), v_now.table_oid::regclass,
+                             replicator.capture_row_holders(v_now, '($3)'))
+                 ELSE '(SELECT ($3).*)' END);
     ELSIF p_op IN ('INSERT', 'UPDATE', 'DELETE') THEN
         RETURN replicator.capture_chunked_sql(v_now, p_op, '$1');
     END IF;

@@ -379,6 +379,47 @@ LANGUAGE sql STABLE AS $$
           AND (bt.typnamespace <> 'pg_catalog'::regnamespace OR bt.typtype = 'd'));
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.capture_row_key_kept(t replicator.captured_table, p_new text, p_old text)
+RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.capture_row_key_kept(t, p_new, p_old)
+--
+--      Part of a row capture (replicator.capture_row_body, capture_drift):
+--      the condition that the row p_new has the key of the row p_old (NULLs
+--      equal, as EXCEPT compares them), operators schema-qualified.
+-- ----------------------------------------------------------------------
+BEGIN
+    RETURN (SELECT string_agg(CASE WHEN k = ANY (replicator.nullable_key_columns(t.table_oid, t.table_key))
+                           THEN format('coalesce(%2$s.%1$I OPERATOR(pg_catalog.=) %3$s.%1$I,'
+                                       ' %2$s.%1$I IS NULL AND %3$s.%1$I IS NULL)', k, p_new, p_old)
+                           ELSE format('%2$s.%1$I OPERATOR(pg_catalog.=) %3$s.%1$I', k, p_new, p_old) END, ' AND ')
+    FROM unnest(t.table_key) k);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.capture_row_holders(t replicator.captured_table, p_old text)
+RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.capture_row_holders(t, p_old)
+--
+--      Part of a row capture (replicator.capture_row_body, capture_drift):
+--      what follows the table's name in "SELECT FROM <table>" to read the
+--      rows holding the key of the row p_old now, within the row filter
+--      (a NOT NULL column's equality is an index condition).
+-- ----------------------------------------------------------------------
+BEGIN
+    RETURN (SELECT ' x WHERE ' || string_agg(CASE WHEN k = ANY (replicator.nullable_key_columns(t.table_oid, t.table_key))
+                                          THEN format('(x.%1$I OPERATOR(pg_catalog.=) %2$s.%1$I'
+                                                      ' OR (x.%1$I IS NULL AND %2$s.%1$I IS NULL))', k, p_old)
+                                          ELSE format('x.%1$I OPERATOR(pg_catalog.=) %2$s.%1$I', k, p_old) END,
+                                     ' AND ')
+           || CASE WHEN t.table_where IS NOT NULL THEN format(' AND (%s)', t.table_where) ELSE '' END
+    FROM unnest(t.table_key) k);
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.capture_row_body(t replicator.captured_table, p_cols text, p_row text)
 RETURNS text
 LANGUAGE plpgsql STABLE AS $$
@@ -401,7 +442,8 @@ LANGUAGE plpgsql STABLE AS $$
 --           row of the same statement moved onto that key is seen, as the
 --           statement capture's EXCEPT sees it among the new rows (a key
 --           swap queues no D). One index scan by the key, for a key change
---           only.
+--           only, by dynamic SQL naming the table by its oid (a name fixed
+--           at generation would read another table after a rename).
 --      Old rows (table_old_rows): a D's the old row; a U's the old row when
 --      the key was kept and it passed the filter, else null: a key change's
 --      new key (a statement capture, pairing by key, gives a key swap's U
@@ -427,7 +469,6 @@ DECLARE
                             CASE t.table_mode WHEN 'full' THEN v_tracked ELSE t.table_key END, v_oid);
     v_payload_o text := replicator.capture_row_json('old', t.table_key, v_oid);
     v_old_row text := replicator.capture_row_json('old', v_tracked, v_oid);
-    v_nullable text[] := replicator.nullable_key_columns(v_oid, t.table_key);
     v_in_n text := 'true';
     v_in_o text := 'true';
     v_same text;
@@ -441,20 +482,12 @@ BEGIN
         v_in_n := format('coalesce((SELECT (%s) FROM (SELECT new.*) n), false)', t.table_where);
         v_in_o := format('coalesce((SELECT (%s) FROM (SELECT old.*) o), false)', t.table_where);
     END IF;
-    -- the key kept (NULLs equal, as EXCEPT compares them)
-    v_same := (SELECT string_agg(CASE WHEN k = ANY (v_nullable)
-                                      THEN format('coalesce(new.%1$I OPERATOR(pg_catalog.=) old.%1$I,'
-                                                  ' new.%1$I IS NULL AND old.%1$I IS NULL)', k)
-                                      ELSE format('new.%1$I OPERATOR(pg_catalog.=) old.%1$I', k) END, ' AND ')
-               FROM unnest(t.table_key) k);
-    -- a row of the table holding the old key now (a NOT NULL column's equality is an index condition)
-    v_taken := format('EXISTS (SELECT FROM %I.%I x WHERE %s%s)', t.table_schema, t.table_name,
-        (SELECT string_agg(CASE WHEN k = ANY (v_nullable)
-                                THEN format('(x.%1$I OPERATOR(pg_catalog.=) old.%1$I'
-                                            ' OR (x.%1$I IS NULL AND old.%1$I IS NULL))', k)
-                                ELSE format('x.%1$I OPERATOR(pg_catalog.=) old.%1$I', k) END, ' AND ')
-         FROM unnest(t.table_key) k),
-        CASE WHEN t.table_where IS NOT NULL THEN format(' AND (%s)', t.table_where) ELSE '' END);
+    v_same := replicator.capture_row_key_kept(t, 'new', 'old');
+    -- read by dynamic SQL naming the table by its oid as it is called now: a name fixed here
+    -- would read another table once this one or its schema is renamed (key changes only)
+    v_taken := format($t$EXECUTE 'SELECT EXISTS (SELECT FROM ' OPERATOR(pg_catalog.||) %s::pg_catalog.regclass::pg_catalog.text
+                    OPERATOR(pg_catalog.||) %L INTO v_taken USING old;$t$,
+                      t.table_oid::oid, replicator.capture_row_holders(t, '($1)') || ')');
 
     v_ins := replicator.capture_row_insert(t.queue_id, p_cols,
         replace(replace(replace(p_row, '{type}', quote_literal('I')), '{old}', 'NULL'),
@@ -477,7 +510,8 @@ BEGIN
     ELSIF TG_OP OPERATOR(pg_catalog.=) 'UPDATE' THEN
         %2$s
         IF NOT (%3$s) THEN
-            IF NOT %4$s THEN
+            %4$s
+            IF NOT v_taken THEN
                 %5$s
             END IF;
         END IF;
@@ -496,7 +530,10 @@ BEGIN
             %6$s
         END IF;
         IF v_in_o AND NOT (v_in_n AND v_same) THEN
-            IF v_same OR NOT %7$s THEN
+            IF NOT v_same THEN
+                %7$s
+            END IF;
+            IF v_same OR NOT v_taken THEN
                 %8$s
             END IF;
         END IF;
@@ -749,7 +786,7 @@ BEGIN%3$s
     RETURN NULL;
 END capture;$f$,
         replicator.event_slot_seq(t.queue_id),
-        CASE WHEN t.table_capture = 'row' THEN E'\n    v_in_n boolean;\n    v_in_o boolean;\n    v_same boolean;' ELSE '' END,
+        CASE WHEN t.table_capture = 'row' THEN E'\n    v_in_n boolean;\n    v_in_o boolean;\n    v_same boolean;\n    v_taken boolean;' ELSE '' END,
         CASE WHEN v_guard IS NOT NULL THEN format($g$
     IF %s THEN
         v_sql := replicator.capture_drift(%s, TG_OP);

@@ -13,6 +13,7 @@ from consumer_helpers import run_cli
 from queue_util import read_events
 from replicator.errors import UserError
 from replicator.source import Source
+from replicator.source.install import drop_event_triggers
 
 
 @pytest.fixture
@@ -176,3 +177,22 @@ def test_the_sample_reads_no_more_than_its_bound_of_each_event_table(conn, q):
     conn.execute("INSERT INTO t SELECT generate_series(1, 300)")
     (row,) = conn.execute("SELECT statements, rows_per_statement FROM replicator.statement_sizes('q', 100)").fetchall()
     assert row == (1, 100.0)   # 100 events of the one statement, of its 300
+
+
+@pytest.mark.parametrize("event_triggers", [True, False], ids=["event triggers", "none"])
+@pytest.mark.parametrize("rename", ["ALTER SCHEMA app RENAME TO app2", "ALTER TABLE app.t RENAME TO t_old; "
+                                    "ALTER TABLE app.t_new RENAME TO t"], ids=["schema", "table"])
+def test_a_key_change_after_a_rename_reads_the_captured_table_for_its_old_key(conn, q, rename, event_triggers):
+    """The old key's D depends on the rows holding that key now: read in the table as it is
+    named now, never in whatever holds its old name (a table renamed into its place)."""
+    if not event_triggers:
+        drop_event_triggers(conn)
+    conn.execute("CREATE SCHEMA app; CREATE TABLE app.t (id int PRIMARY KEY, v text)")
+    conn.execute("CREATE TABLE app.t_new (id int PRIMARY KEY, v text); INSERT INTO app.t_new VALUES (1, 'new')")
+    conn.execute("INSERT INTO app.t VALUES (1, 'a')")
+    q.add_table("q", "app.t", capture="row")
+    conn.execute(rename)
+    table = conn.execute("SELECT table_oid::regclass::text FROM replicator.captured_table").fetchone()[0]
+    conn.execute(f"UPDATE {table} SET id = 5")
+    assert [(e.type, e.items) for e in read_events(q) if e.type != "S"] == [("U", [[5, "a"]]), ("D", [[1]])]
+

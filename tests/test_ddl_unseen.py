@@ -269,3 +269,27 @@ def test_a_rewrite_to_the_same_type_of_a_partitioned_table_is_copied_again(conn,
     conn.execute("ALTER TABLE p ALTER COLUMN a TYPE int USING a * 100")   # its partitions get new storage
     replica.catch_up()
     assert replica.rows("SELECT id, a FROM p ORDER BY id") == conn.execute("SELECT id, a FROM p ORDER BY id").fetchall()
+
+
+@pytest.mark.parametrize("recorder", ["none: serializable", "another transaction"])
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_a_key_swap_by_a_transaction_that_cannot_record_the_change_keeps_both_rows(dsn, conn, unseen, replica,
+                                                                                 capture, recorder):
+    """Until the change is recorded (by another transaction, or by the ticker for SERIALIZABLE ones)
+    every statement is captured by capture_drift's SQL: a row capture's must not queue the old key's
+    D while another row of the statement holds it."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY DEFERRABLE, v text)")
+    conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+    unseen.add_table("q", "t", capture=capture)
+    replica.catch_up()
+    conn.execute("ALTER TABLE t ADD COLUMN w int")
+    with psycopg.connect(dsn) as writer, psycopg.connect(dsn) as recording:
+        if recorder == "another transaction":
+            recording.execute("UPDATE t SET v = 'c2' WHERE id = 3")   # records the change, uncommitted
+        else:
+            writer.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        writer.execute("UPDATE t SET id = 3 - id WHERE id IN (1, 2)")
+        writer.commit()
+        recording.commit()
+    replica.catch_up()
+    assert_sqlite_equals_source(conn, replica.path, "a key swap")
