@@ -6,12 +6,13 @@ CREATE OR REPLACE FUNCTION replicator.add_table(
     p_ignore text[] DEFAULT '{}',
     p_where text DEFAULT NULL,
     p_auto_key boolean DEFAULT false,
-    p_old_rows boolean DEFAULT false)
+    p_old_rows boolean DEFAULT false,
+    p_capture text DEFAULT 'statement')
 RETURNS integer
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.add_table(p_queue_name, p_table, p_mode, p_key, p_ignore, p_where,
---                                 p_auto_key, p_old_rows)
+--                                 p_auto_key, p_old_rows, p_capture)
 --
 --      Starts capturing a table into a queue: records it and generates its
 --      capture function and triggers. Everything that could make a capture
@@ -34,6 +35,9 @@ LANGUAGE plpgsql AS $$
 --                     key, if added later, replaces it
 --      p_old_rows   - queue the old row of each UPDATE and DELETE too (full mode only),
 --                     as REPLICA IDENTITY FULL does (ev_old: replicator.generate_capture)
+--      p_capture    - 'statement' (a trigger a statement, over its transition tables) or
+--                     'row' (a trigger a row, writing the same events: cheaper for
+--                     single-row statements; replicator.generate_capture)
 --
 -- Returns:
 --      the captured table id; adding a table twice to a queue is an error
@@ -91,7 +95,7 @@ BEGIN
     IF v_key IS NULL THEN
         RAISE EXCEPTION 'table %.% has no primary key: give the key columns with --key COL,...', v_schema, v_name;
     END IF;
-    PERFORM replicator.check_capture_settings(v_oid, p_mode, v_key, p_ignore, p_where, p_old_rows);
+    PERFORM replicator.check_capture_settings(v_oid, p_mode, v_key, p_ignore, p_where, p_old_rows, p_capture);
 
     IF EXISTS (SELECT 1 FROM replicator.capture_tree(v_oid) d WHERE d <> v_oid)
        AND (SELECT relkind FROM pg_class WHERE oid = v_oid) = 'r' THEN
@@ -101,11 +105,11 @@ BEGIN
 
     INSERT INTO replicator.captured_table
         (queue_id, table_schema, table_name, table_mode, table_key, key_is_pk, key_is_auto,
-         table_ignore, table_where, table_columns, table_oid, table_structure, table_old_rows)
+         table_ignore, table_where, table_columns, table_oid, table_structure, table_old_rows, table_capture)
     VALUES (q.queue_id, v_schema, v_name, p_mode, v_key, v_key = v_pk,
             p_auto_key AND nullif(p_key, '{}') IS NULL AND nullif(v_pk, '{}') IS NULL,
             coalesce(p_ignore, '{}'), p_where, v_columns, v_oid, replicator.table_structure(v_oid, v_key),
-            coalesce(p_old_rows, false))
+            coalesce(p_old_rows, false), p_capture)
     RETURNING table_id INTO v_id;
     PERFORM replicator.generate_capture(v_id);
     RETURN v_id;
@@ -114,11 +118,13 @@ $$;
 
 CREATE OR REPLACE FUNCTION replicator.check_capture_settings(p_table regclass, p_mode text, p_key text[],
                                                              p_ignore text[], p_where text,
-                                                             p_old_rows boolean DEFAULT false)
+                                                             p_old_rows boolean DEFAULT false,
+                                                             p_capture text DEFAULT 'statement')
 RETURNS void
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.check_capture_settings(p_table, p_mode, p_key, p_ignore, p_where, p_old_rows)
+-- Function: replicator.check_capture_settings(p_table, p_mode, p_key, p_ignore, p_where, p_old_rows,
+--                                               p_capture)
 --
 --      Checks the settings of a table's capture, as add_table is given
 --      them and alter_table changes them: everything about them that
@@ -132,6 +138,7 @@ LANGUAGE plpgsql AS $$
 --      p_ignore    - columns not captured
 --      p_where     - the row filter, or NULL
 --      p_old_rows  - whether old rows are queued too
+--      p_capture   - 'statement' or 'row'
 --
 -- Returns:
 --      nothing; raises naming the first setting at fault
@@ -146,6 +153,14 @@ BEGIN
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = p_table;
     IF p_mode IS NULL OR p_mode NOT IN ('full', 'pk') THEN
         RAISE EXCEPTION 'mode must be full or pk, not %', coalesce(p_mode, 'NULL');
+    END IF;
+    IF p_capture IS NULL OR p_capture NOT IN ('statement', 'row') THEN
+        RAISE EXCEPTION 'capture must be statement or row, not %', coalesce(p_capture, 'NULL');
+    END IF;
+    IF p_capture = 'row' AND (SELECT relkind FROM pg_class WHERE oid = p_table) = 'p' THEN
+        -- PostgreSQL clones a partitioned table's row triggers onto its partitions, and an
+        -- UPDATE moving a row between partitions fires a DELETE and an INSERT there
+        RAISE EXCEPTION 'table %.% is partitioned: capture it by statement (--capture statement)', v_schema, v_name;
     END IF;
     v_columns := ARRAY(SELECT attname FROM pg_attribute
                        WHERE attrelid = p_table AND attnum > 0 AND NOT attisdropped ORDER BY attnum);

@@ -1,17 +1,18 @@
-CREATE OR REPLACE FUNCTION replicator.table_write_holders(p_table regclass)
+CREATE OR REPLACE FUNCTION replicator.table_write_holders(p_table regclass, p_readers boolean DEFAULT false)
 RETURNS integer[]
 LANGUAGE sql STABLE AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.table_write_holders(p_table)
+-- Function: replicator.table_write_holders(p_table, p_readers)
 --
 --      The sessions (pids) other than this one holding a lock on the table
---      that keeps writes out (a writer's, a DDL's; not a reader's).
+--      that keeps writes out (a writer's, a DDL's; not a reader's, unless
+--      p_readers: what keeps an ACCESS EXCLUSIVE lock out).
 -- ----------------------------------------------------------------------
     SELECT coalesce(array_agg(DISTINCT l.pid ORDER BY l.pid), '{}')
     FROM pg_locks l
     WHERE l.locktype = 'relation' AND l.relation = p_table AND l.granted AND l.pid <> pg_backend_pid()
       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND l.mode NOT IN ('AccessShareLock', 'RowShareLock');
+      AND (p_readers OR l.mode NOT IN ('AccessShareLock', 'RowShareLock'));
 $$;
 
 CREATE OR REPLACE FUNCTION replicator.alter_table(
@@ -22,12 +23,13 @@ CREATE OR REPLACE FUNCTION replicator.alter_table(
     p_ignore text[] DEFAULT NULL,
     p_where text DEFAULT NULL,
     p_set_where boolean DEFAULT false,
-    p_old_rows boolean DEFAULT NULL)
+    p_old_rows boolean DEFAULT NULL,
+    p_capture text DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.alter_table(p_queue_name, p_table, p_mode, p_key, p_ignore, p_where, p_set_where,
---                                   p_old_rows)
+--                                   p_old_rows, p_capture)
 --
 --      Changes the capture settings of a captured table in place: checks
 --      them as add_table does (replicator.check_capture_settings),
@@ -40,7 +42,8 @@ LANGUAGE plpgsql AS $$
 --      (rows enter or leave), a new key, columns no longer ignored. Columns
 --      newly ignored are dropped from the replicas in place; a new mode
 --      changes no row (consumers apply later events in it), nor do old rows
---      taken or dropped (the events after it carry them, or not).
+--      taken or dropped (the events after it carry them, or not), nor a
+--      new capture kind (the same events, written by other triggers).
 --      PostgreSQL's own checks decide who may: the role replacing the
 --      capture function must own it (the role that added the table, or the
 --      owner of schema replicator after an install) and may lock the table
@@ -48,7 +51,9 @@ LANGUAGE plpgsql AS $$
 --      (SHARE ROW EXCLUSIVE; readers go on) first: a transaction writing it
 --      commits before, its events before the S event, or waits and is
 --      captured with the new settings. The triggers stay: only the capture
---      function is replaced. The lock is tried for 20 ms at a time, for 5
+--      function is replaced; but a new capture kind replaces the triggers,
+--      and DROP TRIGGER takes ACCESS EXCLUSIVE: readers too wait for that
+--      switch (tried as below, so at most 20 ms at a time). The lock is tried for 20 ms at a time, for 5
 --      seconds: the application's writes queue behind a try for 20 ms at
 --      most, never behind a long transaction holding the table, where a
 --      statement_timeout of theirs could fail them. Past that, it is
@@ -63,9 +68,10 @@ LANGUAGE plpgsql AS $$
 --      p_where      - the row filter (NULL: none), when p_set_where
 --      p_set_where  - whether p_where replaces the row filter
 --      p_old_rows   - whether old rows are queued too; NULL keeps the setting
+--      p_capture    - 'statement' or 'row'; NULL keeps the capture kind
 --
 -- Returns:
---      {"changed": [the settings changed: "mode", "key", "ignore", "where", "old_rows"],
+--      {"changed": [the settings changed: "mode", "key", "ignore", "where", "old_rows", "capture"],
 --       "copy": whether targets copy the table again}; raises when nothing
 --      changes
 -- ----------------------------------------------------------------------
@@ -77,6 +83,8 @@ DECLARE
     v_ignore text[];
     v_where text;
     v_old_rows boolean;
+    v_capture text;
+    v_lock text := 'SHARE ROW EXCLUSIVE';
     v_pk text[];
     v_changed text[] := '{}';
     v_copy boolean;
@@ -95,16 +103,19 @@ BEGIN
     -- Tries of 20 ms each: the application's writes queue behind a try for 20 ms at most
     -- (never behind a long transaction), and a table written without a pause still
     -- frees its lock between two writes, which a NOWAIT alone would seldom catch.
+    IF p_capture <> t.table_capture THEN
+        v_lock := 'ACCESS EXCLUSIVE';   -- the triggers are replaced (DROP TRIGGER)
+    END IF;
     v_lock_timeout := current_setting('lock_timeout');
     v_deadline := clock_timestamp() + interval '5 seconds';
     LOOP
         BEGIN
             PERFORM set_config('lock_timeout', '20ms', true);
-            EXECUTE format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', v_oid);
+            EXECUTE format('LOCK TABLE %s IN %s MODE', v_oid, v_lock);
             EXIT;
         EXCEPTION WHEN lock_not_available THEN
             IF clock_timestamp() >= v_deadline THEN
-                v_holders := replicator.table_write_holders(v_oid);
+                v_holders := replicator.table_write_holders(v_oid, v_lock = 'ACCESS EXCLUSIVE');
                 RAISE EXCEPTION USING MESSAGE = format(
                     'table %s.%s was held by writers at every try for 5s (%s): nothing was changed; retry once a '
                     'long transaction among them has ended, or when the table is written less', t.table_schema,
@@ -123,11 +134,13 @@ BEGIN
     v_ignore := coalesce(p_ignore, t.table_ignore);
     v_where := CASE WHEN p_set_where THEN p_where ELSE t.table_where END;
     v_old_rows := coalesce(p_old_rows, t.table_old_rows);
+    v_capture := coalesce(p_capture, t.table_capture);
     IF v_mode <> t.table_mode THEN v_changed := array_append(v_changed, 'mode'); END IF;
     IF v_key <> t.table_key THEN v_changed := array_append(v_changed, 'key'); END IF;
     IF NOT (v_ignore @> t.table_ignore AND v_ignore <@ t.table_ignore) THEN v_changed := array_append(v_changed, 'ignore'); END IF;
     IF v_where IS DISTINCT FROM t.table_where THEN v_changed := array_append(v_changed, 'where'); END IF;
     IF v_old_rows <> t.table_old_rows THEN v_changed := array_append(v_changed, 'old_rows'); END IF;
+    IF v_capture <> t.table_capture THEN v_changed := array_append(v_changed, 'capture'); END IF;
     IF cardinality(v_changed) = 0 THEN
         RAISE EXCEPTION 'table %.% of queue "%" already has these settings: nothing to change',
             t.table_schema, t.table_name, p_queue_name;
@@ -135,7 +148,7 @@ BEGIN
     IF 'key' = ANY (v_changed) THEN
         PERFORM replicator.check_capture_tree(v_oid, v_key, p_queue_name, t.table_id);
     END IF;
-    PERFORM replicator.check_capture_settings(v_oid, v_mode, v_key, v_ignore, v_where, v_old_rows);
+    PERFORM replicator.check_capture_settings(v_oid, v_mode, v_key, v_ignore, v_where, v_old_rows, v_capture);
 
     v_pk := ARRAY(SELECT a.attname
                   FROM pg_index i
@@ -146,9 +159,9 @@ BEGIN
     SET table_mode = v_mode, table_key = v_key, key_is_pk = v_key = v_pk,
         key_is_auto = key_is_auto AND NOT 'key' = ANY (v_changed),
         table_ignore = v_ignore, table_where = v_where, table_structure = replicator.table_structure(v_oid, v_key),
-        table_old_rows = v_old_rows
+        table_old_rows = v_old_rows, table_capture = v_capture
     WHERE table_id = t.table_id;
-    PERFORM replicator.generate_capture(t.table_id, true);
+    PERFORM replicator.generate_capture(t.table_id, NOT 'capture' = ANY (v_changed));
     -- rows a target lacks: a new filter's, a new key's (rows it merged), a column no longer ignored
     v_copy := 'where' = ANY (v_changed) OR 'key' = ANY (v_changed) OR NOT (t.table_ignore <@ v_ignore);
     PERFORM replicator.insert_schema_event(t.table_id,

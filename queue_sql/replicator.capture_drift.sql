@@ -179,7 +179,8 @@ LANGUAGE plpgsql AS $$
 --
 -- Returns:
 --      the statement capturing this statement's rows in the table's new
---      structure (replicator.capture_chunked_sql, the slot as $1), or NULL
+--      structure (replicator.capture_chunked_sql, the slot as $1; for a row
+--      capture, this row's: NEW as $2, OLD as $3), or NULL
 --      when there is none to run (TRUNCATE, before a tick, capture
 --      suspended)
 -- ----------------------------------------------------------------------
@@ -249,7 +250,16 @@ BEGIN
                     v_now.table_name, SQLERRM;
         END;
     END IF;
-    IF p_op IN ('INSERT', 'UPDATE', 'DELETE') THEN
+    IF p_op IN ('INSERT', 'UPDATE', 'DELETE') AND v_now.table_capture = 'row' THEN
+        -- one row, as the row capture queues it: a key change's old row is left out
+        -- (no D) while another row holds its key (a key swap)
+        RETURN replicator.capture_chunked_sql(v_now, p_op, '$1', '(SELECT ($2).*)',
+            CASE WHEN p_op = 'UPDATE'
+                 THEN format('(SELECT ($3).* WHERE %s OR NOT EXISTS (SELECT FROM %s%s))',
+                             replicator.capture_row_key_kept(v_now, '($2)', '($3)'), v_now.table_oid::regclass,
+                             replicator.capture_row_holders(v_now, '($3)'))
+                 ELSE '(SELECT ($3).*)' END);
+    ELSIF p_op IN ('INSERT', 'UPDATE', 'DELETE') THEN
         RETURN replicator.capture_chunked_sql(v_now, p_op, '$1');
     END IF;
     RETURN NULL;

@@ -46,6 +46,8 @@ LANGUAGE sql STABLE AS $$
         'replicator.ticker_info()',
         'replicator.consumer_copy_info()',
         'replicator.schema_info(text)',
+        'replicator.statement_sizes(text, integer)',
+        'replicator.event_partition(integer, integer)',
         'replicator.rotation_blockers(text)',
         'replicator.txid_horizon()'
     ]) f;

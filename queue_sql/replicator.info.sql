@@ -67,7 +67,7 @@ $$;
 CREATE OR REPLACE FUNCTION replicator.table_info(p_queue_name text DEFAULT NULL)
 RETURNS TABLE (queue_name text, table_id integer, table_name text, mode text, key text[],
                ignore text[], row_filter text, columns text[], table_oid oid, structure jsonb,
-               suspended text, old_rows boolean)
+               suspended text, old_rows boolean, capture text)
 LANGUAGE sql STABLE AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.table_info(p_queue_name)
@@ -76,12 +76,14 @@ LANGUAGE sql STABLE AS $$
 --      structure targets create their copies from. "columns" lists the
 --      captured columns in the order of the values in full-mode events;
 --      "suspended" why capture stopped (replicator.suspend_capture), if it did;
---      "old_rows" whether updates and deletes queue their old rows too.
+--      "old_rows" whether updates and deletes queue their old rows too;
+--      "capture" its capture kind, 'statement' or 'row'.
 -- ----------------------------------------------------------------------
     SELECT q.queue_name, t.table_id, t.table_schema || '.' || t.table_name, t.table_mode,
            t.table_key, t.table_ignore, t.table_where,
            ARRAY(SELECT c FROM unnest(t.table_columns) c WHERE c <> ALL (t.table_ignore)), t.table_oid,
-           replicator.table_structure(t.table_oid, t.table_key), t.table_suspended, t.table_old_rows
+           replicator.table_structure(t.table_oid, t.table_key), t.table_suspended, t.table_old_rows,
+           t.table_capture
     FROM replicator.captured_table t
     JOIN replicator.queue q ON q.queue_id = t.queue_id
     WHERE p_queue_name IS NULL OR q.queue_name = p_queue_name
@@ -102,4 +104,58 @@ LANGUAGE sql STABLE AS $$
     JOIN replicator.queue q ON q.queue_id = s.queue_id
     WHERE p_queue_name IS NULL OR q.queue_name = p_queue_name
     ORDER BY q.queue_name, s.schema_name;
+$$;
+
+CREATE OR REPLACE FUNCTION replicator.statement_sizes(p_queue_name text DEFAULT NULL, p_sample integer DEFAULT 10000)
+RETURNS TABLE (queue_name text, table_id integer, statements bigint, rows_per_statement double precision)
+LANGUAGE plpgsql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.statement_sizes(p_queue_name, p_sample)
+--
+--      How many rows the statements on each captured table change, read
+--      from the queue itself: which capture kind fits it (a row capture
+--      for tables written a row or two at a time, docs/benchmarks.md). A
+--      bounded read: the first p_sample row events (I, U, D) of the
+--      current event table and as many of the one before, in their
+--      physical order, whatever the queue holds. A statement capture
+--      writes an event per statement (per 1000 rows; a key change's U and
+--      D are two): its rows per statement are items per event. A row
+--      capture writes an event per row: a statement is a run of events of
+--      one transaction and type in ev_id order, so successive statements
+--      of one kind in a transaction count as one (an upper bound).
+--
+-- Parameters:
+--      p_queue_name - one queue, or all when NULL
+--      p_sample     - row events read from each of the two event tables
+--
+-- Returns:
+--      a row per table with events in the sample: statements counted,
+--      their mean rows
+-- ----------------------------------------------------------------------
+DECLARE
+    q replicator.queue;
+    v_slot integer;
+BEGIN
+    FOR q IN SELECT * FROM replicator.queue WHERE p_queue_name IS NULL OR replicator.queue.queue_name = p_queue_name
+             ORDER BY replicator.queue.queue_name LOOP
+        v_slot := replicator.current_slot(q.queue_id);
+        RETURN QUERY EXECUTE format($q$
+            WITH e AS (
+                (SELECT ev_id, ev_txid, ev_table, ev_type, ev_data FROM %1$s WHERE ev_type IN ('I', 'U', 'D') LIMIT %3$s)
+                UNION ALL
+                (SELECT ev_id, ev_txid, ev_table, ev_type, ev_data FROM %2$s WHERE ev_type IN ('I', 'U', 'D') LIMIT %3$s)),
+            s AS (
+                SELECT e.ev_table,
+                       CASE WHEN t.table_capture = 'row' THEN 1 ELSE json_array_length(e.ev_data) END AS n,
+                       t.table_capture = 'statement' OR lag(e.ev_type) OVER w IS DISTINCT FROM e.ev_type AS first
+                FROM e JOIN replicator.captured_table t ON t.table_id = e.ev_table
+                WINDOW w AS (PARTITION BY e.ev_table, e.ev_txid ORDER BY e.ev_id))
+            SELECT %4$L::text, ev_table, count(*) FILTER (WHERE first),
+                   sum(n)::double precision / count(*) FILTER (WHERE first)
+            FROM s GROUP BY ev_table ORDER BY ev_table$q$,
+            replicator.event_partition(q.queue_id, v_slot),
+            replicator.event_partition(q.queue_id, (v_slot + q.queue_ntables - 1) % q.queue_ntables),
+            p_sample, q.queue_name);
+    END LOOP;
+END;
 $$;

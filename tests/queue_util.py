@@ -8,7 +8,7 @@ the consumer's path as well.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -50,6 +50,30 @@ def read_batches(source: Source, queue: str = "q", consumer: str = "c", *, tick:
 def read_events(source: Source, queue: str = "q", consumer: str = "c") -> list[Event]:
     """Every event committed before now that the consumer has not read, in ev_id order."""
     return [event for batch in read_batches(source, queue, consumer) for event in batch]
+
+
+CAPTURE_KINDS = ["statement", "row"]   # --capture: the tests parametrized by it expect the same events of both
+
+
+def by_statement(events: list[Event]) -> list[Event]:
+    """The events as a statement capture writes them: the row changes of one transaction,
+    table and type merged into their first event, up to the table's next S or T (a row
+    capture writes one per row), for tests whose transactions run at most one statement
+    of each type on a table between its schema changes."""
+    merged: list[Event] = []
+    first: dict[tuple[int, int, str], int] = {}
+    for e in events:
+        key = (e.txid, e.table, e.type)
+        if e.type in ("I", "U", "D") and key in first:
+            at = merged[first[key]]
+            merged[first[key]] = replace(at, data=at.data + e.data, old=None if at.old is None else at.old + e.old)
+            continue
+        if e.type in ("S", "T"):
+            first = {k: i for k, i in first.items() if k[:2] != key[:2]}
+        else:
+            first[key] = len(merged)
+        merged.append(e)
+    return merged
 
 
 def changes(events: list[Event]) -> list[tuple[str, list[list[Any]] | None]]:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from ddl_helpers import source_rows, sqlite_rows
-from queue_util import changes, read_events
+from queue_util import CAPTURE_KINDS, by_statement, changes, read_events
 from replicator.consumer import Consumer
 from replicator.errors import UserError
 from replicator.source.row_filter import check_row_filter
@@ -39,14 +39,15 @@ def _triggers_on(conn, table: str) -> list[str]:
 
 # writes ---------------------------------------------------------------------------------------
 
-def test_insert_update_delete_and_truncate_are_captured(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_insert_update_delete_and_truncate_are_captured(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text)')
-    table_id = q.add_table("q", "t")
+    table_id = q.add_table("q", "t", capture=capture)
     conn.execute("""INSERT INTO "t" VALUES (1, 'a'), (2, 'b')""")
     conn.execute("""UPDATE "t" SET "v" = 'B' WHERE "id" = 2""")
     conn.execute("""DELETE FROM "t" WHERE "id" = 1""")
     conn.execute('TRUNCATE "t"')
-    events = read_events(q)
+    events = by_statement(read_events(q))
     assert {e.table for e in events} == {table_id}
     assert changes(events) == [
         ("I", [[1, "a"], [2, "b"]]),
@@ -57,62 +58,67 @@ def test_insert_update_delete_and_truncate_are_captured(conn, q):
     assert [e.ev_id for e in events] == sorted(e.ev_id for e in events)
 
 
-def test_one_event_per_statement_and_statements_without_rows_queue_nothing(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_one_event_per_statement_and_statements_without_rows_queue_nothing(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text)')
-    q.add_table("q", "t")
+    q.add_table("q", "t", capture=capture)
     with conn.transaction():
         conn.execute("""INSERT INTO "t" SELECT g, 'x' FROM generate_series(1, 50) g""")
         conn.execute("""UPDATE "t" SET "v" = 'nothing' WHERE "id" < 0""")
         conn.execute("""DELETE FROM "t" WHERE "id" > 1000""")
         conn.execute("""UPDATE "t" SET "v" = 'y' WHERE "id" <= 10""")
-    events = read_events(q)
+    events = by_statement(read_events(q))
     assert [(e.type, len(e.items)) for e in events] == [("I", 50), ("U", 10)]
     assert len({e.txid for e in events}) == 1
 
 
-def test_key_changing_update_is_captured_as_delete_of_old_key_and_upsert_of_new_row(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_key_changing_update_is_captured_as_delete_of_old_key_and_upsert_of_new_row(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text)')
-    q.add_table("q", "t")
+    q.add_table("q", "t", capture=capture)
     conn.execute("""INSERT INTO "t" VALUES (1, 'a'), (2, 'b'), (3, 'c')""")
-    read_events(q)
+    by_statement(read_events(q))
     # The application's key change succeeds (never rejected) ...
     conn.execute("""UPDATE "t" SET "id" = "id" + 10, "v" = "v" || '!' WHERE "id" IN (1, 2)""")
     assert conn.execute('SELECT array_agg("id" ORDER BY "id") FROM "t"').fetchone()[0] == [3, 11, 12]
     # ... and is queued as the new rows plus the old keys no row kept.
-    assert sorted(changes(read_events(q))) == [("D", [[1], [2]]), ("U", [[11, "a!"], [12, "b!"]])]
+    assert sorted(changes(by_statement(read_events(q)))) == [("D", [[1], [2]]), ("U", [[11, "a!"], [12, "b!"]])]
 
 
-def test_key_shift_onto_existing_keys_deletes_only_vacated_keys(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_key_shift_onto_existing_keys_deletes_only_vacated_keys(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY DEFERRABLE INITIALLY DEFERRED, "v" text)')
-    q.add_table("q", "t")
+    q.add_table("q", "t", capture=capture)
     conn.execute("""INSERT INTO "t" VALUES (1, 'a'), (2, 'b'), (3, 'c')""")
-    read_events(q)
+    by_statement(read_events(q))
     # Swap 1 and 2, shift 3 to 4: old keys {1,2,3}, new keys {2,1,4}: only 3 is vacated.
     conn.execute("""UPDATE "t" SET "id" = CASE "id" WHEN 1 THEN 2 WHEN 2 THEN 1 ELSE 4 END""")
-    assert sorted(changes(read_events(q))) == [("D", [[3]]), ("U", [[1, "b"], [2, "a"], [4, "c"]])]
+    assert sorted(changes(by_statement(read_events(q)))) == [("D", [[3]]), ("U", [[1, "b"], [2, "a"], [4, "c"]])]
 
 
-def test_composite_key(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_composite_key(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("a" int, "b" text, "v" int, PRIMARY KEY ("b", "a"))')
-    q.add_table("q", "t")
+    q.add_table("q", "t", capture=capture)
     table = q.tables("q")[0]
     assert table.key == ["b", "a"]
     conn.execute("""INSERT INTO "t" VALUES (1, 'x', 10), (2, 'x', 20)""")
     conn.execute("""UPDATE "t" SET "v" = 11 WHERE "a" = 1""")
     # Keys travel in key order (b, a); rows in column order (a, b, v).
-    assert changes(read_events(q)) == [("I", [[1, "x", 10], [2, "x", 20]]), ("U", [[1, "x", 11]])]
+    assert changes(by_statement(read_events(q))) == [("I", [[1, "x", 10], [2, "x", 20]]), ("U", [[1, "x", 11]])]
     conn.execute("""UPDATE "t" SET "b" = 'y' WHERE "a" = 2""")
-    assert sorted(changes(read_events(q))) == [("D", [["x", 2]]), ("U", [[2, "y", 20]])]
+    assert sorted(changes(by_statement(read_events(q)))) == [("D", [["x", 2]]), ("U", [[2, "y", 20]])]
     conn.execute("""DELETE FROM "t" WHERE "a" = 1""")
-    assert changes(read_events(q)) == [("D", [["x", 1]])]
+    assert changes(by_statement(read_events(q))) == [("D", [["x", 1]])]
 
 
-def test_nulls_are_captured_as_json_null(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_nulls_are_captured_as_json_null(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "a" text, "b" int, "c" jsonb, "d" int[])')
-    q.add_table("q", "t")
+    q.add_table("q", "t", capture=capture)
     conn.execute("""INSERT INTO "t" VALUES (1, NULL, NULL, NULL, NULL), (2, '', 0, 'null', '{NULL}')""")
     conn.execute("""UPDATE "t" SET "a" = NULL, "b" = NULL, "c" = NULL, "d" = NULL WHERE "id" = 2""")
-    assert changes(read_events(q)) == [
+    assert changes(by_statement(read_events(q))) == [
         ("I", [[1, None, None, None, None], [2, "", 0, "null", "[null]"]]),
         ("U", [[2, None, None, None, None]]),
     ]
@@ -167,11 +173,12 @@ def _as_sql_literal(value):
     return str(value)
 
 
-def test_common_types_decode_to_the_values_the_source_holds(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_common_types_decode_to_the_values_the_source_holds(conn, q, capture):
     conn.execute(TYPED_TABLE)
-    q.add_table("q", "typed")
+    q.add_table("q", "typed", capture=capture)
     conn.execute(TYPED_ROWS)
-    (event,) = read_events(q)
+    (event,) = by_statement(read_events(q))
     columns = q.tables("q")[0].columns
     types = dict(conn.execute("""SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
                                  WHERE attrelid = '"typed"'::regclass AND attnum > 0"""))
@@ -223,10 +230,11 @@ def test_common_types_decode_to_the_values_the_source_holds(conn, q):
     assert second["c_timestamp"] == "-infinity" and second["c_date"] == "infinity"
 
 
-def test_captured_values_do_not_depend_on_the_writers_session_settings(dsn, conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_captured_values_do_not_depend_on_the_writers_session_settings(dsn, conn, q, capture):
     conn.execute("""CREATE TABLE "t" ("id" int PRIMARY KEY, "b" bytea, "f" float8, "r" real, "i" interval,
                                       "fa" float8[], "ia" interval[])""")
-    q.add_table("q", "t")
+    q.add_table("q", "t", capture=capture)
     values = ("\\x00ff", 1 / 3, 1 / 3, "-1 day +02:03:04.5", [0.1, 1 / 3], ["1 mon -2 days"])
     conn.execute('INSERT INTO "t" VALUES (1, %s, %s, %s, %s, %s, %s::interval[])', values)
     with psycopg.connect(dsn, autocommit=True) as odd:
@@ -235,7 +243,7 @@ def test_captured_values_do_not_depend_on_the_writers_session_settings(dsn, conn
         odd.execute("SET IntervalStyle = 'sql_standard'")
         odd.execute("SET DateStyle = 'SQL, DMY'")
         odd.execute('INSERT INTO "t" VALUES (2, %s, %s, %s, %s, %s, %s::interval[])', values)
-    default_row, odd_row = (item[1:] for item in sorted(e.items[0] for e in read_events(q)))
+    default_row, odd_row = (item[1:] for item in sorted(e.items[0] for e in by_statement(read_events(q))))
     assert odd_row == default_row
     assert default_row[0] == "\\x00ff" and float(default_row[1]) == 1 / 3
 
@@ -324,14 +332,15 @@ def test_arbitrary_values_round_trip(conn, q, text, number, double, big, raw):
 
 # names ----------------------------------------------------------------------------------------
 
-def test_hostile_schema_table_and_column_names(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_hostile_schema_table_and_column_names(conn, q, capture):
     conn.execute('CREATE SCHEMA "Odd ""Schema"""')
     conn.execute('''CREATE TABLE "Odd ""Schema"""."select" (
         "the Key" int, "from" text, "Mixed Case" int, "quote""d" text, "semi;colon --" text,
         "ignored col" text, PRIMARY KEY ("the Key"))''')
     conn.execute('CREATE TABLE "public"."dotted.name" ("ID" int PRIMARY KEY, "x" text)')
-    table_id = q.add_table("q", '"Odd ""Schema"""."select"', ignore=["ignored col"], where='"Mixed Case" >= 0')
-    dotted_id = q.add_table("q", '"dotted.name"', mode="pk")
+    table_id = q.add_table("q", '"Odd ""Schema"""."select"', ignore=["ignored col"], where='"Mixed Case" >= 0', capture=capture)
+    dotted_id = q.add_table("q", '"dotted.name"', mode="pk", capture=capture)
     tables = {t.table_id: t for t in q.tables("q")}
     assert (tables[table_id].schema, tables[table_id].table) == ('Odd "Schema"', "select")
     assert tables[table_id].columns == ["the Key", "from", "Mixed Case", "quote\"d", "semi;colon --"]
@@ -341,14 +350,14 @@ def test_hostile_schema_table_and_column_names(conn, q):
         (1, 'f', 1, 'q', 's', 'i'), (2, 'f', -1, 'q', 's', 'i')''')
     conn.execute('''UPDATE "Odd ""Schema"""."select" SET "ignored col" = 'j' ''')
     conn.execute('''INSERT INTO "dotted.name" VALUES (7, 'x')''')
-    events = read_events(q)
+    events = by_statement(read_events(q))
     assert [(e.table, e.type, e.items) for e in events] == [
         (table_id, "I", [[1, "f", 1, "q", "s"]]), (dotted_id, "I", [[7]])]
     conn.execute('''UPDATE "Odd ""Schema"""."select" SET "the Key" = 10 WHERE "the Key" = 1''')
-    assert sorted((e.table, e.type, e.items) for e in read_events(q)) == [
+    assert sorted((e.table, e.type, e.items) for e in by_statement(read_events(q))) == [
         (table_id, "D", [[1]]), (table_id, "U", [[10, "f", 1, "q", "s"]])]
     conn.execute('''DELETE FROM "Odd ""Schema"""."select"''')
-    assert [(e.table, e.type, e.items) for e in read_events(q)] == [(table_id, "D", [[10]])]
+    assert [(e.table, e.type, e.items) for e in by_statement(read_events(q))] == [(table_id, "D", [[10]])]
 
     q.remove_table("q", '"Odd ""Schema"""."select"')
     q.remove_table("q", '"dotted.name"')
@@ -358,27 +367,29 @@ def test_hostile_schema_table_and_column_names(conn, q):
 
 # options --------------------------------------------------------------------------------------
 
-def test_update_touching_only_ignored_columns_queues_nothing(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_update_touching_only_ignored_columns_queues_nothing(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text, "seen_at" timestamptz, "hits" int)')
-    q.add_table("q", "t", ignore=["seen_at", "hits"])
+    q.add_table("q", "t", ignore=["seen_at", "hits"], capture=capture)
     conn.execute("""INSERT INTO "t" VALUES (1, 'a', now(), 0), (2, 'b', now(), 0)""")
-    read_events(q)
+    by_statement(read_events(q))
     conn.execute("""UPDATE "t" SET "seen_at" = now() + interval '1 hour', "hits" = "hits" + 1""")
     conn.execute("""UPDATE "t" SET "v" = "v" WHERE "id" = 1""")   # no captured column changes either
-    assert read_events(q) == []
+    assert by_statement(read_events(q)) == []
     # A statement changing a captured column of one row queues that row only.
     conn.execute("""UPDATE "t" SET "hits" = "hits" + 1, "v" = CASE "id" WHEN 2 THEN 'B' ELSE "v" END""")
-    assert changes(read_events(q)) == [("U", [[2, "B"]])]
+    assert changes(by_statement(read_events(q))) == [("U", [[2, "B"]])]
 
 
-def test_ignored_columns_are_absent_from_event_data(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_ignored_columns_are_absent_from_event_data(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "secret" text, "v" text)')
-    q.add_table("q", "t", ignore=["secret"])
+    q.add_table("q", "t", ignore=["secret"], capture=capture)
     assert q.tables("q")[0].columns == ["id", "v"]
     conn.execute("""INSERT INTO "t" VALUES (1, 'hunter2', 'a')""")
     conn.execute("""UPDATE "t" SET "v" = 'b', "secret" = 'hunter3'""")
     conn.execute("""DELETE FROM "t" """)
-    events = read_events(q)
+    events = by_statement(read_events(q))
     assert changes(events) == [("I", [[1, "a"]]), ("U", [[1, "b"]]), ("D", [[1]])]
     assert not any("hunter" in json.dumps(e.data) for e in events)
 
@@ -389,16 +400,17 @@ def test_ignoring_a_key_column_is_refused(conn, q):
         q.add_table("q", "t", ignore=["id"])
 
 
-def test_row_filter_queues_only_rows_inside_it(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_row_filter_queues_only_rows_inside_it(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "kind" text, "v" int)')
-    q.add_table("q", "t", where=""""kind" <> 'debug'""")
+    q.add_table("q", "t", where=""""kind" <> 'debug'""", capture=capture)
     conn.execute("""INSERT INTO "t" VALUES (1, 'info', 1), (2, 'debug', 2), (3, 'info', 3)""")
     conn.execute("""UPDATE "t" SET "v" = "v" + 10 WHERE "id" = 2""")          # outside: nothing
     conn.execute("""UPDATE "t" SET "kind" = 'debug' WHERE "id" = 1""")       # leaves the filter: D
     conn.execute("""UPDATE "t" SET "kind" = 'info' WHERE "id" = 2""")        # enters the filter: U
     conn.execute("""DELETE FROM "t" WHERE "id" = 1""")                       # outside: nothing
     conn.execute("""DELETE FROM "t" WHERE "id" = 3""")                       # inside: D
-    assert changes(read_events(q)) == [
+    assert changes(by_statement(read_events(q))) == [
         ("I", [[1, "info", 1], [3, "info", 3]]),
         ("D", [[1]]),
         ("U", [[2, "info", 12]]),
@@ -614,7 +626,8 @@ ROWS = [(1, "a;b", 1), (2, "x); DROP TABLE \"other\"; --", 2), (3, "it's", 3), (
         (5, "back\\slash", 5)]
 
 
-def test_legitimate_row_filters_are_accepted_and_capture_the_rows_they_name(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_legitimate_row_filters_are_accepted_and_capture_the_rows_they_name(conn, q, capture):
     """Semicolons in string literals, dollar quotes, nested parentheses, IN lists,
     sub-selects and function calls, E'' strings, comments: one expression each."""
     conn.execute('CREATE TABLE "other" ("id" int)')
@@ -622,11 +635,11 @@ def test_legitimate_row_filters_are_accepted_and_capture_the_rows_they_name(conn
     ids = {}
     for n, (where, _kept) in enumerate(LEGITIMATE_FILTERS):
         conn.execute(f'CREATE TABLE "t{n}" ("id" int PRIMARY KEY, "kind" text, "v" int)')
-        ids[q.add_table("q", f"t{n}", where=where)] = n
+        ids[q.add_table("q", f"t{n}", where=where, capture=capture)] = n
         conn.execute(f'INSERT INTO "t{n}" VALUES ' + ", ".join(["(%s, %s, %s)"] * len(ROWS)),
                      [value for row in ROWS for value in row])
     captured = {n: set() for n in range(len(LEGITIMATE_FILTERS))}
-    for event in read_events(q):
+    for event in by_statement(read_events(q)):
         assert event.type == "I"
         captured[ids[event.table]] |= {item[0] for item in event.items}
     assert captured == {n: kept for n, (_where, kept) in enumerate(LEGITIMATE_FILTERS)}
@@ -634,18 +647,19 @@ def test_legitimate_row_filters_are_accepted_and_capture_the_rows_they_name(conn
         where for where, _kept in LEGITIMATE_FILTERS]                     # kept as written
 
 
-def test_pk_mode_queues_keys_only(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_pk_mode_queues_keys_only(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("a" int, "b" int, "payload" text, PRIMARY KEY ("a", "b"))')
-    q.add_table("q", "t", mode="pk")
+    q.add_table("q", "t", mode="pk", capture=capture)
     conn.execute("""INSERT INTO "t" VALUES (1, 1, 'big'), (1, 2, 'big')""")
     conn.execute("""UPDATE "t" SET "payload" = 'bigger' WHERE "b" = 1""")
-    events = read_events(q)
+    events = by_statement(read_events(q))
     assert changes(events) == [("I", [[1, 1], [1, 2]]), ("U", [[1, 1]])]
     conn.execute("""UPDATE "t" SET "b" = 3 WHERE "b" = 2""")
-    events += (key_change := read_events(q))
+    events += (key_change := by_statement(read_events(q)))
     assert sorted(changes(key_change)) == [("D", [[1, 2]]), ("U", [[1, 3]])]
     conn.execute("""DELETE FROM "t" WHERE "b" = 1""")
-    events += (deleted := read_events(q))
+    events += (deleted := by_statement(read_events(q)))
     assert changes(deleted) == [("D", [[1, 1]])]
     assert not any("big" in json.dumps(e.data) for e in events)
 
@@ -660,17 +674,18 @@ def test_table_without_primary_key_is_refused_at_add_time(conn, q):
     assert read_events(q) == []
 
 
-def test_key_option_captures_a_table_without_primary_key(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_key_option_captures_a_table_without_primary_key(conn, q, capture):
     conn.execute('CREATE TABLE "nokey" ("code" text NOT NULL, "n" int NOT NULL, "v" text)')
-    q.add_table("q", "nokey", key=["code", "n"])
+    q.add_table("q", "nokey", key=["code", "n"], capture=capture)
     (table,) = q.tables("q")
     assert table.key == ["code", "n"] and table.structure["key"] == ["code", "n"]
     conn.execute("""INSERT INTO "nokey" VALUES ('a', 1, 'x'), ('b', 2, 'y')""")
-    assert changes(read_events(q)) == [("I", [["a", 1, "x"], ["b", 2, "y"]])]
+    assert changes(by_statement(read_events(q))) == [("I", [["a", 1, "x"], ["b", 2, "y"]])]
     conn.execute("""UPDATE "nokey" SET "n" = 3 WHERE "code" = 'b'""")
-    assert sorted(changes(read_events(q))) == [("D", [["b", 2]]), ("U", [["b", 3, "y"]])]
+    assert sorted(changes(by_statement(read_events(q)))) == [("D", [["b", 2]]), ("U", [["b", 3, "y"]])]
     conn.execute("""DELETE FROM "nokey" WHERE "code" = 'a'""")
-    assert changes(read_events(q)) == [("D", [["a", 1]])]
+    assert changes(by_statement(read_events(q))) == [("D", [["a", 1]])]
 
 
 def test_unknown_key_column_is_refused(conn, q):
@@ -694,10 +709,11 @@ def test_statement_of_more_than_1000_rows_is_split_into_several_events(conn, q):
     assert all(item == [item[0], 1] for e in events if e.type == "U" for item in e.items)
 
 
-def test_application_writes_still_work(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_application_writes_still_work(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text)')
     conn.execute('CREATE TABLE "src" ("id" int, "v" text)')
-    q.add_table("q", "t")
+    q.add_table("q", "t", capture=capture)
     conn.execute("""INSERT INTO "src" VALUES (1, 'from src'), (5, 'five')""")
     conn.execute("""INSERT INTO "t" VALUES (1, 'a'), (2, 'b'), (3, 'c')""")
     conn.execute("""INSERT INTO "t" VALUES (3, 'C'), (4, 'd') ON CONFLICT ("id") DO UPDATE SET "v" = excluded."v" """)
@@ -708,7 +724,7 @@ def test_application_writes_still_work(conn, q):
     conn.execute("""DELETE FROM "t" USING "src" WHERE "src"."id" = "t"."id" AND "src"."v" = 'from src'""")
     final = dict(conn.execute('SELECT "id", "v" FROM "t"').fetchall())
     assert final == {3: "C", 4: "d", 102: "b"}
-    assert _replayed(read_events(q)) == final
+    assert _replayed(by_statement(read_events(q))) == final
 
 
 def _replayed(events) -> dict:
@@ -723,12 +739,13 @@ def _replayed(events) -> dict:
     return state
 
 
-def test_merge_is_captured(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_merge_is_captured(conn, q, capture):
     if conn.info.server_version < 150000:
         pytest.skip(f"MERGE exists from PostgreSQL 15, not in {conn.info.parameter_status('server_version')}")
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text)')
     conn.execute('CREATE TABLE "src" ("id" int, "v" text)')
-    q.add_table("q", "t")
+    q.add_table("q", "t", capture=capture)
     conn.execute("""INSERT INTO "t" VALUES (1, 'a'), (2, 'b'), (3, 'c')""")
     conn.execute("""INSERT INTO "src" VALUES (1, 'merged'), (2, 'delete'), (5, 'five')""")
     # one statement inserting, updating and deleting
@@ -738,7 +755,7 @@ def test_merge_is_captured(conn, q):
                     WHEN NOT MATCHED THEN INSERT VALUES ("src"."id", "src"."v")""")
     final = dict(conn.execute('SELECT "id", "v" FROM "t"').fetchall())
     assert final == {1: "merged", 3: "c", 5: "five"}
-    events = read_events(q)
+    events = by_statement(read_events(q))
     assert sorted(e.type for e in events) == ["D", "I", "I", "U"]
     assert _replayed(events) == final
 
@@ -847,10 +864,11 @@ def _inheritance_tree(conn) -> None:
 
 
 @pytest.mark.parametrize("mode", ["full", "pk"])
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
 def test_inheritance_parent_replica_is_the_parent_with_its_descendants_whatever_table_a_statement_names(
-        dsn, conn, q, tmp_path, mode):
+        dsn, conn, q, tmp_path, mode, capture):
     _inheritance_tree(conn)
-    table_id = q.add_table("q", "p", mode=mode)
+    table_id = q.add_table("q", "p", mode=mode, capture=capture)
     assert [_triggers_on(conn, f'"{t}"') for t in ("p", "c", "g")] == [[
         f"_replicator_{table_id}_{op}" for op in ("del", "ins", "trunc", "upd")]] * 3
     replica = tmp_path / "replica.db"
@@ -858,7 +876,7 @@ def test_inheritance_parent_replica_is_the_parent_with_its_descendants_whatever_
     try:
         consumer.run(until_caught_up=True)
         assert sum(sqlite_rows(replica, "p").values()) == 20
-        read_events(q)
+        by_statement(read_events(q))
         steps = [
             """INSERT INTO "p" VALUES (7, 'p7'); INSERT INTO "c" ("id", "v") VALUES (17, 'c17');"""
             """ INSERT INTO "g" ("id", "v", "more") VALUES (27, 'g27', 0)""",
@@ -881,7 +899,7 @@ def test_inheritance_parent_replica_is_the_parent_with_its_descendants_whatever_
         truncates, sizes = [], []
         for step in steps:
             conn.execute(step)
-            events = read_events(q)
+            events = by_statement(read_events(q))
             assert {e.table for e in events} == {table_id}, step
             if "TRUNCATE" in step:
                 truncates.append([(e.type, e.data.get("copy") if e.type == "S" else len(e.items)) for e in events])
@@ -944,34 +962,38 @@ def test_a_partition_or_inheritance_child_is_refused_on_its_own_with_the_way_out
     assert changes(read_events(q)) == [("I", [[1]])]
 
 
-def test_a_stored_row_filter_reads_its_strings_the_same_whatever_the_writers_session(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_a_stored_row_filter_reads_its_strings_the_same_whatever_the_writers_session(conn, q, capture):
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     # stored through the SQL function (the Python check refuses a backslash in a plain string)
-    conn.execute(r"""SELECT replicator.add_table('q', 't', 'full', NULL, '{}', 'v <> ''a\b''')""")
+    conn.execute(r"""SELECT replicator.add_table('q', 't', 'full', NULL, '{}', 'v <> ''a\b''', p_capture => %s)""",
+                 (capture,))
     conn.execute("SET standard_conforming_strings = off")      # the writer's session reads 'a\b' as 'ab'
     conn.execute(r"INSERT INTO t VALUES (1, E'a\\b'), (2, 'ab')")
     conn.execute("RESET standard_conforming_strings")
     # the filter keeps its meaning as checked: only the row holding a backslash is left out
-    assert changes(read_events(q)) == [("I", [[2, "ab"]])]
+    assert changes(by_statement(read_events(q))) == [("I", [[2, "ab"]])]
 
 
-def test_columns_named_like_the_capture_functions_variables_are_captured_and_filtered(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_columns_named_like_the_capture_functions_variables_are_captured_and_filtered(conn, q, capture):
     conn.execute('CREATE TABLE t (id int PRIMARY KEY, found bool, tg_op text, v_slot int, "capture" text)')
-    q.add_table("q", "t", where="found AND tg_op <> 'skip' AND v_slot > 0")
+    q.add_table("q", "t", where="found AND tg_op <> 'skip' AND v_slot > 0", capture=capture)
     conn.execute("INSERT INTO t VALUES (1, true, 'a', 1, 'c'), (2, false, 'b', 1, 'c'), (3, true, 'skip', 1, 'c')")
     conn.execute("UPDATE t SET v_slot = 2 WHERE id = 1")
     conn.execute("DELETE FROM t WHERE id = 1")
-    assert changes(read_events(q)) == [("I", [[1, True, "a", 1, "c"]]), ("U", [[1, True, "a", 2, "c"]]),
+    assert changes(by_statement(read_events(q))) == [("I", [[1, True, "a", 1, "c"]]), ("U", [[1, True, "a", 2, "c"]]),
                                        ("D", [[1]])]
 
 
-def test_a_row_filter_keeps_the_same_rows_whatever_the_writers_time_zone_and_date_style(dsn, conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_a_row_filter_keeps_the_same_rows_whatever_the_writers_time_zone_and_date_style(dsn, conn, q, capture):
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, ts timestamptz, d date)")
-    q.add_table("q", "t", where="ts < '2024-01-01 00:00' AND d > '01/02/2024'")    # UTC; January 2nd
+    q.add_table("q", "t", where="ts < '2024-01-01 00:00' AND d > '01/02/2024'", capture=capture)    # UTC; January 2nd
     for number, (zone, style) in enumerate([("UTC", "ISO, MDY"), ("Asia/Tokyo", "SQL, DMY")], 1):
         with psycopg.connect(dsn, autocommit=True) as writer:
             writer.execute(f"SET TimeZone = '{zone}'")
             writer.execute(f"SET DateStyle = '{style}'")
             # the same instant (2023-12-31 20:00 UTC) and the same day (2024-01-15) from each session
             writer.execute("INSERT INTO t VALUES (%s, '2023-12-31 20:00+00', '2024-01-15')", (number,))
-    assert [e.items[0][0] for e in read_events(q)] == [1, 2]
+    assert [e.items[0][0] for e in by_statement(read_events(q))] == [1, 2]

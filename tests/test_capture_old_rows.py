@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from queue_util import Event, read_events
+from queue_util import CAPTURE_KINDS, Event, by_statement, read_events
 from replicator.source.install import drop_event_triggers
 
 
@@ -27,15 +27,16 @@ def pairs(events: list[Event]) -> list[tuple[str, list[tuple[list, list | None]]
     return result
 
 
-def test_update_and_delete_queue_the_old_rows_beside_the_new_rows_and_keys(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_update_and_delete_queue_the_old_rows_beside_the_new_rows_and_keys(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text, "n" int)')
-    q.add_table("q", "t", old_rows=True)
+    q.add_table("q", "t", old_rows=True, capture=capture)
     conn.execute("""INSERT INTO "t" VALUES (1, 'a', 10), (2, 'b', 20), (3, 'c', 30)""")
     conn.execute("""UPDATE "t" SET "v" = 'B', "n" = "n" + 1 WHERE "id" = 2""")
     conn.execute("""UPDATE "t" SET "n" = NULL WHERE "id" IN (1, 3)""")
     conn.execute("""DELETE FROM "t" WHERE "id" = 1""")
     conn.execute("""DELETE FROM "t" WHERE "id" >= 2""")
-    events = read_events(q)
+    events = by_statement(read_events(q))
     assert [e.old for e in events if e.type == "I"] == [None]
     assert pairs(events[1:]) == [
         ("U", [([2, "B", 21], [2, "b", 20])]),
@@ -69,9 +70,10 @@ def test_key_changes_pair_each_old_row_with_the_new_row_of_its_key(conn, q):
     ]
 
 
-def test_multi_row_statements_past_one_event_keep_each_old_row_with_its_item(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_multi_row_statements_past_one_event_keep_each_old_row_with_its_item(conn, q, capture):
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" int)')
-    q.add_table("q", "t", old_rows=True)
+    q.add_table("q", "t", old_rows=True, capture=capture)
     conn.execute("""INSERT INTO "t" SELECT g, g FROM generate_series(1, 2500) g""")
     read_events(q)
     conn.execute("""UPDATE "t" SET "v" = -"v" WHERE "id" <= 1500""")   # the fast form: at most 1000 rows an event
@@ -94,34 +96,36 @@ def test_multi_row_statements_past_one_event_keep_each_old_row_with_its_item(con
                              + [([k], [k, -k]) for k in range(1, 1201)])
 
 
-def test_row_filter_and_ignored_columns_with_old_rows(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_row_filter_and_ignored_columns_with_old_rows(conn, q, capture):
     """Rows entering the filter have no old row (the target never had them); rows leaving it are a D with
     their old row; an update of ignored columns only queues nothing."""
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text, "seen" int)')
-    q.add_table("q", "t", old_rows=True, where="\"v\" <> 'hidden'", ignore=["seen"])
+    q.add_table("q", "t", old_rows=True, where="\"v\" <> 'hidden'", ignore=["seen"], capture=capture)
     conn.execute("""INSERT INTO "t" VALUES (1, 'a', 0), (2, 'hidden', 0), (3, 'c', 0)""")
-    read_events(q)
+    by_statement(read_events(q))
     conn.execute("""UPDATE "t" SET "seen" = "seen" + 1""")
-    assert read_events(q) == []
+    assert by_statement(read_events(q)) == []
     conn.execute("""UPDATE "t" SET "v" = CASE "id" WHEN 1 THEN 'hidden' WHEN 2 THEN 'b' ELSE 'C' END""")
-    assert sorted(pairs(read_events(q))) == [
+    assert sorted(pairs(by_statement(read_events(q)))) == [
         ("D", [([1], [1, "a"])]),
         ("U", [([2, "b"], None), ([3, "C"], [3, "c"])]),
     ]
     conn.execute("""DELETE FROM "t" """)
-    assert pairs(read_events(q)) == [("D", [([2], [2, "b"]), ([3], [3, "C"])])]
+    assert pairs(by_statement(read_events(q))) == [("D", [([2], [2, "b"]), ([3], [3, "C"])])]
 
 
-def test_keys_with_nulls_pair_as_the_capture_compares_keys(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_keys_with_nulls_pair_as_the_capture_compares_keys(conn, q, capture):
     """A --key column may be NULL in full mode: old and new rows of such a key pair (NULLs equal, as EXCEPT
     compares the keys that decide what vanished)."""
     conn.execute('CREATE TABLE "t" ("a" int, "b" int, "v" text)')
-    q.add_table("q", "t", key=["a", "b"], old_rows=True)
+    q.add_table("q", "t", key=["a", "b"], old_rows=True, capture=capture)
     conn.execute("""INSERT INTO "t" VALUES (1, NULL, 'x'), (2, 2, 'y')""")
-    read_events(q)
+    by_statement(read_events(q))
     conn.execute("""UPDATE "t" SET "v" = "v" || '!', "a" = CASE WHEN "a" = 2 THEN 2 ELSE 1 END""")
     conn.execute("""UPDATE "t" SET "b" = 5 WHERE "b" IS NULL""")
-    events = read_events(q)
+    events = by_statement(read_events(q))
     assert pairs(events[:1]) == [("U", [([1, None, "x!"], [1, None, "x"]), ([2, 2, "y!"], [2, 2, "y"])])]
     assert sorted(pairs(events[1:])) == [("D", [([1, None], [1, None, "x!"])]), ("U", [([1, 5, "x!"], None)])]
 
@@ -150,17 +154,18 @@ def test_pk_mode_with_old_rows_is_refused(conn, q):
         q.alter_table("q", "t", mode="pk")
 
 
-def test_a_statement_after_ddl_no_event_trigger_saw_queues_the_old_rows_in_the_new_layout(conn, q):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_a_statement_after_ddl_no_event_trigger_saw_queues_the_old_rows_in_the_new_layout(conn, q, capture):
     """Without event triggers, the first statement after a DDL on the table is captured by the capture of
     a structure it follows then (replicator.capture_drift): with the old rows too, in the new columns."""
     drop_event_triggers(conn)
     conn.execute('CREATE TABLE "t" ("id" int PRIMARY KEY, "v" text)')
-    q.add_table("q", "t", old_rows=True)
+    q.add_table("q", "t", old_rows=True, capture=capture)
     conn.execute("""INSERT INTO "t" VALUES (1, 'a'), (2, 'b')""")
     conn.execute('ALTER TABLE "t" ADD COLUMN "n" int')
     conn.execute("""UPDATE "t" SET "n" = "id" * 10, "v" = upper("v")""")
     conn.execute("""DELETE FROM "t" WHERE "id" = 1""")
-    events = [e for e in read_events(q) if e.type != "S"]
+    events = [e for e in by_statement(read_events(q)) if e.type != "S"]
     assert pairs(events[1:]) == [
         ("U", [([1, "A", 10], [1, "a", None]), ([2, "B", 20], [2, "b", None])]),
         ("D", [([1], [1, "A", 10])]),

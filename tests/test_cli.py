@@ -303,7 +303,7 @@ def test_happy_path(empty_dsn):
     assert "1 table added to queue main" in ok("table", "add", "main", "public.orders", "--ignore", "seen")
     assert json.loads(ok("table", "list", "main", "--json")) == [
         {"queue": "main", "table": "public.orders", "mode": "full", "key": ["id"], "ignore": ["seen"],
-         "where": None, "old_rows": False, "suspended": None}]
+         "where": None, "old_rows": False, "capture": "statement", "rows_per_statement": None, "suspended": None}]
     with psycopg.connect(empty_dsn, autocommit=True) as c:
         c.execute("SELECT replicator.register_consumer('main', 'reader')")
         c.execute("""INSERT INTO "orders" VALUES (1, 'a', now()), (2, 'b', now())""")
@@ -490,3 +490,25 @@ def test_a_name_holding_an_escape_sequence_reaches_no_terminal_through_a_list(ap
         assert "\x1b" not in listed.stdout and "evil\\n\\x1b[2Jpublic.forged" in listed.stdout, repr(listed.stdout)
     as_json = run("table", "list", "q", "--json", dsn=app).stdout
     assert "\x1b" not in as_json and [t["table"] for t in json.loads(as_json)] == [f"public.{name}"]
+
+
+def test_capture_kind_bad_or_partitioned_is_refused_in_one_line_and_list_shows_the_kind(app):
+    with psycopg.connect(app, autocommit=True) as c:
+        c.execute("CREATE SCHEMA sales")
+        c.execute("CREATE TABLE parts (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+    bogus_add, bogus_alter, schema, parted = run_all([
+        ["table", "add", "q", "orders", "--capture", "bogus"],
+        ["table", "alter", "q", "orders", "--capture", "bogus"],
+        ["table", "add", "q", "--schema", "sales", "--capture", "row"],
+        ["table", "add", "q", "parts", "--capture", "row"]], app)
+    assert_usage_error(bogus_add, "--capture", "bogus", "replicator table add --help")
+    assert_usage_error(bogus_alter, "--capture", "bogus", "replicator table alter --help")
+    assert_user_error(schema, "apply to the tables named, not to a schema's")
+    assert_user_error(parted, "table public.parts is partitioned: capture it by statement (--capture statement)")
+    assert json.loads(run("table", "list", "q", "--json", dsn=app).stdout) == []
+    assert run("table", "add", "q", "orders", "--capture", "row", dsn=app).returncode == 0
+    assert_user_error(run("table", "alter", "q", "orders", "--capture", "row", dsn=app), "already has these settings")
+    assert [(t["table"], t["capture"]) for t in json.loads(run("table", "list", "q", "--json", dsn=app).stdout)
+            ] == [("public.orders", "row")]
+    assert run("table", "alter", "q", "orders", "--capture", "statement", dsn=app).stdout == (
+        "orders of queue q: capture changed; targets change their copy in place at that point of the queue\n")

@@ -15,7 +15,8 @@ source value by value, through an oracle that maps psycopg's Python values to
 the SQLite representation independently of replicator's decoders.
 
 Hypothesis draws the writers' seeds and the kill schedule; each example runs
-in a database of its own, and three examples keep the test under two minutes.
+in a database of its own, and three examples keep the test under two minutes,
+once with the tables captured by statement and once by row (--capture).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import psycopg
+import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
@@ -44,6 +46,7 @@ from consumer_helpers import (
     wait_until,
 )
 from pg_helpers import fresh_database
+from queue_util import CAPTURE_KINDS
 
 TABLES = [("public.acct", "acct", ["id"]), ("s.items", "s__items", ["a", "b"]),
           ("public.pk_t", "pk_t", ["id"]), ("public.late", "late", ["id"])]
@@ -268,29 +271,30 @@ def position(path: Path) -> int:
     return sqlite_position(path) or 0
 
 
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
 @settings(max_examples=3, deadline=None, phases=[Phase.generate], database=None,
           suppress_health_check=list(HealthCheck))
 @given(seeds=st.lists(st.integers(0, 2**32 - 1), min_size=3, max_size=3, unique=True),
        kill_after_ticks=st.lists(st.integers(0, 4), min_size=4, max_size=5),
        add_table_at=st.integers(0, 3), crash_source_at=st.integers(1, 3))
 def test_replica_equals_source_after_concurrent_writes_kills_and_a_source_crash(
-        pg_server, tmp_path_factory, seeds, kill_after_ticks, add_table_at, crash_source_at):
+        pg_server, tmp_path_factory, capture, seeds, kill_after_ticks, add_table_at, crash_source_at):
     # the throwaway cluster runs with synchronous_commit = off: the crash loses the last
     # transactions committed, as in production with that setting; the ticks a replica
     # applied survive it (the ticker commits synchronously)
     with fresh_database(pg_server, "oracle") as dsn:
-        run_example(dsn, pg_server, tmp_path_factory.mktemp("oracle"), seeds, kill_after_ticks, add_table_at,
-                    crash_source_at)
+        run_example(dsn, pg_server, tmp_path_factory.mktemp("oracle"), capture, seeds, kill_after_ticks,
+                    add_table_at, crash_source_at)
 
 
-def run_example(dsn, pg_server, tmp, seeds, kill_after_ticks, add_table_at, crash_source_at) -> None:
+def run_example(dsn, pg_server, tmp, capture, seeds, kill_after_ticks, add_table_at, crash_source_at) -> None:
     replica = tmp / "replica.db"
     with psycopg.connect(dsn, autocommit=True) as setup:
         setup.execute(SCHEMA)
         setup.execute("SELECT replicator.create_queue('q')")
-        setup.execute("SELECT replicator.add_table('q', 'acct')")
-        setup.execute("SELECT replicator.add_table('q', 's.items')")
-        setup.execute("SELECT replicator.add_table('q', 'pk_t', 'pk')")
+        setup.execute("SELECT replicator.add_table('q', 'acct', p_capture => %s)", (capture,))
+        setup.execute("SELECT replicator.add_table('q', 's.items', p_capture => %s)", (capture,))
+        setup.execute("SELECT replicator.add_table('q', 'pk_t', 'pk', p_capture => %s)", (capture,))
         set_fast_ticks(setup, max_lag="50 ms", idle="300 ms", max_count=100)
 
     consume = ["consume", "q", "--target", f"sqlite:{replica}", "--poll-interval", "0.05"]
@@ -315,7 +319,7 @@ def run_example(dsn, pg_server, tmp, seeds, kill_after_ticks, add_table_at, cras
 
         for n, ticks in enumerate(kill_after_ticks):
             if n == add_table_at:
-                added = run_cli_in_process(dsn, "table", "add", "q", "late")
+                added = run_cli_in_process(dsn, "table", "add", "q", "late", "--capture", capture)
                 assert added.returncode == 0, added.stderr
             if n == crash_source_at:
                 # Crash the source under a consumer that is connected and applying batches.

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from ddl_helpers import assert_sqlite_equals_source
+from queue_util import CAPTURE_KINDS
 from replicator.consumer import Consumer
 from replicator.errors import UserError
 from replicator.source import Source
@@ -59,10 +60,11 @@ def suspended(source: Source) -> list[str | None]:
         "SELECT table_suspended FROM replicator.captured_table ORDER BY table_id")]
 
 
-def test_several_changes_in_one_transaction_with_writes_between_them_are_all_followed(conn, unseen, replica):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_several_changes_in_one_transaction_with_writes_between_them_are_all_followed(conn, unseen, replica, capture):
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, old text, v int)")
     conn.execute("INSERT INTO t SELECT g, 'o' || g, g FROM generate_series(1, 5) g")
-    unseen.add_table("q", "t")
+    unseen.add_table("q", "t", capture=capture)
     replica.catch_up()
     # a migration tool's transaction: add, backfill, rename, add again, drop the old column
     with conn.transaction():
@@ -81,11 +83,12 @@ def test_several_changes_in_one_transaction_with_writes_between_them_are_all_fol
 
 
 @pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])     # the guard reads the key two ways
-def test_a_primary_key_replaced_directly_keys_the_replica_anew(conn, unseen, replica, identity):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_a_primary_key_replaced_directly_keys_the_replica_anew(conn, unseen, replica, identity, capture):
     conn.execute("CREATE TABLE t (a int, b int NOT NULL, v text, PRIMARY KEY (a))")   # no column row changes
     conn.execute(f"ALTER TABLE t REPLICA IDENTITY {identity}")
     conn.execute("INSERT INTO t VALUES (1, 1, 'x')")
-    unseen.add_table("q", "t")
+    unseen.add_table("q", "t", capture=capture)
     replica.catch_up()
     conn.execute("ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (a, b)")
     conn.execute("INSERT INTO t VALUES (1, 2, 'y')")       # the same a: a row of its own now
@@ -111,9 +114,10 @@ def test_a_rewrite_to_the_same_type_is_copied_again_whatever_follows_it(conn, un
     assert_sqlite_equals_source(conn, replica.path, "written after")
 
 
-def test_a_column_added_is_captured_with_the_output_settings_pinned(dsn, conn, unseen, replica):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_a_column_added_is_captured_with_the_output_settings_pinned(dsn, conn, unseen, replica, capture):
     conn.execute("CREATE TABLE t (id int PRIMARY KEY)")     # no type whose rendering depends on settings
-    unseen.add_table("q", "t")
+    unseen.add_table("q", "t", capture=capture)
     replica.catch_up()
     conn.execute("ALTER TABLE t ADD COLUMN f float8, ADD COLUMN i interval")
     with psycopg.connect(dsn, autocommit=True) as writer:
@@ -191,11 +195,12 @@ def test_a_key_column_given_a_type_without_equality_suspends_the_capture(conn, u
         replica.catch_up()
 
 
-def test_serializable_writers_following_a_change_do_not_fail_each_other(dsn, conn, unseen, replica):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_serializable_writers_following_a_change_do_not_fail_each_other(dsn, conn, unseen, replica, capture):
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
     conn.execute("CREATE SCHEMA side; CREATE TABLE side.other (id int PRIMARY KEY)")
     conn.execute("INSERT INTO t SELECT g, g FROM generate_series(1, 100) g")
-    unseen.add_table("q", "t")
+    unseen.add_table("q", "t", capture=capture)
     replica.catch_up()
     conn.execute("ALTER TABLE t ADD COLUMN w int")
     with psycopg.connect(dsn) as a, psycopg.connect(dsn) as b:
@@ -224,9 +229,10 @@ def test_event_triggers_disabled_later_put_the_guard_in_before_the_next_tick(con
     assert_sqlite_equals_source(conn, replica.path, "renamed with the event trigger disabled")
 
 
-def test_a_name_holding_the_capture_functions_quote_is_captured(conn, unseen, replica):
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_a_name_holding_the_capture_functions_quote_is_captured(conn, unseen, replica, capture):
     conn.execute('CREATE TABLE t (id int PRIMARY KEY, "a$capture$b" text)')
-    unseen.add_table("q", "t")
+    unseen.add_table("q", "t", capture=capture)
     conn.execute('INSERT INTO t VALUES (1, \'x\')')
     conn.execute("ALTER TABLE t ADD COLUMN c int")
     conn.execute("INSERT INTO t VALUES (2, 'y', 2)")
@@ -263,3 +269,27 @@ def test_a_rewrite_to_the_same_type_of_a_partitioned_table_is_copied_again(conn,
     conn.execute("ALTER TABLE p ALTER COLUMN a TYPE int USING a * 100")   # its partitions get new storage
     replica.catch_up()
     assert replica.rows("SELECT id, a FROM p ORDER BY id") == conn.execute("SELECT id, a FROM p ORDER BY id").fetchall()
+
+
+@pytest.mark.parametrize("recorder", ["none: serializable", "another transaction"])
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
+def test_a_key_swap_by_a_transaction_that_cannot_record_the_change_keeps_both_rows(dsn, conn, unseen, replica,
+                                                                                 capture, recorder):
+    """Until the change is recorded (by another transaction, or by the ticker for SERIALIZABLE ones)
+    every statement is captured by capture_drift's SQL: a row capture's must not queue the old key's
+    D while another row of the statement holds it."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY DEFERRABLE, v text)")
+    conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b'), (3, 'c')")
+    unseen.add_table("q", "t", capture=capture)
+    replica.catch_up()
+    conn.execute("ALTER TABLE t ADD COLUMN w int")
+    with psycopg.connect(dsn) as writer, psycopg.connect(dsn) as recording:
+        if recorder == "another transaction":
+            recording.execute("UPDATE t SET v = 'c2' WHERE id = 3")   # records the change, uncommitted
+        else:
+            writer.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+        writer.execute("UPDATE t SET id = 3 - id WHERE id IN (1, 2)")
+        writer.commit()
+        recording.commit()
+    replica.catch_up()
+    assert_sqlite_equals_source(conn, replica.path, "a key swap")

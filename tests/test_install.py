@@ -112,14 +112,41 @@ def test_install_upgrades_a_version_2_database_in_use_and_capture_goes_on(dsn, c
     db.close()
 
 
+def _back_to_version_8(conn) -> None:
+    """The tables of version 8: every table captured by statement, the kind not recorded."""
+    conn.execute("ALTER TABLE replicator.captured_table DROP COLUMN table_capture")
+    conn.execute("DELETE FROM replicator.schema_version WHERE version > 8")
+
+
 def _back_to_version_7(conn) -> None:
     """The tables of version 7, as a database installed by that version has them: event tables without
     ev_old, captured by functions that do not write it (generated again once it is gone)."""
     for (queue_id,) in conn.execute("SELECT queue_id FROM replicator.queue").fetchall():
         conn.execute(f"ALTER TABLE replicator.event_{queue_id} DROP COLUMN ev_old")
     conn.execute("SELECT replicator.generate_capture(table_id) FROM replicator.captured_table")
+    _back_to_version_8(conn)
     conn.execute("ALTER TABLE replicator.captured_table DROP COLUMN table_old_rows")
     conn.execute("DELETE FROM replicator.schema_version WHERE version > 7")
+
+
+def test_install_upgrades_a_version_8_database_in_use_to_capture_kinds(dsn, conn, source):
+    """Migration 0009 records each table's capture kind: the tables of before are captured by statement,
+    their triggers untouched, and one can be switched to row capture after it, its events the same."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    source.register_consumer("q", "c")
+    conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    _back_to_version_8(conn)
+    conn.execute("UPDATE t SET v = 'queued by version 8' WHERE id = 1")
+    assert [m.name for m in install(conn).applied] == ["capture_kind"]
+    assert [t.capture for t in source.tables("q")] == ["statement"]
+    source.alter_table("q", "t", capture="row")
+    conn.execute("UPDATE t SET v = 'after the upgrade' WHERE id = 2")
+    events = [(e.type, e.items) for e in read_events(source) if e.type != "S"]
+    assert events == [("I", [[1, "a"], [2, "b"]]), ("U", [[1, "queued by version 8"]]),
+                      ("U", [[2, "after the upgrade"]])]
+    assert [t.capture for t in source.tables("q")] == ["row"]
 
 
 def test_install_upgrades_a_version_7_database_in_use_to_old_rows(dsn, conn, source, tmp_path):
@@ -132,7 +159,7 @@ def test_install_upgrades_a_version_7_database_in_use_to_old_rows(dsn, conn, sou
     conn.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
     _back_to_version_7(conn)
     conn.execute("UPDATE t SET v = 'queued by version 7' WHERE id = 1")
-    assert [m.name for m in install(conn).applied] == ["old_rows"]
+    assert [m.name for m in install(conn).applied] == ["old_rows", "capture_kind"]
     source.alter_table("q", "t", old_rows=True)
     conn.execute("UPDATE t SET v = 'after the upgrade' WHERE id = 2")
     conn.execute("DELETE FROM t WHERE id = 1")

@@ -166,7 +166,7 @@ def test_table_alter_key_copies_the_table_again_with_the_new_key(conn, dsn, repl
 def test_table_alter_with_nothing_to_change_is_refused_in_one_line(dsn, replicas, mode):
     for args, message in [
             ((), "error: nothing to change: give --mode, --key, --ignore, --no-ignore, --where, --no-where, "
-                 "--old-rows or --no-old-rows"),
+                 "--old-rows, --no-old-rows or --capture"),
             (("--mode", mode, "--no-where"),
              'error: table public.t of queue "q" already has these settings: nothing to change'),
             (("--where", "n > 1", "--no-where"), "error: --where and --no-where exclude each other")]:
@@ -355,3 +355,46 @@ def test_table_alter_old_rows_takes_effect_at_its_s_event_with_no_change_lost_or
     new_keys = {lines[number]["key"]["id"] for number, old in during.items() if not old}
     assert new_keys and all(lines[n]["op"] == "U" for n, old in during.items() if not old)
     assert all(k > 10000 for k in new_keys), new_keys
+
+
+def test_table_alter_capture_switches_kinds_both_ways_amid_writes_and_the_replicas_stay_the_source(
+        conn, dsn, replicas, mode):
+    """Writers never stop while `--capture` replaces the triggers (it waits, as the other settings do,
+    for a moment no writer holds the table): every change is queued once, by one kind or the other."""
+    stop = threading.Event()
+    writes: list[int] = []
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as w:
+                i = 0
+                while not stop.is_set():
+                    i += 1
+                    w.execute("INSERT INTO t VALUES (%s, %s, 'w', 'w')", (100000 + i, i))
+                    w.execute("UPDATE t SET n = n + 1, s = s || '.' WHERE id = %s", (i % 30 + 1,))
+                    w.execute("UPDATE t SET id = %s WHERE id = %s", (200000 + i, 100000 + i - 1))   # a key change
+                    w.execute("DELETE FROM t WHERE id = %s", (200000 + i - 3,))
+                    with w.transaction():
+                        w.execute("UPDATE t SET note = %s WHERE id BETWEEN %s AND %s", (str(i), i % 20 + 1, i % 20 + 5))
+                    writes.append(i)
+        except BaseException as e:   # reported by the test, not lost with the thread
+            errors.append(e)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for kind in ("row", "statement", "row"):
+            seen = len(writes)
+            wait_until(lambda: len(writes) > seen + 5, 30, "the writer to write")
+            assert alter(dsn, "--capture", kind) == (
+                "t of queue q: capture changed; targets change their copy in place at that point of the queue")
+            conn.execute("UPDATE t SET n = n + 1000 WHERE id <= 10")
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not errors, errors
+    replicas.catch_up()
+    assert_replicas_hold_the_capture(conn, replicas, "t", "--capture row, statement, row")
+    assert [line["op"] for line in replicas.stream()].count("R") == 30, "no copy for a capture kind change"
+    assert conn.execute("SELECT table_capture FROM replicator.captured_table").fetchone()[0] == "row"

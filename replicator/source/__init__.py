@@ -59,6 +59,7 @@ class CapturedTable:
     structure: dict[str, Any] | None  # replicator.table_structure(); None if the table is gone
     suspended: str | None = None       # why capture stopped (replicator.suspend_capture)
     old_rows: bool = False             # updates and deletes queue their old rows too (--old-rows)
+    capture: str = "statement"         # 'statement' or 'row' triggers (--capture)
 
     @property
     def schema(self) -> str:
@@ -175,26 +176,29 @@ class Source:
     # tables -----------------------------------------------------------------
 
     def add_table(self, queue: str, table: str, *, mode: str = "full", key: list[str] | None = None,
-                  ignore: list[str] | None = None, where: str | None = None, old_rows: bool = False) -> int:
+                  ignore: list[str] | None = None, where: str | None = None, old_rows: bool = False,
+                  capture: str = "statement") -> int:
         """Captures a table (replicator.add_table). The row filter is checked
         first (check_row_filter): nothing of it reaches the server unless it is
         one expression. The table, key and ignored columns travel as parameters
         (the server parses the name with to_regclass and matches the columns
         against the table's)."""
         check_row_filter(where, self_contained=where is not None and not has_event_triggers(self.conn))
-        return self._value(int, "SELECT replicator.add_table(%s, %s, %s, %s, %s, %s, p_old_rows => %s)",
-                          (queue, table, mode, key or None, ignore or [], where, old_rows))
+        return self._value(int, "SELECT replicator.add_table(%s, %s, %s, %s, %s, %s, p_old_rows => %s,"
+                          " p_capture => %s)",
+                           (queue, table, mode, key or None, ignore or [], where, old_rows, capture))
 
     def alter_table(self, queue: str, table: str, *, mode: str | None = None, key: list[str] | None = None,
                     ignore: list[str] | None = None, where: str | None = None,
-                    set_where: bool = False, old_rows: bool | None = None) -> dict[str, Any]:
+                    set_where: bool = False, old_rows: bool | None = None,
+                    capture: str | None = None) -> dict[str, Any]:
         """Changes a table's capture settings in place (replicator.alter_table); None
         keeps a setting, as does where unless set_where. The row filter is checked as
         add_table checks it. Returns {"changed": [...], "copy": bool}."""
         if set_where:
             check_row_filter(where, self_contained=where is not None and not has_event_triggers(self.conn))
-        return self._value(dict, "SELECT replicator.alter_table(%s, %s, %s, %s, %s, %s, %s, %s)",
-                           (queue, table, mode, key, ignore, where, set_where, old_rows))
+        return self._value(dict, "SELECT replicator.alter_table(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                           (queue, table, mode, key, ignore, where, set_where, old_rows, capture))
 
     def follow_schema(self, queue: str, schema: str, *, mode: str = "full") -> int:
         """Captures every table of a schema, now and as they are created; returns how many were added."""
@@ -233,7 +237,16 @@ class Source:
         return [CapturedTable(queue_name=r["queue_name"], table_id=r["table_id"], name=r["table_name"],
                               mode=r["mode"], key=r["key"], ignore=r["ignore"], row_filter=r["row_filter"],
                               columns=r["columns"], oid=r["table_oid"], structure=r["structure"],
-                              suspended=r["suspended"], old_rows=r["old_rows"]) for r in rows]
+                              suspended=r["suspended"], old_rows=r["old_rows"], capture=r["capture"]) for r in rows]
+
+    def rows_per_statement(self, queue: str | None = None) -> dict[int, float]:
+        """Mean rows per statement of each captured table with row events in the
+        queue's last two event tables (replicator.statement_sizes: a bounded sample),
+        by table id: what tells which capture kind fits a table."""
+        if queue is not None:
+            self.queue_id(queue)
+        return {r["table_id"]: r["rows_per_statement"]
+                for r in self._rows("SELECT * FROM replicator.statement_sizes(%s)", (queue,))}
 
     # ticks and maintenance ----------------------------------------------------
 

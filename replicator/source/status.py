@@ -25,13 +25,20 @@ def consumer_rows(source: Source) -> list[dict[str, Any]]:
                      queue_name="queue", consumer_name="consumer") for c in source.consumers()]
 
 
+def rounded(value: float | None) -> float | None:
+    """A mean rows per statement as the outputs show it: two decimals; None where no event was sampled."""
+    return None if value is None else round(value, 2)
+
+
 def status(source: Source) -> dict[str, Any]:
+    sizes = source.rows_per_statement()
     return {
         "queues": [{**q, "rotation_blockers": source.rotation_blockers(q["queue"])} for q in queue_rows(source)],
         "tickers": source.tickers(),
         "tables": [{"queue": t.queue_name, "table": t.name, "mode": t.mode, "key": t.key,
                     "ignore": t.ignore, "where": t.row_filter, "exists": t.structure is not None,
-                    "old_rows": t.old_rows, "suspended": t.suspended}
+                    "old_rows": t.old_rows, "capture": t.capture,
+                    "rows_per_statement": rounded(sizes.get(t.table_id)), "suspended": t.suspended}
                    for t in source.tables()],
         "schemas": source.followed_schemas(),
         "consumers": consumer_rows(source),
