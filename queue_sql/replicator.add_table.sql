@@ -116,6 +116,29 @@ BEGIN
 END;
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.sees_every_row(p_table regclass)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.sees_every_row(p_table)
+--
+--      Whether no row-level security policy of the table applies to the
+--      current role, as PostgreSQL decides it: the role is superuser or
+--      has BYPASSRLS, or the table has row security off, or the role has
+--      the privileges of its owner and the owner is not forced.
+--
+-- Parameters:
+--      p_table     - the table
+--
+-- Returns:
+--      true when every row of the table is visible to the current role
+-- ----------------------------------------------------------------------
+    SELECT r.rolsuper OR r.rolbypassrls OR NOT c.relrowsecurity
+           OR (NOT c.relforcerowsecurity AND pg_has_role(current_user, c.relowner, 'USAGE'))
+    FROM pg_class c, pg_roles r
+    WHERE c.oid = p_table AND r.rolname = current_user;
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.check_capture_settings(p_table regclass, p_mode text, p_key text[],
                                                              p_ignore text[], p_where text,
                                                              p_old_rows boolean DEFAULT false,
@@ -161,6 +184,12 @@ BEGIN
         -- PostgreSQL clones a partitioned table's row triggers onto its partitions, and an
         -- UPDATE moving a row between partitions fires a DELETE and an INSERT there
         RAISE EXCEPTION 'table %.% is partitioned: capture it by statement (--capture statement)', v_schema, v_name;
+    END IF;
+    IF p_capture = 'row' AND NOT replicator.sees_every_row(p_table) THEN
+        -- a row capture's key lookups run as this role (the capture function's owner): rows its
+        -- policies hide would make a key swap queue the deletes of keys that rows still hold
+        RAISE EXCEPTION 'table %.% has row-level security that applies to role %: capture it by statement '
+                        '(--capture statement), or as a role with BYPASSRLS', v_schema, v_name, current_user;
     END IF;
     v_columns := ARRAY(SELECT attname FROM pg_attribute
                        WHERE attrelid = p_table AND attnum > 0 AND NOT attisdropped ORDER BY attnum);

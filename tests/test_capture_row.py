@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from consumer_helpers import run_cli
+from pg_helpers import unique_name
 from queue_util import read_events
 from replicator.errors import UserError
 from replicator.source import Source
@@ -197,7 +198,40 @@ def test_a_key_change_after_a_rename_reads_the_captured_table_for_its_old_key(co
     assert [(e.type, e.items) for e in read_events(q) if e.type != "S"] == [("U", [[5, "a"]]), ("D", [[1]])]
 
 
-@pytest.mark.xfail(strict=True, reason="the old key's holders are read through the capture owner's row security")
+def test_row_capture_is_refused_where_row_security_applies_to_the_role_that_would_own_it(conn, q):
+    """A row capture's key lookups read the table as the capture function's owner, the role adding it:
+    rows its policies hide would make a key swap queue the deletes of keys rows still hold."""
+    role = unique_name("capture_owner")
+    conn.execute(f"CREATE ROLE {role}; GRANT USAGE ON SCHEMA replicator TO {role};"
+                 f" GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA replicator TO {role}")
+    conn.execute(f"CREATE TABLE t (id int PRIMARY KEY, v text); GRANT SELECT ON t TO {role}")
+    conn.execute("ALTER TABLE t ENABLE ROW LEVEL SECURITY")
+    check = "SELECT replicator.check_capture_settings('t', 'full', '{id}', '{}', NULL, false, %s)"
+    with conn.transaction():
+        conn.execute(f"SET LOCAL ROLE {role}")
+        conn.execute(check, ("statement",))   # transition tables hold every row the statement changed
+        with pytest.raises(psycopg.errors.RaiseException,
+                           match=rf"^table public\.t has row-level security that applies to role {role}: "
+                                 r"capture it by statement \(--capture statement\), or as a role with BYPASSRLS"), \
+                conn.transaction():
+            conn.execute(check, ("row",))
+        conn.execute("RESET ROLE")
+        conn.execute(f"ALTER TABLE t OWNER TO {role}")   # its owner sees every row, unless forced
+        conn.execute(f"SET LOCAL ROLE {role}")
+        conn.execute(check, ("row",))
+        conn.execute("RESET ROLE")
+        conn.execute("ALTER TABLE t FORCE ROW LEVEL SECURITY")
+        conn.execute(f"SET LOCAL ROLE {role}")
+        with pytest.raises(psycopg.errors.RaiseException, match="has row-level security"), conn.transaction():
+            conn.execute(check, ("row",))
+        conn.execute("RESET ROLE")
+        conn.execute("ALTER TABLE t OWNER TO CURRENT_USER")
+    q.add_table("q", "t", capture="row")   # a superuser sees every row
+    assert [t.capture for t in q.tables("q")] == ["row"]
+
+
+@pytest.mark.xfail(strict=True, reason="row security that comes to apply to the capture's owner after the table "
+                                      "was added (its owner changed, ENABLE ROW LEVEL SECURITY) is not noticed")
 def test_a_key_swap_on_a_table_whose_row_security_hides_rows_from_the_capture_owner_queues_no_delete(conn, q):
     conn.execute("CREATE ROLE capture_owner; CREATE ROLE tenant")
     conn.execute("GRANT USAGE ON SCHEMA replicator TO capture_owner;"

@@ -916,10 +916,7 @@ def test_install_without_the_privilege_says_so_and_execute_captures_ddl(owner_ds
 
 
 
-@pytest.mark.parametrize("capture", [
-    pytest.param("statement", marks=pytest.mark.xfail(
-        strict=True, reason="ATTACH PARTITION of a table captured on its own is neither refused nor followed")),
-    "row"])
+@pytest.mark.parametrize("capture", CAPTURE_KINDS)
 def test_a_captured_table_attached_as_a_partition_is_refused_or_its_writes_through_the_parent_captured(
         conn, q, capture):
     conn.execute("CREATE TABLE pp (id int NOT NULL, v text) PARTITION BY RANGE (id)")
@@ -931,4 +928,8 @@ def test_a_captured_table_attached_as_a_partition_is_refused_or_its_writes_throu
         return   # refused: statements naming pp cannot bypass t's capture
     conn.execute("INSERT INTO pp VALUES (1, 'x')")
     conn.execute("UPDATE pp SET v = 'y'")
-    assert [(e.type, e.items) for e in read_events(q)] == [("I", [[1, "x"]]), ("U", [[1, "y"]])]
+    events = [(e.type, e.items) for e in read_events(q)]
+    if capture == "statement" and events == []:
+        # PostgreSQL 12 refuses the ATTACH (the test passes there); later versions accept it
+        pytest.xfail("ATTACH PARTITION of a table captured on its own is neither refused nor followed")
+    assert events == [("I", [[1, "x"]]), ("U", [[1, "y"]])]
