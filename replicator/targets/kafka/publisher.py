@@ -166,6 +166,7 @@ class KafkaTarget:
         self._written: dict[tuple[str, int], list[int]] = {}   # partition → [first offset, records] of this transaction
         self._dropped_topics: set[str] = set()   # by this transaction
         self._errors: list[tuple[KafkaError, str, int]] = []   # the error, the record's topic and size
+        self._unlocated = False   # a record of this transaction delivered at an offset Kafka did not say
         self._on_delivery = self._delivered   # (a bound method made once, not for each record)
         self._tables_changed = False
         # a schema event, and the event it came in, until the table call that follows it
@@ -235,6 +236,7 @@ class KafkaTarget:
         self._written.clear()
         self._dropped_topics.clear()
         self._errors.clear()
+        self._unlocated = False
 
     def commit(self) -> None:
         self._release()
@@ -382,6 +384,9 @@ class KafkaTarget:
                 raise UserError(_too_large(topic, size))
         if self._errors:
             raise self._failure(self._errors[0][0])
+        if self._unlocated:   # the commit could not say where the records are: this transaction is aborted
+            raise TargetUnavailable(f"Kafka at {self.settings.brokers} took records without saying at which "
+                                    f"offsets (a produce it retried); the batch is written again")
 
     # records ------------------------------------------------------------------------------------
 
@@ -392,8 +397,11 @@ class KafkaTarget:
             self._errors.append((error, message.topic() or "", len(message.value() or b"")))
             return
         tp, offset = (message.topic(), message.partition()), message.offset()
-        self._offsets[tp] = offset  # type: ignore[index,assignment]
-        written = self._written.setdefault(tp, [offset, 0])  # type: ignore[arg-type,list-item]
+        if offset is None:   # a retried produce Kafka had written already (librdkafka: DUPLICATE_SEQUENCE_NUMBER)
+            self._unlocated = True
+            return
+        self._offsets[tp] = offset  # type: ignore[index]
+        written = self._written.setdefault(tp, [offset, 0])  # type: ignore[arg-type]
         written[1] += 1
 
     def _produce(self, topic: str, key: bytes, value: bytes | None, partition: int = -1,
