@@ -34,6 +34,7 @@ from replicator.follower.follower import Follower
 from replicator.source import Source
 from replicator.targets.kafka.publisher import KafkaTarget
 from replicator.targets.kafka.settings import parse_url
+from replicator.targets.kafka.state import committed_consumer
 from replicator.targets.sqlite.target import SqliteTarget
 
 # helpers -----------------------------------------------------------------------------------
@@ -131,6 +132,28 @@ def test_a_running_follower_applies_what_is_published_after_it_has_caught_up(
                    "the running follower to apply the commit published after its catch-up", check=running)
     finally:
         follower.stop()
+
+
+def test_a_partition_read_to_its_end_keeps_its_end_while_nothing_new_comes(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str) -> None:
+    """reader.py available(): Kafka reports a partition's end once (an EOF event), until a record comes
+    past it. available() forgot the end it had read and waited for another: a commit read with its end
+    while the follower applied the commit before (one consumer reads all partitions) could never be
+    told to end a transaction, and the follower held it unapplied until the publisher committed again
+    (seen: a follower daemon a tick behind for minutes after its publisher stopped)."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    tp = (f"__replicator.{kafka_prefix}", 0)
+    partitions = reader.PartitionReader(committed_consumer(parse_url(url)), print)
+    try:
+        partitions.assign({tp: 0})
+        commits = partitions.available(tp, 10.0)
+        end = partitions.end(tp)
+        assert commits and end is not None and end >= commits[-1].offset() + 2   # the transaction's marker
+        assert partitions.available(tp, 0.5) == []
+        assert partitions.end(tp) == end
+    finally:
+        partitions.consumer.close()
 
 
 READ_AGAIN = """

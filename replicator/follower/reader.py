@@ -53,10 +53,12 @@ class PartitionReader:
 
     def available(self, tp: Partition, wait: float) -> list[Message]:
         """Every record of tp committed so far (after those taken), waiting up to `wait` seconds for a first."""
-        # the end reached last time may have moved on since: read to the end Kafka reports next (none
-        # comes while nothing new does)
-        self._end.pop(tp, None)
+        # the end reached last time may have moved on since: read to the end Kafka reports next. Kafka
+        # reports an end once, until a record comes past it: when none came, the end known still is
+        known = self._end.pop(tp, None)
         self._fetch(wait, until=lambda: self._fetched_to_end(tp), wanted=tp)
+        if tp not in self._end and known is not None and known >= self._next[tp]:
+            self._end[tp] = known
         return self._take(tp, None)
 
     def at_end(self, tp: Partition) -> bool:
