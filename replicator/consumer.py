@@ -453,7 +453,7 @@ class Consumer:
                     continue
                 self.target.begin()
                 try:
-                    self.copy_table(table)
+                    self.copy_table(table)   # (a table dropped since is not replicated: its events are gone with it)
                     self.target.commit()
                 except BaseException:
                     self.target.rollback()
@@ -466,18 +466,25 @@ class Consumer:
                            if t.table_id in self._captured or t.table_id not in still_captured}
         self._table_ids = None if self._deferred else ids
 
-    def copy_table(self, table: CapturedTable, over_rows: bool = False) -> TargetTable:
+    def copy_table(self, table: CapturedTable, over_rows: bool = False) -> TargetTable | None:
         """(Re)creates the table in the target and copies it in a REPEATABLE READ
         snapshot of the source, in the target's open transaction. Events visible in
         that snapshot are skipped for the table from then on; over_rows: the copy is
-        written over the rows the target holds, no truncate first (see _held_by_copy)."""
+        written over the rows the target holds, no truncate first (see _held_by_copy).
+        None, creating nothing, when the table was dropped since it was listed."""
         assert table.structure is not None
-        structure = TableStructure.from_source(table.structure, table.columns, table.key)
         started = time.monotonic()
         rows = 0
-        with source_copy.SnapshotCopy(self.dsn, table, structure) as snap:
+        with contextlib.ExitStack() as copying:
+            try:
+                snap = copying.enter_context(source_copy.SnapshotCopy(self.dsn, table))
+            except source_copy.TableGone as gone:
+                log.info("%s: not copied", gone)
+                return None
+            table = snap.table
             target_table = TargetTable(source_name=table.name, table_id=table.table_id, mode=table.mode,
-                                       structure=structure, copy_snapshot=snap.snapshot, copied_over_rows=over_rows)
+                                       structure=snap.structure, copy_snapshot=snap.snapshot,
+                                       copied_over_rows=over_rows)
             self.target.create_table(target_table)
             watch = _CopyWatch(self, table.name, snap.estimated_rows)
             try:
@@ -657,12 +664,7 @@ class Consumer:
         assert self.source is not None
         current = next((t for t in self.source.tables(self.queue) if t.table_id == table.table_id), None)
         if current is None or current.structure is None:
-            # Dropped since: its rows cannot be read back, and the table ends dropped (its
-            # DROP, later in the queue, is the last word on it): drop it now.
-            self.target.schema_event(table, {"kind": "dropped", "tag": event.get("tag"), "sql": event.get("sql"),
-                                             "schema": table.structure.schema, "name": table.structure.name})
-            self.target.drop_table(table)
-            del self._following[table.table_id]
+            self._dropped_since(table, event)
             return False
         self._captured[table.table_id] = current
         # The copy replaces every row: a stream says so (T) before the change and the copied
@@ -681,11 +683,25 @@ class Consumer:
         self.target.schema_event(table, {**event, "schema": current.schema, "name": current.table,
                                          "key": current.key, "columns": current.columns,
                                          "structure": current.structure})
-        if current.name != table.source_name:
+        renamed = current.name != table.source_name
+        if renamed:
             self.target.drop_table(table)
-        self._following[table.table_id] = self.copy_table(current, over_rows)
+        copied = self.copy_table(current, over_rows)
+        if copied is None:
+            self._dropped_since(table, event, dropped_already=renamed)
+            return False
+        self._following[table.table_id] = copied
         log.info("event %s: %s copied again after %s", ev_id, current.name, event.get("tag"))
         return False
+
+    def _dropped_since(self, table: TargetTable, event: dict[str, Any], dropped_already: bool = False) -> None:
+        """A table to copy again that was dropped since its event: its rows cannot be read back, and
+        the table ends dropped (its DROP, later in the queue, is the last word on it): dropped now."""
+        self.target.schema_event(table, {"kind": "dropped", "tag": event.get("tag"), "sql": event.get("sql"),
+                                         "schema": table.structure.schema, "name": table.structure.name})
+        if not dropped_already:
+            self.target.drop_table(table)
+        del self._following[table.table_id]
 
     def _held_by_copy(self, table: TargetTable, event: tuple[int, int, int, Any, str], data: str | None,
                       pending: _PendingKeys, run: _Run, stats: BatchStats) -> bool:
@@ -715,7 +731,11 @@ class Consumer:
                 self.target.event(tick_id, ev_id, txid, ev_time)
             self.target.truncate(table)
             self._captured[table.table_id] = current
-            self._following[table.table_id] = self.copy_table(current)
+            copied = self.copy_table(current)
+            if copied is None:
+                self._dropped_since(table, {})
+            else:
+                self._following[table.table_id] = copied
         return True
 
     def _join_back(self, table: TargetTable, pending: _PendingKeys, stats: BatchStats) -> bool:

@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from consumer_helpers import (
+    REPLICATOR,
     Daemon,
     assert_replica_equals_source,
     cli_env,
@@ -520,6 +521,42 @@ def test_table_added_while_the_daemon_runs_is_copied_and_followed(dsn, conn, sou
         daemon.stop()
         ticker.stop()
     assert "Traceback" not in daemon.log()
+
+
+@pytest.mark.parametrize(("ddl", "replicated"), [("DROP TABLE b", []), ("ALTER TABLE b RENAME TO b2", ["b2"])])
+def test_a_table_dropped_or_renamed_while_its_initial_copy_starts_is_replicated_as_the_source_ends(
+        dsn, conn, source, tmp_path, ddl, replicated):
+    """DDL that commits after the consumer listed the queue's tables, before its copy read the table
+    (here: holding the lock the copy waits for). A drop: the copy formatted the dead oid into SQL
+    (`syntax error at or near "16671"`), or read the table by a name gone meanwhile: the consumer
+    stopped at every start. A rename: the replica kept the old name (the RENAME, in the copy, is
+    skipped with it). Now the copy locks the table, then reads it as its snapshot shows it."""
+    conn.execute("CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO a VALUES (1, 'a'); INSERT INTO b VALUES (1, 'b')")
+    source.create_queue("q")
+    source.add_table("q", "a")
+    source.add_table("q", "b")
+    conn.execute("INSERT INTO b VALUES (2, 'queued'); INSERT INTO a VALUES (2, 'queued')")
+    replica = tmp_path / "r.db"
+    with psycopg.connect(dsn) as ddl_session:
+        ddl_session.execute(ddl)   # its lock held until the commit below
+        consumer = subprocess.Popen([str(REPLICATOR), "consume", "q", "--target", f"sqlite:{replica}",
+                                     "--until-caught-up"], env=cli_env(dsn), stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                            "AND application_name = 'replicator copy'").fetchone()[0], 60,
+                       "the copy to wait for the lock the DDL holds",
+                       check=lambda: consumer.poll() is None or pytest.fail(consumer.stderr.read()))
+            ddl_session.commit()
+            _, stderr = consumer.communicate(timeout=60)
+        finally:
+            consumer.kill()
+    assert consumer.returncode == 0, stderr
+    for name in replicated:
+        conn.execute(f"INSERT INTO {name} VALUES (3, 'after')")
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    assert not replica_has_table(replica, "b")
+    assert_replica_equals_source(conn, replica, [(f"public.{name}", name, ["id"]) for name in ["a", *replicated]])
 
 
 # PK-only tables ------------------------------------------------------------------------------

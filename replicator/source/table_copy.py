@@ -54,6 +54,11 @@ def _filter(table: CapturedTable) -> sql.Composable:
     return sql.SQL("({})").format(sql.SQL(table.row_filter)) if table.row_filter else sql.SQL("true")
 
 
+class TableGone(Exception):
+    """A captured table dropped before its copy: there is nothing to copy, and its queued events,
+    all committed before the DROP, are already gone with it from the source."""
+
+
 def decode_rows(texts: Iterable[str], decode: RowsDecoder) -> list[Sequence[Any]]:
     return decode([parse_json(text) for text in texts])
 
@@ -68,27 +73,65 @@ class SnapshotCopy:
     events would then be skipped as already copied.
     """
 
-    def __init__(self, dsn: str, table: CapturedTable, structure: TableStructure) -> None:
+    def __init__(self, dsn: str, table: CapturedTable) -> None:
         self.dsn = dsn
-        self.table = table
-        self.structure = structure
+        self.table = table   # as captured when the copy's snapshot was taken, once entered
+        self.structure = TableStructure.from_source(table.structure or {}, table.columns, table.key)
         self.snapshot = ""
         self.estimated_rows = 0
 
     def __enter__(self) -> SnapshotCopy:
+        """Raises TableGone when the table was dropped before it could be locked."""
         # OperationalError, not UserError: a source lost mid-copy is retried by the daemon.
-        self.conn = db.open_connection(db.resolve_dsn(self.dsn), autocommit=False, application_name="replicator copy")
-        self.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        self.conn.read_only = True
+        self.conn = db.open_connection(db.resolve_dsn(self.dsn), application_name="replicator copy")
         try:
-            # The first statement fixes the transaction's snapshot: this is it.
-            self.snapshot = db.scalar(self.conn, "SELECT txid_current_snapshot()::text")
+            self._lock_then_take_snapshot()
             self.estimated_rows = estimated_rows(self.conn, self.table.oid)
             durable_tick(self.dsn, self.table.queue_name)
         except BaseException:
             self.conn.close()
             raise
         return self
+
+    def _lock_then_take_snapshot(self) -> None:
+        """Locks the table (ACCESS SHARE), then takes the snapshot the copy reads: a DROP or RENAME
+        committed after the snapshot would leave the copy nothing to read by the table's name or
+        files. LOCK TABLE takes a name and no snapshot; the name is read outside the transaction,
+        then checked to still be the table's once it is locked."""
+        while True:
+            name = self.conn.execute("SELECT %s::oid::regclass::text FROM pg_class WHERE oid = %s",
+                                     (self.table.oid, self.table.oid)).fetchone()
+            if name is None:
+                raise TableGone(f"{self.table.name} was dropped before its copy")
+            self.conn.autocommit = False
+            self.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            self.conn.read_only = True
+            try:
+                self.conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(sql.SQL(name[0])))
+            except psycopg.errors.UndefinedTable:   # dropped or renamed since: read its name again
+                self.conn.rollback()
+                self.conn.autocommit = True
+                continue
+            # the transaction's first query: its snapshot is the copy's
+            row = self.conn.execute("SELECT txid_current_snapshot()::text, to_regclass(%s) = %s::oid",
+                                    (name[0], self.table.oid)).fetchone()
+            assert row is not None
+            self.snapshot, locked = row
+            if locked:
+                self._read_captured_table()
+                return
+            self.conn.rollback()   # another table took the name meanwhile
+            self.conn.autocommit = True
+
+    def _read_captured_table(self) -> None:
+        """The table as the snapshot shows it captured: a RENAME or ALTER committed since it was listed is
+        in the copy, and its schema event, visible in the snapshot, is skipped with the copy's other
+        events. (A table removed from the queue meanwhile is copied as listed.)"""
+        source = Source(self.conn, check_installed=False)
+        current = next((t for t in source.tables(self.table.queue_name) if t.table_id == self.table.table_id), None)
+        if current is not None and current.structure is not None:
+            self.table = current
+            self.structure = TableStructure.from_source(current.structure, current.columns, current.key)
 
     def __exit__(self, *exc: object) -> None:
         self.conn.rollback()
