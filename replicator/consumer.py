@@ -17,7 +17,7 @@ import secrets
 import shlex
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import itemgetter
@@ -376,7 +376,13 @@ class Consumer:
                 if current.name != table.source_name:
                     self.target.drop_table(table)
             for current in captured.values():
-                self.copy_table(current)
+                with self._snapshot_of(current) as snap:
+                    holder = held.get(current.table_id)
+                    if (holder is not None and holder.source_name == current.name
+                            and (snap is None or snap.table.name != holder.source_name)):
+                        self.target.drop_table(holder)   # dropped or renamed since it was listed
+                    if snap is not None:
+                        self.copy_table(snap)
             self.target.set_position(self.queue, self.name, tick)
             self.target.commit()
         except BaseException:
@@ -453,7 +459,9 @@ class Consumer:
                     continue
                 self.target.begin()
                 try:
-                    self.copy_table(table)   # (a table dropped since is not replicated: its events are gone with it)
+                    with self._snapshot_of(table) as snap:
+                        if snap is not None:   # (a table dropped since is not replicated: its events went with it)
+                            self.copy_table(snap)
                     self.target.commit()
                 except BaseException:
                     self.target.rollback()
@@ -466,43 +474,47 @@ class Consumer:
                            if t.table_id in self._captured or t.table_id not in still_captured}
         self._table_ids = None if self._deferred else ids
 
-    def copy_table(self, table: CapturedTable, over_rows: bool = False) -> TargetTable | None:
-        """(Re)creates the table in the target and copies it in a REPEATABLE READ
-        snapshot of the source, in the target's open transaction. Events visible in
-        that snapshot are skipped for the table from then on; over_rows: the copy is
-        written over the rows the target holds, no truncate first (see _held_by_copy).
-        None, creating nothing, when the table was dropped since it was listed."""
-        assert table.structure is not None
-        started = time.monotonic()
-        rows = 0
-        with contextlib.ExitStack() as copying:
+    @contextlib.contextmanager
+    def _snapshot_of(self, table: CapturedTable) -> Iterator[source_copy.SnapshotCopy | None]:
+        """The snapshot a copy of the table reads, the table locked and as the snapshot shows it
+        captured (what to do with the target's table is decided from it: a RENAME may have committed
+        since the table was listed); None when the table was dropped since."""
+        with contextlib.ExitStack() as held:
             try:
-                snap = copying.enter_context(source_copy.SnapshotCopy(self.dsn, table))
+                snap: source_copy.SnapshotCopy | None = held.enter_context(source_copy.SnapshotCopy(self.dsn, table))
             except source_copy.TableGone as gone:
                 log.info("%s: not copied", gone)
-                return None
-            table = snap.table
-            target_table = TargetTable(source_name=table.name, table_id=table.table_id, mode=table.mode,
-                                       structure=snap.structure, copy_snapshot=snap.snapshot,
-                                       copied_over_rows=over_rows)
-            self.target.create_table(target_table)
-            watch = _CopyWatch(self, table.name, snap.estimated_rows)
-            try:
-                with source_copy.CopyProgress(table.name, snap.estimated_rows, self.progress_interval,
-                                              watch.update) as progress:
-                    # A target may copy a large table itself, in parallel (Spark);
-                    # None means it leaves the copy to this loop.
-                    copied = self.target.copy_from(target_table, snap, progress.update)
-                    if copied is not None:
-                        rows = copied
-                    else:
-                        for chunk in snap.chunks():
-                            self.target.upsert(target_table, "R", chunk)
-                            rows += len(chunk)
-                            progress.update(rows)
-                    progress.done(rows)
-            finally:
-                watch.ended()
+                snap = None
+            yield snap
+
+    def copy_table(self, snap: source_copy.SnapshotCopy, over_rows: bool = False) -> TargetTable:
+        """(Re)creates the table in the target and copies it from the snapshot, in the target's
+        open transaction. Events visible in that snapshot are skipped for the table from then on;
+        over_rows: the copy is written over the rows the target holds, no truncate first (see
+        _held_by_copy)."""
+        table = snap.table
+        started = time.monotonic()
+        rows = 0
+        target_table = TargetTable(source_name=table.name, table_id=table.table_id, mode=table.mode,
+                                   structure=snap.structure, copy_snapshot=snap.snapshot, copied_over_rows=over_rows)
+        self.target.create_table(target_table)
+        watch = _CopyWatch(self, table.name, snap.estimated_rows)
+        try:
+            with source_copy.CopyProgress(table.name, snap.estimated_rows, self.progress_interval,
+                                          watch.update) as progress:
+                # A target may copy a large table itself, in parallel (Spark);
+                # None means it leaves the copy to this loop.
+                copied = self.target.copy_from(target_table, snap, progress.update)
+                if copied is not None:
+                    rows = copied
+                else:
+                    for chunk in snap.chunks():
+                        self.target.upsert(target_table, "R", chunk)
+                        rows += len(chunk)
+                        progress.update(rows)
+                progress.done(rows)
+        finally:
+            watch.ended()
         log.info("copied %s: %s in %.1fs", table.name, counted(rows, "row"), time.monotonic() - started)
         return target_table
 
@@ -662,10 +674,21 @@ class Consumer:
             log.info("event %s: %s altered in place (%s)", ev_id, new_table.source_name, event.get("tag"))
             return True
         assert self.source is not None
-        current = next((t for t in self.source.tables(self.queue) if t.table_id == table.table_id), None)
-        if current is None or current.structure is None:
+        listed = self.source.table(self.queue, table.table_id)
+        if listed is None or listed.structure is None:
             self._dropped_since(table, event)
             return False
+        with self._snapshot_of(listed) as snap:
+            if snap is None:
+                self._dropped_since(table, event)
+                return False
+            self._copy_again(table, snap, event)
+        log.info("event %s: %s copied again after %s", ev_id, snap.table.name, event.get("tag"))
+        return False
+
+    def _copy_again(self, table: TargetTable, snap: source_copy.SnapshotCopy, event: dict[str, Any]) -> None:
+        """Replaces the table's replica by a copy from the snapshot, after its schema change."""
+        current = snap.table
         self._captured[table.table_id] = current
         # The copy replaces every row: a stream says so (T) before the change and the copied
         # rows; a target the copy is written over (Kafka) never shows the table empty, when the
@@ -674,33 +697,24 @@ class Consumer:
         # old key would stay) or keys of a pk-mode table are pending. The copy is in the table's
         # current structure (later S events are in the copy): the change announced is to that
         # structure.
-        current_structure = TableStructure.from_source(current.structure, current.columns, current.key)
         over_rows = (self.target.copies_over_rows and not _drops_rows(event)
                      and table.mode == current.mode == "full"
-                     and _key_columns(table.structure) == _key_columns(current_structure))
+                     and _key_columns(table.structure) == _key_columns(snap.structure))
         if not over_rows:
             self.target.truncate(table)
         self.target.schema_event(table, {**event, "schema": current.schema, "name": current.table,
                                          "key": current.key, "columns": current.columns,
                                          "structure": current.structure})
-        renamed = current.name != table.source_name
-        if renamed:
+        if current.name != table.source_name:
             self.target.drop_table(table)
-        copied = self.copy_table(current, over_rows)
-        if copied is None:
-            self._dropped_since(table, event, dropped_already=renamed)
-            return False
-        self._following[table.table_id] = copied
-        log.info("event %s: %s copied again after %s", ev_id, current.name, event.get("tag"))
-        return False
+        self._following[table.table_id] = self.copy_table(snap, over_rows)
 
-    def _dropped_since(self, table: TargetTable, event: dict[str, Any], dropped_already: bool = False) -> None:
+    def _dropped_since(self, table: TargetTable, event: dict[str, Any]) -> None:
         """A table to copy again that was dropped since its event: its rows cannot be read back, and
         the table ends dropped (its DROP, later in the queue, is the last word on it): dropped now."""
         self.target.schema_event(table, {"kind": "dropped", "tag": event.get("tag"), "sql": event.get("sql"),
                                          "schema": table.structure.schema, "name": table.structure.name})
-        if not dropped_already:
-            self.target.drop_table(table)
+        self.target.drop_table(table)
         del self._following[table.table_id]
 
     def _held_by_copy(self, table: TargetTable, event: tuple[int, int, int, Any, str], data: str | None,
@@ -724,18 +738,20 @@ class Consumer:
                 self._join_back(table, pending, stats)
             return True
         assert self.source is not None
-        current = next((t for t in self.source.tables(self.queue) if t.table_id == table.table_id), None)
-        if current is not None and current.structure is not None:   # (dropped since: its DROP follows)
+        listed = self.source.table(self.queue, table.table_id)
+        if listed is None or listed.structure is None:
+            return True   # dropped since: its DROP follows
+        with self._snapshot_of(listed) as snap:
+            if snap is None:
+                return True
             pending.keys.pop(table.table_id, None)
             if isinstance(self.target, RecordsOrigin):
                 self.target.event(tick_id, ev_id, txid, ev_time)
             self.target.truncate(table)
-            self._captured[table.table_id] = current
-            copied = self.copy_table(current)
-            if copied is None:
-                self._dropped_since(table, {})
-            else:
-                self._following[table.table_id] = copied
+            if snap.table.name != table.source_name:   # renamed since
+                self.target.drop_table(table)
+            self._captured[table.table_id] = snap.table
+            self._following[table.table_id] = self.copy_table(snap)
         return True
 
     def _join_back(self, table: TargetTable, pending: _PendingKeys, stats: BatchStats) -> bool:

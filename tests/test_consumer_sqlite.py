@@ -559,6 +559,40 @@ def test_a_table_dropped_or_renamed_while_its_initial_copy_starts_is_replicated_
     assert_replica_equals_source(conn, replica, [(f"public.{name}", name, ["id"]) for name in ["a", *replicated]])
 
 
+def test_a_table_renamed_while_its_copy_again_starts_is_replicated_under_its_new_name_alone(dsn, conn, source,
+                                                                                           tmp_path):
+    """A RENAME that commits after the consumer read a rewrite's schema event, before the copy again
+    read the table (here: holding the lock the copy waits for): the replica kept the old table, empty,
+    beside the copy under the new name, both with the table's id (a table created later under the old
+    name was then never copied: its name held by the stale one)."""
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
+    conn.execute("INSERT INTO t SELECT g, g FROM generate_series(1, 20) g")
+    source.create_queue("q")
+    source.add_table("q", "t")
+    replica = tmp_path / "r.db"
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    conn.execute("ALTER TABLE t ALTER COLUMN v TYPE bigint")   # a rewrite: the replica is copied again
+    with psycopg.connect(dsn) as ddl_session:
+        ddl_session.execute("ALTER TABLE t RENAME TO t2")   # its lock held until the commit below
+        consumer = subprocess.Popen([str(REPLICATOR), "consume", "q", "--target", f"sqlite:{replica}",
+                                     "--until-caught-up"], env=cli_env(dsn), stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                            "AND application_name = 'replicator copy'").fetchone()[0], 60,
+                       "the copy again to wait for the lock the RENAME holds",
+                       check=lambda: consumer.poll() is None or pytest.fail(consumer.stderr.read()))
+            ddl_session.commit()
+            _, stderr = consumer.communicate(timeout=60)
+        finally:
+            consumer.kill()
+    assert consumer.returncode == 0, stderr
+    conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO t VALUES (1, 'new')")
+    source.add_table("q", "t")
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    assert_replica_equals_source(conn, replica, [("public.t2", "t2", ["id"]), ("public.t", "t", ["id"])])
+
+
 # PK-only tables ------------------------------------------------------------------------------
 
 def test_pk_mode_applies_current_source_rows_for_collapsed_keys(dsn, conn, source, tmp_path):

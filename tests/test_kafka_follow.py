@@ -101,7 +101,7 @@ def follower_daemon(url: str, target: str, log: Path, *args: str) -> Daemon:
 
 
 def follower_positions(path: Path, prefix: str) -> dict[str, int]:
-    """What a follower stored in its SQLite target: TOPIC:PARTITION → the next offset, and "tick"."""
+    """What a follower stored in its SQLite target: TOPIC:PARTITION → the next offset, "tick" and "commit"."""
     if not path.exists():
         return {}
     db = sqlite_reader(path)
@@ -441,9 +441,9 @@ def _oracle_example(dsn: str, url: str, tmp: Path, seeds: list[int], ddl_order: 
             # a follower SIGTERMed before its start installed its handler dies of the signal: the one
             # restarted last terminates once it applied all the publisher committed
             bootstrap, _, prefix = url.removeprefix("kafka://").partition("/")
-            published = (last_commit(bootstrap, prefix) or {}).get("tick", 0)
-            wait_until(lambda: follower_positions(live, prefix).get("tick", 0) >= published, 120,
-                       f"the follower to apply tick {published}", check=lambda: alive(follower))
+            published = (last_commit(bootstrap, prefix) or {}).get("commit", 0)
+            wait_until(lambda: follower_positions(live, prefix).get("commit", 0) >= published, 120,
+                       f"the follower to apply commit {published}", check=lambda: alive(follower))
             assert follower.terminate() == 0, follower.log()
         finally:
             for daemon in (follower, publisher, ticker):

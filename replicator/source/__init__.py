@@ -233,11 +233,13 @@ class Source:
     def tables(self, queue: str | None = None) -> list[CapturedTable]:
         if queue is not None:
             self.queue_id(queue)
-        rows = self._rows("SELECT * FROM replicator.table_info(%s)", (queue,))
-        return [CapturedTable(queue_name=r["queue_name"], table_id=r["table_id"], name=r["table_name"],
-                              mode=r["mode"], key=r["key"], ignore=r["ignore"], row_filter=r["row_filter"],
-                              columns=r["columns"], oid=r["table_oid"], structure=r["structure"],
-                              suspended=r["suspended"], old_rows=r["old_rows"], capture=r["capture"]) for r in rows]
+        return [_captured_table(r) for r in self._rows("SELECT * FROM replicator.table_info(%s)", (queue,))]
+
+    def table(self, queue: str, table_id: int) -> CapturedTable | None:
+        """One table of the queue, None when the queue captures it no more (table_info, a SQL function,
+        is inlined: its structure is read for this table alone)."""
+        rows = self._rows("SELECT * FROM replicator.table_info(%s) WHERE table_id = %s", (queue, table_id))
+        return _captured_table(rows[0]) if rows else None
 
     def rows_per_statement(self, queue: str | None = None) -> dict[int, float]:
         """Mean rows per statement of each captured table with row events in the
@@ -392,3 +394,10 @@ class Source:
 
     def finish_batch(self, batch_id: int) -> bool:
         return self._value(bool, "SELECT replicator.finish_batch(%s)", (batch_id,))
+
+
+def _captured_table(r: dict[str, Any]) -> CapturedTable:
+    return CapturedTable(queue_name=r["queue_name"], table_id=r["table_id"], name=r["table_name"], mode=r["mode"],
+                         key=r["key"], ignore=r["ignore"], row_filter=r["row_filter"], columns=r["columns"],
+                         oid=r["table_oid"], structure=r["structure"], suspended=r["suspended"],
+                         old_rows=r["old_rows"], capture=r["capture"])

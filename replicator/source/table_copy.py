@@ -25,6 +25,7 @@ from replicator.source import CapturedTable, Source, db
 from replicator.structure import RowsDecoder, TableStructure, parse_json
 
 COPY_CHUNK_ROWS = 5000
+TICK_WAIT = 30.0   # seconds a copy waits for the queue another session holds
 
 log = logging.getLogger("replicator")
 
@@ -107,7 +108,9 @@ class SnapshotCopy:
             self.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             self.conn.read_only = True
             try:
-                self.conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(sql.SQL(name[0])))
+                # ONLY: enough to hold off a DROP or RENAME of it; PostgreSQL 12 would check the role's
+                # privileges on every descendant too (the copy reads them through the table's)
+                self.conn.execute(sql.SQL("LOCK TABLE ONLY {} IN ACCESS SHARE MODE").format(sql.SQL(name[0])))
             except psycopg.errors.UndefinedTable:   # dropped or renamed since: read its name again
                 self.conn.rollback()
                 self.conn.autocommit = True
@@ -127,8 +130,7 @@ class SnapshotCopy:
         """The table as the snapshot shows it captured: a RENAME or ALTER committed since it was listed is
         in the copy, and its schema event, visible in the snapshot, is skipped with the copy's other
         events. (A table removed from the queue meanwhile is copied as listed.)"""
-        source = Source(self.conn, check_installed=False)
-        current = next((t for t in source.tables(self.table.queue_name) if t.table_id == self.table.table_id), None)
+        current = Source(self.conn, check_installed=False).table(self.table.queue_name, self.table.table_id)
         if current is not None and current.structure is not None:
             self.table = current
             self.structure = TableStructure.from_source(current.structure, current.columns, current.key)
@@ -166,9 +168,13 @@ def durable_tick(dsn: str, queue: str) -> int:
     flushes every commit the snapshot shows, and its txid, at or above the
     snapshot's xmax, is never given again. Another ticker's tick may predate the
     snapshot: wait for one of our own."""
+    deadline = time.monotonic() + TICK_WAIT
     with db.open_connection(db.resolve_dsn(dsn), application_name="replicator copy") as conn:
         source = Source(conn, check_installed=False)
         while (tick := source.tick(queue, force=True)) is None:
+            if time.monotonic() > deadline:   # the caller's copy holds a table lock: give it up, try again later
+                raise psycopg.OperationalError(f"queue {queue} held by another session for {TICK_WAIT:g}s: "
+                                               f"the copy is tried again")
             time.sleep(0.01)
         return tick
 
