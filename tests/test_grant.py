@@ -20,14 +20,19 @@ def test_granted_role_consumes_but_cannot_write_the_queue(dsn, conn, source, tmp
     conn.execute(f'CREATE ROLE "{role}" LOGIN')
     conn.execute('CREATE TABLE "Odd table" (id int PRIMARY KEY, v text)')
     conn.execute('CREATE SCHEMA "Sales s"; CREATE TABLE "Sales s".t (id int PRIMARY KEY)')   # not the role's
+    # granted on the parent alone: the copy reads (and locks) it, not its partitions by name
+    conn.execute("CREATE TABLE parts (id int PRIMARY KEY) PARTITION BY RANGE (id);"
+                 "CREATE TABLE parts_low PARTITION OF parts FOR VALUES FROM (0) TO (100)")
     source.create_queue("q")
     source.add_table("q", '"Odd table"')
     source.add_table("q", '"Sales s".t')
-    conn.execute("""INSERT INTO "Odd table" VALUES (1, 'a'), (2, 'b'); INSERT INTO "Sales s".t VALUES (7)""")
+    source.add_table("q", "parts")
+    conn.execute("""INSERT INTO "Odd table" VALUES (1, 'a'), (2, 'b'); INSERT INTO "Sales s".t VALUES (7);
+                    INSERT INTO parts VALUES (3)""")
 
     granted = subprocess.run([REPLICATOR, "--dsn", dsn, "grant", role], capture_output=True, text=True)
     assert granted.returncode == 0, granted.stderr
-    assert "2 captured table" in granted.stdout
+    assert "3 captured table" in granted.stdout
 
     replica = tmp_path / "replica.db"
     consumed = subprocess.run([REPLICATOR, "--dsn", _as(dsn, role), "consume", "q", "--target",
@@ -40,6 +45,7 @@ def test_granted_role_consumes_but_cannot_write_the_queue(dsn, conn, source, tmp
     with sqlite3.connect(replica) as db:
         assert db.execute('SELECT id, v FROM "Odd table" ORDER BY id').fetchall() == [(1, "a"), (2, "c")]
         assert db.execute('SELECT id FROM "Sales s__t"').fetchall() == [(7,)]
+        assert db.execute("SELECT id FROM parts").fetchall() == [(3,)]
 
     with psycopg.connect(_as(dsn, role), autocommit=True) as reader:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -56,6 +62,7 @@ def test_granted_role_consumes_but_cannot_write_the_queue(dsn, conn, source, tmp
     conn.execute(f'DROP OWNED BY "{role}"')
     conn.execute(f'DROP ROLE "{role}"')
     conn.execute('DROP SCHEMA "Sales s" CASCADE')
+    conn.execute("DROP TABLE parts")
 
 
 def test_grant_to_an_unknown_role_is_one_clear_error(dsn):
