@@ -523,6 +523,25 @@ def test_table_added_while_the_daemon_runs_is_copied_and_followed(dsn, conn, sou
     assert "Traceback" not in daemon.log()
 
 
+def consume_while_a_ddl_holds_the_copy(dsn: str, conn: psycopg.Connection, replica: Path, ddl: str) -> None:
+    """`consume --until-caught-up` while DDL run in another session holds its table's lock: the DDL
+    commits once the consumer's copy waits for that lock."""
+    with psycopg.connect(dsn) as ddl_session:
+        ddl_session.execute(ddl)   # its lock held until the commit below
+        consumer = subprocess.Popen([str(REPLICATOR), "consume", "q", "--target", f"sqlite:{replica}",
+                                     "--until-caught-up"], env=cli_env(dsn), stderr=subprocess.PIPE, text=True)
+        try:
+            wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                            "AND application_name = 'replicator copy'").fetchone()[0], 60,
+                       f"the copy to wait for the lock {ddl} holds",
+                       check=lambda: consumer.poll() is None or pytest.fail(consumer.stderr.read()))
+            ddl_session.commit()
+            _, stderr = consumer.communicate(timeout=60)
+        finally:
+            consumer.kill()
+    assert consumer.returncode == 0, stderr
+
+
 @pytest.mark.parametrize(("ddl", "replicated"), [("DROP TABLE b", []), ("ALTER TABLE b RENAME TO b2", ["b2"])])
 def test_a_table_dropped_or_renamed_while_its_initial_copy_starts_is_replicated_as_the_source_ends(
         dsn, conn, source, tmp_path, ddl, replicated):
@@ -538,20 +557,7 @@ def test_a_table_dropped_or_renamed_while_its_initial_copy_starts_is_replicated_
     source.add_table("q", "b")
     conn.execute("INSERT INTO b VALUES (2, 'queued'); INSERT INTO a VALUES (2, 'queued')")
     replica = tmp_path / "r.db"
-    with psycopg.connect(dsn) as ddl_session:
-        ddl_session.execute(ddl)   # its lock held until the commit below
-        consumer = subprocess.Popen([str(REPLICATOR), "consume", "q", "--target", f"sqlite:{replica}",
-                                     "--until-caught-up"], env=cli_env(dsn), stderr=subprocess.PIPE, text=True)
-        try:
-            wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                            "AND application_name = 'replicator copy'").fetchone()[0], 60,
-                       "the copy to wait for the lock the DDL holds",
-                       check=lambda: consumer.poll() is None or pytest.fail(consumer.stderr.read()))
-            ddl_session.commit()
-            _, stderr = consumer.communicate(timeout=60)
-        finally:
-            consumer.kill()
-    assert consumer.returncode == 0, stderr
+    consume_while_a_ddl_holds_the_copy(dsn, conn, replica, ddl)
     for name in replicated:
         conn.execute(f"INSERT INTO {name} VALUES (3, 'after')")
     assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
@@ -572,20 +578,7 @@ def test_a_table_renamed_while_its_copy_again_starts_is_replicated_under_its_new
     replica = tmp_path / "r.db"
     assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
     conn.execute("ALTER TABLE t ALTER COLUMN v TYPE bigint")   # a rewrite: the replica is copied again
-    with psycopg.connect(dsn) as ddl_session:
-        ddl_session.execute("ALTER TABLE t RENAME TO t2")   # its lock held until the commit below
-        consumer = subprocess.Popen([str(REPLICATOR), "consume", "q", "--target", f"sqlite:{replica}",
-                                     "--until-caught-up"], env=cli_env(dsn), stderr=subprocess.PIPE, text=True)
-        try:
-            wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                            "AND application_name = 'replicator copy'").fetchone()[0], 60,
-                       "the copy again to wait for the lock the RENAME holds",
-                       check=lambda: consumer.poll() is None or pytest.fail(consumer.stderr.read()))
-            ddl_session.commit()
-            _, stderr = consumer.communicate(timeout=60)
-        finally:
-            consumer.kill()
-    assert consumer.returncode == 0, stderr
+    consume_while_a_ddl_holds_the_copy(dsn, conn, replica, "ALTER TABLE t RENAME TO t2")
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     conn.execute("INSERT INTO t VALUES (1, 'new')")
     source.add_table("q", "t")
