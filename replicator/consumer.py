@@ -448,6 +448,7 @@ class Consumer:
         known = {t.table_id: t for t in self.target.tables().values()}
         by_name = self.target.tables()
         self._deferred = False
+        copied_as: dict[int, CapturedTable] = {}   # as the copy's snapshot shows them (a --where altered since)
         for table in captured:
             if table.table_id not in known and table.structure is not None:
                 holder = by_name.get(table.name)
@@ -462,11 +463,12 @@ class Consumer:
                     with self._snapshot_of(table) as snap:
                         if snap is not None:   # (a table dropped since is not replicated: its events went with it)
                             self.copy_table(snap)
+                            copied_as[table.table_id] = snap.table
                     self.target.commit()
                 except BaseException:
                     self.target.rollback()
                     raise
-        self._captured = {t.table_id: t for t in captured}
+        self._captured = {t.table_id: copied_as.get(t.table_id, t) for t in captured}
         # Tables no queue captures any more (dropped, removed) are still followed: their
         # last events, a DROP's S event among them, are still in the queue.
         still_captured = {t.table_id for t in self.source.tables()}
