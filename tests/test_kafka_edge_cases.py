@@ -22,7 +22,14 @@ from typing import Any
 import psycopg
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from consumer_helpers import Daemon, run_cli, run_cli_in_process, sqlite_reader, wait_until
 from kafka_helpers import FETCH_WAIT
@@ -154,6 +161,34 @@ def test_a_partition_read_to_its_end_keeps_its_end_while_nothing_new_comes(
         assert partitions.end(tp) == end
     finally:
         partitions.consumer.close()
+
+
+def test_a_follower_behind_by_longer_than_its_topics_keep_tombstones_stops_in_one_line(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path) -> None:
+    """follower.py _check_tombstones_kept(): once Kafka has cleaned a delete's record and then its
+    tombstone (delete.retention.ms after compaction reached it), a follower that had not read them keeps
+    the row, silently. A follower whose next commit is older than the topics keep tombstones stops
+    before it, saying to rebuild it (here the topic keeps them 1 ms: every commit is older)."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    db = tmp_path / "follower.db"
+    assert follow(dsn, url, f"sqlite:{db}").returncode == 0
+    topic = f"{kafka_prefix}.public.orders"
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    entry = ConfigEntry("delete.retention.ms", "1", incremental_operation=AlterConfigOpType.SET)
+    for future in admin.incremental_alter_configs([ConfigResource(ResourceType.TOPIC, topic,
+                                                                  incremental_configs=[entry])]).values():
+        future.result()
+    conn.execute("DELETE FROM orders WHERE id = 3")
+    publish(dsn, url)
+    result = follow(dsn, url, f"sqlite:{db}")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "longer than its topics keep a delete's tombstone (delete.retention.ms" in result.stderr.splitlines()[-1]
+    assert 3 in replica(db, "orders")   # nothing of the commit applied
+    fresh = tmp_path / "fresh.db"
+    assert follow(dsn, url, f"sqlite:{fresh}").returncode == 0   # a new follower bootstraps
+    assert sorted(replica(fresh, "orders")) == [1, 2, 4, 5]
 
 
 READ_AGAIN = """

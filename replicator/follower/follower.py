@@ -57,6 +57,7 @@ from replicator.targets.kafka.state import (
     located,
     partition_bounds,
     sequence_of,
+    tombstones_kept_ms,
     transactions,
     where,
 )
@@ -234,6 +235,8 @@ class Follower:
         self._envelopes: dict[int, TableEnvelope] = {}
         self._envelope_settings = EnvelopeSettings(prefix=settings.prefix, database="")   # as the commits give
         self._unreachable: str | None = None   # why Kafka is unreachable, while it is
+        # how long the table topics it has read keep a tombstone (None: a bootstrap, which needs none)
+        self._tombstones_kept_ms: int | None = None
         self._probed = 0.0                       # when it was last asked whether it is back
 
     def _follow_tables(self) -> None:
@@ -379,12 +382,33 @@ class Follower:
                                 f"partition holds offsets {low} to {high}: the topics of {self.settings.name} were "
                                 f"deleted and made anew, or records it had not read were deleted; follow into a new "
                                 f"target (a new follower bootstraps from the topics)")
+        try:
+            self._tombstones_kept_ms = tombstones_kept_ms(
+                self.settings, (topic for topic, _ in stored if (topic, 0) not in (self._state, self._schema)))
+        except KafkaException as exc:
+            raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
+
+    def _check_tombstones_kept(self, commit: Commit) -> None:
+        """Stops before a commit older than the topics keep tombstones (less a tenth, at most an hour, for
+        the clocks of the publisher's host and this one): Kafka may have cleaned a delete published since
+        the follower last read, record and tombstone, and the follower would keep the row deleted."""
+        kept = self._tombstones_kept_ms
+        if kept is None:
+            return
+        age = time.time() * 1000 - commit.ts_ms
+        if age > kept - min(kept // 10, 3600 * 1000):
+            raise UserError(f"{self.target.name} is behind {self.settings.name} by commit {commit.number}, "
+                            f"published {age / 3600000:.1f} h ago, longer than its topics keep a delete's "
+                            f"tombstone (delete.retention.ms {kept / 3600000:g} h): deletes since may be gone from "
+                            f"them, their rows kept here; follow into a new target (a new follower bootstraps from "
+                            f"the topics), and raise delete.retention.ms on the topics to stop for longer")
 
     def _next_goal(self) -> tuple[Commit, dict[Partition, int]] | None:
         """The commits to apply next (about BATCH_RECORDS records), as their last commit and the last
         offset of each partition at it."""
         if not self._commits:
             return None
+        self._check_tombstones_kept(self._commits[0])
         records = 0
         taken = 0
         for commit in self._commits:

@@ -32,7 +32,9 @@ from typing import Any
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # (OffsetSpec is not in its __all__)
     AdminClient,
+    ConfigResource,
     OffsetSpec,
+    ResourceType,
 )
 
 from replicator.errors import UserError
@@ -283,6 +285,23 @@ def partition_bounds(settings: KafkaSettings, partitions: Iterable[tuple[str, in
             if exc.args[0].code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
                 raise
     return bounds
+
+
+def tombstones_kept_ms(settings: KafkaSettings, topics: Iterable[str]) -> int | None:
+    """How long the topics keep a delete's tombstone once compaction reaches it (the least of their
+    delete.retention.ms), asked in one request; None when none of them exists."""
+    wanted = [ConfigResource(ResourceType.TOPIC, topic) for topic in sorted(set(topics))]
+    if not wanted:
+        return None
+    kept = []
+    admin = settings.make(AdminClient)   # (kept while its answers come: a client destroyed drops them)
+    for future in admin.describe_configs(wanted, request_timeout=READ_TIMEOUT).values():
+        try:
+            kept.append(int(future.result()["delete.retention.ms"].value))
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+    return min(kept, default=None)
 
 
 def _check_offsets(settings: KafkaSettings, commit: Commit, topic: str) -> None:
