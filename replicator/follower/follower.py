@@ -63,7 +63,7 @@ from replicator.targets.kafka.state import (
 )
 from replicator.targets.kafka.topics import schema_topic, state_topic, table_topic
 from replicator.targets.protocol import Row, Target, TargetTable
-from replicator.wording import counted
+from replicator.wording import counted, format_age
 
 log = logging.getLogger("replicator")
 Sequenced = tuple[tuple[int, int], Message]   # a record read, after its (commit, index) from its SEQUENCE header
@@ -388,27 +388,31 @@ class Follower:
         except KafkaException as exc:
             raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
 
-    def _check_tombstones_kept(self, commit: Commit) -> None:
-        """Stops before a commit older than the topics keep tombstones (less a tenth, at most an hour, for
-        the clocks of the publisher's host and this one): Kafka may have cleaned a delete published since
-        the follower last read, record and tombstone, and the follower would keep the row deleted."""
+    def _check_tombstones_kept(self) -> None:
+        """Stops before a commit that wrote table topics, older than they keep tombstones (less a tenth, at
+        most an hour, for the clocks of the publisher's host and this one): Kafka may have cleaned a delete
+        published since the follower last read, record and tombstone, and the follower would keep the
+        row deleted. (Commits of an idle queue write no table topic.)"""
         kept = self._tombstones_kept_ms
         if kept is None:
+            return
+        commit = next((c for c in self._commits if c.written is None or set(c.written) - {self._schema[0]}), None)
+        if commit is None:
             return
         age = time.time() * 1000 - commit.ts_ms
         if age > kept - min(kept // 10, 3600 * 1000):
             raise UserError(f"{self.target.name} is behind {self.settings.name} by commit {commit.number}, "
-                            f"published {age / 3600000:.1f} h ago, longer than its topics keep a delete's "
-                            f"tombstone (delete.retention.ms {kept / 3600000:g} h): deletes since may be gone from "
-                            f"them, their rows kept here; follow into a new target (a new follower bootstraps from "
-                            f"the topics), and raise delete.retention.ms on the topics to stop for longer")
+                            f"published {format_age(age / 1000)} ago, longer than its topics keep a delete's "
+                            f"tombstone (delete.retention.ms: {format_age(kept / 1000)}): deletes since may be gone "
+                            f"from them, their rows kept here; follow into a new target (a new follower bootstraps "
+                            f"from the topics), and raise delete.retention.ms on the topics to stop for longer")
 
     def _next_goal(self) -> tuple[Commit, dict[Partition, int]] | None:
         """The commits to apply next (about BATCH_RECORDS records), as their last commit and the last
         offset of each partition at it."""
         if not self._commits:
             return None
-        self._check_tombstones_kept(self._commits[0])
+        self._check_tombstones_kept()
         records = 0
         taken = 0
         for commit in self._commits:
