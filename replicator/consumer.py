@@ -449,19 +449,25 @@ class Consumer:
         by_name = self.target.tables()
         self._deferred = False
         copied_as: dict[int, CapturedTable] = {}   # as the copy's snapshot shows them (a --where altered since)
+        def name_held(name: str, table_id: int) -> bool:
+            """Another captured table still has this name in the target: its RENAME (ALTER TABLE t
+            RENAME TO t_old; CREATE TABLE t) is in a batch not applied yet. Copy once that batch
+            has freed the name."""
+            holder = by_name.get(name)
+            return holder is not None and holder.table_id != table_id and holder.table_id in ids
+
         for table in captured:
             if table.table_id not in known and table.structure is not None:
-                holder = by_name.get(table.name)
-                if holder is not None and holder.table_id != table.table_id and holder.table_id in ids:
-                    # Another captured table still has this name in the target: its
-                    # RENAME (ALTER TABLE t RENAME TO t_old; CREATE TABLE t) is in a batch
-                    # not applied yet. Copy once that batch has freed the name.
+                if name_held(table.name, table.table_id):
                     self._deferred = True
                     continue
                 self.target.begin()
                 try:
                     with self._snapshot_of(table) as snap:
-                        if snap is not None:   # (a table dropped since is not replicated: its events went with it)
+                        # (a table dropped since is not replicated: its events went with it)
+                        if snap is not None and name_held(snap.table.name, table.table_id):
+                            self._deferred = True   # renamed since it was listed, onto such a name
+                        elif snap is not None:
                             self.copy_table(snap)
                             copied_as[table.table_id] = snap.table
                     self.target.commit()

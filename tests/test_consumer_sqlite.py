@@ -565,6 +565,28 @@ def test_a_table_dropped_or_renamed_while_its_initial_copy_starts_is_replicated_
     assert_replica_equals_source(conn, replica, [(f"public.{name}", name, ["id"]) for name in ["a", *replicated]])
 
 
+def test_a_new_table_renamed_onto_a_replicated_tables_name_while_its_copy_starts_waits_for_that_name(
+        dsn, conn, source, tmp_path):
+    """A blue/green swap that commits while the copy of the new table waits for its lock: the copy's
+    snapshot shows the new table under the name the target still gives the old one (whose RENAME is in
+    a batch not applied yet). Copied at once, it replaced the old table's replica, whose events a
+    running consumer then passed over (a later run copied it anew)."""
+    conn.execute("CREATE TABLE live (id int PRIMARY KEY, v text); CREATE TABLE green (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO live VALUES (1, 'blue'); INSERT INTO green VALUES (2, 'green')")
+    source.create_queue("q")
+    source.add_table("q", "live")
+    replica = tmp_path / "r.db"
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    source.add_table("q", "green")
+    consume_while_a_ddl_holds_the_copy(dsn, conn, replica,
+                                       "ALTER TABLE live RENAME TO blue; ALTER TABLE green RENAME TO live")
+    # the old table's replica kept, under its old name or, once the swap's events are applied, its new one
+    held = {name: sqlite_rows(replica, name, ["id"]) for name in ("live", "blue") if replica_has_table(replica, name)}
+    assert any((1,) in rows for rows in held.values()), held
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    assert_replica_equals_source(conn, replica, [("public.blue", "blue", ["id"]), ("public.live", "live", ["id"])])
+
+
 def test_a_table_renamed_while_its_copy_again_starts_is_replicated_under_its_new_name_alone(dsn, conn, source,
                                                                                            tmp_path):
     """A RENAME that commits after the consumer read a rewrite's schema event, before the copy again

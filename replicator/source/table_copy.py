@@ -136,8 +136,10 @@ class SnapshotCopy:
             self.structure = TableStructure.from_source(current.structure, current.columns, current.key)
 
     def __exit__(self, *exc: object) -> None:
-        self.conn.rollback()
-        self.conn.close()
+        try:
+            self.conn.rollback()
+        finally:
+            self.conn.close()
 
     def chunks(self) -> Iterator[list[Sequence[Any]]]:
         """Decoded rows, COPY_CHUNK_ROWS at a time, streamed with binary COPY."""
