@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC
@@ -159,25 +160,38 @@ def workers_waiting(conn: psycopg.Connection, count: int) -> Callable[[], bool]:
                                 " AND wait_event_type = 'Lock'", (WORKER,)).fetchone()[0] == count
 
 
-Action = Callable[[psycopg.Connection, psycopg.Connection], None]
+Action = Callable[[psycopg.Connection], None]
 
 
 @pytest.fixture
-def during_the_copy(monkeypatch: pytest.MonkeyPatch, dsn: str) -> Iterator[Callable[[Action], list[int]]]:
-    """Runs an action while the copy's workers run: a transaction begun after the copy's snapshot
-    holds t locked, so that no worker can read; at the copy's first progress report, once the
-    workers wait for that lock, the action runs (given that transaction's connection, and an
-    autocommit one), then the transaction commits. Returns the progress reports seen."""
+def during_the_copy(monkeypatch: pytest.MonkeyPatch, dsn: str) -> Iterator[Callable[..., list[int]]]:
+    """Runs an action (given an autocommit connection) once the copy has taken its snapshot. With
+    stall_workers, while the copy's workers wait: a LOCK TABLE t IN ACCESS EXCLUSIVE MODE queued
+    behind the copy's own lock on t holds back their reads; at the copy's first progress report, once
+    the workers wait for it, the action runs, then the LOCK is cancelled. Without, before the workers
+    start. Returns the progress reports seen."""
     holder = psycopg.connect(dsn)
     admin = psycopg.connect(dsn, autocommit=True)
     reported: list[int] = []
-    actions: list[Action] = []
+    actions: list[tuple[Action, bool]] = []
     real = parallel_copy.copy_parallel
 
-    def copy_parallel(snap, ranges, files, progress, taken):
-        action = actions.pop(0) if actions else None
-        if action is not None:
+    def lock_behind_the_copy() -> None:
+        try:
             holder.execute("LOCK TABLE t IN ACCESS EXCLUSIVE MODE")
+        except psycopg.errors.QueryCanceled:
+            holder.rollback()
+
+    def copy_parallel(snap, ranges, files, progress, taken):
+        action, stall_workers = actions.pop(0) if actions else (None, False)
+        if action is not None and not stall_workers:
+            action(admin)
+            action = None
+        queued = threading.Thread(target=lock_behind_the_copy)
+        if action is not None:
+            queued.start()
+            wait_until(lambda: admin.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                                             (holder.info.backend_pid,)).fetchone()[0], 60, "the LOCK to queue")
 
         def report(rows: int) -> None:
             nonlocal action
@@ -185,9 +199,10 @@ def during_the_copy(monkeypatch: pytest.MonkeyPatch, dsn: str) -> Iterator[Calla
                 wait_until(workers_waiting(admin, len(ranges)), 60, "the workers waiting for t")
                 action, run = None, action
                 try:
-                    run(holder, admin)
+                    run(admin)
                 finally:
-                    holder.commit()
+                    holder.cancel()
+                    queued.join()
             reported.append(rows)
             progress(rows)
 
@@ -195,8 +210,8 @@ def during_the_copy(monkeypatch: pytest.MonkeyPatch, dsn: str) -> Iterator[Calla
 
     monkeypatch.setattr(parallel_copy, "copy_parallel", copy_parallel)
 
-    def arm(action: Action) -> list[int]:
-        actions.append(action)
+    def arm(action: Action, stall_workers: bool = True) -> list[int]:
+        actions.append((action, stall_workers))
         return reported
 
     try:
@@ -210,13 +225,14 @@ def during_the_copy(monkeypatch: pytest.MonkeyPatch, dsn: str) -> Iterator[Calla
 
 def test_a_parallel_copy_of_a_table_changed_during_it_equals_the_source(dsn, conn, table, url, two_workers,
                                                                        during_the_copy):
-    def change_the_table(holder: psycopg.Connection, _: psycopg.Connection) -> None:
-        # committed after the copy's snapshot: events the consumer applies after the copy
-        holder.execute("UPDATE t SET v = 'during the copy' WHERE id % 10 = 0")   # new versions in other blocks
-        holder.execute("DELETE FROM t WHERE id % 10 = 1")
-        holder.execute("INSERT INTO t (id, v) SELECT g, 'inserted' FROM generate_series(20001, 20300) g")
+    def change_the_table(admin: psycopg.Connection) -> None:
+        # committed after the copy's snapshot, before its workers read: events the consumer applies after the copy
+        with admin.transaction():
+            admin.execute("UPDATE t SET v = 'during the copy' WHERE id % 10 = 0")   # new versions in other blocks
+            admin.execute("DELETE FROM t WHERE id % 10 = 1")
+            admin.execute("INSERT INTO t (id, v) SELECT g, 'inserted' FROM generate_series(20001, 20300) g")
 
-    reported = during_the_copy(change_the_table)
+    reported = during_the_copy(change_the_table, stall_workers=False)
     target = DeltaTarget(url)
     try:
         conn.execute("UPDATE t SET v = 'before the copy' WHERE id <= 10")   # in the copy; its event is skipped
@@ -245,7 +261,7 @@ def test_a_parallel_copy_of_a_table_changed_during_it_equals_the_source(dsn, con
 
 def test_a_worker_losing_the_source_rolls_the_copy_back_in_one_line_and_the_copy_runs_again(
         dsn, conn, table, url, two_workers, during_the_copy, caplog):
-    def terminate_a_worker(_: psycopg.Connection, admin: psycopg.Connection) -> None:
+    def terminate_a_worker(admin: psycopg.Connection) -> None:
         [(terminated,)] = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                                         " WHERE application_name = %s ORDER BY pid LIMIT 1", (WORKER,)).fetchall()
         assert terminated
@@ -271,7 +287,7 @@ def test_a_worker_losing_the_source_rolls_the_copy_back_in_one_line_and_the_copy
 
 def test_a_worker_process_killed_fails_the_copy_in_one_line_and_leaves_no_file_referenced(
         dsn, conn, table, tmp_path, two_workers, during_the_copy):
-    def kill_a_worker(_: psycopg.Connection, __: psycopg.Connection) -> None:
+    def kill_a_worker(_: psycopg.Connection) -> None:
         workers = [p for p in multiprocessing.active_children() if p.name.startswith("replicator copy worker")]
         assert len(workers) == 2, workers
         os.kill(workers[0].pid, signal.SIGKILL)
