@@ -495,6 +495,18 @@ class Consumer:
                 snap = None
             yield snap
 
+    @contextlib.contextmanager
+    def _snapshot_of_captured(self, table_id: int) -> Iterator[source_copy.SnapshotCopy | None]:
+        """_snapshot_of the table the queue captures under this id now; None when it captures it no
+        more, or the table was dropped."""
+        assert self.source is not None
+        listed = self.source.table(self.queue, table_id)
+        if listed is None or listed.structure is None:
+            yield None
+            return
+        with self._snapshot_of(listed) as snap:
+            yield snap
+
     def copy_table(self, snap: source_copy.SnapshotCopy, over_rows: bool = False) -> TargetTable:
         """(Re)creates the table in the target and copies it from the snapshot, in the target's
         open transaction. Events visible in that snapshot are skipped for the table from then on;
@@ -681,12 +693,7 @@ class Consumer:
             self._following[table.table_id] = new_table
             log.info("event %s: %s altered in place (%s)", ev_id, new_table.source_name, event.get("tag"))
             return True
-        assert self.source is not None
-        listed = self.source.table(self.queue, table.table_id)
-        if listed is None or listed.structure is None:
-            self._dropped_since(table, event)
-            return False
-        with self._snapshot_of(listed) as snap:
+        with self._snapshot_of_captured(table.table_id) as snap:
             if snap is None:
                 self._dropped_since(table, event)
                 return False
@@ -745,13 +752,9 @@ class Consumer:
             if data is not None and pending.add(table.table_id, parse_json(data), (txid, ev_time)) >= JOIN_BACK_KEYS:
                 self._join_back(table, pending, stats)
             return True
-        assert self.source is not None
-        listed = self.source.table(self.queue, table.table_id)
-        if listed is None or listed.structure is None:
-            return True   # dropped since: its DROP follows
-        with self._snapshot_of(listed) as snap:
+        with self._snapshot_of_captured(table.table_id) as snap:
             if snap is None:
-                return True
+                return True   # dropped since: its DROP follows
             pending.keys.pop(table.table_id, None)
             if isinstance(self.target, RecordsOrigin):
                 self.target.event(tick_id, ev_id, txid, ev_time)

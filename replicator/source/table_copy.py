@@ -99,31 +99,29 @@ class SnapshotCopy:
         committed after the snapshot would leave the copy nothing to read by the table's name or
         files. LOCK TABLE takes a name and no snapshot; the name is read outside the transaction,
         then checked to still be the table's once it is locked."""
+        self.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ   # (of the transactions below)
+        self.conn.read_only = True
         while True:
             name = self.conn.execute("SELECT %s::oid::regclass::text FROM pg_class WHERE oid = %s",
                                      (self.table.oid, self.table.oid)).fetchone()
             if name is None:
                 raise TableGone(f"{self.table.name} was dropped before its copy")
             self.conn.autocommit = False
-            self.conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-            self.conn.read_only = True
             try:
                 # ONLY: enough to hold off a DROP or RENAME of it; PostgreSQL 12 would check the role's
                 # privileges on every descendant too (the copy reads them through the table's)
                 self.conn.execute(sql.SQL("LOCK TABLE ONLY {} IN ACCESS SHARE MODE").format(sql.SQL(name[0])))
+                # the transaction's first query: its snapshot is the copy's
+                row = self.conn.execute("SELECT txid_current_snapshot()::text, to_regclass(%s) = %s::oid",
+                                        (name[0], self.table.oid)).fetchone()
+                assert row is not None
+                self.snapshot, locked = row
             except psycopg.errors.UndefinedTable:   # dropped or renamed since: read its name again
-                self.conn.rollback()
-                self.conn.autocommit = True
-                continue
-            # the transaction's first query: its snapshot is the copy's
-            row = self.conn.execute("SELECT txid_current_snapshot()::text, to_regclass(%s) = %s::oid",
-                                    (name[0], self.table.oid)).fetchone()
-            assert row is not None
-            self.snapshot, locked = row
+                locked = False
             if locked:
                 self._read_captured_table()
                 return
-            self.conn.rollback()   # another table took the name meanwhile
+            self.conn.rollback()   # (or another table took the name meanwhile)
             self.conn.autocommit = True
 
     def _read_captured_table(self) -> None:
