@@ -1,7 +1,8 @@
 """The daemons' Prometheus metrics and health endpoint, scraped over HTTP from the
 real console scripts: counters move with a workload, the health turns 503 when the
 source is unreachable or the lag passes --health-max-lag, and the sample alert
-rules of docs/alerts.yml name only metrics the daemons export."""
+rules of docs/alerts.yml and the Grafana dashboard of docs/grafana-dashboard.json
+query only metrics and labels the daemons export."""
 
 from __future__ import annotations
 
@@ -10,17 +11,30 @@ import re
 import socket
 import urllib.error
 import urllib.request
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
+import promql_parser
 import psycopg
 import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from consumer_helpers import Daemon, forced_tick, run_cli, sqlite_reader, wait_until
+from replicator.metrics import ConsumerMetrics, MaintMetrics, TickerMetrics
 from replicator.source import monitoring
 
-ALERTS = Path(__file__).parent.parent / "docs" / "alerts.yml"
-METRIC_NAME = re.compile(r"\breplicator_[a-z_]+")
+DOCS = Path(__file__).parent.parent / "docs"
+ALERTS = DOCS / "alerts.yml"
+DASHBOARD = DOCS / "grafana-dashboard.json"
+SCRAPE_SERIES = {"up"}                # a series Prometheus makes of each scrape
+SCRAPE_LABELS = {"job", "instance"}   # labels Prometheus puts on every series it scrapes
+GRAFANA_VARIABLE = re.compile(r"\$(?:\{(\w+)[^}]*\}|(\w+))")
+GRAFANA_RANGES = {"__rate_interval": "1m", "__interval": "1m", "__range": "1h"}
+LABEL_VALUES = re.compile(r"label_values\((.+),\s*(\w+)\)")
 
 
 class Served:
@@ -66,6 +80,103 @@ class Served:
 def _consumer_name(conn) -> str:
     return wait_until(lambda: conn.execute("SELECT consumer_name FROM replicator.consumer").fetchone(), 60,
                       "the consumer registered")[0]
+
+
+# queries of the metrics: docs/alerts.yml, docs/grafana-dashboard.json -------------------
+
+def _exported_names(dsn: str, tmp_path: Path) -> set[str]:
+    """The name of every metric the three daemons export, scraped from the real console scripts."""
+    daemons = [Served(dsn, tmp_path / "consumer.log", "consume", "q", "--target", f"sqlite:{tmp_path}/r.db"),
+               Served(dsn, tmp_path / "ticker.log", "ticker"),
+               Served(dsn, tmp_path / "maint.log", "maint")]
+    try:
+        return set().union(*(d.names() for d in daemons))
+    finally:
+        for d in daemons:
+            d.stop()
+
+
+def _exported_labels() -> dict[str, set[str]]:
+    """The label names of each sample the daemons' metrics can carry, from the exposition of their
+    registries with every series set: a daemon scraped at rest lacks some (a copy's exist only while
+    it copies, a queue's rotation counter once the queue rotated; a counter or a gauge without a
+    series exports no label name)."""
+    consumer = ConsumerMetrics("q", "c", 60)
+    consumer.applied(1, 1)
+    consumer.lag(1, 1, 1.0, 1.0)
+    consumer.copy_progress("public.t", 1, 2)
+    ticker = TickerMetrics(1)
+    ticker.ticked(1, {"q": 1.0})
+    maint = MaintMetrics(1)
+    maint.maintained(["q"], {"q": 0.0})
+    labels: dict[str, set[str]] = defaultdict(set)
+    for metrics in (consumer, ticker, maint):
+        for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+            for sample in family.samples:
+                labels[sample.name] |= sample.labels.keys()
+    return labels
+
+
+def _parsed(query: str) -> Any:
+    """A query parsed by a PromQL parser (unknown functions, argument types, syntax: an error), with
+    Grafana's variables given values of their kind: ranges a duration, the others a regular expression."""
+    return promql_parser.parse(GRAFANA_VARIABLE.sub(lambda m: GRAFANA_RANGES.get(m[1] or m[2], ".*"), query))
+
+
+def _selectors(expr: Any) -> list[Any]:
+    found: list[Any] = []
+    promql_parser.walk(expr, lambda node: found.append(node) if isinstance(node, promql_parser.VectorSelector)
+                       else None)
+    return found
+
+
+def _label_uses(expr: Any) -> list[tuple[str, str]]:
+    """(metric, label) for each label the query reads: in a selector's matchers, and in the by
+    or without of an aggregation, or the on, ignoring or group_left of a binary operation, for
+    every metric selected under it."""
+    uses: list[tuple[str, str]] = []
+
+    def visit(node: Any) -> None:
+        labels: list[str] = []
+        under: list[Any] = []
+        if isinstance(node, promql_parser.VectorSelector):
+            matchers = [*node.matchers.matchers, *(m for group in node.matchers.or_matchers for m in group)]
+            uses.extend((node.name, m.name) for m in matchers)
+        elif isinstance(node, promql_parser.AggregateExpr) and node.modifier is not None:
+            labels, under = node.modifier.labels, [node.expr]
+        elif isinstance(node, promql_parser.BinaryExpr) and node.modifier is not None:
+            matching = node.modifier.matching
+            labels = [*(matching.labels if matching else []), *(node.modifier.group_labels or [])]
+            under = [node.lhs, node.rhs]
+        uses.extend((s.name, label) for side in under for s in _selectors(side) for label in labels)
+
+    promql_parser.walk(expr, visit)
+    return uses
+
+
+def _query_problems(queries: Iterable[str], exported: set[str]) -> list[str]:
+    """What is wrong with these queries: one that does not parse, a metric the daemons do not
+    export, a label that metric does not carry."""
+    labels = _exported_labels()
+    problems = []
+    for query in queries:
+        try:
+            expr = _parsed(query)
+        except ValueError as exc:
+            problems.append(f"{query}: {exc}")
+            continue
+        problems += [f"{query}: {s.name} is not exported" for s in _selectors(expr)
+                     if s.name not in exported | SCRAPE_SERIES]
+        problems += [f"{query}: {metric} has no label {label}" for metric, label in _label_uses(expr)
+                     if label not in SCRAPE_LABELS and label not in labels.get(metric, set())]
+    return problems
+
+
+def _dashboard_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Every panel, also those a collapsed row holds."""
+    for panel in panels:
+        yield panel
+        yield from _dashboard_panels(panel.get("panels", []))
 
 
 def test_consumer_counts_what_it_copies_and_applies_reports_its_lag_and_is_healthy_when_caught_up(
@@ -164,20 +275,46 @@ def test_maint_counts_rotations_and_reports_how_overdue_a_rotation_is(dsn, conn,
         served.stop()
 
 
-def test_sample_alert_rules_parse_and_name_only_metrics_the_daemons_export(dsn, conn, queue_q, tmp_path):
+def test_sample_alert_rules_parse_and_query_only_metrics_and_labels_the_daemons_export(dsn, queue_q, tmp_path):
     rules = [rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]]
     assert {"ReplicatorConsumerLagging", "ReplicatorConsumerDown", "ReplicatorNoTicks",
             "ReplicatorRotationOverdue", "ReplicatorCopyStalled"} <= {rule["alert"] for rule in rules}
-    named = {name for rule in rules for name in METRIC_NAME.findall(rule["expr"])}
-    daemons = [Served(dsn, tmp_path / "consumer.log", "consume", "q", "--target", f"sqlite:{tmp_path}/r.db"),
-               Served(dsn, tmp_path / "ticker.log", "ticker"),
-               Served(dsn, tmp_path / "maint.log", "maint")]
-    try:
-        exported = set().union(*(d.names() for d in daemons))
-    finally:
-        for d in daemons:
-            d.stop()
-    assert named and named <= exported, named - exported
+    assert _query_problems([rule["expr"] for rule in rules], _exported_names(dsn, tmp_path)) == []
+
+
+def test_grafana_dashboard_queries_only_metrics_and_labels_the_daemons_export_and_charts_each(
+        dsn, queue_q, tmp_path):
+    dashboard = json.loads(DASHBOARD.read_text())
+    source = "${DS_PROMETHEUS}"   # an input: the importer chooses the Prometheus
+    assert [i["pluginId"] for i in dashboard["__inputs"] if f"${{{i['name']}}}" == source] == ["prometheus"]
+    every = list(_dashboard_panels(dashboard["panels"]))
+    assert len({p["id"] for p in every}) == len(every)   # Grafana tells panels apart by id
+    panels = [p for p in every if p["type"] != "row"]
+    assert panels and all(p["targets"] and p["datasource"]["uid"] == source for p in panels)
+    targets = [t for p in panels for t in p["targets"]]
+    assert all(t["expr"] and t["datasource"]["uid"] == source for t in targets)
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert {"queue", "consumer"} <= variables.keys()
+    assert all(v["datasource"]["uid"] == source for v in variables.values())
+    # label_values(selector, label) lists the label's values among the selector's series
+    found = [LABEL_VALUES.fullmatch(v["definition"]) for v in variables.values()]
+    assert all(found), [v["definition"] for v in variables.values()]
+    queries = [t["expr"] for t in targets] + [f"count by ({m[2]}) ({m[1]})" for m in found if m]
+    assert _query_problems(queries, exported := _exported_names(dsn, tmp_path)) == []
+    charted = {s.name for query in queries for s in _selectors(_parsed(query))}
+    families = {"lag": {"replicator_consumer_lag_seconds", "replicator_consumer_lag_ticks",
+                        "replicator_consumer_lag_events"},
+                "throughput": {"replicator_rows_applied_total", "replicator_events_applied_total",
+                               "replicator_batches_total"},
+                "errors": {"replicator_errors_total"},
+                "ticks": {"replicator_ticks_total", "replicator_last_tick_age_seconds"},
+                "rotation": {"replicator_rotation_overdue_seconds", "replicator_rotations_total"},
+                "copy progress": {"replicator_copy_rows", "replicator_copy_estimated_rows",
+                                  "replicator_copied_rows_total"},
+                "health": {"up"},
+                "process": {"process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"}}
+    assert {family: names - charted for family, names in families.items() if names - charted} == {}
+    assert {name for name in exported if name.startswith("replicator_")} - charted == set()
 
 
 def test_a_metrics_port_in_use_or_with_once_is_one_error_line(dsn, queue_q):
