@@ -704,12 +704,16 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
                                      "(default: $SPARK_MASTER, else local[*]).")
 @click.option("--spark-conf", multiple=True, metavar="KEY=VALUE",
               help="delta: targets: a Spark setting for the views (repeatable).")
+@click.option("--vacuum-every", metavar="DURATION",
+              help="delta: targets: between batches, VACUUM the warehouse this often (e.g. 6h, 1d; at least 1min), "
+                   "as `replicator delta vacuum` does, each table keeping its own retention; the first an interval "
+                   "after the start. Default: never (docs/delta.md).")
 @pass_ctx
 def consume(ctx: Context, queue_name: str | None, source_url: str | None, target_url: str,
             consumer_name: str | None, tables: str | None, skip_records: tuple[str, ...],
             once: bool, until_caught_up: bool, recopy: bool, poll_interval: float, stats_interval: float,
             progress_interval: float, metrics_port: int | None, metrics_address: str, health_max_lag: str,
-            spark_master: str | None, spark_conf: tuple[str, ...]) -> None:
+            spark_master: str | None, spark_conf: tuple[str, ...], vacuum_every: str | None) -> None:
     """Replicate QUEUE into a target, exactly once. Runs as a daemon unless
     --once or --until-caught-up; SIGTERM/SIGINT finish the current batch and exit 0.
     A stream to stdout without --consumer copies every table, follows the queue and
@@ -725,16 +729,19 @@ def consume(ctx: Context, queue_name: str | None, source_url: str | None, target
         replicator consume main --target jsonl:- --consumer audit_feed
         replicator consume main --target delta:/data/warehouse
         replicator consume main --target delta:s3://lake/replica
+        replicator consume main --target delta:s3://lake/replica --vacuum-every 1d
         replicator consume main --target sqlite:replica.db --recopy --until-caught-up
         replicator consume main --target sqlite:replica.db --metrics-port 9700 --health-max-lag 10min
         replicator consume main --target kafka://broker1:9092,broker2:9092/shop
         replicator consume --source kafka://broker1:9092/shop --target sqlite:cache.db --tables orders
     """
     from replicator.consumer import Consumer, check_captured
-    from replicator.targets import open_target
+    from replicator.targets import check_vacuum_every, open_target
 
     if once and until_caught_up:
         raise UserError("--once and --until-caught-up exclude each other")
+    vacuum_seconds = parse_duration(vacuum_every).total_seconds() if vacuum_every is not None else None
+    check_vacuum_every(target_url, vacuum_seconds)
     if source_url is not None:
         if queue_name is not None:
             raise UserError("give QUEUE or --source, not both: a follower of Kafka topics reads no queue")
@@ -745,7 +752,7 @@ def consume(ctx: Context, queue_name: str | None, source_url: str | None, target
                 until_caught_up=until_caught_up,
                 poll_interval=poll_interval, stats_interval=stats_interval, metrics_port=metrics_port,
                 metrics_address=metrics_address, health_max_lag=parse_duration(health_max_lag).total_seconds(),
-                spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
+                spark_master=spark_master, spark_conf=_spark_conf(spark_conf), vacuum_every=vacuum_seconds)
         return
     if queue_name is None:
         raise UserError("give the QUEUE to replicate (or --source kafka://BROKERS/PREFIX to follow a publisher)")
@@ -757,7 +764,8 @@ def consume(ctx: Context, queue_name: str | None, source_url: str | None, target
     max_lag = parse_duration(health_max_lag).total_seconds()
     with ctx.source() as source:   # a mistyped queue or table makes no target (opening one may create its file)
         check_captured(queue_name, _split(tables), source.tables(queue_name))
-    target = open_target(target_url, spark_master=spark_master, spark_conf=_spark_conf(spark_conf))
+    target = open_target(target_url, spark_master=spark_master, spark_conf=_spark_conf(spark_conf),
+                         vacuum_every=vacuum_seconds)
     consumer = Consumer(db.resolve_dsn(ctx.dsn), queue_name, target, name=consumer_name,
                         tables=_split(tables) or None, poll_interval=poll_interval, stats_interval=stats_interval,
                         recopy=recopy, progress_interval=progress_interval, health_max_lag=max_lag)
@@ -776,7 +784,8 @@ def consume(ctx: Context, queue_name: str | None, source_url: str | None, target
 def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_records: tuple[str, ...], *,
             once: bool, until_caught_up: bool,
             poll_interval: float, stats_interval: float, metrics_port: int | None, metrics_address: str,
-            health_max_lag: float, spark_master: str | None, spark_conf: dict[str, str]) -> None:
+            health_max_lag: float, spark_master: str | None, spark_conf: dict[str, str],
+            vacuum_every: float | None) -> None:
     from replicator.targets import kafka_source, open_target
 
     settings = kafka_source(source_url)
@@ -792,7 +801,7 @@ def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_rec
     wait_for_publisher(settings, stop, waits=not (once or until_caught_up))
     if stop.is_set:
         return
-    target = open_target(target_url, spark_master=spark_master, spark_conf=spark_conf)
+    target = open_target(target_url, spark_master=spark_master, spark_conf=spark_conf, vacuum_every=vacuum_every)
     try:
         follower = Follower(settings, target, tables=tables, poll_interval=poll_interval,
                             stats_interval=stats_interval, health_max_lag=health_max_lag, skip=skip_records)

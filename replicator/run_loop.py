@@ -6,7 +6,8 @@ the goal taken when the run began (until_caught_up: everything committed before 
 applied is summed up in one log line every stats_interval seconds and when it ends. When what a
 step reads or writes cannot be reached (the applier says which errors mean that), the step is
 tried again after a pause that doubles from FIRST_BACKOFF up to MAX_BACKOFF seconds; a step or a
-reconnection that succeeds brings the pause back to FIRST_BACKOFF.
+reconnection that succeeds brings the pause back to FIRST_BACKOFF. Between steps the target
+tends to itself (protocol.tend: a Delta warehouse's scheduled VACUUM).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from typing import Protocol, TypeVar
 
 from replicator.shutdown import StopFlag
-from replicator.targets.protocol import Target, settle
+from replicator.targets.protocol import Target, settle, tend
 
 log = logging.getLogger("replicator")
 
@@ -101,6 +102,7 @@ def run(applier: Applier[Stats], stop: StopFlag, *, once: bool = False, until_ca
                     applied += 1
                     summary.add(stats)
                 applier.stepped(stats)
+                tend(applier.target)   # the step's transaction is over: committed, or rolled back by a raise
                 if time.monotonic() - summary.started >= applier.stats_interval:
                     summary.flush()
                 if once or (goal is not None and applier.caught_up(goal, stats)):

@@ -1,7 +1,8 @@
 """`replicator delta vacuum`: the files no version within the retention uses are deleted, and
 only those. Real PostgreSQL, the console script, a local warehouse; the tables and their old
 versions read with delta-rs. The warehouses vacuum is run on are written by the consumer run in
-this process (what the console script runs: the tests of the command are about vacuum).
+this process (what the console script runs: the tests of the command are about vacuum); then
+the consumer's own VACUUM, `consume --vacuum-every`.
 
 Delta's rule (VACUUM, delta.deletedFileRetentionDuration): a file is deleted once no current
 version uses it and it was removed (a tombstone's deletionTimestamp) longer ago than the
@@ -10,6 +11,7 @@ retention; time travel to a version whose files are gone fails, and every later 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -22,12 +24,15 @@ pytest.importorskip("deltalake")
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from consumer_helpers import run_cli
+from consumer_helpers import Daemon, forced_tick, run_cli, wait_until
 from replicator.targets.delta import deletion_vectors
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta.storage import LocalStorage
+from replicator.targets.delta.target import DeltaTarget
 from test_delta_target import (
     CRASH_DDL,
+    _alive,
+    _position,
     assert_equal_to_source,
     consume_cli,
     consume_to_now,
@@ -403,3 +408,91 @@ def test_a_tables_retention_property_under_a_second_is_refused_in_one_line(dsn, 
     assert table_files(t) == files
     delta_rows(str(t), ["id"], before_optimize)   # the version just replaced still reads
     assert "public.t: " in vacuum_past_the_shortest(dsn, path, "public.t")
+
+
+# the consumer's own VACUUM: consume --vacuum-every -----------------------------------------------
+
+def test_a_consumer_with_vacuum_every_deletes_the_files_removed_past_their_tables_retention_and_only_them(
+        dsn, conn, source, tmp_path):
+    """The first VACUUM comes an interval (the shortest, 1min) after the start, between batches:
+    t's removed files, past t's own retention of 1s, go; u's stay (its retention is 7 days)."""
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    optimize(dsn, path)   # the files with deletion vectors of t and u rewritten: the old ones removed
+    t, u = path / "public.t", path / "public.u"
+    DeltaTable(str(t)).alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 1 seconds"})
+    removed = {name: (t / name).stat().st_size for name in table_files(t) - current_files(t)}
+    u_files = table_files(u)
+    assert removed and u_files - current_files(u)
+    daemon = Daemon(dsn, "consume", "q", "--target", f"delta:{path}", "--vacuum-every", "1min",
+                    "--poll-interval", "0.05", log=tmp_path / "consume.log")
+    try:
+        line = wait_until(lambda: next((x for x in daemon.log().splitlines() if "vacuum" in x), None), 150,
+                          "the consumer's first VACUUM", check=lambda: _alive(daemon))
+        assert f"INFO vacuum deleted {len(removed)} files ({sum(removed.values()):,} bytes) of 1 table in " in line, \
+            daemon.log()
+        assert table_files(t) == current_files(t)
+        assert table_files(u) == u_files
+        conn.execute("UPDATE t SET cnt = cnt + 1 WHERE id <= 5")   # and the consumer goes on
+        tick = forced_tick(conn)
+        wait_until(lambda: _position(path) >= tick, 60, f"tick {tick} applied", check=lambda: _alive(daemon))
+        assert daemon.terminate() == 0, daemon.log()
+    finally:
+        daemon.stop()
+    assert_equal_to_source(conn, path, ["t", "u"])
+
+
+def test_a_scheduled_vacuum_that_fails_is_one_warning_and_runs_again_an_interval_later(dsn, conn, source, tmp_path,
+                                                                                       caplog):
+    """Between batches (DeltaTarget.tend, which the run loop calls after each step): a VACUUM
+    refused (here, a table's retention property no interval) costs only space."""
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    optimize(dsn, path)
+    t = path / "public.t"
+    DeltaTable(str(t)).alter.set_table_properties({"delta.deletedFileRetentionDuration": "a while"})
+    files = table_files(t)
+    assert files - current_files(t)
+    caplog.set_level(logging.INFO, logger="replicator")
+    target = DeltaTarget(str(path), vacuum_every=0.05)
+
+    def vacuumed() -> list[logging.LogRecord]:
+        target.tend()
+        return [r for r in caplog.records if "vacuum" in r.getMessage()]
+
+    try:
+        [failed] = wait_until(vacuumed, 30, "the first VACUUM")
+        assert failed.levelno == logging.WARNING and failed.getMessage() == (
+            "vacuum failed (the consumer goes on; tried again in 50ms): public.t: delta.deletedFileRetentionDuration "
+            "is 'a while', not an interval Delta reads (e.g. 'interval 7 days'): correct the table's property")
+        assert table_files(t) == files
+        DeltaTable(str(t)).alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 1 seconds"})
+        caplog.clear()
+        # again each interval: the files removed by the OPTIMIZE are past t's retention within a second
+        wait_until(lambda: vacuumed() and table_files(t) == current_files(t), 30, "t's removed files deleted")
+        runs = [(r.levelno, r.getMessage()) for r in caplog.records]
+        assert runs and all(level == logging.INFO and message.startswith("vacuum deleted ")
+                            for level, message in runs), runs
+    finally:
+        target.close()
+    conn.execute("UPDATE t SET cnt = cnt + 1")
+    consume_to_now(dsn, path)
+    assert_equal_to_source(conn, path, ["t", "u"])
+
+
+@pytest.mark.parametrize(("target", "every", "error"), [
+    ("sqlite:{path}/replica.db", "1h", "--vacuum-every applies to a delta: target only"),
+    ("jsonl:{path}/out.jsonl", "1h", "--vacuum-every applies to a delta: target only"),
+    ("delta:{path}/wh", "59s", "--vacuum-every 59s is too often: the shortest accepted is 1min"),
+    ("delta:{path}/wh", "0", "--vacuum-every 0s is too often: the shortest accepted is 1min"),
+    ("delta:{path}/wh", "-1h", "invalid duration '-1h'"),
+    ("delta:{path}/wh", "daily", "invalid duration 'daily'"),
+])
+def test_a_vacuum_every_for_another_target_or_too_often_is_refused_in_one_line(dsn, tmp_path, target, every, error):
+    """Before the source or the target is opened: nothing created."""
+    url = target.format(path=tmp_path)
+    for what in (["q"], ["--source", "kafka://localhost:9/shop"]):   # a consumer of a queue; a follower
+        done = run_cli(dsn, "consume", *what, "--target", url, "--vacuum-every", every)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1 and error in lines[0], (done.stdout, done.stderr)
+    assert list(tmp_path.iterdir()) == []

@@ -66,6 +66,7 @@ def test_queue_create_shows_the_settings_a_queue_gets_without_them(source: Sourc
 
 
 def test_delta_help_states_the_maintenance_constants():
+    from replicator.targets import VACUUM_EVERY_MIN
     from replicator.targets.delta import maintenance
 
     assert f"past {maintenance.PURGE_RATIO:.0%}" in (_option("delta optimize", "--purge").help or "")
@@ -73,6 +74,8 @@ def test_delta_help_states_the_maintenance_constants():
     assert f"({retention} unless set)" in (_option("delta vacuum", "--retain").help or "")
     floor = format_duration(timedelta(seconds=maintenance.MIN_RETENTION))
     assert f"(at least {floor})" in (_option("delta vacuum", "--force").help or "")
+    every = format_duration(timedelta(seconds=VACUUM_EVERY_MIN))
+    assert f"at least {every}" in (_option("consume", "--vacuum-every").help or "")
     orphans = maintenance.ORPHAN_SECONDS / 86400
     assert f"the table's retention and {orphans:g} days" in " ".join((_commands(cli)["delta vacuum"].help or "").split())
 

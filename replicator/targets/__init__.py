@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from replicator.errors import UserError
 from replicator.extras import require
+from replicator.source import format_duration
 from replicator.targets.protocol import Target
 from replicator.views.protocol import ViewStore
 
@@ -27,11 +29,35 @@ if TYPE_CHECKING:
     from replicator.targets.kafka.settings import KafkaSettings
 
 
+# seconds: the shortest --vacuum-every. Each VACUUM lists every file of every table and reads each
+# log whole, between batches (they wait meanwhile), and a file becomes deletable only once its
+# table's retention (7 days unless set, at least 1s) has passed: more often would mostly list anew
+# what the last run kept, at the batches' expense (and, on object storage, in requests).
+VACUUM_EVERY_MIN = 60.0
+
+
+def check_vacuum_every(url: str, seconds: float | None) -> None:
+    """A consumer's --vacuum-every (seconds; None: no VACUUM): for a delta: target, at least
+    VACUUM_EVERY_MIN. Checked before anything is opened."""
+    if seconds is None:
+        return
+    if url.partition(":")[0] != "delta":
+        raise UserError("--vacuum-every applies to a delta: target only (VACUUM deletes the files Delta "
+                        "tables no longer use)")
+    if not seconds >= VACUUM_EVERY_MIN:
+        shown, least = (format_duration(timedelta(seconds=s)) for s in (seconds, VACUUM_EVERY_MIN))
+        raise UserError(f"--vacuum-every {shown} is too often: the shortest accepted is {least} (each VACUUM lists "
+                        f"every file of the warehouse, between batches; a file is deleted only once its table's "
+                        f"retention has passed)")
+
+
 def open_target(url: str, *, spark_master: str | None = None,
-                spark_conf: dict[str, str] | None = None) -> Target:
+                spark_conf: dict[str, str] | None = None, vacuum_every: float | None = None) -> Target:
     """sqlite:PATH (sqlite:PATH?numeric=text: numeric values as text), jsonl:-, jsonl:PATH,
     tsv:-, tsv:PATH, delta:PATH or delta:s3://BUCKET/PREFIX (Delta Lake tables; Spark, with the
-    given master and settings, only for its views), kafka://BROKERS/PREFIX (Kafka topics)."""
+    given master and settings, only for its views; VACUUM between batches every vacuum_every
+    seconds, check_vacuum_every), kafka://BROKERS/PREFIX (Kafka topics)."""
+    check_vacuum_every(url, vacuum_every)
     scheme, rest = _parse(url)
     if scheme == "sqlite":
         from replicator.targets.sqlite.target import SqliteTarget, parse_url
@@ -47,7 +73,7 @@ def open_target(url: str, *, spark_master: str | None = None,
         return StreamTarget(rest, scheme)
     require("delta", "the Delta target")
     from replicator.targets.delta.target import DeltaTarget
-    return DeltaTarget(rest, spark_master=spark_master, spark_conf=spark_conf)
+    return DeltaTarget(rest, spark_master=spark_master, spark_conf=spark_conf, vacuum_every=vacuum_every)
 
 
 def _parse(url: str) -> tuple[str, str]:

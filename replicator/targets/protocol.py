@@ -99,6 +99,15 @@ def settle(target: Target) -> None:
         method()
 
 
+def tend(target: Target) -> None:
+    """Between two steps of a run, never within a target transaction: what the target does on a
+    schedule of its own (a Delta warehouse's VACUUM every --vacuum-every). Targets with nothing
+    of the kind have no tend()."""
+    method = getattr(target, "tend", None)
+    if method is not None:
+        method()
+
+
 def queue_positions(positions: dict[str, int], queue: str) -> dict[str, int]:
     """The positions of `queue` among a target's positions stored as {"QUEUE/CONSUMER": tick}."""
     prefix = f"{queue}/"

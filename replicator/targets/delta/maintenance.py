@@ -40,7 +40,9 @@ file a running copy will commit, and no subdirectory of another tool's is walked
 into.
 
 The views' tables (replicator.targets.delta.view_table) are kept the same way:
-the consumer optimizes them after its refreshes; both commands cover them.
+the consumer optimizes them after its refreshes; both commands cover them. A
+consumer given --vacuum-every runs vacuum itself between batches
+(DeltaTarget.tend), as the command does without options.
 """
 
 from __future__ import annotations

@@ -38,10 +38,12 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replicator.errors import UserError, first_line
+from replicator.source import format_duration
 from replicator.source.monitoring import Every
 from replicator.structure import Change, TableStructure
 from replicator.targets.crash import crash_point
@@ -116,7 +118,7 @@ class DeltaTarget:
     copies_over_rows = False
 
     def __init__(self, url: str, *, spark_master: str | None = None, spark_conf: dict[str, str] | None = None,
-                 session: Callable[[], Any] | None = None) -> None:
+                 session: Callable[[], Any] | None = None, vacuum_every: float | None = None) -> None:
         url, self.portable = parse_url(url)
         self.storage: Storage = open_storage(url)
         self.name = f"delta:{self.storage.url}{TABLES_OPTION + 'portable' if self.portable else ''}"
@@ -150,6 +152,10 @@ class DeltaTarget:
         self._views_due = Every(VIEWS_DISCOVER_SECONDS)
         self._views_waiting = False
         self._views_failed = False   # Spark would not start: the views are left alone for this run
+        # VACUUM every vacuum_every seconds (None: never), the first an interval after the start: a
+        # restart puts it off again (nothing is lost: what it would delete waits for the next run)
+        self._vacuum_every = vacuum_every
+        self._vacuum_at = math.inf if vacuum_every is None else time.monotonic() + vacuum_every
         self._views_due.due()
         try:
             self._discover_views()
@@ -367,6 +373,27 @@ class DeltaTarget:
                 maintenance.clean_log(self.storage, snapshot, keep=needed.get(snapshot.table))
             except Exception as exc:   # the log stays longer: nothing lost
                 log.warning("log cleanup of %s failed: %s", snapshot.table, first_line(exc))
+
+    def tend(self) -> None:
+        """Between batches (protocol.tend): once due, VACUUM of every table, view and _replicator
+        of the warehouse, as `replicator delta vacuum` runs it (each table's own retention; a file
+        no log names only once older than 7 days: a copy's files are never taken). One line says
+        what it deleted; a failure (another writer, storage) costs only space: logged, and tried
+        again an interval later. The next is due an interval after this one ends."""
+        if self._vacuum_every is None or time.monotonic() < self._vacuum_at or self._directories is not None:
+            return   # (a transaction open: never within a batch's commits)
+        started = time.monotonic()
+        try:
+            done = maintenance.vacuum(self.storage)
+        except Exception as exc:
+            log.warning("vacuum failed (the consumer goes on; tried again in %s): %s",
+                        format_duration(timedelta(seconds=self._vacuum_every)), first_line(exc))
+        else:
+            files, size = sum(d.files for d in done), sum(d.bytes for d in done)
+            log.info("vacuum deleted %s (%s bytes) of %s in %.1fs", counted(files, "file"), f"{size:,}",
+                     counted(len(done), "table"), time.monotonic() - started)
+        finally:
+            self._vacuum_at = time.monotonic() + self._vacuum_every
 
     def rollback(self) -> None:
         for table in self._tables.values():
