@@ -706,8 +706,8 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
               help="delta: targets: a Spark setting for the views (repeatable).")
 @click.option("--vacuum-every", metavar="DURATION",
               help="delta: targets: between batches, VACUUM the warehouse this often (e.g. 6h, 1d; at least 1min), "
-                   "as `replicator delta vacuum` does, each table keeping its own retention; the first an interval "
-                   "after the start. Default: never (docs/delta.md).")
+                   "as `replicator delta vacuum` does, each table keeping its own retention; the first at the "
+                   "start. Default: never (docs/delta.md).")
 @pass_ctx
 def consume(ctx: Context, queue_name: str | None, source_url: str | None, target_url: str,
             consumer_name: str | None, tables: str | None, skip_records: tuple[str, ...],

@@ -152,10 +152,10 @@ class DeltaTarget:
         self._views_due = Every(VIEWS_DISCOVER_SECONDS)
         self._views_waiting = False
         self._views_failed = False   # Spark would not start: the views are left alone for this run
-        # VACUUM every vacuum_every seconds (None: never), the first an interval after the start: a
-        # restart puts it off again (nothing is lost: what it would delete waits for the next run)
+        # VACUUM every vacuum_every seconds (None: never), the first after the first step: what a
+        # killed run left (files no log names) goes at the next start, once past the retention
         self._vacuum_every = vacuum_every
-        self._vacuum_at = math.inf if vacuum_every is None else time.monotonic() + vacuum_every
+        self._vacuum_at = math.inf if vacuum_every is None else time.monotonic()
         self._views_due.due()
         try:
             self._discover_views()
