@@ -196,11 +196,19 @@ def transactions(messages: list[Message], end: int | None) -> tuple[list[tuple[l
     return runs, []
 
 
+# How long a broker holds a fetch that finds nothing new (librdkafka: 500 ms). A partition's end is
+# known only from such an empty answer: every read to the end (a publisher's state at its start, a
+# follower's tables, a commit checked as a transaction's end) waited it out, a follower's latency
+# too. An idle consumer asks ten times a second instead of twice; fetch.wait.max.ms overrides it.
+FETCH_WAIT_MS = 100
+
+
 def committed_consumer(settings: KafkaSettings, **extra: Any) -> Consumer:
     """A consumer of committed records only, assigned by hand, committing nothing to Kafka."""
     settings_: dict[str, Any] = {
         "group.id": "replicator", "enable.auto.commit": False, "enable.auto.offset.store": False,
-        "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest", **extra}
+        "isolation.level": "read_committed", "enable.partition.eof": True, "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": FETCH_WAIT_MS, **extra}
     return settings.make(Consumer, **settings_)
 
 
