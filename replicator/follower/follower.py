@@ -29,6 +29,7 @@ from __future__ import annotations
 import gc
 import heapq
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -74,6 +75,7 @@ COMMIT = "commit"        # and the number of the publisher's commit applied last
 RUN_ROWS = 5000          # rows applied in one target call, at most (a bootstrap reads whole tables)
 READ_COMMITS_TIMEOUT = 60.0   # seconds --until-caught-up may take to read the commits to their end
 PROBE_EVERY = 5.0        # seconds between the metadata requests that ask whether Kafka is back after an outage
+TOMBSTONES_REREAD = 600.0   # seconds between reads of the table topics' delete.retention.ms while running
 PROBE_TIMEOUT = 1.0      # seconds one may take
 START_TIMEOUT = 10.0     # seconds the first metadata request may take, at most: less when the URL's
                          # kafka.socket.timeout.ms says so (as the publisher's admin requests, topics.py)
@@ -235,8 +237,12 @@ class Follower:
         self._envelopes: dict[int, TableEnvelope] = {}
         self._envelope_settings = EnvelopeSettings(prefix=settings.prefix, database="")   # as the commits give
         self._unreachable: str | None = None   # why Kafka is unreachable, while it is
-        # how long the table topics it has read keep a tombstone (None: a bootstrap, which needs none)
+        # how long the table topics it has read keep a tombstone (None: not read yet), and when it was read
         self._tombstones_kept_ms: int | None = None
+        self._tombstones_read = -math.inf
+        # a bootstrap (no table topic read before) reads compacted topics from their start: a commit made
+        # before the run began has no tombstone it could miss (below); set by run()
+        self._bootstrap_before_ms: float | None = None
         self._probed = 0.0                       # when it was last asked whether it is back
 
     def _follow_tables(self) -> None:
@@ -363,14 +369,20 @@ class Follower:
                                     f"topics)")
                 self._commits.append(commit)
 
-    def _check_positions(self) -> None:
-        """Stops when a stored offset lies past its partition's end, or before its start: the topics were
-        deleted and made anew (or records the follower had not read were deleted)."""
+    def _stored_offsets(self) -> dict[Partition, int]:
+        """The offset the target holds of each partition the follower has read, but those of topics the
+        commits stopped listing."""
         stored: dict[Partition, int] = {}
         for name, offset in self.target.positions(self.queue).items():
             topic, _, number = name.rpartition(":")
             if topic and number.isdigit() and offset >= 0:   # not the tick, the commit number, nor unlisted
                 stored[(topic, int(number))] = offset
+        return stored
+
+    def _check_positions(self) -> None:
+        """Stops when a stored offset lies past its partition's end, or before its start: the topics were
+        deleted and made anew (or records the follower had not read were deleted)."""
+        stored = self._stored_offsets()
         try:
             bounds = partition_bounds(self.settings, stored)
         except KafkaException as exc:
@@ -382,22 +394,41 @@ class Follower:
                                 f"partition holds offsets {low} to {high}: the topics of {self.settings.name} were "
                                 f"deleted and made anew, or records it had not read were deleted; follow into a new "
                                 f"target (a new follower bootstraps from the topics)")
+        if not stored:
+            self._bootstrap_before_ms = time.time() * 1000
         try:
-            self._tombstones_kept_ms = tombstones_kept_ms(
-                self.settings, (topic for topic, _ in stored if (topic, 0) not in (self._state, self._schema)))
+            self._read_tombstones_kept()
         except KafkaException as exc:
             raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
+
+    def _read_tombstones_kept(self) -> None:
+        """How long the table topics the follower has read keep a tombstone, asked of Kafka."""
+        topics = {topic for (topic, _) in self._stored_offsets()} - {self._state[0], self._schema[0]}
+        self._tombstones_kept_ms = tombstones_kept_ms(self.settings, topics)
+        self._tombstones_read = time.monotonic()
 
     def _check_tombstones_kept(self) -> None:
         """Stops before a commit that wrote table topics, older than they keep tombstones (less a tenth, at
         most an hour, for the clocks of the publisher's host and this one): Kafka may have cleaned a delete
         published since the follower last read, record and tombstone, and the follower would keep the
-        row deleted. (Commits of an idle queue write no table topic.)"""
+        row deleted. (Commits of an idle queue write no table topic.) A bootstrap's commits made before it
+        began are not checked: a tombstone Kafka removed by then took its row's records with it (compaction
+        removed them, the older ones, when it first reached the tombstone); those made since are. The
+        topics' setting is read again every TOMBSTONES_REREAD seconds, and once a bootstrap reaches its
+        first commit made since it began (when Kafka cannot answer, the last setting read stands)."""
+        commit = next((c for c in self._commits if c.written is None or set(c.written) - {self._schema[0]}), None)
+        if commit is None or (self._bootstrap_before_ms is not None and commit.ts_ms < self._bootstrap_before_ms):
+            return
+        if self._bootstrap_before_ms is not None or time.monotonic() - self._tombstones_read > TOMBSTONES_REREAD:
+            self._bootstrap_before_ms = None
+            try:
+                self._read_tombstones_kept()
+            except KafkaException as exc:
+                log.warning("cannot read delete.retention.ms of the topics of %s (%s): read again at the next "
+                            "commit", self.settings.name, exc.args[0].str())
+                self._tombstones_read = -math.inf
         kept = self._tombstones_kept_ms
         if kept is None:
-            return
-        commit = next((c for c in self._commits if c.written is None or set(c.written) - {self._schema[0]}), None)
-        if commit is None:
             return
         age = time.time() * 1000 - commit.ts_ms
         if age > kept - min(kept // 10, 3600 * 1000):
