@@ -697,9 +697,31 @@ class Consumer:
             if snap is None:
                 self._dropped_since(table, event)
                 return False
+            if self._name_held(snap.table.name, table.table_id):
+                self._copy_once_free(table, snap.table.name, event)
+                return False
             self._copy_again(table, snap, event)
         log.info("event %s: %s copied again after %s", ev_id, snap.table.name, event.get("tag"))
         return False
+
+    def _name_held(self, name: str, table_id: int) -> bool:
+        """Another table the queue captures still has this name in the target: its RENAME is in an
+        event not applied yet (a blue/green swap)."""
+        assert self.source is not None
+        holder = self.target.tables().get(name)
+        return (holder is not None and holder.table_id != table_id
+                and holder.table_id in self.source.table_ids(self.queue))
+
+    def _copy_once_free(self, table: TargetTable, name: str, event: dict[str, Any]) -> None:
+        """A copy again that would take a name another table still has in the target (_name_held): the
+        table's replica goes, and sync_tables copies it anew once the name is free, as a new table (its
+        events until then are in that copy)."""
+        log.info("%s is copied again once %s, which another table has in %s, is free", table.source_name, name,
+                 self.target.name)
+        self._dropped_since(table, event)
+        self._captured.pop(table.table_id, None)
+        self._table_ids = None
+        self._deferred = True
 
     def _copy_again(self, table: TargetTable, snap: source_copy.SnapshotCopy, event: dict[str, Any]) -> None:
         """Replaces the table's replica by a copy from the snapshot, after its schema change."""
@@ -758,6 +780,9 @@ class Consumer:
             pending.keys.pop(table.table_id, None)
             if isinstance(self.target, RecordsOrigin):
                 self.target.event(tick_id, ev_id, txid, ev_time)
+            if self._name_held(snap.table.name, table.table_id):
+                self._copy_once_free(table, snap.table.name, {})
+                return True
             self.target.truncate(table)
             if snap.table.name != table.source_name:   # renamed since
                 self.target.drop_table(table)

@@ -608,6 +608,32 @@ def test_a_table_renamed_while_its_copy_again_starts_is_replicated_under_its_new
     assert_replica_equals_source(conn, replica, [("public.t2", "t2", ["id"]), ("public.t", "t", ["id"])])
 
 
+
+def test_a_table_copied_again_under_a_name_another_table_still_has_waits_for_that_name(dsn, conn, source, tmp_path):
+    """A blue/green swap after a rewrite of the new table, all queued: the rewrite's copy again reads
+    the new table under the name the target still gives the old one (whose RENAME is later in the
+    queue). Copied at once, it replaced the old table's replica, and the old table's RENAME then took
+    the new table's rows away under the old table's new name. Now the replica is copied anew once the
+    name is free, as a new table is."""
+    conn.execute("CREATE TABLE live (id int PRIMARY KEY, v int); CREATE TABLE green (id int PRIMARY KEY, v int)")
+    conn.execute("INSERT INTO live SELECT g, g FROM generate_series(1, 10) g")
+    conn.execute("INSERT INTO green SELECT g, -g FROM generate_series(5, 30) g")
+    source.create_queue("q")
+    source.add_table("q", "live")
+    source.add_table("q", "green")
+    replica = tmp_path / "r.db"
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    conn.execute("ALTER TABLE green ALTER COLUMN v TYPE bigint")   # a rewrite: the replica is copied again
+    conn.execute("UPDATE green SET v = v - 100 WHERE id < 10; UPDATE live SET v = 0 WHERE id = 1")
+    with conn.transaction():
+        conn.execute("ALTER TABLE live RENAME TO blue")
+        conn.execute("ALTER TABLE green RENAME TO live")
+    conn.execute("INSERT INTO live VALUES (100, 100); INSERT INTO blue VALUES (100, 100)")
+    assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
+    assert not replica_has_table(replica, "green")
+    assert_replica_equals_source(conn, replica, [("public.blue", "blue", ["id"]), ("public.live", "live", ["id"])])
+
+
 # PK-only tables ------------------------------------------------------------------------------
 
 def test_pk_mode_applies_current_source_rows_for_collapsed_keys(dsn, conn, source, tmp_path):
