@@ -115,6 +115,27 @@ def key_of(row_id: int, records: list[bytes | None]) -> int:
     return sum(1 for key in records if key is not None and json.loads(key)["payload"] == {"id": row_id})
 
 
+def keep_tombstones(bootstrap: str, topic: str, ms: int) -> None:
+    """Sets the topic's delete.retention.ms."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry("delete.retention.ms", str(ms), incremental_operation=AlterConfigOpType.SET)
+    for future in admin.incremental_alter_configs([ConfigResource(ResourceType.TOPIC, topic,
+                                                                  incremental_configs=[entry])]).values():
+        future.result()
+
+
+def bootstrapped_follower(dsn: str, url: str, db: Path, log: Path) -> Daemon:
+    """A follower daemon into SQLite file db, once it has bootstrapped the 5 rows of orders."""
+    follower = Daemon(dsn, "consume", "--source", url, "--target", f"sqlite:{db}", "--poll-interval", "0.05", log=log)
+    try:
+        wait_until(lambda: len(replica(db, "orders")) == 5, 60, "the follower's bootstrap",
+                   check=lambda: follower.alive() or pytest.fail(follower.log()))
+    except BaseException:
+        follower.stop()
+        raise
+    return follower
+
+
 # followers ---------------------------------------------------------------------------------
 
 
@@ -127,12 +148,10 @@ def test_a_running_follower_applies_what_is_published_after_it_has_caught_up(
     url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
     publish(dsn, url)
     db = tmp_path / "follower.db"
-    follower = Daemon(dsn, "consume", "--source", url, "--target", f"sqlite:{db}", "--poll-interval", "0.1",
-                      log=tmp_path / "follower.log")
+    follower = bootstrapped_follower(dsn, url, db, tmp_path / "follower.log")
     try:
         def running() -> None:
             assert follower.alive(), follower.log()
-        wait_until(lambda: len(replica(db, "orders")) == 5, 60, "the follower's bootstrap", check=running)
         conn.execute("INSERT INTO orders VALUES (6, 'later')")
         publish(dsn, url)
         wait_until(lambda: 6 in replica(db, "orders"), 60,
@@ -175,12 +194,7 @@ def test_a_follower_behind_by_longer_than_its_topics_keep_tombstones_stops_in_on
     publish(dsn, url)
     db = tmp_path / "follower.db"
     assert follow(dsn, url, f"sqlite:{db}").returncode == 0
-    topic = f"{kafka_prefix}.public.orders"
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-    entry = ConfigEntry("delete.retention.ms", "1", incremental_operation=AlterConfigOpType.SET)
-    for future in admin.incremental_alter_configs([ConfigResource(ResourceType.TOPIC, topic,
-                                                                  incremental_configs=[entry])]).values():
-        future.result()
+    keep_tombstones(kafka.bootstrap, f"{kafka_prefix}.public.orders", 1)
     publish(dsn, url)   # an idle queue's batch: a commit that wrote no table topic, applied however old
     assert follow(dsn, url, f"sqlite:{db}").returncode == 0
     conn.execute("DELETE FROM orders WHERE id = 3")
@@ -204,18 +218,10 @@ def test_a_follower_that_bootstrapped_then_falls_behind_by_longer_than_its_topic
     bootstrap goes through, the running daemon stops before the next commit, in one line."""
     url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
     publish(dsn, url)
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-    entry = ConfigEntry("delete.retention.ms", "1", incremental_operation=AlterConfigOpType.SET)
-    for future in admin.incremental_alter_configs([ConfigResource(ResourceType.TOPIC, f"{kafka_prefix}.public.orders",
-                                                                  incremental_configs=[entry])]).values():
-        future.result()
+    keep_tombstones(kafka.bootstrap, f"{kafka_prefix}.public.orders", 1)
     db = tmp_path / "follower.db"
-    follower = Daemon(dsn, "consume", "--source", url, "--target", f"sqlite:{db}", "--poll-interval", "0.05",
-                      log=tmp_path / "follower.log")
+    follower = bootstrapped_follower(dsn, url, db, tmp_path / "follower.log")
     try:
-        def running() -> None:
-            assert follower.alive(), follower.log()
-        wait_until(lambda: len(replica(db, "orders")) == 5, 60, "the follower's bootstrap", check=running)
         conn.execute("DELETE FROM orders WHERE id = 3")
         publish(dsn, url)
         wait_until(lambda: not follower.alive(), 60, "the follower to stop")
