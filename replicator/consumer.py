@@ -705,12 +705,19 @@ class Consumer:
         return False
 
     def _name_held(self, name: str, table_id: int) -> bool:
-        """Another table the queue captures still has this name in the target: its RENAME is in an
-        event not applied yet (a blue/green swap)."""
+        """Whether another table the queue captures has this name in the target, as the batch applied so
+        far left it: its RENAME is in an event not applied yet (a blue/green swap). A table the queue no
+        longer captures that has it (dropped, its DROP later in the queue) yields it, as to an initial
+        copy (sync_tables), and is followed no more: its last events would act on the copy now under its
+        name."""
         assert self.source is not None
-        holder = self.target.tables().get(name)
-        return (holder is not None and holder.table_id != table_id
-                and holder.table_id in self.source.table_ids(self.queue))
+        holder = next((t for t in self._following.values() if t.source_name == name and t.table_id != table_id), None)
+        if holder is None:
+            return False
+        if holder.table_id in self.source.table_ids(self.queue):
+            return True
+        del self._following[holder.table_id]
+        return False
 
     def _copy_once_free(self, table: TargetTable, name: str, event: dict[str, Any]) -> None:
         """A copy again that would take a name another table still has in the target (_name_held): the

@@ -178,10 +178,11 @@ def spark(spark_sessions: SparkSessions) -> object:
     return spark_sessions.healthy()
 
 
-# A consumer at a partition's end hears so when the broker's long poll (fetch.wait.max.ms, 500 ms by
-# default) comes back empty: every read to the end (a publisher's start, a follower's step) waits that
-# long. replicator's clients in the tests, the commands' too, take a short one from the environment
-# (a setting users may give as well, docs/kafka.md).
+# A consumer at a partition's end hears so when the broker's long poll (fetch.wait.max.ms: 100 ms as
+# replicator sets it, 500 ms librdkafka's default) comes back empty: every read to the end (a
+# publisher's start, a follower's step) waits that long. replicator's clients in the tests, the
+# commands' too, take a shorter one from the environment (a setting users may give as well,
+# docs/kafka.md).
 KAFKA_CLIENT_ENV = {"REPLICATOR_KAFKA_FETCH_WAIT_MAX_MS": "50"}
 
 

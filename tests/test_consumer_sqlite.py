@@ -609,12 +609,15 @@ def test_a_table_renamed_while_its_copy_again_starts_is_replicated_under_its_new
 
 
 
-def test_a_table_copied_again_under_a_name_another_table_still_has_waits_for_that_name(dsn, conn, source, tmp_path):
+@pytest.mark.parametrize("swap", ["ALTER TABLE live RENAME TO blue", "DROP TABLE live"])
+def test_a_table_copied_again_under_a_name_another_table_still_has_waits_for_that_name(dsn, conn, source, tmp_path,
+                                                                                       swap):
     """A blue/green swap after a rewrite of the new table, all queued: the rewrite's copy again reads
-    the new table under the name the target still gives the old one (whose RENAME is later in the
-    queue). Copied at once, it replaced the old table's replica, and the old table's RENAME then took
-    the new table's rows away under the old table's new name. Now the replica is copied anew once the
-    name is free, as a new table is."""
+    the new table under the name the target still gives the old one (whose RENAME or DROP is later in
+    the queue). Copied at once, it replaced the old table's replica, and the old table's RENAME then
+    took the new table's rows away under the old table's new name, or its DROP dropped them. Now the
+    copy waits for a name a table the queue captures has (copied anew once it is free, as a new table
+    is), and takes one a dropped table had, whose last events then are passed over."""
     conn.execute("CREATE TABLE live (id int PRIMARY KEY, v int); CREATE TABLE green (id int PRIMARY KEY, v int)")
     conn.execute("INSERT INTO live SELECT g, g FROM generate_series(1, 10) g")
     conn.execute("INSERT INTO green SELECT g, -g FROM generate_series(5, 30) g")
@@ -626,13 +629,16 @@ def test_a_table_copied_again_under_a_name_another_table_still_has_waits_for_tha
     conn.execute("ALTER TABLE green ALTER COLUMN v TYPE bigint")   # a rewrite: the replica is copied again
     conn.execute("UPDATE green SET v = v - 100 WHERE id < 10; UPDATE live SET v = 0 WHERE id = 1")
     with conn.transaction():
-        conn.execute("ALTER TABLE live RENAME TO blue")
+        conn.execute(swap)
         conn.execute("ALTER TABLE green RENAME TO live")
-    conn.execute("INSERT INTO live VALUES (100, 100); INSERT INTO blue VALUES (100, 100)")
+    conn.execute("INSERT INTO live VALUES (100, 100)")
+    kept = [("public.live", "live", ["id"])]
+    if swap.startswith("ALTER"):
+        conn.execute("INSERT INTO blue VALUES (100, 100)")
+        kept.append(("public.blue", "blue", ["id"]))
     assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
     assert not replica_has_table(replica, "green")
-    assert_replica_equals_source(conn, replica, [("public.blue", "blue", ["id"]), ("public.live", "live", ["id"])])
-
+    assert_replica_equals_source(conn, replica, kept)
 
 # PK-only tables ------------------------------------------------------------------------------
 

@@ -237,12 +237,13 @@ class Follower:
         self._envelopes: dict[int, TableEnvelope] = {}
         self._envelope_settings = EnvelopeSettings(prefix=settings.prefix, database="")   # as the commits give
         self._unreachable: str | None = None   # why Kafka is unreachable, while it is
-        # how long the table topics it has read keep a tombstone (None: not read yet), and when it was read
+        # how long the table topics it has read keep a tombstone (None: none read), of which topics, when
         self._tombstones_kept_ms: int | None = None
+        self._tombstones_topics: set[str] = set()
         self._tombstones_read = -math.inf
-        # a bootstrap (no table topic read before) reads compacted topics from their start: a commit made
-        # before the run began has no tombstone it could miss (below); set by run()
-        self._bootstrap_before_ms: float | None = None
+        self._undescribed: set[str] = set()   # topics whose settings it may not read (said once)
+        # when a bootstrap (no table topic read before this run) began, by this host's clock
+        self._bootstrap_began_ms: float | None = None
         self._probed = 0.0                       # when it was last asked whether it is back
 
     def _follow_tables(self) -> None:
@@ -395,45 +396,48 @@ class Follower:
                                 f"deleted and made anew, or records it had not read were deleted; follow into a new "
                                 f"target (a new follower bootstraps from the topics)")
         if not stored:
-            self._bootstrap_before_ms = time.time() * 1000
+            self._bootstrap_began_ms = time.time() * 1000
         try:
             self._read_tombstones_kept()
         except KafkaException as exc:
             raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
 
     def _read_tombstones_kept(self) -> None:
-        """How long the table topics the follower has read keep a tombstone, asked of Kafka."""
+        """How long the table topics the follower has read keep a tombstone, asked of Kafka when it has read
+        another topic since, or TOMBSTONES_REREAD seconds after it last asked."""
         topics = {topic for (topic, _) in self._stored_offsets()} - {self._state[0], self._schema[0]}
-        self._tombstones_kept_ms = tombstones_kept_ms(self.settings, topics)
+        if topics == self._tombstones_topics and time.monotonic() - self._tombstones_read < TOMBSTONES_REREAD:
+            return
+        self._tombstones_kept_ms = tombstones_kept_ms(self.settings, topics, self._undescribed)
+        self._tombstones_topics = topics
         self._tombstones_read = time.monotonic()
 
     def _check_tombstones_kept(self) -> None:
         """Stops before a commit that wrote table topics, older than they keep tombstones (less a tenth, at
         most an hour, for the clocks of the publisher's host and this one): Kafka may have cleaned a delete
         published since the follower last read, record and tombstone, and the follower would keep the
-        row deleted. (Commits of an idle queue write no table topic.) A bootstrap's commits made before it
-        began are not checked: a tombstone Kafka removed by then took its row's records with it (compaction
-        removed them, the older ones, when it first reached the tombstone); those made since are. The
-        topics' setting is read again every TOMBSTONES_REREAD seconds, and once a bootstrap reaches its
-        first commit made since it began (when Kafka cannot answer, the last setting read stands)."""
+        row deleted. (Commits of an idle queue write no table topic.) A bootstrap reads compacted topics
+        from their start: it misses a tombstone only if Kafka removed it while the bootstrap ran
+        (compaction removed the row's older records with it, when it first reached it), so its commits
+        made before it began are as old as the bootstrap."""
         commit = next((c for c in self._commits if c.written is None or set(c.written) - {self._schema[0]}), None)
-        if commit is None or (self._bootstrap_before_ms is not None and commit.ts_ms < self._bootstrap_before_ms):
+        if commit is None:
             return
-        if self._bootstrap_before_ms is not None or time.monotonic() - self._tombstones_read > TOMBSTONES_REREAD:
-            self._bootstrap_before_ms = None
-            try:
-                self._read_tombstones_kept()
-            except KafkaException as exc:
-                log.warning("cannot read delete.retention.ms of the topics of %s (%s): read again at the next "
-                            "commit", self.settings.name, exc.args[0].str())
-                self._tombstones_read = -math.inf
+        try:
+            self._read_tombstones_kept()
+        except KafkaException as exc:   # the last setting read stands; asked again at the next commit
+            log.warning("cannot read delete.retention.ms of the topics of %s: %s", self.settings.name,
+                        exc.args[0].str())
         kept = self._tombstones_kept_ms
         if kept is None:
             return
-        age = time.time() * 1000 - commit.ts_ms
+        began = self._bootstrap_began_ms
+        since = began if began is not None and began > commit.ts_ms else commit.ts_ms
+        age = time.time() * 1000 - since
         if age > kept - min(kept // 10, 3600 * 1000):
             raise UserError(f"{self.target.name} is behind {self.settings.name} by commit {commit.number}, "
-                            f"published {format_age(age / 1000)} ago, longer than its topics keep a delete's "
+                            f"{'published' if since == commit.ts_ms else 'its bootstrap began'} {format_age(age / 1000)} ago, "
+                            f"longer than its topics keep a delete's "
                             f"tombstone (delete.retention.ms: {format_age(kept / 1000)}): deletes since may be gone "
                             f"from them, their rows kept here; follow into a new target (a new follower bootstraps "
                             f"from the topics), and raise delete.retention.ms on the topics to stop for longer")

@@ -295,9 +295,10 @@ def partition_bounds(settings: KafkaSettings, partitions: Iterable[tuple[str, in
     return bounds
 
 
-def tombstones_kept_ms(settings: KafkaSettings, topics: Iterable[str]) -> int | None:
+def tombstones_kept_ms(settings: KafkaSettings, topics: Iterable[str], undescribed: set[str]) -> int | None:
     """How long the topics keep a delete's tombstone once compaction reaches it (the least of their
-    delete.retention.ms), asked in one request; None when none of them exists."""
+    delete.retention.ms), asked in one request; None when none of them exists. A topic whose settings
+    may not be read is added to `undescribed`, with a warning the first time."""
     wanted = [ConfigResource(ResourceType.TOPIC, topic) for topic in sorted(set(topics))]
     if not wanted:
         return None
@@ -305,14 +306,20 @@ def tombstones_kept_ms(settings: KafkaSettings, topics: Iterable[str]) -> int | 
     admin = settings.make(AdminClient)   # (kept while its answers come: a client destroyed drops them)
     for resource, future in admin.describe_configs(wanted, request_timeout=READ_TIMEOUT).items():
         try:
-            kept.append(int(future.result()["delete.retention.ms"].value))
+            value = future.result()["delete.retention.ms"].value
         except KafkaException as exc:
-            if exc.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            if exc.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED and resource.name not in undescribed:
+                undescribed.add(resource.name)
                 log.warning("cannot read delete.retention.ms of topic %s (DescribeConfigs not granted: docs/kafka.md, "
                             "Trust model): a follower behind by longer than it keeps tombstones is not stopped",
                             resource.name)
-            elif exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            elif exc.args[0].code() not in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.UNKNOWN_TOPIC_OR_PART):
                 raise
+            continue
+        if not (value or "").isdigit():
+            raise UserError(f"Kafka says topic {resource.name} keeps tombstones {value!r} ms (delete.retention.ms), "
+                            f"not a number: check the topic's settings")
+        kept.append(int(value))
     return min(kept, default=None)
 
 
