@@ -435,9 +435,9 @@ class Follower:
         since = began if began is not None and began > commit.ts_ms else commit.ts_ms
         age = time.time() * 1000 - since
         if age > kept - min(kept // 10, 3600 * 1000):
+            when = "published" if since == commit.ts_ms else "its bootstrap began"
             raise UserError(f"{self.target.name} is behind {self.settings.name} by commit {commit.number}, "
-                            f"{'published' if since == commit.ts_ms else 'its bootstrap began'} {format_age(age / 1000)} ago, "
-                            f"longer than its topics keep a delete's "
+                            f"{when} {format_age(age / 1000)} ago, longer than its topics keep a delete's "
                             f"tombstone (delete.retention.ms: {format_age(kept / 1000)}): deletes since may be gone "
                             f"from them, their rows kept here; follow into a new target (a new follower bootstraps "
                             f"from the topics), and raise delete.retention.ms on the topics to stop for longer")
