@@ -319,6 +319,35 @@ BEGIN
 END;
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.table_drifted(t replicator.captured_table)
+RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.table_drifted(t)
+--
+--      Whether DDL that no event trigger saw changed a captured table
+--      since its record was written (replicator.sync_drifted follows it):
+--      dropped or renamed, its catalog rows changed, a member of its tree
+--      gone, or its descendants no longer those its triggers are on.
+--      Reads the catalogs only.
+--
+-- Parameters:
+--      t           - the table's replicator.captured_table row
+--
+-- Returns:
+--      true if sync_drifted has something to follow
+-- ----------------------------------------------------------------------
+BEGIN
+    RETURN NOT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                       WHERE c.oid = t.table_oid AND n.nspname::text = t.table_schema
+                         AND c.relname::text = t.table_name)
+           OR (SELECT (c.xmins, c.tids) FROM replicator.catalog_rows(t.table_oid) c)
+              IS DISTINCT FROM (t.table_catalog_xmins, t.table_catalog_tids)
+           OR replicator.tree_member_gone(t.table_storage)
+           OR replicator.capture_tree_changed(t.table_id, t.table_oid);
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.sync_drifted(p_queue_id integer)
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -339,7 +368,9 @@ LANGUAGE plpgsql AS $$
 --      matches whether event triggers capture DDL (they were disabled,
 --      dropped, or created since). A table locked by a DDL in progress, or
 --      one that cannot be followed now, is left to a later tick: ticks
---      never wait for it (lock_timeout 50ms).
+--      never wait for it (lock_timeout 50ms). The catalogs are read first,
+--      and a table's record locked (a write: a transaction id, WAL) only
+--      when it has something to follow: an idle pass writes nothing.
 --
 -- Returns:
 --      the number of tables followed, generated again or newly captured
@@ -353,9 +384,10 @@ BEGIN
     PERFORM set_config('lock_timeout', '50ms', true);
     FOR t IN SELECT * FROM replicator.captured_table
              WHERE queue_id = p_queue_id AND table_suspended IS NULL ORDER BY table_id LOOP
-        -- not while an application's statement is following the same change
-        CONTINUE WHEN NOT replicator.lock_table_record(t.table_id);
         BEGIN
+            CONTINUE WHEN NOT (t.table_guarded <> v_unseen OR (v_unseen AND replicator.table_drifted(t)));
+            -- not while an application's statement is following the same change; checked again locked
+            CONTINUE WHEN NOT replicator.lock_table_record(t.table_id);
             IF v_unseen AND (
                    -- dropped, or renamed
                    NOT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
