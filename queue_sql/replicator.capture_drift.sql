@@ -384,10 +384,11 @@ BEGIN
     PERFORM set_config('lock_timeout', '50ms', true);
     FOR t IN SELECT * FROM replicator.captured_table
              WHERE queue_id = p_queue_id AND table_suspended IS NULL ORDER BY table_id LOOP
+        -- the catalogs read first: a record is locked (a write: a transaction id, WAL) only when needed
+        CONTINUE WHEN NOT (t.table_guarded <> v_unseen OR (v_unseen AND replicator.table_drifted(t)));
+        -- not while an application's statement is following the same change; checked again locked
+        CONTINUE WHEN NOT replicator.lock_table_record(t.table_id);
         BEGIN
-            CONTINUE WHEN NOT (t.table_guarded <> v_unseen OR (v_unseen AND replicator.table_drifted(t)));
-            -- not while an application's statement is following the same change; checked again locked
-            CONTINUE WHEN NOT replicator.lock_table_record(t.table_id);
             IF v_unseen AND (
                    -- dropped, or renamed
                    NOT EXISTS (SELECT FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
