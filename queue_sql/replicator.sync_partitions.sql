@@ -1,14 +1,35 @@
+CREATE OR REPLACE FUNCTION replicator.triggered_tree(p_table_id integer)
+RETURNS oid[]
+LANGUAGE sql STABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.triggered_tree(p_table_id)
+--
+--      The tables that carry a captured table's capture triggers, its
+--      descendants when its capture was generated, in oid order.
+--
+-- Parameters:
+--      p_table_id  - replicator.captured_table id
+--
+-- Returns:
+--      their oids
+-- ----------------------------------------------------------------------
+    SELECT ARRAY(SELECT tgrelid FROM pg_trigger
+                 WHERE tgname = '_replicator_' || p_table_id || '_ins'
+                   AND tgfoid = to_regprocedure(replicator.capture_function(p_table_id) || '()')
+                 ORDER BY tgrelid);
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.capture_tree_changed(p_table_id integer, p_oid oid)
 RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
+LANGUAGE sql STABLE AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.capture_tree_changed(p_table_id, p_oid)
 --
 --      Whether a captured table's descendants (replicator.capture_tree)
---      are no longer the tables that carry its capture triggers: a
---      partition created, attached or detached, an inheritance child
---      created, INHERIT, NO INHERIT since its capture was generated.
---      Reads the catalogs only.
+--      are no longer the tables that carry its capture triggers
+--      (replicator.triggered_tree): a partition created, attached or
+--      detached, an inheritance child created, INHERIT, NO INHERIT since
+--      its capture was generated. Reads the catalogs only.
 --
 -- Parameters:
 --      p_table_id  - replicator.captured_table id
@@ -17,14 +38,8 @@ LANGUAGE plpgsql STABLE AS $$
 -- Returns:
 --      true if its capture must be generated again (replicator.sync_partitions)
 -- ----------------------------------------------------------------------
-BEGIN
-    RETURN ARRAY(SELECT d FROM replicator.capture_tree(p_oid) d ORDER BY d)
-           IS DISTINCT FROM
-           ARRAY(SELECT tgrelid FROM pg_trigger
-                 WHERE tgname = '_replicator_' || p_table_id || '_ins'
-                   AND tgfoid = to_regprocedure(replicator.capture_function(p_table_id) || '()')
-                 ORDER BY tgrelid);
-END;
+    SELECT ARRAY(SELECT d FROM replicator.capture_tree(p_oid) d ORDER BY d)
+           IS DISTINCT FROM replicator.triggered_tree(p_table_id);
 $$;
 
 CREATE OR REPLACE FUNCTION replicator.sync_partitions(p_table_id integer, p_tag text, p_sql text,
@@ -76,14 +91,11 @@ BEGIN
     IF p_check THEN
         PERFORM replicator.check_capture_tree(v_oid, v_key, v_queue, p_table_id);
     END IF;
-    IF NOT replicator.capture_tree_changed(p_table_id, v_oid) THEN
+    v_tree := ARRAY(SELECT d FROM replicator.capture_tree(v_oid) d ORDER BY d);
+    v_triggered := replicator.triggered_tree(p_table_id);
+    IF v_tree = v_triggered THEN   -- (replicator.capture_tree_changed)
         RETURN false;
     END IF;
-    v_tree := ARRAY(SELECT d FROM replicator.capture_tree(v_oid) d ORDER BY d);
-    v_triggered := ARRAY(SELECT tgrelid FROM pg_trigger
-                         WHERE tgname = '_replicator_' || p_table_id || '_ins'
-                           AND tgfoid = to_regprocedure(replicator.capture_function(p_table_id) || '()')
-                         ORDER BY tgrelid);
     IF NOT p_check THEN
         PERFORM replicator.check_capture_tree(v_oid, v_key, v_queue, p_table_id);
     END IF;
