@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -369,6 +370,32 @@ def test_a_prefix_whose_topics_kafka_reads_as_anothers_is_refused_naming_both(ka
     with pytest.raises(UserError, match=f"topic {re.escape(state_topic(second))} .*topic {re.escape(state_topic(first))}"):
         Topics(parse_url(f"kafka://{kafka.bootstrap}/{first}", environ={})).ensure(state_topic(first), STATE_CONFIG)
         topics.ensure(state_topic(second), STATE_CONFIG)
+
+
+class _CountedAdmin:
+    """The real admin client, its topic listings counted."""
+
+    def __init__(self, admin: Any) -> None:
+        self.admin, self.listings = admin, 0
+
+    def list_topics(self, *args: Any, **kwargs: Any) -> Any:
+        self.listings += 1
+        return self.admin.list_topics(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.admin, name)
+
+
+def test_creating_a_topic_per_table_lists_the_brokers_topics_a_bounded_number_of_times(kafka, kafka_prefix: str) -> None:
+    """A publisher's first copy of N tables creates N topics: listing every topic twice for each (to
+    find it, then its partitions) made that quadratic in the topics on the brokers (bin/bench-scale)."""
+    topics = Topics(parse_url(f"kafka://{kafka.bootstrap}/{kafka_prefix}", environ={}))
+    counted = topics.admin = _CountedAdmin(topics.admin)
+    names = [table_topic(kafka_prefix, "public", f"t{i}") for i in range(30)]
+    assert [topics.ensure_table(name) for name in names] == [1] * 30
+    assert counted.listings <= 2
+    assert set(names) <= set(counted.admin.list_topics(timeout=10).topics)
+    assert Topics(parse_url(f"kafka://{kafka.bootstrap}/{kafka_prefix}", environ={})).ensure_table(names[0]) == 1
 
 
 def test_two_tables_whose_topics_kafka_reads_as_one_are_refused_naming_both(dsn: str, kafka,

@@ -19,7 +19,9 @@ topic, or to colliding ones, are refused by the publisher (_claim_topic).
 from __future__ import annotations
 
 import functools
+import math
 import re
+import time
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]  # not in its stub
@@ -28,6 +30,7 @@ from replicator.errors import TargetUnavailable, UserError
 from replicator.targets.kafka.settings import KafkaSettings
 
 _NOT_IN_TOPIC = re.compile(r"[^A-Za-z0-9_-]")
+LISTING_AGE = 10.0   # seconds a listing of the topics is answered from
 ADMIN_TIMEOUT = 30.0   # at most: less when the URL's kafka.socket.timeout.ms says so
 # what an admin request fails with while the brokers are away (a restart): the batch is tried again later
 _UNREACHABLE = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT)
@@ -71,47 +74,61 @@ class Topics:
         self.admin = settings.make(AdminClient)
         self.timeout = min(ADMIN_TIMEOUT, settings.timeout)
         self._partitions: dict[str, int] = {}
+        self._listing: dict[str, int] = {}
+        self._listed_at = -math.inf
 
     def ensure(self, topic: str, config: dict[str, str], partitions: int = 1) -> int:
         """Creates topic unless it exists; returns its number of partitions."""
         if topic in self._partitions:
             return self._partitions[topic]
-        count = self._existing(topic)
+        count = self._listed(fresh=False).get(topic)
         if count is None:
-            futures = self.admin.create_topics([NewTopic(topic, num_partitions=partitions,
-                                                         replication_factor=self.settings.replication,
-                                                         config=config)], request_timeout=self.timeout)
-            try:
-                futures[topic].result(timeout=self.timeout)
-            except KafkaException as exc:
-                error = exc.args[0]
-                if error.name() == "TOPIC_ALREADY_EXISTS":
-                    pass
-                elif error.retriable() or error.code() in _UNREACHABLE:
-                    raise TargetUnavailable(f"cannot create topic {topic} at {self.settings.brokers}: "
-                                            f"{error.str()}") from None
-                else:   # refused: a policy, an ACL, a bad setting
-                    raise UserError(f"cannot create topic {topic} at {self.settings.brokers}: {error.str()}") from None
-            count = self._existing(topic) or partitions
+            self._refuse_clash(topic, self._listed(fresh=False))
+            count = self._create(topic, config, partitions)
         self._partitions[topic] = count
         return count
 
     def ensure_table(self, topic: str) -> int:
         return self.ensure(topic, TABLE_CONFIG, self.settings.partitions)
 
-    def _existing(self, topic: str) -> int | None:
+    def _create(self, topic: str, config: dict[str, str], partitions: int) -> int:
+        """Creates topic; returns its partition count (the existing topic's, when another made it meanwhile)."""
+        futures = self.admin.create_topics([NewTopic(topic, num_partitions=partitions,
+                                                     replication_factor=self.settings.replication, config=config)],
+                                           request_timeout=self.timeout)
         try:
-            # all topics: a request naming one may create it with the broker's defaults (auto.create.topics.enable)
-            metadata = self.admin.list_topics(timeout=self.timeout)
+            futures[topic].result(timeout=self.timeout)
+            return partitions
         except KafkaException as exc:
-            raise TargetUnavailable(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
-        found = metadata.topics.get(topic)
-        if found is None or found.error is not None:
-            clash = next((name for name in metadata.topics if name != topic and kafka_name(name) == kafka_name(topic)),
-                         None)
-            if clash is not None:
-                raise UserError(f"topic {topic} would collide with topic {clash} at {self.settings.brokers}: Kafka "
-                                f"reads '.' and '_' in topic names as one; publish under a prefix whose topics differ "
-                                f"in more than that (docs/kafka.md, The URL)")
-            return None
-        return len(found.partitions)
+            error = exc.args[0]
+        if error.retriable() or error.code() in _UNREACHABLE:
+            raise TargetUnavailable(f"cannot create topic {topic} at {self.settings.brokers}: {error.str()}") from None
+        listing = self._listed(fresh=True)   # the listing answered from may be older than the topic or its clash
+        if error.name() == "TOPIC_ALREADY_EXISTS":
+            return listing.get(topic, partitions)
+        self._refuse_clash(topic, listing)
+        # refused: a policy, an ACL, a bad setting
+        raise UserError(f"cannot create topic {topic} at {self.settings.brokers}: {error.str()}") from None
+
+    def _listed(self, fresh: bool) -> dict[str, int]:
+        """The partition counts of the brokers' topics, listed again when fresh or LISTING_AGE old: a copy of
+        many tables asks for a topic per table, and a listing per topic made it quadratic."""
+        if fresh or time.monotonic() - self._listed_at > LISTING_AGE:
+            try:
+                # all topics: a request naming one may create it with the broker's defaults (auto.create.topics.enable)
+                metadata = self.admin.list_topics(timeout=self.timeout)
+            except KafkaException as exc:
+                raise TargetUnavailable(f"cannot reach Kafka at {self.settings.brokers}: "
+                                        f"{exc.args[0].str()}") from None
+            self._listing = {name: len(found.partitions) for name, found in metadata.topics.items()
+                             if found.error is None}
+            self._listed_at = time.monotonic()
+        return self._listing
+
+    def _refuse_clash(self, topic: str, listing: dict[str, int]) -> None:
+        clash = next((name for name in [*listing, *self._partitions]
+                      if name != topic and kafka_name(name) == kafka_name(topic)), None)
+        if clash is not None:
+            raise UserError(f"topic {topic} would collide with topic {clash} at {self.settings.brokers}: Kafka "
+                            f"reads '.' and '_' in topic names as one; publish under a prefix whose topics differ "
+                            f"in more than that (docs/kafka.md, The URL)")
