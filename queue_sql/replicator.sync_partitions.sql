@@ -13,33 +13,16 @@ LANGUAGE sql STABLE AS $$
 -- Returns:
 --      their oids
 -- ----------------------------------------------------------------------
-    SELECT ARRAY(SELECT tgrelid FROM pg_trigger
-                 WHERE tgname = '_replicator_' || p_table_id || '_ins'
-                   AND tgfoid = to_regprocedure(replicator.capture_function(p_table_id) || '()')
-                 ORDER BY tgrelid);
-$$;
-
-CREATE OR REPLACE FUNCTION replicator.capture_tree_changed(p_table_id integer, p_oid oid)
-RETURNS boolean
-LANGUAGE sql STABLE AS $$
--- ----------------------------------------------------------------------
--- Function: replicator.capture_tree_changed(p_table_id, p_oid)
---
---      Whether a captured table's descendants (replicator.capture_tree)
---      are no longer the tables that carry its capture triggers
---      (replicator.triggered_tree): a partition created, attached or
---      detached, an inheritance child created, INHERIT, NO INHERIT since
---      its capture was generated. Reads the catalogs only.
---
--- Parameters:
---      p_table_id  - replicator.captured_table id
---      p_oid       - its table's oid
---
--- Returns:
---      true if its capture must be generated again (replicator.sync_partitions)
--- ----------------------------------------------------------------------
-    SELECT ARRAY(SELECT d FROM replicator.capture_tree(p_oid) d ORDER BY d)
-           IS DISTINCT FROM replicator.triggered_tree(p_table_id);
+    -- Found from the capture function's dependents, by pg_depend's index on what they depend
+    -- on: pg_trigger has no index on tgname, and a scan of every trigger (or of every trigger's
+    -- dependency, pg_depend's other index: hence the class compared in the join) per table made
+    -- a ticker's pass quadratic in tables.
+    SELECT ARRAY(SELECT tg.tgrelid
+                 FROM pg_depend d JOIN pg_trigger tg ON tg.oid = d.objid AND tg.tableoid = d.classid
+                 WHERE d.refclassid = 'pg_proc'::regclass
+                   AND d.refobjid = to_regprocedure(replicator.capture_function(p_table_id) || '()')
+                   AND tg.tgname = '_replicator_' || p_table_id || '_ins'
+                 ORDER BY tg.tgrelid);
 $$;
 
 CREATE OR REPLACE FUNCTION replicator.sync_partitions(p_table_id integer, p_tag text, p_sql text,
@@ -93,7 +76,7 @@ BEGIN
     END IF;
     v_tree := ARRAY(SELECT d FROM replicator.capture_tree(v_oid) d ORDER BY d);
     v_triggered := replicator.triggered_tree(p_table_id);
-    IF v_tree = v_triggered THEN   -- (replicator.capture_tree_changed)
+    IF v_tree = v_triggered THEN   -- (as replicator.drifted_tables compares them)
         RETURN false;
     END IF;
     IF NOT p_check THEN
