@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from typing import IO, Any
 
 import numpy as np
@@ -48,7 +49,7 @@ from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import rewrite
 from replicator.targets.delta import schema as delta_schema
 from replicator.targets.delta.actions import Action, Add, Metadata, Remove, Stats, configuration_of
-from replicator.targets.delta.index import KeyIndex, canonical_keys, is_integer_key
+from replicator.targets.delta.index import KeyIndex, canonical_keys, is_integer_key, key_codes, python_keys
 from replicator.targets.delta.storage import Storage
 
 FILE_ROWS = 1 << 20          # rows per data file of a copy (Spark reads a file per task: large files read fastest)
@@ -384,11 +385,11 @@ class ReplicaTable:
         if self.index is not None:
             return self.index
         structure, schema = self.structure(), self.schema()
-        index = KeyIndex(self._integer_key(structure, schema))
         file_schema = delta_schema.arrow_schema(structure, schema)
         key_fields = [file_schema.field(i) for i in structure.key_positions()]
+        index = KeyIndex(self._integer_key(structure, schema), partial(self._row_keys, key_fields))
         staged = self.staged
-        files: list[tuple[str, Any, BitMap | None]] = []
+        files: list[tuple[str, np.ndarray, BitMap | None]] = []
         committed = {} if staged is not None and staged.reset else self.snapshot.files
         for path, add in committed.items():
             files.append((path, self._file_keys(path, key_fields, index.integer), self.deletion_vector(add)))
@@ -398,11 +399,11 @@ class ReplicaTable:
         self.index = index
         return index
 
-    def _file_keys(self, path: str, key_fields: list[pa.Field], integer: bool) -> Any:
-        """The key columns of a data file (key_fields: the table's Arrow fields, with their Parquet field
-        ids; rewrite.file_columns finds them; a file written before a key column existed has none: NULL).
-        Cast to the table's types: another writer's file may hold others (Spark's INT96 timestamps are
-        naive), and keys compare by value and type."""
+    def _file_keys(self, path: str, key_fields: list[pa.Field], integer: bool) -> np.ndarray:
+        """The key codes (index.key_codes) of a data file's rows (key_fields: the table's Arrow fields,
+        with their Parquet field ids; rewrite.file_columns finds them; a file written before a key
+        column existed has none: NULL). Cast to the table's types: another writer's file may hold
+        others (Spark's INT96 timestamps are naive), and keys compare by value and type."""
         with self.storage.open_read(self.file(path)) as f:
             parquet = delta_log.parquet_file(f)
             names = rewrite.file_columns(parquet.schema_arrow, [(k.name, rewrite.field_id(k)) for k in key_fields])
@@ -410,7 +411,29 @@ class ReplicaTable:
             rows = parquet.metadata.num_rows
         columns = [table.column(n).cast(k.type) if n is not None else pa.nulls(rows, k.type)
                    for n, k in zip(names, key_fields)]
-        return canonical_keys(columns, integer)
+        return key_codes(canonical_keys(columns, integer))
+
+    def _row_keys(self, key_fields: list[pa.Field], path: str, rows: np.ndarray) -> list[Any]:
+        """The keys of rows of a data file (sorted positions) as Python values (index.python_keys),
+        read as _file_keys reads them, but only the row groups that hold the rows: what the key
+        index checks a hashed key's candidates against."""
+        with self.storage.open_read(self.file(path)) as f:
+            parquet = delta_log.parquet_file(f)
+            names = rewrite.file_columns(parquet.schema_arrow, [(k.name, rewrite.field_id(k)) for k in key_fields])
+            present = [n for n in names if n is not None]
+            parts = []
+            start = 0
+            for group in range(parquet.metadata.num_row_groups):
+                size = parquet.metadata.row_group(group).num_rows
+                low, high = np.searchsorted(rows, [start, start + size])
+                if high > low and present:
+                    read = parquet.read_row_group(group, columns=present)
+                    parts.append(read.take(pa.array(rows[low:high] - start)))
+                start += size
+        found = pa.concat_tables(parts) if parts else None
+        columns = [found.column(n).cast(k.type) if found is not None and n is not None
+                   else pa.nulls(len(rows), k.type) for n, k in zip(names, key_fields)]
+        return python_keys(columns)
 
     def _apply_changes(self, staged: Staged) -> None:
         """The staged changes into files and deletion vectors: the rows they replace or delete
