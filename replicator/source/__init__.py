@@ -252,13 +252,13 @@ class Source:
 
     # ticks and maintenance ----------------------------------------------------
 
-    def tick(self, queue: str | None = None, *, force: bool = False) -> int | None:
+    def tick(self, queue: str | None = None, *, force: bool = False, follow_ddl: bool = True) -> int | None:
         """One ticker pass: on one queue (returns the new tick id or None) or on all
         queues (returns the number of ticks). DDL run directly on captured tables where no
-        event trigger saw it is followed first, in a transaction of its own, so that the
-        tick includes what it queued (by the installing owner's ticker: a consumer's role
-        is not granted that, and its forced ticks only tick)."""
-        if self._call("SELECT has_function_privilege('replicator.follow_unseen_ddl(text)', 'EXECUTE')"):
+        event trigger saw it is followed first (unless not follow_ddl), in a transaction of
+        its own, so that the tick includes what it queued (by the installing owner's ticker:
+        a consumer's role is not granted that, and its forced ticks only tick)."""
+        if follow_ddl and self._call("SELECT has_function_privilege('replicator.follow_unseen_ddl(text)', 'EXECUTE')"):
             self._call("SELECT replicator.follow_unseen_ddl(%s)", (queue,))
         if queue is None:
             return self._maybe(int, "SELECT replicator.ticker()")

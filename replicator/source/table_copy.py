@@ -167,11 +167,13 @@ def durable_tick(dsn: str, queue: str) -> int:
     copied (their events skipped). A tick commits synchronously: its commit record
     flushes every commit the snapshot shows, and its txid, at or above the
     snapshot's xmax, is never given again. Another ticker's tick may predate the
-    snapshot: wait for one of our own."""
+    snapshot: wait for one of our own. It only ticks, as a consumer role's ticks do:
+    DDL no event trigger saw is the ticker's to follow, and following it here checked
+    every captured table at each table's copy (N² checks for a copy of N tables)."""
     deadline = time.monotonic() + TICK_WAIT
     with db.open_connection(db.resolve_dsn(dsn), application_name="replicator copy") as conn:
         source = Source(conn, check_installed=False)
-        while (tick := source.tick(queue, force=True)) is None:
+        while (tick := source.tick(queue, force=True, follow_ddl=False)) is None:
             if time.monotonic() > deadline:   # the caller's copy holds a table lock: give it up, try again later
                 raise psycopg.OperationalError(f"queue {queue} held by another session for {TICK_WAIT:g}s: "
                                                f"the copy is tried again")
