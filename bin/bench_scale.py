@@ -383,13 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep:
         console.print(f"replicas and logs in {workdir}")
     results: dict[int, dict[str, float]] = {}
-    # `table add --schema` holds about 4 locks a table to its commit: past 1,000 tables, more than the lock
-    # table holds at the default max_locks_per_transaction (64 a connection)
-    largest = max([*sizes, *args.source_only])
-    settings = {"max_locks_per_transaction": str(largest // 10)} if largest > 1000 else {}
     runs = [(n, False) for n in sizes] + [(n, True) for n in args.source_only]
     try:
-        with PgServer(settings=settings) as server, contextlib.ExitStack() as stack:
+        with PgServer() as server, contextlib.ExitStack() as stack:
             kafka = stack.enter_context(KafkaServer()) if args.kafka else None
             for n, source_only in runs:
                 try:   # a size that fails still reports what it measured, and the sizes before it
@@ -399,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                     console.print(f"[red]{n:,} tables: failed[/]: {exc}")
                 if args.json:
                     args.json.write_text(json.dumps({"python": platform.python_version(), "cpus": os.cpu_count(),
-                                                     "settings": settings, "results": results}, indent=2) + "\n")
+                                                     "results": results}, indent=2) + "\n")
         report(results)
     finally:
         if not args.keep:

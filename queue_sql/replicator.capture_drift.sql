@@ -432,7 +432,8 @@ BEGIN
     END LOOP;
     IF v_unseen THEN
         -- tables created in the queue's followed schemas since
-        v_count := v_count + replicator.follow_new_tables('UNSEEN DDL', NULL, '{}', p_queue_id);
+        v_count := v_count + replicator.follow_new_tables('UNSEEN DDL', NULL, '{}', p_queue_id,
+                                                          replicator.capture_chunk());
     END IF;
     PERFORM set_config('lock_timeout', v_lock_timeout, true);
     RETURN v_count;

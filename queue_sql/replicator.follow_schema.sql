@@ -1,9 +1,9 @@
 CREATE OR REPLACE FUNCTION replicator.follow_new_tables(p_tag text, p_sql text, p_new oid[] DEFAULT '{}',
-                                                        p_queue_id integer DEFAULT NULL)
+                                                        p_queue_id integer DEFAULT NULL, p_limit integer DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 -- ----------------------------------------------------------------------
--- Function: replicator.follow_new_tables(p_tag, p_sql, p_new, p_queue_id)
+-- Function: replicator.follow_new_tables(p_tag, p_sql, p_new, p_queue_id, p_limit)
 --
 --      Captures the tables of followed schemas that are not captured yet
 --      (created since), queueing an S event of kind 'created' for each.
@@ -24,6 +24,8 @@ LANGUAGE plpgsql AS $$
 --                    table among them that the queue cannot capture is
 --                    warned about; others are retried silently
 --      p_queue_id  - only this queue's followed schemas (NULL: every queue's)
+--      p_limit     - capture at most this many (NULL: all); the others are
+--                    left to the next call
 --
 -- Returns:
 --      the number of tables now captured
@@ -46,6 +48,7 @@ BEGIN
           AND (p_queue_id IS NULL OR s.queue_id = p_queue_id)
         ORDER BY c.oid
     LOOP
+        EXIT WHEN v_count = p_limit;
         -- Tables refused are tried again at every DDL (one may have gained a column),
         -- but warned about only by the statement that made or touched them.
         IF cardinality(replicator.comparable_columns(r.oid)) = 0 THEN
@@ -106,6 +109,23 @@ BEGIN
 END;
 $$;
 
+CREATE OR REPLACE FUNCTION replicator.capture_chunk()
+RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$
+-- ----------------------------------------------------------------------
+-- Function: replicator.capture_chunk()
+--
+--      How many tables a transaction of replicator.follow_schema or of a
+--      ticker's pass captures at most. Each holds about four locks to its
+--      commit (its table, capture function and triggers), and a server's
+--      lock table holds max_locks_per_transaction (64) x max_connections
+--      (100) by default: a schema of thousands of tables captured in one
+--      transaction failed with "out of shared memory", and slowed as the
+--      transaction grew.
+-- ----------------------------------------------------------------------
+    SELECT 500;
+$$;
+
 CREATE OR REPLACE FUNCTION replicator.follow_schema(p_queue_name text, p_schema text, p_mode text DEFAULT 'full')
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -113,7 +133,9 @@ LANGUAGE plpgsql AS $$
 -- Function: replicator.follow_schema(p_queue_name, p_schema, p_mode)
 --
 --      Captures every table of a schema into a queue, now and as they are
---      created (by the DDL event trigger, or by replicator execute).
+--      created (by the DDL event trigger, or by replicator execute). The
+--      tables there now are captured replicator.capture_chunk() a call:
+--      call it again until it captures none (`table add --schema` does).
 --
 -- Returns:
 --      the number of tables captured by this call
@@ -132,7 +154,8 @@ BEGIN
     ON CONFLICT (queue_id, schema_name) DO UPDATE SET schema_mode = excluded.schema_mode;
     RETURN replicator.follow_new_tables('FOLLOW SCHEMA', NULL,
                                         ARRAY(SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                                              WHERE n.nspname = p_schema));
+                                              WHERE n.nspname = p_schema),
+                                        NULL, replicator.capture_chunk());
 END;
 $$;
 

@@ -377,7 +377,8 @@ def table() -> None:
 @click.argument("queue_name", metavar="QUEUE")
 @click.argument("tables", nargs=-1)
 @click.option("--schema", "schemas", multiple=True,
-              help="Follow a whole schema: its tables now and those created later.")
+              help="Follow a whole schema: its tables now (500 a transaction: run again after an interruption) "
+                   "and those created later.")
 @click.option("--mode", type=click.Choice(["full", "pk"]), default="full", show_default=True,
               help="full: queue whole rows; pk: queue keys, the consumer reads rows back.")
 @click.option("--key", help="Key columns (COL,...) for a table without a primary key.")
@@ -412,12 +413,13 @@ def table_add(ctx: Context, queue_name: str, tables: tuple[str, ...], schemas: t
         raise UserError("--old-rows needs --mode full: pk mode queues keys only (the consumer reads rows back as "
                         "they are then, with no old row)")
     added = 0
-    with ctx.source() as source, source.conn.transaction():
-        for name in tables:
-            source.add_table(queue_name, name, mode=mode, key=_split(key), ignore=_split(ignore), where=where,
-                             old_rows=old_rows, capture=capture)
-            added += 1
-        for schema in schemas:
+    with ctx.source() as source:
+        with source.conn.transaction():
+            for name in tables:
+                source.add_table(queue_name, name, mode=mode, key=_split(key), ignore=_split(ignore), where=where,
+                                 old_rows=old_rows, capture=capture)
+                added += 1
+        for schema in schemas:   # a few hundred tables a transaction (Source.follow_schema)
             added += source.follow_schema(queue_name, schema, mode=mode)
     click.echo(f"{counted(added, 'table')} added to queue {queue_name}"
                + (f"; following schema {', '.join(schemas)}" if schemas else ""))

@@ -253,6 +253,24 @@ def test_a_role_holding_any_advisory_lock_cannot_stop_the_ticker(dsn, conn, q):
         assert q.tick("q", force=True) is not None
 
 
+def test_without_event_triggers_a_pass_captures_a_followed_schemas_new_tables_a_chunk_at_a_time(conn, source):
+    """Tables created in a followed schema where no event trigger sees it are captured by the ticker's
+    passes: thousands at once in one pass would exhaust the server's lock table and stop ticks."""
+    drop_event_triggers(conn)
+    conn.execute("CREATE OR REPLACE FUNCTION replicator.capture_chunk() RETURNS integer"
+                 " LANGUAGE sql IMMUTABLE AS 'SELECT 3'")
+    source.create_queue("q")
+    conn.execute("CREATE SCHEMA app")
+    source.follow_schema("q", "app")
+    for n in range(5):
+        conn.execute(f"CREATE TABLE app.t{n} (id int PRIMARY KEY)")
+    captured = []
+    for _ in range(3):
+        source.tick()
+        captured.append(len(source.tables("q")))
+    assert captured == [3, 5, 5]
+
+
 @pytest.mark.parametrize("event_triggers", [True, False], ids=["event triggers", "no event triggers"])
 def test_an_idle_ticker_pass_takes_no_transaction_id_per_captured_table(dsn, conn, source, event_triggers):
     """A pass follows DDL no event trigger saw (replicator.sync_drifted): it locked every captured

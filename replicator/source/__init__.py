@@ -201,8 +201,14 @@ class Source:
                            (queue, table, mode, key, ignore, where, set_where, old_rows, capture))
 
     def follow_schema(self, queue: str, schema: str, *, mode: str = "full") -> int:
-        """Captures every table of a schema, now and as they are created; returns how many were added."""
-        return self._value(int, "SELECT replicator.follow_schema(%s, %s, %s)", (queue, schema, mode))
+        """Captures every table of a schema, now and as they are created; returns how many were added.
+        The tables there now are captured a few hundred a transaction (replicator.capture_chunk): one
+        interrupted leaves the schema followed and the tables captured so far; calling it again captures
+        the rest."""
+        added = 0
+        while chunk := self._value(int, "SELECT replicator.follow_schema(%s, %s, %s)", (queue, schema, mode)):
+            added += chunk
+        return added
 
     def grant_consumer(self, role: str) -> int:
         """Lets a role run consumers; returns the number of captured tables it may read."""
