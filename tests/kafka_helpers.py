@@ -127,7 +127,7 @@ def last_commit(bootstrap: str, prefix: str) -> dict[str, Any] | None:
     commit: dict[str, Any] = json.loads(commits[-1].value)
     reader = consumer(bootstrap)
     try:
-        for topic, offsets in commit["offsets"].items():
+        for topic, offsets in commit["last"].items():
             for partition, offset in offsets.items():
                 where = TopicPartition(topic, int(partition))
                 wait_until(lambda: (_end_offset(reader, where) or (0,))[0] > offset, READ_TIMEOUT,
@@ -135,6 +135,19 @@ def last_commit(bootstrap: str, prefix: str) -> dict[str, Any] | None:
     finally:
         reader.close()
     return commit
+
+
+def topic_ends(bootstrap: str, prefix: str) -> dict[str, dict[str, int]]:
+    """Where the publisher's topic records say each partition ends: topic → partition → its last offset."""
+    ends: dict[str, dict[str, int]] = {}
+    for record in read_committed(bootstrap, f"__replicator.{prefix}"):
+        if (record.key or b"").startswith(b"topic:"):
+            topic = (record.key or b"")[len(b"topic:"):].decode()
+            if record.value is None:
+                ends.pop(topic, None)
+            else:
+                ends[topic] = json.loads(record.value)
+    return ends
 
 
 def replay(records: list[Record]) -> dict[str, dict[Any, dict[str, Any]]]:

@@ -23,7 +23,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from consumer_helpers import Daemon, forced_tick, run_cli, wait_until
-from kafka_helpers import SEQUENCE_HEADER, last_commit, read_committed, replay
+from kafka_helpers import SEQUENCE_HEADER, last_commit, read_committed, replay, topic_ends
 from kafkaserver import KafkaServer
 from replicator.errors import UserError
 from replicator.follower import follower as follower_module
@@ -127,12 +127,15 @@ def test_a_publisher_whose_last_commit_is_at_a_tick_the_source_consumer_is_not_a
 
 
 def transactional_write(bootstrap: str, prefix: str, commit: dict[str, Any]) -> None:
-    """A commit record written in a transaction of a transactional.id other than the publisher's."""
+    """A commit record, and a topic record for each topic it lists, written in a transaction of a
+    transactional.id other than the publisher's."""
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"other.{prefix}"})
     producer.init_transactions(30)
     producer.begin_transaction()
-    producer.produce(f"__replicator.{prefix}", json.dumps(commit).encode(), b"commit",
-                     headers=[(SEQUENCE_HEADER, b"%d.%d" % (commit["commit"], commit["records"]))])
+    records = [(b"commit", commit), *((b"topic:" + topic.encode(), parts) for topic, parts in commit["last"].items())]
+    for index, (key, value) in enumerate(records, commit["records"]):
+        producer.produce(f"__replicator.{prefix}", json.dumps(value).encode(), key,
+                         headers=[(SEQUENCE_HEADER, b"%d.%d" % (commit["commit"], index))])
     producer.commit_transaction(30)
 
 
@@ -217,7 +220,8 @@ def test_a_follower_waiting_for_offsets_no_partition_reaches_stops_on_sigterm_an
     commit = last_commit(kafka.bootstrap, kafka_prefix)
     assert commit is not None
     forged = {**commit, "commit": commit["commit"] + 1,
-              "offsets": {topic: {p: o + 1000 for p, o in parts.items()} for topic, parts in commit["offsets"].items()}}
+              "last": {topic: {p: o + 1000 for p, o in parts.items()}
+                       for topic, parts in topic_ends(kafka.bootstrap, kafka_prefix).items()}}
     transactional_write(kafka.bootstrap, kafka_prefix, forged)
     # a daemon: SIGTERM stops it promptly, its target transaction rolled back
     daemon = Daemon(dsn, "consume", "--source", url, "--target", f"sqlite:{db}", "--poll-interval", "0.05",
@@ -368,12 +372,12 @@ def test_a_follower_with_tables_does_not_apply_a_record_forged_with_the_sequence
 
 
 @pytest.mark.usefixtures("orders")
-def test_a_follower_does_not_apply_a_record_forged_with_the_sequence_of_the_tables_record(
+def test_a_follower_does_not_apply_a_record_forged_with_the_sequence_of_a_table_record(
         dsn: str, conn: psycopg.Connection, kafka: KafkaServer, kafka_prefix: str,
         tmp_path: Path) -> None:
-    """A commit that changes the tables counts the `tables` record of the state topic among its records: a
-    record of a table topic carrying that index is a duplicate, which stops the follower before it applies
-    anything of the step; passed over, the follower catches up."""
+    """A commit that changes the tables counts the `table:` record of the state topic among its records (after
+    it): a record of a table topic carrying that index is none of the commit's records before it, which stops
+    the follower before it applies anything of the step; passed over, the follower catches up."""
     url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
     publish(dsn, url)
     db = tmp_path / "f.db"
@@ -382,9 +386,9 @@ def test_a_follower_does_not_apply_a_record_forged_with_the_sequence_of_the_tabl
     conn.execute("UPDATE orders SET v = 'one' WHERE id = 1")
     publish(dsn, url)   # commit N+1 changes the tables
     state = read_committed(kafka.bootstrap, f"__replicator.{kafka_prefix}")
-    tables = [r for r in state if r.key == b"tables"][-1]
+    tables = [r for r in state if (r.key or b"").startswith(b"table:")][-1]
     number, index = tables.sequence
-    assert [r for r in state if r.key == b"commit"][-1].sequence == (number, index + 1)   # the tables record's index
+    assert [r for r in state if r.key == b"commit"][-1].sequence == (number, index - 1)   # the table record's index
     offset = forged_row(kafka.bootstrap, kafka_prefix, 1, b"%d.%d" % (number, index))
     conn.execute("INSERT INTO orders VALUES (6, 'six', 6)")
     publish(dsn, url)   # commit N+2 covers the forged record's offset
@@ -413,7 +417,7 @@ def test_passing_over_the_record_after_a_commit_no_marker_follows_does_not_make_
     row = forged_row(kafka.bootstrap, kafka_prefix, 1, b"%d.0" % number)
     state = f"__replicator.{kafka_prefix}"
     forged = {**commit, "commit": number, "records": 1,
-              "offsets": {**commit["offsets"], f"{kafka_prefix}.public.orders": {"0": row}}}
+              "last": {**commit["last"], f"{kafka_prefix}.public.orders": {"0": row}}}
     offset = plain_write(kafka.bootstrap, state, b"commit", json.dumps(forged).encode(), b"%d.1" % number)
     assert plain_write(kafka.bootstrap, state, b"x", b"{}") == offset + 1
     result = follow(dsn, url, db)

@@ -42,6 +42,7 @@ from kafka_helpers import (
     read_committed,
     replay,
     replaying,
+    topic_ends,
 )
 from kafkaserver import KafkaServer
 from pg_helpers import fresh_database
@@ -523,8 +524,8 @@ def test_schema_changes_are_records_on_the_prefix_topic_in_order_with_the_rows(d
     assert all(started <= s["ts_ms"] <= ended for s in sources), (started, [s["ts_ms"] for s in sources], ended)
 
 
-def test_the_commit_record_holds_the_source_consumers_tick_and_each_partitions_last_offset(dsn, conn, source, kafka,
-                                                                                          kafka_prefix):
+def test_the_commit_holds_the_source_consumers_tick_and_its_partitions_last_offsets_and_topic_records_every_end(
+        dsn, conn, source, kafka, kafka_prefix):
     conn.execute(TABLES_DDL)
     capture(source, "t", "u")
     target = url(kafka, kafka_prefix, "partitions=2")
@@ -539,12 +540,16 @@ def test_the_commit_record_holds_the_source_consumers_tick_and_each_partitions_l
     assert (commit["queue"], commit["consumer"], commit["tick"]) == ("q", consumer["consumer_name"],
                                                                      consumer["last_tick"])
     assert commit["envelope"] == {"schemas": True, "decimals": "precise"}
-    last_offsets: dict[str, dict[str, int]] = {}
+    last_offsets: dict[str, dict[str, int]] = {}   # of every partition
+    written: dict[str, dict[str, int]] = {}        # of the partitions the last batch wrote
     for topic in (kafka_prefix, topic_of(kafka_prefix, "t"), topic_of(kafka_prefix, "u")):
         for record in read_committed(kafka.bootstrap, topic):
             last_offsets.setdefault(topic, {})[str(record.partition)] = record.offset
-    assert commit["offsets"] == last_offsets
+            if record.sequence[0] == commit["commit"]:
+                written.setdefault(topic, {})[str(record.partition)] = record.offset
+    assert commit["last"] == written and set(written) == {topic_of(kafka_prefix, "t"), topic_of(kafka_prefix, "u")}
     assert len(last_offsets[topic_of(kafka_prefix, "t")]) == 2
+    assert topic_ends(kafka.bootstrap, kafka_prefix) == last_offsets
 
 
 def test_records_without_schemas_are_the_payload_alone(dsn, conn, source, kafka, kafka_prefix):

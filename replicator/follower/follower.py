@@ -1,13 +1,15 @@
 """A follower: applies a publisher's topics to a target of its own (SQLite, Delta, a stream),
 exactly once, without touching the source database.
 
-The publisher's commit records (replicator.targets.kafka.state) say, for each Kafka transaction, the last offset it
-wrote in each partition. The follower reads the commits that came since its position, then
-every partition it follows up to the last of them, and applies the records of all of them in
-the publisher's order (each record's SEQUENCE header): row changes, tombstones, truncates and
-the schema changes of the schema change topic, which it repeats as target calls (create, alter,
-drop). The offset after each partition's part, and the tick the publisher had reached, are
-stored in the target as positions of the queue "kafka:PREFIX" in the same target transaction.
+The publisher's commit records (replicator.targets.kafka.state) say, for each Kafka transaction,
+the last offset it wrote in each partition it wrote; its topic records, where each partition of a
+topic ends. The follower reads the commits that came since its position, then every partition
+they wrote (a new follower: every partition the topic records list) up to its end at the last of
+them, and applies the records of all of them in the publisher's order (each record's SEQUENCE
+header): row changes, tombstones, truncates and the schema changes of the schema change topic,
+which it repeats as target calls (create, alter, drop). The offset after each partition's part,
+and the tick the publisher had reached, are stored in the target as positions of the queue
+"kafka:PREFIX" in the same target transaction.
 
 A new follower starts at offset 0 of every topic: compacted table topics hold each row's
 last record (and the last truncate), the schema change topic every change, so replaying them
@@ -20,8 +22,9 @@ wrote in its partition, of a sequence read once (all checked before any is appli
 anything else stops the follower in one line naming the record (--skip-record passes over it).
 docs/kafka.md, Trust model.
 
-A topic the commits stop listing (its table dropped) may be deleted and made anew: its stored
-offset is marked, and reading it again starts where the commit that lists it again wrote.
+A topic the commits stop listing (its table dropped: a tombstone of its topic record) may be deleted
+and made anew: its stored offset is marked, and reading it again starts where the commit that lists
+it again wrote.
 """
 
 from __future__ import annotations
@@ -49,7 +52,9 @@ from replicator.targets.kafka.envelope import KEY_HEADER, OLD_ROW_HEADER, Envelo
 from replicator.targets.kafka.settings import KafkaSettings
 from replicator.targets.kafka.state import (
     COMMIT_KEY,
+    TABLE_KEY,
     TABLES_KEY,
+    TOPIC_KEY,
     Commit,
     bad_record,
     committed_consumer,
@@ -59,6 +64,7 @@ from replicator.targets.kafka.state import (
     partition_bounds,
     sequence_of,
     tombstones_kept_ms,
+    topic_from_record,
     transactions,
     where,
 )
@@ -231,6 +237,7 @@ class Follower:
                                                         "error_cb": self._client_error, **CONSUMER_SETTINGS})
         self.reader = PartitionReader(self.consumer, self._outage)
         self._commits: list[Commit] = []   # read, not applied yet
+        self._compacted: dict[str, dict[int, int] | None] = {}   # topic records of commits Kafka compacted away
         self._state_sequences: set[tuple[int, int]] = set()   # of the state topic's records but the commits
         self._unchecked: list[Message] = []   # of the state topic, read before what follows them was
         self._goal: Commit | None = None             # the last commit of the step being applied
@@ -323,7 +330,7 @@ class Follower:
         unlisted = stored < 0
         for number in sorted(self._step_commits):
             commit = self._step_commits[number]
-            if tp[0] not in commit.offsets and tp[0] not in (self._state[0], self._schema[0]):
+            if commit.lists(tp[0]) is False and tp[0] not in (self._state[0], self._schema[0]):
                 unlisted = True
             elif unlisted and commit.written is not None and tp[1] in commit.written.get(tp[0], {}):
                 return commit.written[tp[0]][tp[1]][0]
@@ -352,23 +359,38 @@ class Follower:
                 raise bad_record(run[0], "is of no transaction: no transaction marker follows it (a record another "
                                          "producer wrote in the marker's place makes a commit the publisher wrote "
                                          "look the same: pass over the commit, and that record, if so)")
+            commit: Commit | None = None   # the run's, read first (its topic records follow it)
             for message in run:
-                if message.key() == TABLES_KEY:   # counted among its commit's records: seen, read here
-                    self._state_sequences.add(sequence_of(message))
+                key = message.key() or b""
+                if key != COMMIT_KEY:
+                    if key != TABLES_KEY and not key.startswith((TABLE_KEY, TOPIC_KEY)):
+                        raise bad_record(message, "has a key no record of the state topic has")
+                    # counted among its commit's records: seen, read here
+                    number, _ = sequence = sequence_of(message)
+                    self._state_sequences.add(sequence)
+                    if key.startswith(TOPIC_KEY):
+                        topic, ends = topic_from_record(message)
+                        if commit is not None:
+                            commit.topics[topic] = ends
+                        elif number > self._last_commit():   # its commit compacted away (else: one applied)
+                            self._compacted[topic] = ends
                     continue
-                if message.key() != COMMIT_KEY:
-                    raise bad_record(message, "has a key no record of the state topic has")
                 commit = Commit.from_record(message)
                 if sequence_of(message)[0] != commit.number:
                     raise bad_record(message, f"is commit {commit.number}, but its header says another")
-                last = self._commits[-1].number if self._commits else self.target.positions(self.queue).get(COMMIT, 0)
+                last = self._last_commit()
                 if commit.number <= last:
                     raise UserError(f"commit {commit.number} ({located(message)}) comes after commit {last}: the "
                                     f"topics of {self.settings.name} were deleted and made anew (their commits number "
                                     f"from 1 again), or something else writes them; {self.target.name} holds what the "
                                     f"old ones held: follow into a new target (a new follower bootstraps from the "
                                     f"topics)")
+                commit.topics, self._compacted = self._compacted, {}
                 self._commits.append(commit)
+
+    def _last_commit(self) -> int:
+        """The number of the last commit read, or applied."""
+        return self._commits[-1].number if self._commits else self.target.positions(self.queue).get(COMMIT, 0)
 
     def _stored_offsets(self) -> dict[Partition, int]:
         """The offset the target holds of each partition the follower has read, but those of topics the
@@ -442,9 +464,10 @@ class Follower:
                             f"from them, their rows kept here; follow into a new target (a new follower bootstraps "
                             f"from the topics), and raise delete.retention.ms on the topics to stop for longer")
 
-    def _next_goal(self) -> tuple[Commit, dict[Partition, int]] | None:
-        """The commits to apply next (about BATCH_RECORDS records), as their last commit and the last
-        offset of each partition at it."""
+    def _next_goal(self) -> tuple[Commit, dict[Partition, int], set[str]] | None:
+        """The commits to apply next (about BATCH_RECORDS records), as their last commit, the last
+        offset at it of each partition they wrote (a new follower: of every partition), and the topics
+        they stop listing."""
         if not self._commits:
             return None
         self._check_tombstones_kept()
@@ -458,8 +481,16 @@ class Follower:
         goal = self._commits[taken - 1]
         self._step_commits = {c.number: c for c in self._commits[:taken]}
         del self._commits[:taken]
-        return goal, {(topic, partition): last for topic, parts in goal.offsets.items()
-                      for partition, last in parts.items()}
+        # what the commits say last of each topic: where its partitions end, None when no longer listed (a
+        # commit Kafka kept has every topic record of commits up to it that compaction left: state.py)
+        listed: dict[str, dict[int, int] | None] = {}
+        for commit in self._step_commits.values():
+            if commit.cumulative:   # a publisher's before topic records: every topic listed, the others dropped
+                listed = dict.fromkeys({t for t, _ in self._stored_offsets()}) | commit.offsets
+            listed.update(commit.topics)
+        return (goal, {(topic, partition): last for topic, parts in listed.items() if parts is not None
+                       for partition, last in parts.items()},
+                {topic for topic, parts in listed.items() if parts is None})
 
     # applying --------------------------------------------------------------------------------
 
@@ -469,7 +500,7 @@ class Follower:
         planned = self._next_goal()
         if planned is None:
             return None
-        goal, ends = planned
+        goal, ends, unlisted = planned
         self._goal = goal
         self._use_envelope(goal)
         started = time.monotonic()
@@ -495,7 +526,7 @@ class Follower:
                 stats.records = self._apply(records)
                 for tp in read:
                     self.target.set_position(self.queue, f"{tp[0]}:{tp[1]}", ends[tp] + 1)
-                self._mark_unlisted(goal)
+                self._mark_unlisted(unlisted)
                 self.target.set_position(self.queue, f"{self._state[0]}:0", goal.offset + 1)
                 self.target.set_position(self.queue, TICK, goal.tick)
                 # last: the step's own position, rising at each (a Delta table's txn version)
@@ -508,12 +539,12 @@ class Follower:
         stats.lag_seconds = max(0.0, time.time() - goal.ts_ms / 1000)
         return stats
 
-    def _mark_unlisted(self, goal: Commit) -> None:
+    def _mark_unlisted(self, unlisted: set[str]) -> None:
         """The stored offsets of topics the goal no longer lists, marked (negative, -1 - offset): the topic
         may be deleted and made anew before it is listed again (_offset)."""
         for name, offset in self.target.positions(self.queue).items():
             topic, _, number = name.rpartition(":")
-            if (topic and number.isdigit() and offset >= 0 and topic not in goal.offsets
+            if (topic and number.isdigit() and offset >= 0 and topic in unlisted
                     and topic not in (self._state[0], self._schema[0])):
                 self.target.set_position(self.queue, name, -1 - offset)
                 self.reader.forget((topic, int(number)))

@@ -2,11 +2,12 @@
 
 Each row change is a record on its table's topic (PREFIX.schema.table), key and value in
 Debezium's JSON envelope (envelope.py); each delete is followed by a tombstone; each
-schema change and table copy is a record on the schema change topic (PREFIX). The last
-record of the transaction is the commit (state.py): queue, consumer, tick, and the offsets
-the transaction wrote. It commits with the rows, so Kafka holds the position of what it
-holds: a publisher killed at any point resumes from its last commit (the consumer loop
-moves the source consumer to it), and a read_committed reader sees every change once.
+schema change and table copy is a record on the schema change topic (PREFIX). Then the
+commit (state.py): queue, consumer, tick, and the offsets the transaction wrote, followed on
+its topic by a record per table changed and per topic written. It commits with the rows, so
+Kafka holds the position of what it holds: a publisher killed at any point resumes from its
+last commit (the consumer loop moves the source consumer to it), and a read_committed reader
+sees every change once.
 
 One publisher per prefix: its transactional.id, replicator.PREFIX, fences an older one
 still running (Kafka aborts what that one had not committed).
@@ -45,7 +46,10 @@ from replicator.targets.kafka.state import (
     TABLES_KEY,
     Commit,
     PublisherState,
-    tables_to_json,
+    table_key,
+    table_to_json,
+    topic_key,
+    topic_to_json,
 )
 from replicator.targets.kafka.topics import (
     SCHEMA_CONFIG,
@@ -168,7 +172,7 @@ class KafkaTarget:
         self._errors: list[tuple[KafkaError, str, int]] = []   # the error, the record's topic and size
         self._unlocated = False   # a record of this transaction delivered at an offset Kafka did not say
         self._on_delivery = self._delivered   # (a bound method made once, not for each record)
-        self._tables_changed = False
+        self._tables_changed: set[str] = set()   # the names of the tables saved or dropped in this transaction
         # a schema event, and the event it came in, until the table call that follows it
         self._pending_event: tuple[TargetTable, dict[str, Any], _Event] | None = None
         self._event = _Event(tick=self._tick(), event=None, txid=None, ts_us=0)
@@ -207,7 +211,7 @@ class KafkaTarget:
 
     def save_table(self, table: TargetTable) -> None:
         self._tables[table.source_name] = replace(table)
-        self._tables_changed = True
+        self._tables_changed.add(table.source_name)
 
     # transactions -----------------------------------------------------------------------------
 
@@ -247,23 +251,32 @@ class KafkaTarget:
         crash_point("kafka-records-sent")
         ((key, tick),) = self._position.items()
         queue, _, consumer = key.partition("/")
-        offsets = {topic: dict(parts) for topic, parts in (self._committed.commit.offsets
-                                                           if self._committed.commit else {}).items()}
+        last: dict[str, dict[int, int]] = {}
+        written: dict[str, dict[int, tuple[int, int]]] = {}
         for (topic, partition), offset in self._offsets.items():
-            offsets.setdefault(topic, {})[partition] = offset
-        for topic in self._dropped_topics:
-            offsets.pop(topic, None)
-        if self._tables_changed:
-            self._produce(self._state_topic, TABLES_KEY, tables_to_json(self._tables))
-        # the transaction's last record on the state topic: its COMMIT marker follows it there, which
-        # followers check (state.transactions)
+            last.setdefault(topic, {})[partition] = offset
+            first, count = self._written[(topic, partition)]
+            written.setdefault(topic, {})[partition] = (first, count)
         commit = Commit(number=self._number, queue=queue, consumer=consumer, tick=tick,
-                        ts_ms=int(time.time() * 1000), offsets=offsets, envelope=self._envelope_settings,
-                        records=self._index,
-                        written={topic: {partition: (first, count) for (t, partition), (first, count)
-                                         in self._written.items() if t == topic}
-                                 for topic in {t for t, _ in self._written} - {self._state_topic}})
+                        ts_ms=int(time.time() * 1000), offsets=last, envelope=self._envelope_settings,
+                        records=self._index, written=written)
         self._produce(self._state_topic, COMMIT_KEY, commit.to_json())
+        # after the commit (state.py): a record per table changed, and per topic written (where its
+        # partitions end) or dropped; on a topic of a publisher before these records, every one of them
+        whole = self._committed.commit is not None and self._committed.commit.cumulative
+        if whole:
+            self._produce(self._state_topic, TABLES_KEY, None)
+        for name in self._tables if whole else self._tables_changed:
+            table = self._tables.get(name)
+            self._produce(self._state_topic, table_key(name), None if table is None else table_to_json(table))
+        ends = dict(self._committed.ends)
+        for topic, parts in last.items():
+            ends[topic] = {**ends.get(topic, {}), **parts}
+        for topic in self._dropped_topics:
+            ends.pop(topic, None)
+            self._produce(self._state_topic, topic_key(topic), None)
+        for topic in ends if whole else set(last) - self._dropped_topics:
+            self._produce(self._state_topic, topic_key(topic), topic_to_json(ends[topic]))
         self._flush()
         crash_point("kafka-commit-sent")
         # Once asked, Kafka may commit the batch whatever this call says: until Kafka says how the
@@ -279,8 +292,8 @@ class KafkaTarget:
                 raise
         crash_point("kafka-committed")
         self._in_transaction = False
-        self._committed = PublisherState(commit=commit, tables=dict(self._tables))
-        self._tables_changed = False
+        self._committed = PublisherState(commit=commit, tables=dict(self._tables), ends=ends)
+        self._tables_changed.clear()
 
     def rollback(self) -> None:
         """Aborts the open transaction (its records are never visible to read_committed readers);
@@ -296,7 +309,7 @@ class KafkaTarget:
         self._number = self._committed.commit.number if self._committed.commit else 0
         self._tables = dict(self._committed.tables)
         self._position = _position_of(self._committed.commit)
-        self._tables_changed = False
+        self._tables_changed.clear()
         self._pending_event = None
         self._copy = None
         self._held = None
@@ -610,6 +623,7 @@ class KafkaTarget:
     def alter_table(self, old: TargetTable, new: TargetTable, changes: list[Change]) -> None:
         topic = self._claim_topic(new)
         self._tables.pop(old.source_name, None)
+        self._tables_changed.add(old.source_name)
         self.save_table(new)
         self._schema_record("ALTER", "alter", new, {"topic": topic, "old_name": old.source_name})
 
@@ -617,7 +631,7 @@ class KafkaTarget:
         held = self._tables.get(table.source_name)
         if held is not None and held.table_id == table.table_id:   # not a table of its name created since
             del self._tables[table.source_name]
-            self._tables_changed = True
+            self._tables_changed.add(table.source_name)
             self._forget_topic(table)
         self._schema_record("DROP", "drop", table, {"topic": self.topic(table)})
 

@@ -1,16 +1,31 @@
-"""The publisher's commits in __replicator.PREFIX: what each Kafka transaction holds, written
-as its last record, so that it commits with the rows it describes.
+"""The publisher's state in __replicator.PREFIX, written in each of its Kafka transactions, so
+that it commits with the rows it describes. Compacted, keyed so that no record grows with the
+number of tables: a record's size grows with what its transaction wrote or changed only.
 
-Two keys, compacted: "commit", one per transaction: the queue, consumer and tick it brings
-Kafka to (the position a restarted publisher resumes from), its number, how many records the
-transaction wrote before it (their indexes, below), the last offset the
-publisher has written in each partition so far (how a follower knows it has read a whole
-transaction: Kafka makes a transaction's records visible partition by partition; and, the
-commits before being compacted away, where every partition ends for a new follower), the first
-offset and number of records the transaction wrote in each partition (`written`: a follower
-checks each record against them) and the envelope settings; "tables",
-written when they change, before the commit: the tables the publisher replicates, as a file
-target keeps them.
+- "commit", first of the transaction's records here, one per transaction: the queue, consumer
+  and tick it brings Kafka to (the position a restarted publisher resumes from), its number, how
+  many records the transaction wrote before it (their indexes, below), the first offset and
+  number of records it wrote in each partition (`written`: a follower checks each record against
+  them) and the last offset (`last`: how a follower knows it has read the whole transaction:
+  Kafka makes a transaction's records visible partition by partition), the partitions it wrote
+  only, and the envelope settings.
+- "table:NAME", after it, for each table whose entry the transaction changed: the table as a
+  file target keeps it; a tombstone for a table no longer replicated (a rename: a tombstone and
+  a record). The last of each key is the set a restarted publisher resumes with.
+- "topic:TOPIC", last, for each topic the transaction wrote (a table's, the schema change topic):
+  where each of its partitions ends (its last offset, as of this commit); a tombstone for a table
+  topic no table holds any more (its table dropped: an operator may delete it). The last of each
+  key is where every partition ends: what a new follower reads to. Written after the commit:
+  compaction removes a record once it has cleaned a later one of its key, and with it the commit
+  of that later record's transaction, which comes before it and removes the commits before it:
+  while a commit is there, a topic record of a commit up to it is gone only for a later one that
+  is up to it too.
+
+Publishers before these keys wrote whole records: "tables" (every table, before the commit),
+and commits whose `offsets` held the last offset of every partition written so far (cumulative).
+Both are read still: a "tables" record replaces the set (its tombstone empties it), a cumulative
+commit every partition's end. The first transaction of a publisher of this version on such a
+topic writes every table's and every topic's record, and a tombstone of "tables".
 
 Kafka cannot say which producer wrote a record; a record of a committed transaction is followed,
 in its partition, by the transaction's marker, which readers are not given (transactions()): a
@@ -46,7 +61,9 @@ log = logging.getLogger("replicator")
 
 SEQUENCE = "replicator.sequence"
 COMMIT_KEY = b"commit"
-TABLES_KEY = b"tables"
+TABLE_KEY = b"table:"     # + the table's name
+TOPIC_KEY = b"topic:"     # + the topic's name
+TABLES_KEY = b"tables"    # every table, as publishers before TABLE_KEY wrote them (read only)
 READ_TIMEOUT = 30.0
 
 
@@ -58,7 +75,8 @@ class Commit:
     consumer: str
     tick: int
     ts_ms: int
-    # topic → partition → the last offset the publisher wrote there, in this transaction or before
+    # topic → partition → the last offset this transaction wrote there; in the commits of publishers before
+    # topic records (cumulative), the last offset written there so far, in every partition
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
     envelope: dict[str, Any] = field(default_factory=dict)              # schemas, decimals
     records: int = 0                                                    # in this transaction
@@ -66,11 +84,15 @@ class Commit:
     # the commits of publishers before it was written (their records are checked less: docs/kafka.md)
     written: dict[str, dict[int, tuple[int, int]]] | None = None
     offset: int = -1                                                    # of this record in the state topic
+    cumulative: bool = False
+    # read by a follower: the topic records of this transaction, and of those Kafka compacted the commits of
+    # since the commit read before (topic → partition → last offset; None: the topic is no longer listed)
+    topics: dict[str, dict[int, int] | None] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps({"commit": self.number, "queue": self.queue, "consumer": self.consumer, "tick": self.tick,
                            "ts_ms": self.ts_ms, "records": self.records, "envelope": self.envelope,
-                           "offsets": {t: {str(p): o for p, o in parts.items()} for t, parts in self.offsets.items()},
+                           "last": {t: {str(p): o for p, o in parts.items()} for t, parts in self.offsets.items()},
                            **({} if self.written is None else {"written": {
                                t: {str(p): list(w) for p, w in parts.items()} for t, parts in self.written.items()}})
                            }).encode()
@@ -80,9 +102,10 @@ class Commit:
         """The commit a record of the state topic holds; a record that holds none is a located UserError."""
         try:
             d = json.loads(data(message.value()))
+            cumulative = "offsets" in d
             commit = cls(number=d["commit"], queue=d["queue"], consumer=d["consumer"], tick=d["tick"],
                          ts_ms=d["ts_ms"], records=d["records"], envelope=d["envelope"], offset=where(message)[2],
-                         offsets={t: {int(p): o for p, o in parts.items()} for t, parts in d["offsets"].items()})
+                         offsets=_partition_offsets(d["offsets" if cumulative else "last"]), cumulative=cumulative)
             if "written" in d:
                 commit.written = {t: {int(p): (w[0], w[1]) for p, w in parts.items()}
                                   for t, parts in d["written"].items()}
@@ -99,21 +122,77 @@ class Commit:
             raise bad_record(message, "is no commit (a field is missing or of the wrong type)")
         return commit
 
+    def lists(self, topic: str) -> bool | None:
+        """Whether the topic is listed as of this commit (False: its table was dropped), None when the commit
+        says nothing of it (a commit of this version: its transaction did not write it)."""
+        if self.cumulative:
+            return topic in self.offsets
+        if topic not in self.topics:
+            return None
+        return self.topics[topic] is not None
 
-def tables_to_json(tables: dict[str, TargetTable]) -> bytes:
-    return json.dumps({name: {"table_id": t.table_id, "mode": t.mode, "structure": t.structure.to_json(),
-                              "copy_snapshot": t.copy_snapshot, "copied_over_rows": t.copied_over_rows}
-                       for name, t in tables.items()}).encode()
+
+def _partition_offsets(parts_of: dict[str, dict[str, int]]) -> dict[str, dict[int, int]]:
+    return {t: _offsets(parts) for t, parts in parts_of.items()}
+
+
+def _offsets(parts: dict[str, int]) -> dict[int, int]:
+    offsets = {int(p): o for p, o in parts.items()}
+    if not all(type(o) is int and o >= 0 for o in offsets.values()):
+        raise ValueError("an offset is no number")
+    return offsets
+
+
+def table_key(name: str) -> bytes:
+    return TABLE_KEY + name.encode()
+
+
+def topic_key(topic: str) -> bytes:
+    return TOPIC_KEY + topic.encode()
+
+
+def table_to_json(t: TargetTable) -> bytes:
+    return json.dumps({"table_id": t.table_id, "mode": t.mode, "structure": t.structure.to_json(),
+                       "copy_snapshot": t.copy_snapshot, "copied_over_rows": t.copied_over_rows}).encode()
+
+
+def _table(name: str, t: dict[str, Any]) -> TargetTable:
+    return TargetTable(source_name=name, table_id=t["table_id"], mode=t["mode"],
+                       structure=TableStructure.from_json(t["structure"]), copy_snapshot=t["copy_snapshot"],
+                       copied_over_rows=t.get("copied_over_rows", False) is True)
 
 
 def tables_from_record(message: Message) -> dict[str, TargetTable]:
+    """The set a "tables" record (of a publisher before TABLE_KEY) holds; empty for its tombstone."""
     try:
-        return {name: TargetTable(source_name=name, table_id=t["table_id"], mode=t["mode"],
-                                  structure=TableStructure.from_json(t["structure"]), copy_snapshot=t["copy_snapshot"],
-                                  copied_over_rows=t.get("copied_over_rows", False) is True)
-                for name, t in json.loads(data(message.value())).items()}
+        value = message.value()
+        return {} if value is None else {name: _table(name, t) for name, t in json.loads(value).items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise bad_record(message, f"is no list of tables ({type(exc).__name__}: {exc})") from None
+
+
+def table_from_record(message: Message) -> tuple[str, TargetTable | None]:
+    """A "table:NAME" record's name and table (None: a tombstone)."""
+    try:
+        name = data(message.key())[len(TABLE_KEY):].decode()
+        value = message.value()
+        return name, None if value is None else _table(name, json.loads(value))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise bad_record(message, f"is no table ({type(exc).__name__}: {exc})") from None
+
+
+def topic_to_json(ends: dict[int, int]) -> bytes:
+    return json.dumps({str(p): o for p, o in ends.items()}).encode()
+
+
+def topic_from_record(message: Message) -> tuple[str, dict[int, int] | None]:
+    """A "topic:TOPIC" record's topic and the last offset of each of its partitions (None: a tombstone)."""
+    try:
+        topic = data(message.key())[len(TOPIC_KEY):].decode()
+        value = message.value()
+        return topic, None if value is None else _offsets(json.loads(value))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise bad_record(message, f"is no topic's end ({type(exc).__name__}: {exc})") from None
 
 
 def where(message: Message) -> tuple[str, int, int]:
@@ -238,9 +317,11 @@ def read_to_end(consumer: Consumer, topic: str, start: int, what: str, brokers: 
 
 @dataclass
 class PublisherState:
-    """What a publisher resumes from: its last commit and tables, read from the state topic."""
+    """What a publisher resumes from: its last commit, tables, and where each partition of the table
+    topics ends (topic → partition → last offset), read from the state topic."""
     commit: Commit | None = None
     tables: dict[str, TargetTable] = field(default_factory=dict)
+    ends: dict[str, dict[int, int]] = field(default_factory=dict)
 
     @classmethod
     def read(cls, settings: KafkaSettings, topic: str) -> PublisherState:
@@ -255,7 +336,7 @@ class PublisherState:
             consumer.close()
         state._read(messages, end[0] if end else None)
         if state.commit is not None:
-            _check_offsets(settings, state.commit, topic)
+            _check_ends(settings, state, topic)
         return state
 
     def _read(self, messages: list[Message], end: int | None) -> None:
@@ -267,10 +348,27 @@ class PublisherState:
                             "them" if len(run) > 1 else "it")
                 continue
             for message in run:
-                if message.key() == COMMIT_KEY:
+                key = message.key() or b""
+                if key == COMMIT_KEY:
                     self.commit = Commit.from_record(message)
-                elif message.key() == TABLES_KEY:
+                    if self.commit.cumulative:
+                        self.ends = dict(self.commit.offsets)
+                elif key == TABLES_KEY:
                     self.tables = tables_from_record(message)
+                elif key.startswith(TABLE_KEY):
+                    name, table = table_from_record(message)
+                    _put(self.tables, name, table)
+                elif key.startswith(TOPIC_KEY):
+                    topic, ends = topic_from_record(message)
+                    _put(self.ends, topic, ends)
+
+
+def _put(entries: dict[str, Any], key: str, value: Any) -> None:
+    """A compacted record's value kept under its key, or the key dropped for a tombstone (None)."""
+    if value is None:
+        entries.pop(key, None)
+    else:
+        entries[key] = value
 
 
 def partition_bounds(settings: KafkaSettings, partitions: Iterable[tuple[str, int]]) -> dict[tuple[str, int],
@@ -323,13 +421,14 @@ def tombstones_kept_ms(settings: KafkaSettings, topics: Iterable[str], undescrib
     return min(kept, default=None)
 
 
-def _check_offsets(settings: KafkaSettings, commit: Commit, topic: str) -> None:
-    """The offsets a publisher copies into its commits from the last: each within its partition."""
+def _check_ends(settings: KafkaSettings, state: PublisherState, topic: str) -> None:
+    """The ends a publisher writes its topic records from: each within its partition."""
+    assert state.commit is not None
     offsets = {(name, partition): offset
-               for name, parts in commit.offsets.items() for partition, offset in parts.items()}
+               for name, parts in state.ends.items() for partition, offset in parts.items()}
     for (name, partition), (_, end) in partition_bounds(settings, offsets).items():
         if offsets[(name, partition)] >= end:
-            raise UserError(f"the last commit of {topic} ({topic}:0:{commit.offset}) says offset "
+            raise UserError(f"the state of {topic} (its last commit: {topic}:0:{state.commit.offset}) says offset "
                             f"{offsets[(name, partition)]} of {name}:{partition} was written, but the partition ends "
                             f"at {end}: the publisher did not write that commit, or the topics were deleted and made "
                             f"anew; check who may write the topics (docs/kafka.md, Trust model), or publish to a new "
