@@ -59,10 +59,13 @@ def state_topic(prefix: str) -> str:
 
 # A delete's tombstone is kept a week (Kafka's default: a day): a follower stopped longer than
 # that may miss deletes (docs/kafka.md, "Followers")
-TABLE_CONFIG = {"cleanup.policy": "compact", "delete.retention.ms": str(7 * 24 * 3600 * 1000)}
+TOMBSTONES_KEPT_MS = str(7 * 24 * 3600 * 1000)
+TABLE_CONFIG = {"cleanup.policy": "compact", "delete.retention.ms": TOMBSTONES_KEPT_MS}
 SCHEMA_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
-# Small segments and an eager cleaner: a publisher starting reads this topic whole.
-STATE_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1"}
+# Small segments and an eager cleaner: a publisher starting reads this topic whole. Its tombstones (a
+# table topic no longer listed: state.py) are kept as long as the table topics' (followers check both).
+STATE_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1",
+                "delete.retention.ms": TOMBSTONES_KEPT_MS}
 
 
 class Topics:
