@@ -33,6 +33,10 @@ import pyarrow as pa
 from pyroaring import BitMap
 
 FOLD_AT = 1 << 20   # keys written since the build before they are folded into the sorted arrays
+# the entries of dead rows (deleted or written again) an index holds past its live rows, and the files it
+# knows past twice the table's, at which it is built again (rebuild_due): it drops neither as it goes
+REBUILD_AT = 1 << 20
+REBUILD_FILES_AT = 1000
 HASH_SLICE = 1 << 16   # rows hashed at once (the temporary arrays are a few times the slice's bytes)
 
 # what reads the keys of rows of a data file (path, sorted rows), as canonical_keys gives them
@@ -239,6 +243,7 @@ class KeyIndex:
         # hashed keys: the further live rows of a code _recent holds for another row (a collision)
         self._shared: dict[int, list[int]] = {}
         self._shared_rows = 0
+        self.live = 0                              # rows alive among those it holds an entry of
 
     def add_file(self, path: str, keys: Keys, deleted: BitMap | None = None) -> int:
         """Registers a file's keys (row order); rows in `deleted` are dead already."""
@@ -252,6 +257,7 @@ class KeyIndex:
         for row, code in enumerate(key_codes(keys).tolist()):
             if row in dead:
                 continue
+            self.live += 1
             if not self.integer:
                 held = recent.get(code)
                 if held is not None and not self._dead(held):   # another key's live row: both stay
@@ -279,6 +285,7 @@ class KeyIndex:
                 keys, rows = keys[alive], rows[alive]
             all_keys.append(np.asarray(keys, dtype=np.int64))
             all_locations.append(rows | (number << 32))
+            self.live += len(rows)
         if all_keys:
             keys = np.concatenate(all_keys)
             locations = np.concatenate(all_locations)
@@ -434,5 +441,20 @@ class KeyIndex:
         for location in locations:
             by_file.setdefault(location >> 32, []).append(location & 0xFFFFFFFF)
         for number, rows in by_file.items():
+            held = len(self.deleted[number])
             self.deleted[number].update(rows)
+            self.live -= len(self.deleted[number]) - held
         return by_file
+
+    def rebuild_due(self, files: int) -> bool:
+        """Whether the index is to be built again (from a table of `files` files): a deleted row's
+        entry stays until then, and so does every file it was told of, OPTIMIZE's removed ones
+        too. Built again once the dead entries outnumber the live rows (and REBUILD_AT), or the
+        files twice the table's (and REBUILD_FILES_AT): a build's cost, reading every file's keys,
+        is then paid by as many deletes or files since."""
+        return self.entries - self.live > max(self.live, REBUILD_AT) or len(self.paths) > 2 * files + REBUILD_FILES_AT
+
+    @property
+    def entries(self) -> int:
+        """The rows it holds an entry of, live or dead."""
+        return len(self._keys) + len(self._recent) + self._shared_rows

@@ -662,6 +662,8 @@ class ReplicaTable:
                 raise
             self.staged = None
             self.rewound = None
+            if self.index is not None and self.index.rebuild_due(len(self.snapshot.files)):
+                self.index = None   # built again when next needed, without the dead rows and old files
             if self.captures is None:   # else views read the rows it replaced there: VACUUM deletes them later
                 for path in staged.superseded - staged.new_files.keys():
                     self.storage.delete(f"{self.directory}/{path}")
