@@ -474,12 +474,22 @@ def test_a_follower_reading_a_commits_records_while_the_broker_is_down_waits_for
     try:
         wait_until(lambda: (follower._read_commits(0.2), follower._commits)[1], 60, "the commit read")
         own_kafka.kill()
-        restart = threading.Timer(3.0, own_kafka.restart)   # with its start, an outage longer than 2 s
-        restart.start()
+        done = threading.Event()
+
+        def restart() -> None:
+            done.wait(3.0)   # with the broker's start, an outage longer than VISIBLE_WAIT
+            own_kafka.restart()
+            # the broker gets SIGTERM when the thread that started it ends (setpriv --pdeathsig): this one
+            # lives until the step is over (a Timer's thread ended at once, and the broker with it)
+            done.wait()
+
+        restarting = threading.Thread(target=restart)
+        restarting.start()
         try:
             stats = follower.step()
         finally:
-            restart.join()
+            done.set()
+            restarting.join()
         assert stats is not None
     finally:
         follower.close()

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -386,11 +387,21 @@ def partition_bounds(settings: KafkaSettings, partitions: Iterable[tuple[str, in
     bounds = {}
     for tp in wanted:
         try:
-            bounds[(tp.topic, tp.partition)] = (answers[0][tp].result().offset, answers[1][tp].result().offset)
+            bounds[(tp.topic, tp.partition)] = (_answer(answers[0][tp]).offset, _answer(answers[1][tp]).offset)
         except KafkaException as exc:
             if exc.args[0].code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
                 raise
     return bounds
+
+
+def _answer(future: Future[Any]) -> Any:
+    """An admin request's answer. librdkafka may hold an offsets request past its request_timeout
+    while the partition's leader is away (until it is back): a follower waiting on it would hang for
+    as long, where it is to say Kafka is out of reach and wait on."""
+    try:
+        return future.result(timeout=READ_TIMEOUT + 5)
+    except TimeoutError:
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"no answer within {READ_TIMEOUT + 5:.0f}s")) from None
 
 
 def tombstones_kept_ms(settings: KafkaSettings, topics: Iterable[str], undescribed: set[str]) -> int | None:
@@ -404,7 +415,7 @@ def tombstones_kept_ms(settings: KafkaSettings, topics: Iterable[str], undescrib
     admin = settings.make(AdminClient)   # (kept while its answers come: a client destroyed drops them)
     for resource, future in admin.describe_configs(wanted, request_timeout=READ_TIMEOUT).items():
         try:
-            value = future.result()["delete.retention.ms"].value
+            value = _answer(future)["delete.retention.ms"].value
         except KafkaException as exc:
             if exc.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED and resource.name not in undescribed:
                 undescribed.add(resource.name)
