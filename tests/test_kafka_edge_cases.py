@@ -182,22 +182,19 @@ def test_a_partition_read_to_its_end_keeps_its_end_while_nothing_new_comes(
         partitions.consumer.close()
 
 
-@pytest.mark.parametrize("short", ["table", "state"])
 def test_a_follower_behind_by_longer_than_its_topics_keep_tombstones_stops_in_one_line(
         dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str,
-        tmp_path: Path, short: str) -> None:
+        tmp_path: Path) -> None:
     """follower.py _check_tombstones_kept(): once Kafka has cleaned a delete's record and then its
     tombstone (delete.retention.ms after compaction reached it), a follower that had not read them keeps
     the row, silently. A follower whose next commit is older than the topics keep tombstones stops
-    before it, saying to rebuild it (here a topic keeps them 1 ms: every commit is older); commits
-    that wrote no table topic (an idle queue's) are applied. The state topic too: its tombstones say a
-    table topic is no longer listed (state.py), and it kept them Kafka's default day."""
+    before it, saying to rebuild it (here the topic keeps them 1 ms: every commit is older); commits
+    that wrote no table topic (an idle queue's) are applied."""
     url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
     publish(dsn, url)
     db = tmp_path / "follower.db"
     assert follow(dsn, url, f"sqlite:{db}").returncode == 0
-    topic = f"{kafka_prefix}.public.orders" if short == "table" else f"__replicator.{kafka_prefix}"
-    keep_tombstones(kafka.bootstrap, topic, 1)
+    keep_tombstones(kafka.bootstrap, f"{kafka_prefix}.public.orders", 1)
     publish(dsn, url)   # an idle queue's batch: a commit that wrote no table topic, applied however old
     assert follow(dsn, url, f"sqlite:{db}").returncode == 0
     conn.execute("DELETE FROM orders WHERE id = 3")
@@ -206,8 +203,6 @@ def test_a_follower_behind_by_longer_than_its_topics_keep_tombstones_stops_in_on
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "longer than its topics keep a delete's tombstone (delete.retention.ms" in result.stderr.splitlines()[-1]
     assert 3 in replica(db, "orders")   # nothing of the commit applied
-    if short == "state":   # a bootstrap reads the state topic whole: one longer than 1 ms is refused too
-        keep_tombstones(kafka.bootstrap, topic, 7 * 24 * 3600 * 1000)
     fresh = tmp_path / "fresh.db"
     assert follow(dsn, url, f"sqlite:{fresh}").returncode == 0   # a new follower bootstraps
     assert sorted(replica(fresh, "orders")) == [1, 2, 4, 5]

@@ -425,10 +425,9 @@ class Follower:
             raise UserError(f"cannot reach Kafka at {self.settings.brokers}: {exc.args[0].str()}") from None
 
     def _read_tombstones_kept(self) -> None:
-        """How long the table topics the follower has read and the state topic (whose tombstones say a table
-        topic is no longer listed) keep a tombstone, asked of Kafka when it has read another topic since, or
-        TOMBSTONES_REREAD seconds after it last asked."""
-        topics = {self._state[0], *(topic for (topic, _) in self._stored_offsets())} - {self._schema[0]}
+        """How long the table topics the follower has read keep a tombstone, asked of Kafka when it has read
+        another topic since, or TOMBSTONES_REREAD seconds after it last asked."""
+        topics = {topic for (topic, _) in self._stored_offsets()} - {self._state[0], self._schema[0]}
         if topics == self._tombstones_topics and time.monotonic() - self._tombstones_read < TOMBSTONES_REREAD:
             return
         self._tombstones_kept_ms = tombstones_kept_ms(self.settings, topics, self._undescribed)

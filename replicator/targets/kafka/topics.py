@@ -63,7 +63,7 @@ TOMBSTONES_KEPT_MS = str(7 * 24 * 3600 * 1000)
 TABLE_CONFIG = {"cleanup.policy": "compact", "delete.retention.ms": TOMBSTONES_KEPT_MS}
 SCHEMA_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 # Small segments and an eager cleaner: a publisher starting reads this topic whole. Its tombstones (a
-# table topic no longer listed: state.py) are kept as long as the table topics' (followers check both).
+# table topic no longer listed: state.py) are kept as long as the table topics'.
 STATE_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000", "min.cleanable.dirty.ratio": "0.1",
                 "delete.retention.ms": TOMBSTONES_KEPT_MS}
 
