@@ -64,7 +64,8 @@ BEGIN
         PERFORM replicator.sync_table(v_id, tg_tag, v_sql, v_id = ANY (v_rewritten));
     END LOOP;
     IF tg_tag IN ('CREATE TABLE', 'CREATE TABLE AS', 'SELECT INTO', 'ALTER TABLE') THEN
-        PERFORM replicator.follow_new_tables(tg_tag, v_sql, v_created);
+        -- (tables a followed schema had before, left by an interrupted follow_schema: a chunk at most)
+        PERFORM replicator.follow_new_tables(tg_tag, v_sql, v_created, NULL, replicator.capture_chunk());
     END IF;
     PERFORM replicator.check_row_filters(v_touched, replicator.row_filter_scope(tg_tag));
     PERFORM set_config('replicator.in_ddl', 'off', true);

@@ -24,8 +24,8 @@ LANGUAGE plpgsql AS $$
 --                    table among them that the queue cannot capture is
 --                    warned about; others are retried silently
 --      p_queue_id  - only this queue's followed schemas (NULL: every queue's)
---      p_limit     - capture at most this many (NULL: all); the others are
---                    left to the next call
+--      p_limit     - capture at most this many (NULL: all), those of p_new
+--                    first; the others are left to the next call
 --
 -- Returns:
 --      the number of tables now captured
@@ -46,7 +46,7 @@ BEGIN
                           WHERE t.queue_id = s.queue_id AND t.table_oid = c.oid)
           AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = c.oid)
           AND (p_queue_id IS NULL OR s.queue_id = p_queue_id)
-        ORDER BY c.oid
+        ORDER BY c.oid <> ALL (p_new), c.oid   -- the statement's own tables first (p_limit)
     LOOP
         EXIT WHEN v_count = p_limit;
         -- Tables refused are tried again at every DDL (one may have gained a column),
@@ -115,8 +115,9 @@ LANGUAGE sql IMMUTABLE AS $$
 -- ----------------------------------------------------------------------
 -- Function: replicator.capture_chunk()
 --
---      How many tables a transaction of replicator.follow_schema or of a
---      ticker's pass captures at most. Each holds about four locks to its
+--      How many tables of followed schemas a transaction captures at
+--      most: replicator.follow_schema, a ticker's pass, a DDL statement
+--      (its own new tables first). Each holds about four locks to its
 --      commit (its table, capture function and triggers), and a server's
 --      lock table holds max_locks_per_transaction (64) x max_connections
 --      (100) by default: a schema of thousands of tables captured in one

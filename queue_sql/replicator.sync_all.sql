@@ -92,6 +92,6 @@ BEGIN
         END IF;
     END LOOP;
     PERFORM replicator.check_row_filters(v_touched, replicator.row_filter_scope(p_tag));
-    RETURN v_count + replicator.follow_new_tables(p_tag, p_sql, v_touched);
+    RETURN v_count + replicator.follow_new_tables(p_tag, p_sql, v_touched, NULL, replicator.capture_chunk());
 END;
 $$;

@@ -43,6 +43,7 @@ from replicator.targets.kafka.publisher import KafkaTarget
 from replicator.targets.kafka.settings import parse_url
 from replicator.targets.kafka.state import committed_consumer
 from replicator.targets.sqlite.target import SqliteTarget
+from test_kafka_follow import publish_until_cleaned
 
 # helpers -----------------------------------------------------------------------------------
 
@@ -113,6 +114,22 @@ def topic_keys(bootstrap: str, topic: str) -> list[bytes | None]:
 def key_of(row_id: int, records: list[bytes | None]) -> int:
     """How many records have the key of row id (Debezium's key JSON of an int column `id`)."""
     return sum(1 for key in records if key is not None and json.loads(key)["payload"] == {"id": row_id})
+
+
+def first_commit_from(bootstrap: str, topic: str, offset: int) -> int:
+    """The number of the first commit record of state topic `topic` at offset or past it."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"first-{uuid.uuid4()}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed", **FETCH_WAIT})
+    try:
+        consumer.assign([TopicPartition(topic, 0, offset)])
+        while True:
+            message = consumer.poll(30)
+            assert message is not None and message.error() is None, f"no commit in {topic} from {offset} within 30s"
+            if message.key() == b"commit":
+                number: int = json.loads(message.value())["commit"]
+                return number
+    finally:
+        consumer.close()
 
 
 def keep_tombstones(bootstrap: str, topic: str, ms: int) -> None:
@@ -206,6 +223,44 @@ def test_a_follower_behind_by_longer_than_its_topics_keep_tombstones_stops_in_on
     fresh = tmp_path / "fresh.db"
     assert follow(dsn, url, f"sqlite:{fresh}").returncode == 0   # a new follower bootstraps
     assert sorted(replica(fresh, "orders")) == [1, 2, 4, 5]
+
+
+def test_a_follower_whose_next_commits_kafka_compacted_away_is_as_old_as_the_commit_it_applied_last(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str,
+        tmp_path: Path) -> None:
+    """A follower stopped for longer than the topics keep tombstones finds, the state topic compacted,
+    the last few commits only, made minutes ago: it took their age for its own and went on, keeping
+    the rows deleted meanwhile whose tombstones were gone (found by review). The commits since the one
+    it applied last are as old as just after it: here the table topic keeps tombstones 12 s, the state
+    topic is compacted while the publisher goes on (a delete among its commits), and the follower, run
+    again once its commit is older than that, stops in one line."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    db = tmp_path / "follower.db"
+    assert follow(dsn, url, f"sqlite:{db}").returncode == 0
+    applied = time.monotonic()
+    state = f"__replicator.{kafka_prefix}"
+    target = SqliteTarget(db)
+    [queue] = target.queues()
+    read_to = target.positions(queue)[f"{state}:0"]   # where it reads the state topic from next
+    last = target.positions(queue)["commit"]
+    target.close()
+    keep_tombstones(kafka.bootstrap, f"{kafka_prefix}.public.orders", 12_000)
+    conn.execute("DELETE FROM orders WHERE id = 3")
+
+    def next_commit_compacted(_: dict[str, int]) -> bool:
+        """The commit after the one the follower applied is gone from where it reads next."""
+        return first_commit_from(kafka.bootstrap, state, read_to) > last + 1
+
+    publish_until_cleaned(dsn, url, kafka.bootstrap, [state], ["UPDATE orders SET v = v || '.' WHERE id = 1"],
+                          tmp_path / "publisher.log", next_commit_compacted)
+    # the follower's commit older than the topic keeps tombstones (less a tenth), the last commits not
+    wait_until(lambda: time.monotonic() - applied > 12, 30, "the applied commit to age past 12 s")
+    publish(dsn, url)
+    result = follow(dsn, url, f"sqlite:{db}")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "Kafka has compacted the commits since away" in result.stderr.splitlines()[-1], result.stderr
+    assert 3 in replica(db, "orders")   # nothing applied
 
 
 def test_a_follower_that_bootstrapped_then_falls_behind_by_longer_than_its_topics_keep_tombstones_stops(

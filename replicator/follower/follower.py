@@ -78,6 +78,7 @@ Sequenced = tuple[tuple[int, int], Message]   # a record read, after its (commit
 BATCH_RECORDS = 200000   # records of several commits applied in one target transaction, about
 TICK = "tick"            # the position that holds the publisher's tick (the others are TOPIC:PARTITION)
 COMMIT = "commit"        # and the number of the publisher's commit applied last
+COMMIT_MS = "commit_ms"  # and when the publisher made it (its clock, ms since the epoch)
 RUN_ROWS = 5000          # rows applied in one target call, at most (a bootstrap reads whole tables)
 READ_COMMITS_TIMEOUT = 60.0   # seconds --until-caught-up may take to read the commits to their end
 PROBE_EVERY = 5.0        # seconds between the metadata requests that ask whether Kafka is back after an outage
@@ -441,9 +442,15 @@ class Follower:
         row deleted. (Commits of an idle queue write no table topic.) A bootstrap reads compacted topics
         from their start: it misses a tombstone only if Kafka removed it while the bootstrap ran
         (compaction removed the row's older records with it, when it first reached it), so its commits
-        made before it began are as old as the bootstrap."""
-        commit = next((c for c in self._commits if c.written is None or set(c.written) - {self._schema[0]}), None)
-        if commit is None:
+        made before it began are as old as the bootstrap. The commits made since the one applied last
+        may be gone from the state topic, compacted away (a follower stopped for days finds the last few
+        only): those are as old as just after it."""
+        positions = self.target.positions(self.queue)
+        applied = positions.get(COMMIT, 0)
+        compacted = COMMIT_MS in positions and bool(self._commits) and self._commits[0].number > applied + 1
+        commit = next((c for c in self._commits if c.written is None or set(c.written) - {self._schema[0]}
+                       or set(c.topics) - {self._schema[0]}), None)   # (topics: of commits compacted away too)
+        if commit is None and not compacted:
             return
         try:
             self._read_tombstones_kept()
@@ -452,6 +459,17 @@ class Follower:
                         exc.args[0].str())
         kept = self._tombstones_kept_ms
         if kept is None:
+            return
+        if compacted:
+            age = time.time() * 1000 - positions[COMMIT_MS]
+            if age > kept - min(kept // 10, 3600 * 1000):
+                raise UserError(f"{self.target.name} applied commit {applied} of {self.settings.name} "
+                                f"{format_age(age / 1000)} ago, and Kafka has compacted the commits since away: they "
+                                f"may have deleted rows longer ago than its topics keep a delete's tombstone "
+                                f"(delete.retention.ms: {format_age(kept / 1000)}), their rows kept here; follow into "
+                                f"a new target (a new follower bootstraps from the topics), and raise "
+                                f"delete.retention.ms on the topics to stop for longer")
+        if commit is None:
             return
         began = self._bootstrap_began_ms
         since = began if began is not None and began > commit.ts_ms else commit.ts_ms
@@ -529,6 +547,7 @@ class Follower:
                 self._mark_unlisted(unlisted)
                 self.target.set_position(self.queue, f"{self._state[0]}:0", goal.offset + 1)
                 self.target.set_position(self.queue, TICK, goal.tick)
+                self.target.set_position(self.queue, COMMIT_MS, goal.ts_ms)
                 # last: the step's own position, rising at each (a Delta table's txn version)
                 self.target.set_position(self.queue, COMMIT, goal.number)
                 self.target.commit()

@@ -32,10 +32,13 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
-FOLD_AT = 1 << 20   # keys written since the build before they are folded into the sorted arrays
+# Keys written since the arrays were sorted are in a dict (about 100 bytes each) until FOLD_AT plus a
+# sixteenth of the arrays' rows, then folded into them (a sort of the arrays): about 6 bytes a row of a
+# large table, 6.5 MB for a small one.
+FOLD_AT = 1 << 16
 # the entries of dead rows (deleted or written again) an index holds past its live rows, and the files it
 # knows past twice the table's, at which it is built again (rebuild_due): it drops neither as it goes
-REBUILD_AT = 1 << 20
+REBUILD_AT = 1 << 16
 REBUILD_FILES_AT = 1000
 HASH_SLICE = 1 << 16   # rows hashed at once (the temporary arrays are a few times the slice's bytes)
 
@@ -265,7 +268,7 @@ class KeyIndex:
                     self._shared_rows += 1
                     continue
             recent[code] = base | row
-        if len(recent) + self._shared_rows >= FOLD_AT + len(self._keys) // 4:
+        if len(recent) + self._shared_rows >= FOLD_AT + len(self._keys) // 16:
             self._fold()
         return number
 

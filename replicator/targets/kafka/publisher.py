@@ -637,10 +637,12 @@ class KafkaTarget:
 
     def _forget_topic(self, table: TargetTable) -> None:
         """The commits stop listing a dropped table's topic (unless a table holds it again): a
-        new follower has nothing to read there, and an operator may delete it."""
+        new follower has nothing to read there, and an operator may delete it (it is looked for
+        again when a table takes it)."""
         topic = self.topic(table)
         if all(self.topic(other) != topic for other in self._tables.values()):
             self._dropped_topics.add(topic)
+            self.topics.forget(topic)
 
     def schema_event(self, table: TargetTable, event: dict[str, Any]) -> None:
         """Kept for the schema change record of the table call that follows it (alter, drop, or the

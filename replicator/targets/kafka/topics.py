@@ -91,6 +91,11 @@ class Topics:
         self._partitions[topic] = count
         return count
 
+    def forget(self, topic: str) -> None:
+        """What it knows of a topic an operator may delete now: ensure() looks for it again."""
+        self._partitions.pop(topic, None)
+        self._listing.pop(topic, None)
+
     def ensure_table(self, topic: str) -> int:
         return self.ensure(topic, TABLE_CONFIG, self.settings.partitions)
 
