@@ -198,14 +198,12 @@ def purge_next(tables: list[ReplicaTable]) -> Optimized | None:
 def _moved(table: ReplicaTable, result: Optimized) -> None:
     """The consumer's key index follows the rows the rewrite moved (built again, it would cost a
     read of every key: seconds at 10M rows, every few batches). An index another writer's commit
-    made stale was dropped when the rewrite read that commit (ReplicaTable.taken_in). One that
-    knows too many files now (KeyIndex.rebuild_due) is built again when next needed."""
-    if result.committed:
-        table.forget_unused_vectors()   # (the files it rewrote are purged of theirs)
-    if table.index is not None and result.committed:
+    made stale was dropped when the rewrite read that commit (ReplicaTable.taken_in)."""
+    if not result.committed:
+        return
+    if table.index is not None:
         table.index.move([(m.old_path, m.kept, m.total, m.new_path, m.offset) for m in result.moves])
-        if table.index.rebuild_due(len(table.snapshot.files)):
-            table.index = None
+    table.release_unused()
 
 
 def compact_state(state: WarehouseState) -> int | None:

@@ -181,10 +181,15 @@ class ReplicaTable:
             return None
         return dv.read(descriptor, self._read_vector_file)
 
-    def forget_unused_vectors(self) -> None:
-        """Keeps the deletion vector files read or written that the table's files use: a batch writes
-        one, and every one was kept for the consumer's life (a Delta consumer grew by ~4 MB a minute
-        under bin/soak). One needed again (an older version's, for a view) is read again."""
+    def release_unused(self) -> None:
+        """After a commit (its own, or OPTIMIZE's): what the table holds in memory that the new version
+        does not need goes. The key index, once it holds more dead rows or old files than it is worth
+        (KeyIndex.rebuild_due: built again when next needed); the deletion vector files read or written
+        that the table's files no longer use (a batch writes one: every one was kept for the consumer's
+        life, and a Delta consumer grew by ~4 MB a minute under bin/soak; one needed again, an older
+        version's for a view, is read again)."""
+        if self.index is not None and self.index.rebuild_due(len(self.snapshot.files)):
+            self.index = None
         used = {dv.descriptor_file(descriptor) for add in self.snapshot.files.values()
                 if (descriptor := add.get("deletionVector"))}
         self._vectors = {name: data for name, data in self._vectors.items() if name in used}
@@ -670,9 +675,7 @@ class ReplicaTable:
                 raise
             self.staged = None
             self.rewound = None
-            if self.index is not None and self.index.rebuild_due(len(self.snapshot.files)):
-                self.index = None   # built again when next needed, without the dead rows and old files
-            self.forget_unused_vectors()
+            self.release_unused()
             if self.captures is None:   # else views read the rows it replaced there: VACUUM deletes them later
                 for path in staged.superseded - staged.new_files.keys():
                     self.storage.delete(f"{self.directory}/{path}")

@@ -84,9 +84,10 @@ class Topics:
         """Creates topic unless it exists; returns its number of partitions."""
         if topic in self._partitions:
             return self._partitions[topic]
-        count = self._listed(fresh=False).get(topic)
+        listing = self._listed(fresh=False)
+        count = listing.get(topic)
         if count is None:
-            self._refuse_clash(topic, self._listed(fresh=False))
+            self._refuse_clash(topic, listing)
             count = self._create(topic, config, partitions)
         self._partitions[topic] = count
         return count
