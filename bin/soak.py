@@ -716,6 +716,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-lag", type=float, default=5, help="the lag goal, seconds (default 5)")
     parser.add_argument("--keep", action="store_true", help="keep the replicas and logs (their directory is printed)")
     args = parser.parse_args(argv)
+    for name in ("minutes", "rate", "sample_every"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')} must be more than 0")
     run = args.minutes * 60
     args.rotation_period = args.rotation_period or f"{max(10, round(run / 12))}s"
     args.retention = args.retention or f"{max(10, round(run / 30))}s"

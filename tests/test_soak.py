@@ -33,3 +33,12 @@ def test_a_short_soak_keeps_every_replica_equal_and_no_size_grows(tmp_path: Path
     assert len(judged) >= 8
     for plot in ("rss", "queue", "storage", "lag"):
         assert (report / f"{plot}.png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.parametrize("option", ["--rate 0", "--minutes -3", "--sample-every 0"])
+def test_a_rate_duration_or_interval_not_above_zero_is_refused_in_one_line(tmp_path: Path, option: str) -> None:
+    """--rate 0 started every daemon, then stopped in a traceback (a division by zero in the writer)."""
+    result = subprocess.run([str(SOAK), *option.split(), "--report", str(tmp_path / "report")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "must be more than 0" in result.stderr.splitlines()[-1], result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "report").exists()
