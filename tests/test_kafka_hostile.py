@@ -269,7 +269,8 @@ def _writing(db: Path) -> bool:
 # finding 7 ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("poison", ["no header", "not JSON", "no change", "schema without structure",
-                                    "tombstone key header not JSON", "tombstone key header no map"])
+                                    "tombstone key header not JSON", "tombstone key header no map",
+                                    "topic end not JSON", "topic end not offsets"])
 def test_a_poison_record_stops_a_follower_in_one_line_and_skip_record_gets_past_it(
         dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str,
         tmp_path: Path, poison: str) -> None:
@@ -287,6 +288,11 @@ def test_a_poison_record_stops_a_follower_in_one_line_and_skip_record_gets_past_
         offset = plain_write(kafka.bootstrap, topic, b"k", b"\xff not json", header)
     elif poison == "no change":
         offset = plain_write(kafka.bootstrap, topic, b"{}", b'{"payload": {"op": "c"}}', header)
+    elif poison.startswith("topic end"):   # a state record saying where a table topic ends (state.py)
+        forged = b"\xff not json" if poison.endswith("JSON") else b'{"0": "far"}'
+        offset = plain_write(kafka.bootstrap, f"__replicator.{kafka_prefix}", b"topic:" + topic.encode(), forged,
+                             header)
+        topic = f"__replicator.{kafka_prefix}"
     elif poison.startswith("tombstone"):   # a genuine key, the exact texts its header claims to hold forged
         key = next(r.key for r in read_committed(kafka.bootstrap, topic) if r.key_payload == {"id": 1})
         forged = b"{not json" if poison.endswith("not JSON") else b'["1"]'
