@@ -5,6 +5,8 @@ Every error a user can cause ends as one line on stderr and exit status 1.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import faulthandler
 import json
 import logging
@@ -12,6 +14,7 @@ import os
 import signal
 import sqlite3
 import sys
+import threading
 from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -1205,12 +1208,38 @@ def _command_named(args: list[str]) -> str:
 _verbose_after_the_command(cli)
 
 
-def main() -> None:
+def main() -> NoReturn:
     # A fatal signal (SIGBUS, SIGSEGV) is reported with the stack it hit, not in silence:
     # SQLite maps a replica's -shm file, and a page of it that is cut off or cannot be
     # allocated under the process kills it with SIGBUS (the SQLite target checks its files
     # before each batch; a change in the middle of one is met there).
     faulthandler.enable(all_threads=True)
+    try:
+        _run()
+    except SystemExit as exc:
+        _exit(exc.code)
+    _exit(0)
+
+
+def _exit(code: str | int | None) -> NoReturn:
+    """Ends the process as sys.exit(code) would. Once Arrow has run (a Delta target), the C++ teardown
+    of its thread pools can abort the process after its work is done (SIGABRT, "terminate called without
+    an active exception": apache/arrow#34314): then the interpreter's own exit steps run (threads
+    joined, exit handlers), and the process ends without the C++ ones."""
+    if "pyarrow" not in sys.modules:
+        sys.exit(code)
+    if isinstance(code, str):
+        click.echo(code, err=True)
+    getattr(threading, "_shutdown")()   # noqa: B009 (not in typeshed): what the interpreter's exit does first
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):   # a reader gone (| head): what it took is all it wanted
+            stream.flush()
+    os._exit(1 if isinstance(code, str) else code or 0)
+
+
+def _run() -> None:
+    """The command line's command; a mistake is one line and a non-zero exit."""
     try:
         cli(standalone_mode=False)
     except click.exceptions.Abort:

@@ -119,15 +119,20 @@ def in_publishing_order(records: list[Record]) -> list[Record]:
 
 def last_commit(bootstrap: str, prefix: str) -> dict[str, Any] | None:
     """The publisher's last commit record (on __replicator.PREFIX), None before its first; returned
-    once read_committed readers see every record it counts: Kafka ends a transaction partition by
-    partition, after the producer's commit has returned."""
-    commits = [r for r in read_committed(bootstrap, f"__replicator.{prefix}") if r.key == b"commit"]
+    once read_committed readers see every record of every commit so far (where the topic records say
+    each partition ends): Kafka ends a transaction partition by partition, after the producer's
+    commit has returned, and the last commit names only the partitions it wrote."""
+    state = read_committed(bootstrap, f"__replicator.{prefix}")
+    commits = [r for r in state if r.key == b"commit"]
     if not commits or commits[-1].value is None:
         return None
     commit: dict[str, Any] = json.loads(commits[-1].value)
+    ends = _topic_ends(state)
+    for topic, offsets in commit["last"].items():
+        ends[topic] = {**ends.get(topic, {}), **offsets}
     reader = consumer(bootstrap)
     try:
-        for topic, offsets in commit["last"].items():
+        for topic, offsets in ends.items():
             for partition, offset in offsets.items():
                 where = TopicPartition(topic, int(partition))
                 wait_until(lambda: (_end_offset(reader, where) or (0,))[0] > offset, READ_TIMEOUT,
@@ -139,8 +144,12 @@ def last_commit(bootstrap: str, prefix: str) -> dict[str, Any] | None:
 
 def topic_ends(bootstrap: str, prefix: str) -> dict[str, dict[str, int]]:
     """Where the publisher's topic records say each partition ends: topic → partition → its last offset."""
+    return _topic_ends(read_committed(bootstrap, f"__replicator.{prefix}"))
+
+
+def _topic_ends(state: list[Record]) -> dict[str, dict[str, int]]:
     ends: dict[str, dict[str, int]] = {}
-    for record in read_committed(bootstrap, f"__replicator.{prefix}"):
+    for record in state:
         if (record.key or b"").startswith(b"topic:"):
             topic = (record.key or b"")[len(b"topic:"):].decode()
             if record.value is None:

@@ -892,6 +892,60 @@ def test_a_publisher_publishes_again_once_kafka_is_back_after_an_outage_longer_t
         target.close()
 
 
+class _FlushLosingItsError:
+    """A producer whose flush raises a fatal error as confluent_kafka once did in CI for a fenced producer:
+    a SystemError with no cause (it raises a KafkaException, or a SystemError caused by one)."""
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+        self.errors_lost = 0
+
+    def flush(self, timeout: float) -> int:
+        try:
+            left: int = self.producer.flush(timeout)
+        except (KafkaException, SystemError):
+            self.errors_lost += 1
+            raise SystemError("<built-in method flush> returned NULL without setting an exception") from None
+        return left
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.producer, name)
+
+
+def test_a_fenced_publisher_stops_in_one_line_when_its_flush_loses_the_fatal_error(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str) -> None:
+    """A fenced publisher says another publisher took over, whatever form the fatal error comes out of its
+    flush in (a bare SystemError stopped it in a traceback); and it never starts a producer again, which
+    would fence the publisher that took over."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    first = KafkaTarget(parse_url(url))
+    second = None
+    try:
+        table = first.tables()["public.orders"]
+        (queue,) = first.queues()
+        ((consumer, tick),) = first.positions(queue).items()
+        first.begin()
+        first.upsert(table, "U", [(1, "from the publisher before it was fenced")])
+        first.producer.flush(10)
+        second = KafkaTarget(parse_url(url))   # its producer's start fences the first's
+        first.upsert(table, "U", [(1, "from the fenced publisher")])   # refused: the producer stops (fatal)
+        flush = first.producer = _FlushLosingItsError(first.producer)  # type: ignore[assignment]
+        first.set_position(queue, consumer, tick)
+        with pytest.raises(UserError, match="another publisher took over"):
+            first.commit()
+        assert flush.errors_lost >= 1
+        first.rollback()
+        second.begin()
+        second.upsert(table, "U", [(1, "from the publisher that took over")])
+        second.set_position(queue, consumer, tick)
+        second.commit()
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+
+
 def test_a_batch_rolled_back_finds_the_tables_as_the_last_commit_left_them(
         dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str) -> None:
     """The consumer clears a table's copy snapshot in place (its events then stop being skipped) and

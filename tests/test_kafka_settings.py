@@ -394,7 +394,8 @@ def test_creating_a_topic_per_table_lists_the_brokers_topics_a_bounded_number_of
     names = [table_topic(kafka_prefix, "public", f"t{i}") for i in range(30)]
     assert [topics.ensure_table(name) for name in names] == [1] * 30
     assert counted.listings <= 2
-    assert set(names) <= set(counted.admin.list_topics(timeout=10).topics)
+    # (a topic created is listed once its broker has applied the controller's metadata, a moment later)
+    wait_until(lambda: set(names) <= set(counted.admin.list_topics(timeout=10).topics), 30, "the topics listed")
     assert Topics(parse_url(f"kafka://{kafka.bootstrap}/{kafka_prefix}", environ={})).ensure_table(names[0]) == 1
 
 

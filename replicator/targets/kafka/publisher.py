@@ -376,16 +376,26 @@ class KafkaTarget:
 
     def _serve(self, wait: Callable[[float], int], timeout: float) -> int:
         """The producer's poll or flush: delivery reports served, waiting up to timeout. confluent_kafka
-        raises a fatal error (this producer fenced) out of them, as a SystemError caused by it when a
-        delivery report is served after it."""
+        raises a fatal error (this producer fenced) out of them, as a SystemError when a delivery report
+        is served after it: caused by it, or with no cause at all (the report's callback cleared it)."""
         try:
             return wait(timeout)
         except KafkaException as exc:
             raise self._failure(_kafka_error(exc)) from None
         except SystemError as exc:
-            if isinstance(exc.__cause__, KafkaException):
-                raise self._failure(_kafka_error(exc.__cause__)) from None
-            raise
+            fatal = exc.__cause__ if isinstance(exc.__cause__, KafkaException) else self._fatal_error()
+            if fatal is None:
+                raise
+            raise self._failure(_kafka_error(fatal)) from None
+
+    def _fatal_error(self) -> KafkaException | None:
+        """The fatal error the producer stopped on, if it did: a producer's start asked of one started answers
+        with it, else with a state error, and changes nothing either way (librdkafka's transaction states)."""
+        try:
+            self.producer.init_transactions(0)
+        except KafkaException as exc:
+            return exc if _kafka_error(exc).fatal() else None
+        return None
 
     def _flush(self) -> None:
         left = self._serve(self.producer.flush, self._timeout)
