@@ -68,10 +68,11 @@ def consumer(bootstrap: str, **settings: str | int | bool) -> Consumer:
                      "enable.auto.commit": False, "isolation.level": "read_committed", **FETCH_WAIT, **settings})
 
 
-def read_committed(bootstrap: str, topic: str) -> list[Record]:
+def read_committed(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Record]:
     """Every committed record of every partition of the topic, from its start to its end as it is
-    now (a read_committed reader's end: the last stable offset), partition by partition."""
-    reader = consumer(bootstrap)
+    now (a read_committed reader's end: the last stable offset), partition by partition. With
+    isolation read_uncommitted: every record written, committed or not, to the partitions' ends."""
+    reader = consumer(bootstrap, **{"isolation.level": isolation})
     records: list[Record] = []
     try:
         metadata = reader.list_topics(topic, timeout=READ_TIMEOUT).topics.get(topic)
@@ -127,12 +128,13 @@ def last_commit(bootstrap: str, prefix: str) -> dict[str, Any] | None:
     if not commits or commits[-1].value is None:
         return None
     commit: dict[str, Any] = json.loads(commits[-1].value)
-    ends = _topic_ends(state)
-    for topic, offsets in commit["last"].items():
-        ends[topic] = {**ends.get(topic, {}), **offsets}
+    ends = _topic_ends(state) or commit["last"]   # (the topic records hold every commit's last, this one's too)
     reader = consumer(bootstrap)
     try:
+        listed = reader.list_topics(timeout=READ_TIMEOUT).topics   # (a topic a test deleted has no end to wait for)
         for topic, offsets in ends.items():
+            if topic not in listed:
+                continue
             for partition, offset in offsets.items():
                 where = TopicPartition(topic, int(partition))
                 wait_until(lambda: (_end_offset(reader, where) or (0,))[0] > offset, READ_TIMEOUT,
@@ -148,15 +150,9 @@ def topic_ends(bootstrap: str, prefix: str) -> dict[str, dict[str, int]]:
 
 
 def _topic_ends(state: list[Record]) -> dict[str, dict[str, int]]:
-    ends: dict[str, dict[str, int]] = {}
-    for record in state:
-        if (record.key or b"").startswith(b"topic:"):
-            topic = (record.key or b"")[len(b"topic:"):].decode()
-            if record.value is None:
-                ends.pop(topic, None)
-            else:
-                ends[topic] = json.loads(record.value)
-    return ends
+    """The ends the last record of each topic key says (a record a later one replaced is not read)."""
+    last = {(r.key or b"")[len(b"topic:"):].decode(): r.value for r in state if (r.key or b"").startswith(b"topic:")}
+    return {topic: json.loads(value) for topic, value in last.items() if value is not None}
 
 
 def replay(records: list[Record]) -> dict[str, dict[Any, dict[str, Any]]]:

@@ -390,11 +390,15 @@ class KafkaTarget:
 
     def _fatal_error(self) -> KafkaException | None:
         """The fatal error the producer stopped on, if it did: a producer's start asked of one started answers
-        with it, else with a state error, and changes nothing either way (librdkafka's transaction states)."""
-        try:
-            self.producer.init_transactions(0)
-        except KafkaException as exc:
-            return exc if _kafka_error(exc).fatal() else None
+        with it, else with a state error, at once and changing nothing (librdkafka's transaction states). A
+        call that times out is left in progress, blocking every other transaction call: it is called again."""
+        for _ in range(3):
+            try:
+                self.producer.init_transactions(self._timeout)
+            except KafkaException as exc:
+                error = _kafka_error(exc)
+                if error.code() != KafkaError._TIMED_OUT:
+                    return exc if error.fatal() else None
         return None
 
     def _flush(self) -> None:
