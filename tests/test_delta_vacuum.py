@@ -445,6 +445,58 @@ def test_a_consumer_with_vacuum_every_deletes_the_files_removed_past_their_table
     assert_equal_to_source(conn, path, ["t", "u"])
 
 
+def named_files(table_dir: Path) -> set[str]:
+    """The files the table's log names: its current version's and its removes' (of its last
+    checkpoint and the commits after it)."""
+    snapshot = delta_log.load(LocalStorage(table_dir.parent), table_dir.name, tombstones=True)
+    assert snapshot.tombstones is not None
+    names = set()
+    for action in [*snapshot.files.values(), *snapshot.tombstones.values()]:
+        names.add(action["path"])
+        if action.get("deletionVector"):
+            names.add(deletion_vectors.descriptor_file(action["deletionVector"]))
+    return names
+
+
+def test_a_consumer_with_vacuum_every_deletes_the_removed_files_its_checkpoint_forgets(dsn, conn, source, tmp_path):
+    """delta-rs' checkpoint leaves out the removes past the table's retention: the consumer deletes
+    their files then, as vacuum would, where vacuum would have found them named by no log and kept
+    them 7 days whatever the retention (issue 31's soak: the warehouse held 7 days of them)."""
+    path = tmp_path / "wh"
+    warehouse(dsn, conn, source, path)
+    t = path / "public.t"
+    DeltaTable(str(t)).alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 1 seconds"})
+    checkpoints = {name for name in os.listdir(t / "_delta_log") if ".checkpoint." in name}
+    daemon = Daemon(dsn, "consume", "q", "--target", f"delta:{path}", "--vacuum-every", "1h",
+                    "--poll-interval", "0.05", log=tmp_path / "consume.log")
+    try:
+        wait_until(lambda: "INFO vacuum deleted" in daemon.log(), 60, "the consumer's first VACUUM",
+                   check=lambda: _alive(daemon))
+
+        def batch(n: int) -> None:   # one commit of t: a deletion vector replaced, the old one removed
+            conn.execute("UPDATE t SET cnt = cnt + 1 WHERE id %% 20 = %s", (n % 20,))
+            tick = forced_tick(conn)
+            wait_until(lambda: _position(path) >= tick, 60, f"tick {tick} applied", check=lambda: _alive(daemon))
+
+        for n in range(3):
+            batch(n)
+        removed = table_files(t) - current_files(t)
+        assert removed
+        removed_at = time.time()
+        wait_until(lambda: time.time() - removed_at > 1.5, 10, "their removes past t's retention of 1s")
+        n = 3
+        while not {name for name in os.listdir(t / "_delta_log") if ".checkpoint." in name} - checkpoints:
+            assert n < 3 + 2 * delta_log.CHECKPOINT_EVERY, "no checkpoint of t"
+            batch(n)
+            n += 1
+        assert not removed & table_files(t), daemon.log()
+        assert table_files(t) <= named_files(t)
+        assert daemon.terminate() == 0, daemon.log()
+    finally:
+        daemon.stop()
+    assert_equal_to_source(conn, path, ["t", "u"])
+
+
 def test_a_scheduled_vacuum_that_fails_is_one_warning_and_runs_again_an_interval_later(dsn, conn, source, tmp_path,
                                                                                        caplog):
     """Between batches (DeltaTarget.tend, which the run loop calls after each step): a VACUUM

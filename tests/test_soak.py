@@ -27,7 +27,7 @@ def test_a_short_soak_keeps_every_replica_equal_and_no_size_grows(tmp_path: Path
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     figures = json.loads((report / "soak.json").read_text())
     assert figures["ok"] and figures["differing"] == {"sqlite": [], "delta": [], "follower": []}
-    assert all(t["flat"] for t in figures["trends"] if t["judged"]), figures["trends"]
+    assert all(t["flat"] for t in figures["trends"]), figures["trends"]
     assert figures["written_rate"] > 400   # the workload ran at about its rate
     judged = [s for s in figures["samples"] if s["seconds"] >= figures["warmup_seconds"]]
     assert len(judged) >= 8

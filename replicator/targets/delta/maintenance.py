@@ -386,6 +386,33 @@ def vacuum(storage: Storage, *, retention: float | None = None, force: bool = Fa
     return done
 
 
+@dataclass
+class Tombstones:
+    """A table's files in use and removed, as its log names them before the consumer checkpoints
+    it (a consumer given --vacuum-every): delta-rs' checkpoint leaves out the removes older than
+    the table's retention, and vacuum would then find their files named by no log and keep them
+    ORPHAN_SECONDS (7 days) whatever the retention. Read before the checkpoint, vacuum() after it
+    deletes them, as `vacuum` does with the table's own retention."""
+    storage: Storage
+    snapshot: delta_log.Snapshot
+    in_use: set[str]
+    removed: dict[str, float]
+
+    @classmethod
+    def read(cls, storage: Storage, table: str) -> Tombstones:
+        snapshot = delta_log.load(storage, table, tombstones=True)
+        return cls(storage, snapshot, *_references(storage, snapshot, time.time()))
+
+    def vacuum(self) -> tuple[int, int]:
+        """Files and bytes deleted; nothing is listed unless a remove is past the retention, and
+        nothing deleted under MIN_RETENTION (the scheduled vacuum says why)."""
+        retention, now = table_retention(self.snapshot), time.time()
+        if retention < MIN_RETENTION or all(now - when < retention for when in self.removed.values()):
+            return 0, 0
+        return _vacuum_table(self.storage, self.snapshot, self.in_use, self.removed, now, retention, retention,
+                             dry_run=False)
+
+
 def _shown(seconds: float) -> str:
     return format_duration(timedelta(seconds=seconds))
 

@@ -353,20 +353,31 @@ class DeltaTarget:
 
     def _checkpoint(self, tables: list[ReplicaTable]) -> None:
         """A checkpoint of each log that grew by CHECKPOINT_EVERY commits since the last
-        (delta-rs writes it): readers and the next start replay no more than that; then the
-        log's entries older than its retention go (maintenance.clean_log)."""
+        (delta-rs writes it): readers and the next start replay no more than that; then, with
+        --vacuum-every, the files it no longer names as removed go (maintenance.Tombstones), and
+        the log's entries older than its retention (maintenance.clean_log)."""
         due = [t.snapshot for t in tables if t.snapshot.commits_since_checkpoint >= delta_log.CHECKPOINT_EVERY]
         if self.state.snapshot.commits_since_checkpoint >= delta_log.CHECKPOINT_EVERY:
             due.append(self.state.snapshot)
         needed: dict[str, int] | None = None
         for snapshot in due:
             try:
-                delta_log.write_checkpoint(self.storage, snapshot.table)
+                tombstones = (maintenance.Tombstones.read(self.storage, snapshot.table)
+                              if self._vacuum_every is not None else None)
+                delta_log.write_checkpoint(self.storage, snapshot.table,
+                                           tombstones.snapshot.version if tombstones is not None else None)
                 snapshot.commits_since_checkpoint = 0
             except Exception as exc:   # a checkpoint only saves reading: the consumer goes on
                 log.warning("checkpoint of %s failed: %s", snapshot.table, first_line(exc))
                 snapshot.commits_since_checkpoint = 0
                 continue
+            try:
+                files, size = tombstones.vacuum() if tombstones is not None else (0, 0)
+                if files:
+                    log.debug("vacuum deleted %s (%s bytes) of %s at its checkpoint", counted(files, "file"),
+                              f"{size:,}", snapshot.table)
+            except Exception as exc:   # they stay for `replicator delta vacuum` (7 days old): nothing lost
+                log.warning("vacuum of %s at its checkpoint failed: %s", snapshot.table, first_line(exc))
             try:
                 if needed is None:
                     needed = self.state.kept_versions(maintenance.log_retention(self.state.snapshot))
