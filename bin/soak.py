@@ -308,18 +308,22 @@ class Watch(threading.Thread):
         self.kafka_data = kafka_data
         self.highest: dict[str, float] = {}
         self.topic_bytes: list[int] = []
+        self.error: Exception | None = None   # what stopped it (the run then stops: Soak.check)
         self._lock = threading.Lock()
         self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._halt.wait(POLL):   # polling interval
-            topics = kafka_bytes(self.kafka_data)
-            lags = {name: scrape_lag(port) for name, port in self.ports.items()}
-            with self._lock:
-                self.topic_bytes.append(topics)
-                for name, lag in lags.items():
-                    if lag is not None:
-                        self.highest[name] = max(lag, self.highest.get(name, 0.0))
+        try:
+            while not self._halt.wait(POLL):   # polling interval
+                topics = kafka_bytes(self.kafka_data)
+                lags = {name: scrape_lag(port) for name, port in self.ports.items()}
+                with self._lock:
+                    self.topic_bytes.append(topics)
+                    for name, lag in lags.items():
+                        if lag is not None:
+                            self.highest[name] = max(lag, self.highest.get(name, 0.0))
+        except Exception as exc:   # (no lag read any more would read as none)
+            self.error = exc
 
     def take(self) -> tuple[dict[str, float], int | None]:
         with self._lock:
@@ -443,7 +447,7 @@ class Soak:
                 while True:
                     now = time.monotonic()
                     self.samples.append(self.sample(monitor, now - started, writer, watch))
-                    self.check(writer)
+                    self.check(writer, watch)
                     self.show(self.samples[-1])
                     following = started + len(self.samples) * self.args.sample_every
                     if following > end + 1e-6:
@@ -452,12 +456,14 @@ class Soak:
         finally:
             writer.stop()
             watch.stop()
-        self.check(writer)
+        self.check(writer, watch)
         self.written = writer.changes
 
-    def check(self, writer: Writer) -> None:
+    def check(self, writer: Writer, watch: Watch) -> None:
         if writer.error is not None:
             raise RuntimeError(f"the writer failed: {writer.error}")
+        if watch.error is not None:
+            raise RuntimeError(f"reading the lags and the topics failed: {watch.error!r}")
         self.daemons.check()
 
     def sample(self, monitor: psycopg.Connection[Any], seconds: float, writer: Writer, watch: Watch) -> Sample:

@@ -15,6 +15,15 @@ from pgserver import PgServer
 from replicator.source.install import install
 
 _names = itertools.count()
+# The compatibility run (bin/test-pg-versions) runs the randomized tests at a fraction of their
+# examples: another server version needs the behaviours they reach, which a few examples reach, and
+# their full depth runs in the main suite beside it on the same two cores (docs/testing.md).
+EXAMPLES_SCALE = float(os.environ.get("REPLICATOR_EXAMPLES_SCALE", "1"))
+
+
+def examples(n: int) -> int:
+    """A randomized test's max_examples: n, scaled for the run (at least 1)."""
+    return max(1, round(n * EXAMPLES_SCALE))
 
 
 def unique_name(prefix: str) -> str:

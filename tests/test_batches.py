@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pg_helpers import examples
 from queue_util import Event, read_batches
 
 
@@ -102,7 +103,7 @@ class Writer:
         self.committed, self.rows, self.in_txn, self.savepoints, self.pending = {}, {}, False, [], []
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(2000), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=3, max_size=50), end_with_commit=st.lists(st.booleans(), min_size=WRITERS,
                                                                             max_size=WRITERS))

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from psycopg import sql
 
 from ddl_helpers import source_rows, sqlite_rows
+from pg_helpers import examples
 from queue_util import CAPTURE_KINDS, by_statement, changes, read_events
 from replicator.consumer import Consumer
 from replicator.errors import UserError
@@ -302,7 +303,7 @@ def test_output_settings_are_pinned_only_where_the_encoding_depends_on_them(dsn,
         "IntervalStyle=postgres", "standard_conforming_strings=on", "TimeZone=UTC", "DateStyle=ISO, MDY"]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                      HealthCheck.too_slow])
 @given(text=st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))),
        number=st.decimals(allow_nan=False, allow_infinity=False),
@@ -561,7 +562,7 @@ _FRAGMENTS = [")", "(", ";", " -- ", "\n", "/*", "*/", "'", "''", "$$", "$q$", "
               " WHERE (", " CREATE TABLE \"made\" ()", " AND \"id\" IN (", " SELECT ", " FOR UPDATE", " AS x"]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(suffix=st.lists(st.sampled_from(_FRAGMENTS), max_size=12).map("".join))
 def test_an_accepted_row_filter_is_exactly_one_expression_wherever_it_is_wrapped(suffix):
     """Whatever is appended to a filter: either it is refused, or the statements the server
@@ -591,7 +592,7 @@ _STACKING = st.tuples(
     st.lists(st.sampled_from(_FRAGMENTS), max_size=3).map("".join)).map("".join)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                      HealthCheck.too_slow])
 @given(suffix=_STACKING)
 def test_no_row_filter_runs_a_statement_of_its_own_when_added(conn, q, ddl_ran, suffix):

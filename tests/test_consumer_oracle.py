@@ -45,7 +45,7 @@ from consumer_helpers import (
     sqlite_position,
     wait_until,
 )
-from pg_helpers import fresh_database
+from pg_helpers import examples, fresh_database
 from queue_util import CAPTURE_KINDS
 
 TABLES = [("public.acct", "acct", ["id"]), ("s.items", "s__items", ["a", "b"]),
@@ -272,7 +272,7 @@ def position(path: Path) -> int:
 
 
 @pytest.mark.parametrize("capture", CAPTURE_KINDS)
-@settings(max_examples=3, deadline=None, phases=[Phase.generate], database=None,
+@settings(max_examples=examples(3), deadline=None, phases=[Phase.generate], database=None,
           suppress_health_check=list(HealthCheck))
 @given(seeds=st.lists(st.integers(0, 2**32 - 1), min_size=3, max_size=3, unique=True),
        kill_after_ticks=st.lists(st.integers(0, 4), min_size=4, max_size=5),

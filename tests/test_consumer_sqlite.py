@@ -48,6 +48,7 @@ from consumer_helpers import (
     sqlite_types,
     wait_until,
 )
+from pg_helpers import examples
 from replicator.consumer import Consumer
 from replicator.source import Source
 from replicator.targets.sqlite.target import SqliteTarget, replica_state
@@ -256,7 +257,7 @@ def generated_setup(dsn, conn, source, tmp_path):
     return replica
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                      HealthCheck.too_slow])
 @given(rows=st.lists(_row, min_size=1, max_size=6))
 def test_generated_values_match_the_oracle_after_replication(dsn, conn, generated_setup, rows):

@@ -489,6 +489,7 @@ def test_a_consumer_with_vacuum_every_deletes_the_removed_files_its_checkpoint_f
             assert n < 3 + 2 * delta_log.CHECKPOINT_EVERY, "no checkpoint of t"
             batch(n)
             n += 1
+        batch(n)   # applied after the checkpoint's vacuum ended (one step at a time)
         assert not removed & table_files(t), daemon.log()
         assert table_files(t) <= named_files(t)
         assert daemon.terminate() == 0, daemon.log()

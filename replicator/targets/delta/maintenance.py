@@ -42,7 +42,9 @@ into.
 The views' tables (replicator.targets.delta.view_table) are kept the same way:
 the consumer optimizes them after its refreshes; both commands cover them. A
 consumer given --vacuum-every runs vacuum itself between batches
-(DeltaTarget.tend), as the command does without options.
+(DeltaTarget.tend), as the command does without options, and vacuums a table as
+it checkpoints its log (Tombstones: the checkpoint leaves out the removes past
+the retention).
 """
 
 from __future__ import annotations

@@ -361,9 +361,13 @@ class DeltaTarget:
             due.append(self.state.snapshot)
         needed: dict[str, int] | None = None
         for snapshot in due:
+            tombstones = None
+            if self._vacuum_every is not None:
+                try:
+                    tombstones = maintenance.Tombstones.read(self.storage, snapshot.table)
+                except Exception as exc:   # the checkpoint still saves reading; the files stay (7 days)
+                    log.warning("vacuum of %s at its checkpoint skipped: %s", snapshot.table, first_line(exc))
             try:
-                tombstones = (maintenance.Tombstones.read(self.storage, snapshot.table)
-                              if self._vacuum_every is not None else None)
                 delta_log.write_checkpoint(self.storage, snapshot.table,
                                            tombstones.snapshot.version if tombstones is not None else None)
                 snapshot.commits_since_checkpoint = 0
