@@ -569,9 +569,12 @@ class SqliteTarget:
         or "T" and t: SQLite names are case-insensitive; escaped names never meet another
         table's, see structure.target_table_name), nor a table a view's SQL view."""
         name = self.table_name(table)
-        for other in self.tables().values():
-            if other.source_name != table.source_name and ascii_lower(self.table_name(other)) == ascii_lower(name):
-                raise UserError(f"{other.source_name} and {table.source_name} would both be table {name!r} of "
+        # each table's name from its structure's JSON by SQLite: a copy of N tables checks each against all
+        for source_name, schema, other_name in self.db.execute(
+                f"SELECT source_name, json_extract(structure, '$.schema'), json_extract(structure, '$.name')"
+                f" FROM {_TABLES} WHERE source_name <> ?", (table.source_name,)):
+            if ascii_lower(target_table_name(schema, other_name)) == ascii_lower(name):
+                raise UserError(f"{source_name} and {table.source_name} would both be table {name!r} of "
                                 f"{self.name}: replicate them into separate targets (consume --tables)")
         view = self.db.execute("SELECT name FROM main.sqlite_master WHERE type = 'view' AND name = ? COLLATE NOCASE",
                                (name,)).fetchone()
