@@ -208,7 +208,9 @@ def test_user_text_that_would_run_sql_of_its_own_is_refused_in_one_line_and_runs
     the server, as the installing superuser). A filter, a table name: one expression, one name."""
     marker = Path(tempfile.gettempdir()) / f"replicator-cli-{uuid.uuid4().hex}"
     with psycopg.connect(app, autocommit=True) as c:   # the server can write there
-        c.execute(f"COPY (SELECT 1) TO PROGRAM 'touch {marker}'")
+        # (a program that reads the rows: touch may exit before the server writes to its pipe, which
+        # then fails the COPY with "could not close pipe to external command: Broken pipe")
+        c.execute(f"COPY (SELECT 1) TO PROGRAM 'cat > {marker}'")
     assert marker.exists()
     marker.unlink()
     try:
