@@ -405,12 +405,15 @@ class Consumer:
     def _unregister_temporary(self) -> None:
         from replicator.source import db
         try:
-            if self.source is None or self.source.conn.broken:
+            try:
+                if self.source is None or self.source.conn.broken:
+                    raise psycopg.OperationalError("no connection")
+                self.source.conn.rollback()   # interrupted (SIGINT) inside a transaction
+                self.source.unregister_consumer(self.queue, self.name)
+            except psycopg.Error:   # none, or interrupted within a command (another command is in progress)
                 self._disconnect()
                 self.source = Source(db.open_connection(db.resolve_dsn(self.dsn)))
-            else:
-                self.source.conn.rollback()   # interrupted (SIGINT) inside a transaction
-            self.source.unregister_consumer(self.queue, self.name)
+                self.source.unregister_consumer(self.queue, self.name)
             log.debug("temporary consumer %s unregistered from queue %s", self.name, self.queue)
         except (psycopg.Error, UserError) as exc:
             log.warning("temporary consumer %s left registered on queue %s (%s): maint unregisters it once it is"
