@@ -3,9 +3,12 @@ and a composite (integer, text) key, and what a batch then costs, its hits check
 files. No PostgreSQL, no Spark: a table of ROWS rows is written as a copy's workers write it
 (files of FILE_ROWS rows, row groups of ROW_GROUP), the index built as a consumer started again
 builds it, then a batch of updates (keys of the table) and inserts (new keys) is applied and
-committed as the consumer applies one.
+committed as the consumer applies one. With --churn N, N batches follow that each delete the
+table's oldest --batch rows and insert as many new ones (a table whose rows come and go), and the
+entries the index holds are reported against its live rows, at their most.
 
     PYTHONPATH=.:bin .venv/bin/python bin/bench_key_index.py --rows 10000000
+    PYTHONPATH=.:bin .venv/bin/python bin/bench_key_index.py --rows 1000000 --churn 150 --baseline-rows 0
 
 Bytes a row: what the index holds once built (its NumPy arrays and dicts, traced by tracemalloc),
 over the live rows. The old index (a dict of the keys' Python values) is measured beside it on
@@ -89,7 +92,7 @@ def traced(fn: Callable[[], Any]) -> tuple[Any, float, int, int]:
     return result, seconds, held, peak
 
 
-def measure(kind: str, rows: int, batch: int, baseline_rows: int, out: Any) -> None:
+def measure(kind: str, rows: int, batch: int, baseline_rows: int, churn: int, out: Any) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-key-index-") as tmp:
         started = time.perf_counter()
         table = write_table(Path(tmp), kind, rows)
@@ -123,6 +126,8 @@ def measure(kind: str, rows: int, batch: int, baseline_rows: int, out: Any) -> N
         table.commit("q/c", 1)
         print(f"{kind}: a batch of {batch:,} updates and {batch:,} inserts committed in "
               f"{time.perf_counter() - started:.2f} s ({staged:.2f} s to stage its rows)", file=out, flush=True)
+        if churn:
+            come_and_go(table, kind, rows + batch, batch, churn, out)
     if baseline_rows:
         numbers = np.arange(baseline_rows, dtype=np.int64)
         columns = key_columns(kind, numbers)
@@ -132,15 +137,39 @@ def measure(kind: str, rows: int, batch: int, baseline_rows: int, out: Any) -> N
         del old
 
 
+def come_and_go(table: ReplicaTable, kind: str, end: int, batch: int, batches: int, out: Any) -> None:
+    """Batches deleting the oldest rows (keys 0, 1, ...) and inserting as many new ones (from end on);
+    prints the most entries the index held a live row, and the most recent codes it held."""
+    most, recent, started = 0.0, 0, time.perf_counter()
+    for n in range(batches):
+        gone = np.arange(n * batch, (n + 1) * batch, dtype=np.int64)
+        new = np.arange(end + n * batch, end + (n + 1) * batch, dtype=np.int64)
+        for key in python_keys(key_columns(kind, gone)):
+            key = key if isinstance(key, tuple) else (key,)
+            table.change(key, True, (*key, None))
+        for key in python_keys(key_columns(kind, new)):
+            key = key if isinstance(key, tuple) else (key,)
+            table.change(key, False, (*key, n))
+        table.commit("q/c", n + 2)
+        index = table.ensure_index()
+        most = max(most, index.entries / index.live)
+        recent = max(recent, len(index._recent))
+    seconds = time.perf_counter() - started
+    print(f"{kind}: {batches} batches of {batch:,} deletes and {batch:,} inserts in {seconds:.1f} s: at most"
+          f" {most:.3f} entries a live row ({16 * most:.1f} bytes a row in its arrays), and "
+          f"{recent:,} recent codes", file=out, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--batch", type=int, default=10_000, help="updates (and as many inserts) a batch")
     parser.add_argument("--baseline-rows", type=int, default=1_000_000, help="0: no baseline")
     parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--churn", type=int, default=0, help="batches of deletes and inserts after the batch")
     args = parser.parse_args(argv)
     for kind in args.kinds.split(","):
-        measure(kind, args.rows, args.batch, args.baseline_rows, sys.stdout)
+        measure(kind, args.rows, args.batch, args.baseline_rows, args.churn, sys.stdout)
     return 0
 
 

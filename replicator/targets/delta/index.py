@@ -34,11 +34,10 @@ from pyroaring import BitMap
 
 # Keys written since the arrays were sorted are in a dict (about 100 bytes each) until FOLD_AT plus a
 # sixteenth of the arrays' rows, then folded into them (a sort of the arrays): about 6 bytes a row of a
-# large table, 6.5 MB for a small one.
+# large table, 6.5 MB for a small one. The entries of dead rows (deleted, or written again) go at a fold,
+# which as many of them make too: at most a sixteenth more entries than live rows, and FOLD_AT.
 FOLD_AT = 1 << 16
-# the entries of dead rows (deleted or written again) an index holds past its live rows, and the files it
-# knows past twice the table's, at which it is built again (rebuild_due): it drops neither as it goes
-REBUILD_AT = 1 << 16
+# the files it knows (OPTIMIZE's removed ones too) past twice the table's, at which it is built again
 REBUILD_FILES_AT = 1000
 HASH_SLICE = 1 << 16   # rows hashed at once (the temporary arrays are a few times the slice's bytes)
 
@@ -296,42 +295,29 @@ class KeyIndex:
             self._keys, self._locations = keys[order], locations[order]
 
     def _fold(self) -> None:
-        if not self.integer:
-            self._fold_hashed()
-            return
-        # Sorts the recent keys into the arrays. A recent key's row in the arrays is dead (it
-        # was written again since), so it goes; dead rows of other keys may stay (locate checks).
-        recent = {key: location for key, location in self._recent.items() if not self._dead(location)}
-        keys = np.fromiter(self._recent.keys(), dtype=np.int64, count=len(self._recent))
-        replaced = np.isin(self._keys, keys)
-        base_keys, base_locations = self._keys[~replaced], self._locations[~replaced]
-        new_keys = np.fromiter(recent.keys(), dtype=np.int64, count=len(recent))
-        new_locations = np.fromiter(recent.values(), dtype=np.int64, count=len(recent))
-        keys = np.concatenate([base_keys, new_keys])
-        locations = np.concatenate([base_locations, new_locations])
-        order = np.argsort(keys, kind="stable")
-        self._keys, self._locations = keys[order], locations[order]
-        self._recent = {}
-
-    def _fold_hashed(self) -> None:
-        """Sorts the recent codes' live rows into the arrays. A row of the arrays whose code was
-        written again may be another key's, still alive: only the dead ones go."""
-        entries = [(code, location) for code, location in self._recent.items()]
-        entries += [(code, location) for code, locations in self._shared.items() for location in locations]
+        """Sorts the live rows of the recent codes into the arrays, whose entries of dead rows go. (Hashed
+        keys: a code written again may also be another key's, still alive, and stays then.)"""
+        entries = [*self._recent.items(), *((code, location) for code, locations in self._shared.items()
+                                            for location in locations)]
         entries = [(code, location) for code, location in entries if not self._dead(location)]
-        codes = np.fromiter(self._recent.keys(), dtype=np.int64, count=len(self._recent))
-        again = np.nonzero(np.isin(self._keys, codes))[0]
-        dead = np.fromiter((self._dead(location) for location in self._locations[again].tolist()),
-                           dtype=bool, count=len(again))
-        keep = np.ones(len(self._keys), dtype=bool)
-        keep[again[dead]] = False
-        new_keys = np.fromiter((code for code, _ in entries), dtype=np.int64, count=len(entries))
-        new_locations = np.fromiter((location for _, location in entries), dtype=np.int64, count=len(entries))
-        keys = np.concatenate([self._keys[keep], new_keys])
-        locations = np.concatenate([self._locations[keep], new_locations])
-        order = np.argsort(keys, kind="stable")
-        self._keys, self._locations = keys[order], locations[order]
+        alive = self._alive(self._locations)
+        keys = np.concatenate([self._keys[alive], np.fromiter((c for c, _ in entries), dtype=np.int64,
+                                                               count=len(entries))])
+        locations = np.concatenate([self._locations[alive], np.fromiter((loc for _, loc in entries),
+                                                                         dtype=np.int64, count=len(entries))])
+        if entries:
+            order = np.argsort(keys, kind="stable")
+            keys, locations = keys[order], locations[order]
+        self._keys, self._locations = keys, locations
         self._recent, self._shared, self._shared_rows = {}, {}, 0
+
+    def _alive(self, locations: np.ndarray) -> np.ndarray:
+        """Whether each location's row is alive: its file's deletions do not mark it."""
+        dead = [(number << 32) | np.asarray(rows.to_array(), dtype=np.int64)
+                for number, rows in enumerate(self.deleted) if rows]
+        if not dead:
+            return np.ones(len(locations), dtype=bool)
+        return ~np.isin(locations, np.concatenate(dead))
 
     def _dead(self, location: int) -> bool:
         return (location & 0xFFFFFFFF) in self.deleted[location >> 32]
@@ -447,15 +433,15 @@ class KeyIndex:
             held = len(self.deleted[number])
             self.deleted[number].update(rows)
             self.live -= len(self.deleted[number]) - held
+        if self.entries - self.live >= FOLD_AT + len(self._keys) // 16:
+            self._fold()
         return by_file
 
     def rebuild_due(self, files: int) -> bool:
-        """Whether the index is to be built again (from a table of `files` files): a deleted row's
-        entry stays until then, and so does every file it was told of, OPTIMIZE's removed ones
-        too. Built again once the dead entries outnumber the live rows (and REBUILD_AT), or the
-        files twice the table's (and REBUILD_FILES_AT): a build's cost, reading every file's keys,
-        is then paid by as many deletes or files since."""
-        return self.entries - self.live > max(self.live, REBUILD_AT) or len(self.paths) > 2 * files + REBUILD_FILES_AT
+        """Whether the index is to be built again (from a table of `files` files): every file it was told
+        of stays until then, OPTIMIZE's removed ones too. Built again once they are twice the table's
+        (and REBUILD_FILES_AT): a build's cost, reading every file's keys, is then paid by as many files."""
+        return len(self.paths) > 2 * files + REBUILD_FILES_AT
 
     @property
     def entries(self) -> int:

@@ -183,7 +183,7 @@ class ReplicaTable:
 
     def release_unused(self) -> None:
         """After a commit (its own, or OPTIMIZE's): what the table holds in memory that the new version
-        does not need goes. The key index, once it holds more dead rows or old files than it is worth
+        does not need goes. The key index, once it holds more old files than it is worth
         (KeyIndex.rebuild_due: built again when next needed); the deletion vector files read or written
         that the table's files no longer use (a batch writes one: every one was kept for the consumer's
         life, and a Delta consumer grew by ~4 MB a minute under bin/soak; one needed again, an older
