@@ -10,6 +10,8 @@ SQLite replicas and stream files."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -32,7 +34,7 @@ from confluent_kafka.admin import (
 )
 
 from consumer_helpers import Daemon, run_cli, run_cli_in_process, sqlite_reader, wait_until
-from kafka_helpers import FETCH_WAIT
+from kafka_helpers import FETCH_WAIT, read_committed
 from kafkaserver import KafkaServer
 from replicator.errors import TargetUnavailable, UserError
 from replicator.follower import follower as follower_module
@@ -944,6 +946,65 @@ def test_a_fenced_publisher_stops_in_one_line_when_its_flush_loses_the_fatal_err
         first.close()
         if second is not None:
             second.close()
+
+
+@pytest.mark.parametrize("abort", ["while the broker is stopped", "once it goes on"])
+def test_a_batch_published_again_after_an_abort_is_in_the_commit_when_the_broker_wrote_its_first_try_unanswered(
+        dsn: str, conn: psycopg.Connection, orders: str, own_kafka: KafkaServer, kafka_prefix: str,
+        abort: str) -> None:
+    """The broker stopped while a produce was in flight: the producer gives up on it, the publisher aborts the
+    transaction, and the broker, going on, writes the records into the aborted transaction. The batch
+    published again must be in its commit: the producer sent it with the sequence numbers of the records
+    written unanswered, Kafka answered it as their duplicate, at their offsets, and the commit held none of
+    it (a CI failure of the broker-restart test)."""
+    url = f"kafka://{own_kafka.bootstrap}/{kafka_prefix}?kafka.socket.timeout.ms=2000"
+    topic = f"{kafka_prefix}.public.orders"
+    publish(dsn, url)
+    target = KafkaTarget(parse_url(url))
+    assert own_kafka.process is not None
+    broker = own_kafka.process.pid
+    try:
+        table = target.tables()["public.orders"]
+        (queue,) = target.queues()
+        ((consumer, tick),) = target.positions(queue).items()
+        target.begin()
+        target.upsert(table, "U", [(2, "answered, aborted")])
+        target.producer.flush(30)   # the partition is in the transaction: the next record is sent at once
+        os.kill(broker, signal.SIGSTOP)
+        try:
+            target.upsert(table, "U", [(1, "written unanswered, aborted")])
+            target.set_position(queue, consumer, tick)
+            with pytest.raises(TargetUnavailable):
+                target.commit()
+            if abort == "while the broker is stopped":
+                target.rollback()
+        finally:
+            os.kill(broker, signal.SIGCONT)
+        if abort == "once it goes on":
+            target.rollback()
+
+        def published_again() -> bool:
+            try:
+                target.begin()
+                target.upsert(table, "U", [(1, "published again")])
+                target.set_position(queue, consumer, tick)
+                target.commit()
+            except TargetUnavailable:   # the broker catching up
+                target.rollback()
+                return False
+            return True
+
+        wait_until(published_again, 60, "the batch published again")
+    finally:
+        target.close()
+    assert "written unanswered, aborted" in values(own_kafka.bootstrap, topic, "read_uncommitted")
+    assert values(own_kafka.bootstrap, topic, "read_committed") == ["published again"]
+
+
+def values(bootstrap: str, topic: str, isolation: str) -> list[str]:
+    """The `v` of each update record of the topic a reader of that isolation level reads."""
+    return [r.value_payload["after"]["v"] for r in read_committed(bootstrap, topic, isolation)
+            if r.value is not None and r.value_payload["op"] == "u"]
 
 
 def test_a_batch_rolled_back_finds_the_tables_as_the_last_commit_left_them(

@@ -122,6 +122,11 @@ def _kafka_error(exc: KafkaException) -> KafkaError:
     return error
 
 
+def _fenced(error: KafkaError) -> bool:
+    """Another producer of the transactional id started since this one: another publisher took over."""
+    return error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+
+
 class KafkaTarget:
     exactly_once = True
     # A renamed table is published anew on its new name's topic (a DROP of the old name): a new
@@ -162,8 +167,10 @@ class KafkaTarget:
         self._database = ""
         self._envelopes: dict[str, TableEnvelope] = {}
         self._in_transaction = False
-        self._aborting = False   # an abort_transaction call to resume
-        self._broken = False     # the producer stopped by a fatal error: a new one takes over
+        self._aborting = False   # an abort an outage cut short, resumed before the next transaction
+        # a new producer takes over before the next transaction: this one stopped on a fatal error, or
+        # aborted a transaction that wrote records
+        self._replace = False
         self._number = state.commit.number if state.commit else 0
         self._index = self._served = 0
         self._offsets: dict[tuple[str, int], int] = {}
@@ -216,17 +223,17 @@ class KafkaTarget:
     # transactions -----------------------------------------------------------------------------
 
     def begin(self) -> None:
-        if self._broken:
+        if self._aborting:   # on this producer: fenced meanwhile, it stops here (a new one would fence the other)
+            self._call(self.producer.abort_transaction, self._timeout)
+            self._aborting = False
+        if self._replace:
             held = self._replace_producer().commit
             if held is not None and (self._committed.commit is None or held.number != self._committed.commit.number):
                 # a commit whose outcome the error hid reached Kafka: the source must be moved to it, as a
                 # publisher starting does
                 raise UserError(f"Kafka committed a batch of {self.name} (tick {held.tick}) whose commit this "
                                 f"publisher lost track of: start it again, it resumes from that tick")
-        elif self._aborting:   # an abort an outage cut short: librdkafka takes no other call before it ends
-            self._call(self.producer.abort_transaction, self._timeout)
-            self._aborting = False
-        self._serve(self.producer.poll, 0)   # reports on the records of an aborted transaction: not this one's
+        self._serve(self.producer.poll, 0)
         self._call(self.producer.begin_transaction)
         # until the consumer says where the records come from (a batch's events): from the position
         # the transaction starts at (a table's copy)
@@ -284,11 +291,12 @@ class KafkaTarget:
         try:
             self._call(self.producer.commit_transaction, self._timeout, until_known=f"the commit of tick {tick}")
         except TargetUnavailable:
-            if not self._broken:
+            if not self._replace:
                 raise
             # a new producer's start ends the transaction, committed if Kafka had the commit: the state says
             held = self._replace_producer(until_known=f"the commit of tick {tick}").commit
             if held is None or held.number != self._number:
+                self._in_transaction = False   # ended, aborted, by the new producer's start
                 raise
         crash_point("kafka-committed")
         self._in_transaction = False
@@ -300,12 +308,7 @@ class KafkaTarget:
         back to the last commit's tables and position."""
         if self._in_transaction:
             self._in_transaction = False
-            try:
-                self.producer.abort_transaction(self._timeout)
-            except KafkaException as exc:
-                # unreachable: the abort is resumed before the next transaction; fenced: the next
-                # publisher's init_transactions aborts it
-                self._aborting = _kafka_error(exc).retriable()
+            self._abort()
         self._number = self._committed.commit.number if self._committed.commit else 0
         self._tables = dict(self._committed.tables)
         self._position = _position_of(self._committed.commit)
@@ -313,6 +316,23 @@ class KafkaTarget:
         self._pending_event = None
         self._copy = None
         self._held = None
+
+    def _abort(self) -> None:
+        try:
+            self.producer.abort_transaction(self._timeout)
+        except KafkaException as exc:
+            error = _kafka_error(exc)
+            if _fenced(error):   # the publisher that took over ended it; the next call here stops this one
+                return
+            if error.fatal():    # a new producer's start ends it
+                self._replace = True
+                return
+            self._aborting = error.retriable()   # Kafka unreachable
+        # A produce Kafka wrote without answering (a broker killed, a connection cut) may have left records in
+        # the aborted transaction, whose sequence numbers this producer would send again: Kafka answers those
+        # as duplicates, with the aborted records' offsets, and the next commit would lose them. A new
+        # producer writes in a new epoch, whose sequences nothing written holds.
+        self._replace = self._replace or self._index > 0
 
     def close(self) -> None:
         if self._in_transaction:
@@ -328,9 +348,9 @@ class KafkaTarget:
         return producer
 
     def _replace_producer(self, until_known: str = "") -> PublisherState:
-        """A new producer for the one a fatal error stopped (a broker killed can leave the idempotent
-        producer's sequence numbers behind its own, which it cannot recover from), as a new publisher
-        would start; and the state Kafka holds then. With until_known, an outage is waited out."""
+        """A new producer for one a fatal error stopped (a broker killed can leave the idempotent producer's
+        sequence numbers behind its own, which it cannot recover from) or that aborted records, as a new
+        publisher would start; and the state Kafka holds then. With until_known, an outage is waited out."""
         with contextlib.suppress(KafkaException):
             self.producer.purge()
 
@@ -338,8 +358,8 @@ class KafkaTarget:
             self.producer = self._start_producer()
 
         self._call(start, until_known=until_known)
-        self._broken = self._aborting = False
-        log.warning("a new Kafka producer took over from the one a fatal error stopped")
+        self._replace = self._aborting = False
+        log.info("a new Kafka producer took over")
         return PublisherState.read(self.settings, self._state_topic)
 
     def _call(self, method: Callable[..., None], *args: Any, until_known: str = "") -> None:
@@ -367,11 +387,11 @@ class KafkaTarget:
     def _failure(self, error: KafkaError) -> Exception:
         """What an error of Kafka's means: this publisher fenced by another, a UserError (it stops);
         else the brokers cannot take the batch now, TargetUnavailable."""
-        if error.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+        if _fenced(error):
             return UserError(f"another publisher took over {self.name} (transactional.id "
                              f"replicator.{self.settings.prefix}): this one stops; run one publisher per prefix")
         if error.fatal():   # this producer can do nothing more: the next transaction starts a new one
-            self._broken = True
+            self._replace, self._aborting = True, False
         return TargetUnavailable(f"Kafka at {self.settings.brokers}: {error.str()}")
 
     def _serve(self, wait: Callable[[float], int], timeout: float) -> int:
