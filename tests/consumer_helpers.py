@@ -401,3 +401,26 @@ def apply_losing_the_source_once(dsn: str, conn: psycopg.Connection, target: Los
     finally:
         consumer.close()
         target.close()  # type: ignore[attr-defined]
+
+
+def consume_while_a_ddl_holds_the_copy(dsn: str, conn: psycopg.Connection, target: str, ddl: str) -> None:
+    """`consume q --until-caught-up` into the target while DDL run in another session holds its table's
+    lock: the DDL commits once the consumer's copy waits for that lock."""
+    with psycopg.connect(dsn) as ddl_session:
+        ddl_session.execute(ddl)   # its lock held until the commit below
+        consumer = subprocess.Popen([str(REPLICATOR), "consume", "q", "--target", target, "--until-caught-up"],
+                                    env=cli_env(dsn), stderr=subprocess.PIPE, text=True)
+
+        def running() -> None:
+            if consumer.poll() is not None:
+                raise AssertionError(f"the consumer ended: {consumer.stderr.read()}")   # type: ignore[union-attr]
+
+        try:
+            wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                            "AND application_name = 'replicator copy'").fetchone()[0], 60,
+                       f"the copy to wait for the lock {ddl} holds", check=running)
+            ddl_session.commit()
+            _, stderr = consumer.communicate(timeout=120)
+        finally:
+            consumer.kill()
+    assert consumer.returncode == 0, stderr

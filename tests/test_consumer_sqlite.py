@@ -32,10 +32,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from consumer_helpers import (
-    REPLICATOR,
     Daemon,
     assert_replica_equals_source,
     cli_env,
+    consume_while_a_ddl_holds_the_copy,
     forced_tick,
     latest_tick,
     run_cli,
@@ -524,25 +524,6 @@ def test_table_added_while_the_daemon_runs_is_copied_and_followed(dsn, conn, sou
     assert "Traceback" not in daemon.log()
 
 
-def consume_while_a_ddl_holds_the_copy(dsn: str, conn: psycopg.Connection, replica: Path, ddl: str) -> None:
-    """`consume --until-caught-up` while DDL run in another session holds its table's lock: the DDL
-    commits once the consumer's copy waits for that lock."""
-    with psycopg.connect(dsn) as ddl_session:
-        ddl_session.execute(ddl)   # its lock held until the commit below
-        consumer = subprocess.Popen([str(REPLICATOR), "consume", "q", "--target", f"sqlite:{replica}",
-                                     "--until-caught-up"], env=cli_env(dsn), stderr=subprocess.PIPE, text=True)
-        try:
-            wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                            "AND application_name = 'replicator copy'").fetchone()[0], 60,
-                       f"the copy to wait for the lock {ddl} holds",
-                       check=lambda: consumer.poll() is None or pytest.fail(consumer.stderr.read()))
-            ddl_session.commit()
-            _, stderr = consumer.communicate(timeout=60)
-        finally:
-            consumer.kill()
-    assert consumer.returncode == 0, stderr
-
-
 @pytest.mark.parametrize(("ddl", "replicated"), [("DROP TABLE b", []), ("ALTER TABLE b RENAME TO b2", ["b2"])])
 def test_a_table_dropped_or_renamed_while_its_initial_copy_starts_is_replicated_as_the_source_ends(
         dsn, conn, source, tmp_path, ddl, replicated):
@@ -558,7 +539,7 @@ def test_a_table_dropped_or_renamed_while_its_initial_copy_starts_is_replicated_
     source.add_table("q", "b")
     conn.execute("INSERT INTO b VALUES (2, 'queued'); INSERT INTO a VALUES (2, 'queued')")
     replica = tmp_path / "r.db"
-    consume_while_a_ddl_holds_the_copy(dsn, conn, replica, ddl)
+    consume_while_a_ddl_holds_the_copy(dsn, conn, f"sqlite:{replica}", ddl)
     for name in replicated:
         conn.execute(f"INSERT INTO {name} VALUES (3, 'after')")
     assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
@@ -579,7 +560,7 @@ def test_a_new_table_renamed_onto_a_replicated_tables_name_while_its_copy_starts
     replica = tmp_path / "r.db"
     assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
     source.add_table("q", "green")
-    consume_while_a_ddl_holds_the_copy(dsn, conn, replica,
+    consume_while_a_ddl_holds_the_copy(dsn, conn, f"sqlite:{replica}",
                                        "ALTER TABLE live RENAME TO blue; ALTER TABLE green RENAME TO live")
     # the old table's replica kept, under its old name or, once the swap's events are applied, its new one
     held = {name: sqlite_rows(replica, name, ["id"]) for name in ("live", "blue") if replica_has_table(replica, name)}
@@ -601,7 +582,7 @@ def test_a_table_renamed_while_its_copy_again_starts_is_replicated_under_its_new
     replica = tmp_path / "r.db"
     assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0
     conn.execute("ALTER TABLE t ALTER COLUMN v TYPE bigint")   # a rewrite: the replica is copied again
-    consume_while_a_ddl_holds_the_copy(dsn, conn, replica, "ALTER TABLE t RENAME TO t2")
+    consume_while_a_ddl_holds_the_copy(dsn, conn, f"sqlite:{replica}", "ALTER TABLE t RENAME TO t2")
     conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
     conn.execute("INSERT INTO t VALUES (1, 'new')")
     source.add_table("q", "t")

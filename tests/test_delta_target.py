@@ -37,6 +37,7 @@ from consumer_helpers import (
     Daemon,
     LosesTheSourceOnce,
     apply_losing_the_source_once,
+    consume_while_a_ddl_holds_the_copy,
     forced_tick,
     run_cli,
     run_cli_in_process,
@@ -842,6 +843,26 @@ def test_a_dropped_table_leaves_the_warehouse_and_one_created_again_takes_its_di
     assert_equal_to_source(conn, path, ["t", "u"])
     uri, version = versions_as_of(str(path), dropped_at)["public.u"]
     assert len(delta_rows(uri, ["k"], version)[1]) == 50   # the table before the drop
+
+
+@pytest.mark.parametrize(("ddl", "replicated"), [("DROP TABLE b", ["a"]), ("ALTER TABLE b RENAME TO b2", ["a", "b2"])])
+def test_a_table_dropped_or_renamed_while_its_initial_copy_starts_is_replicated_as_the_source_ends(
+        dsn, conn, source, tmp_path, ddl, replicated):
+    """DDL that commits after the consumer listed the queue's tables, before its copy read the table
+    (holding the lock the copy waits for): the warehouse holds the tables the source ends with."""
+    conn.execute("CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO a VALUES (1, 'a'); INSERT INTO b VALUES (1, 'b')")
+    source.create_queue("q")
+    source.add_table("q", "a")
+    source.add_table("q", "b")
+    conn.execute("INSERT INTO b VALUES (2, 'queued'); INSERT INTO a VALUES (2, 'queued')")
+    path = tmp_path / "wh"
+    consume_while_a_ddl_holds_the_copy(dsn, conn, f"delta:{path}", ddl)
+    for name in replicated[1:]:
+        conn.execute(f"INSERT INTO {name} VALUES (3, 'after')")
+    assert run_cli(dsn, "consume", "q", "--target", f"delta:{path}", "--until-caught-up").returncode == 0
+    assert sorted(table_uris(str(path))) == [f"public.{name}" for name in replicated]
+    assert_equal_to_source(conn, path, replicated)
 
 
 @pytest.mark.parametrize("batch", ["a copy again", "a batch written out in parts"])

@@ -32,7 +32,14 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from consumer_helpers import Daemon, forced_tick, run_cli, set_fast_ticks, wait_until
+from consumer_helpers import (
+    Daemon,
+    consume_while_a_ddl_holds_the_copy,
+    forced_tick,
+    run_cli,
+    set_fast_ticks,
+    wait_until,
+)
 from kafka_helpers import (
     Record,
     in_publishing_order,
@@ -766,6 +773,27 @@ def test_a_broker_killed_and_restarted_under_a_running_publisher_loses_and_repea
     assert "Traceback" not in daemon.log(), daemon.log()[-3000:]
     assert_published_exactly_once(oracle, own_kafka.bootstrap, prefix, ("t", "u"), partition_count=2)
     assert_topics_replay_to_the_source(conn, own_kafka.bootstrap, prefix, ("t", "u"))
+
+
+@pytest.mark.parametrize(("ddl", "published"), [("DROP TABLE b", ["a"]), ("ALTER TABLE b RENAME TO b2", ["a", "b2"])])
+def test_a_table_dropped_or_renamed_while_its_initial_copy_starts_is_published_as_the_source_ends(
+        dsn, conn, source, kafka, kafka_prefix, ddl, published):
+    """DDL that commits after the publisher listed the queue's tables, before its copy read the table
+    (holding the lock the copy waits for): the topics replay to the tables the source ends with, and
+    the topic of the name the table had holds none of its rows."""
+    conn.execute("CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO a VALUES (1, 'a'); INSERT INTO b VALUES (1, 'b')")
+    source.create_queue("q")
+    source.add_table("q", "a")
+    source.add_table("q", "b")
+    conn.execute("INSERT INTO b VALUES (2, 'queued'); INSERT INTO a VALUES (2, 'queued')")
+    target = url(kafka, kafka_prefix)
+    consume_while_a_ddl_holds_the_copy(dsn, conn, target, ddl)
+    for name in published[1:]:
+        conn.execute(f"INSERT INTO {name} VALUES (3, 'after')")
+    assert_succeeded(publish(dsn, target))
+    assert_topics_replay_to_the_source(conn, kafka.bootstrap, kafka_prefix, tuple(published))
+    assert not replay(table_records(kafka.bootstrap, kafka_prefix, ("b",))).get(topic_of(kafka_prefix, "b"))
 
 
 # 4. a second publisher -----------------------------------------------------------------------------
