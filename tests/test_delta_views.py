@@ -15,9 +15,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import random
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -39,6 +41,7 @@ from replicator.cli import cli
 from replicator.consumer import Consumer
 from replicator.errors import UserError
 from replicator.structure import Column, TableStructure
+from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import maintenance, view_refresh
 from replicator.targets.delta import target as delta_target
 from replicator.targets.delta.reader import read_view, register_tables, view_uris
@@ -424,6 +427,38 @@ def test_a_view_behind_catches_up_from_the_log_and_in_full_once_the_log_is_gone(
         target.close()
     assert_views_equal_their_queries(spark, path, ["by_region"])
     assert kinds(views, "by_region")[0].startswith("full:CATCH_UP: the tables' logs no longer hold the changes")
+
+
+def test_a_views_log_is_checkpointed_and_cleaned_to_its_retention_as_the_tables_are(spark, consumer_target, tmp_path,
+                                                                                   monkeypatch):
+    """Batches ten days ago, then batches now: the consumer checkpoints the view's log and cleans it up to
+    its retention (7 days) as it does its tables' (a view's log grew for ever: issue 31); the view reads,
+    and refreshes incrementally, from what is left."""
+    monkeypatch.setattr(delta_log, "CHECKPOINT_EVERY", 4)
+    path = tmp_path / "wh"
+    model = Model(random.Random(6))
+    start_warehouse(consumer_target, path, model).close()
+    views = delta_views(spark, path)
+    views.create("by_region", VIEWS["by_region"], "incremental")
+    view_log = path / view_directory("by_region") / "_delta_log"
+    target = consumer_target(path)
+    try:
+        for days_ago in (10, 0):
+            when = time.time() - days_ago * 86400
+            monkeypatch.setattr(delta_log, "now_ms", lambda when=when: int(when * 1000))
+            for _ in range(12):
+                commit_batch(target, [], model)
+                for written in path.glob("**/_delta_log/*"):   # as old as the batch (it was that day)
+                    if written.stat().st_mtime > when:
+                        os.utime(written, (when, when))
+    finally:
+        target.close()
+    commits = sorted(int(p.name[:20]) for p in view_log.glob("*.json"))
+    checkpoints = delta_log.checkpoints(p.name for p in view_log.iterdir())
+    assert commits[-1] >= 20 and checkpoints, (commits, checkpoints)
+    assert commits[0] > 0 and commits[0] == min(checkpoints), (commits, checkpoints)   # read from a checkpoint
+    assert_views_equal_their_queries(spark, path, ["by_region"])
+    assert kinds(views, "by_region")[0] == "incremental:"
 
 
 @pytest.fixture
