@@ -23,9 +23,12 @@ from datetime import UTC, date, datetime
 from datetime import time as dtime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
+
+if TYPE_CHECKING:
+    from replicator.source import Source
 
 REPLICATOR = Path(sys.executable).with_name("replicator")
 
@@ -424,3 +427,16 @@ def consume_while_a_ddl_holds_the_copy(dsn: str, conn: psycopg.Connection, targe
         finally:
             consumer.kill()
     assert consumer.returncode == 0, stderr
+
+
+def copy_while_a_ddl_holds_the_table(dsn: str, conn: psycopg.Connection, source: Source, target: str,
+                                     ddl: str) -> None:
+    """Tables a and b captured by queue q, a row each and a change of each queued; then their initial copy
+    into the target while `ddl` (a DROP or RENAME of b) holds b's lock (consume_while_a_ddl_holds_the_copy)."""
+    conn.execute("CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO a VALUES (1, 'a'); INSERT INTO b VALUES (1, 'b')")
+    source.create_queue("q")
+    source.add_table("q", "a")
+    source.add_table("q", "b")
+    conn.execute("INSERT INTO b VALUES (2, 'queued'); INSERT INTO a VALUES (2, 'queued')")
+    consume_while_a_ddl_holds_the_copy(dsn, conn, target, ddl)

@@ -36,6 +36,7 @@ from consumer_helpers import (
     assert_replica_equals_source,
     cli_env,
     consume_while_a_ddl_holds_the_copy,
+    copy_while_a_ddl_holds_the_table,
     forced_tick,
     latest_tick,
     run_cli,
@@ -532,14 +533,8 @@ def test_a_table_dropped_or_renamed_while_its_initial_copy_starts_is_replicated_
     (`syntax error at or near "16671"`), or read the table by a name gone meanwhile: the consumer
     stopped at every start. A rename: the replica kept the old name (the RENAME, in the copy, is
     skipped with it). Now the copy locks the table, then reads it as its snapshot shows it."""
-    conn.execute("CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (id int PRIMARY KEY, v text)")
-    conn.execute("INSERT INTO a VALUES (1, 'a'); INSERT INTO b VALUES (1, 'b')")
-    source.create_queue("q")
-    source.add_table("q", "a")
-    source.add_table("q", "b")
-    conn.execute("INSERT INTO b VALUES (2, 'queued'); INSERT INTO a VALUES (2, 'queued')")
     replica = tmp_path / "r.db"
-    consume_while_a_ddl_holds_the_copy(dsn, conn, f"sqlite:{replica}", ddl)
+    copy_while_a_ddl_holds_the_table(dsn, conn, source, f"sqlite:{replica}", ddl)
     for name in replicated:
         conn.execute(f"INSERT INTO {name} VALUES (3, 'after')")
     assert run_cli(dsn, "consume", "q", "--target", f"sqlite:{replica}", "--until-caught-up").returncode == 0

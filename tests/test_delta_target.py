@@ -37,7 +37,7 @@ from consumer_helpers import (
     Daemon,
     LosesTheSourceOnce,
     apply_losing_the_source_once,
-    consume_while_a_ddl_holds_the_copy,
+    copy_while_a_ddl_holds_the_table,
     forced_tick,
     run_cli,
     run_cli_in_process,
@@ -850,14 +850,8 @@ def test_a_table_dropped_or_renamed_while_its_initial_copy_starts_is_replicated_
         dsn, conn, source, tmp_path, ddl, replicated):
     """DDL that commits after the consumer listed the queue's tables, before its copy read the table
     (holding the lock the copy waits for): the warehouse holds the tables the source ends with."""
-    conn.execute("CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (id int PRIMARY KEY, v text)")
-    conn.execute("INSERT INTO a VALUES (1, 'a'); INSERT INTO b VALUES (1, 'b')")
-    source.create_queue("q")
-    source.add_table("q", "a")
-    source.add_table("q", "b")
-    conn.execute("INSERT INTO b VALUES (2, 'queued'); INSERT INTO a VALUES (2, 'queued')")
     path = tmp_path / "wh"
-    consume_while_a_ddl_holds_the_copy(dsn, conn, f"delta:{path}", ddl)
+    copy_while_a_ddl_holds_the_table(dsn, conn, source, f"delta:{path}", ddl)
     for name in replicated[1:]:
         conn.execute(f"INSERT INTO {name} VALUES (3, 'after')")
     assert run_cli(dsn, "consume", "q", "--target", f"delta:{path}", "--until-caught-up").returncode == 0

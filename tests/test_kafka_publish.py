@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 
 from consumer_helpers import (
     Daemon,
-    consume_while_a_ddl_holds_the_copy,
+    copy_while_a_ddl_holds_the_table,
     forced_tick,
     run_cli,
     set_fast_ticks,
@@ -781,14 +781,8 @@ def test_a_table_dropped_or_renamed_while_its_initial_copy_starts_is_published_a
     """DDL that commits after the publisher listed the queue's tables, before its copy read the table
     (holding the lock the copy waits for): the topics replay to the tables the source ends with, and
     the topic of the name the table had holds none of its rows."""
-    conn.execute("CREATE TABLE a (id int PRIMARY KEY, v text); CREATE TABLE b (id int PRIMARY KEY, v text)")
-    conn.execute("INSERT INTO a VALUES (1, 'a'); INSERT INTO b VALUES (1, 'b')")
-    source.create_queue("q")
-    source.add_table("q", "a")
-    source.add_table("q", "b")
-    conn.execute("INSERT INTO b VALUES (2, 'queued'); INSERT INTO a VALUES (2, 'queued')")
     target = url(kafka, kafka_prefix)
-    consume_while_a_ddl_holds_the_copy(dsn, conn, target, ddl)
+    copy_while_a_ddl_holds_the_table(dsn, conn, source, target, ddl)
     for name in published[1:]:
         conn.execute(f"INSERT INTO {name} VALUES (3, 'after')")
     assert_succeeded(publish(dsn, target))

@@ -246,6 +246,8 @@ class KeyIndex:
         self._shared: dict[int, list[int]] = {}
         self._shared_rows = 0
         self.live = 0                              # rows alive among those it holds an entry of
+        # the rows marked dead since the arrays were sorted (then every entry of the arrays was alive)
+        self._marked: list[np.ndarray] = []
 
     def add_file(self, path: str, keys: Keys, deleted: BitMap | None = None) -> int:
         """Registers a file's keys (row order); rows in `deleted` are dead already."""
@@ -300,24 +302,18 @@ class KeyIndex:
         entries = [*self._recent.items(), *((code, location) for code, locations in self._shared.items()
                                             for location in locations)]
         entries = [(code, location) for code, location in entries if not self._dead(location)]
-        alive = self._alive(self._locations)
-        keys = np.concatenate([self._keys[alive], np.fromiter((c for c, _ in entries), dtype=np.int64,
-                                                               count=len(entries))])
-        locations = np.concatenate([self._locations[alive], np.fromiter((loc for _, loc in entries),
-                                                                         dtype=np.int64, count=len(entries))])
+        keys, locations = self._keys, self._locations
+        if self._marked:
+            alive = ~np.isin(locations, np.concatenate(self._marked))
+            keys, locations = keys[alive], locations[alive]
+        keys = np.concatenate([keys, np.fromiter((c for c, _ in entries), dtype=np.int64, count=len(entries))])
+        locations = np.concatenate([locations, np.fromiter((loc for _, loc in entries), dtype=np.int64,
+                                                           count=len(entries))])
         if entries:
             order = np.argsort(keys, kind="stable")
             keys, locations = keys[order], locations[order]
         self._keys, self._locations = keys, locations
-        self._recent, self._shared, self._shared_rows = {}, {}, 0
-
-    def _alive(self, locations: np.ndarray) -> np.ndarray:
-        """Whether each location's row is alive: its file's deletions do not mark it."""
-        dead = [(number << 32) | np.asarray(rows.to_array(), dtype=np.int64)
-                for number, rows in enumerate(self.deleted) if rows]
-        if not dead:
-            return np.ones(len(locations), dtype=bool)
-        return ~np.isin(locations, np.concatenate(dead))
+        self._recent, self._shared, self._shared_rows, self._marked = {}, {}, 0, []
 
     def _dead(self, location: int) -> bool:
         return (location & 0xFFFFFFFF) in self.deleted[location >> 32]
@@ -426,6 +422,7 @@ class KeyIndex:
 
     def mark_deleted(self, locations: Sequence[int]) -> dict[int, list[int]]:
         """Marks rows dead; returns the rows by file number."""
+        self._marked.append(np.asarray(locations, dtype=np.int64))
         by_file: dict[int, list[int]] = {}
         for location in locations:
             by_file.setdefault(location >> 32, []).append(location & 0xFFFFFFFF)
