@@ -156,7 +156,7 @@ def come_and_go(table: ReplicaTable, kind: str, end: int, batch: int, batches: i
         recent = max(recent, len(index._recent))
     seconds = time.perf_counter() - started
     print(f"{kind}: {batches} batches of {batch:,} deletes and {batch:,} inserts in {seconds:.1f} s: at most"
-          f" {most:.3f} entries a live row ({16 * most:.1f} bytes a row in its arrays), and "
+          f" {most:.3f} entries a live row ({16 * most:.1f} bytes a row at 16 an entry), and "
           f"{recent:,} recent codes", file=out, flush=True)
 
 

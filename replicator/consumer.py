@@ -405,7 +405,7 @@ class Consumer:
     def _unregister_temporary(self) -> None:
         from replicator.source import db
         try:
-            if not self._unregistered_through_its_connection():
+            if not self._unregister_through_its_connection():
                 self._disconnect()
                 self.source = Source(db.open_connection(db.resolve_dsn(self.dsn)))
                 self.source.unregister_consumer(self.queue, self.name)
@@ -414,9 +414,9 @@ class Consumer:
             log.warning("temporary consumer %s left registered on queue %s (%s): maint unregisters it once it is"
                         " idle", self.name, self.queue, first_line(exc))
 
-    def _unregistered_through_its_connection(self) -> bool:
-        """Unregisters the consumer through the run's connection; False when it has none usable: lost, or
-        interrupted within a command (SIGINT, SIGTERM: another command is in progress)."""
+    def _unregister_through_its_connection(self) -> bool:
+        """Unregisters the consumer through the run's connection; False, having done nothing, when it has none
+        usable: lost, or interrupted within a command (SIGINT, SIGTERM: another command is in progress)."""
         if self.source is None or self.source.conn.broken:
             return False
         try:

@@ -997,14 +997,47 @@ def test_a_batch_published_again_after_an_abort_is_in_the_commit_when_the_broker
         wait_until(published_again, 60, "the batch published again")
     finally:
         target.close()
-    assert "written unanswered, aborted" in values(own_kafka.bootstrap, topic, "read_uncommitted")
-    assert values(own_kafka.bootstrap, topic, "read_committed") == ["published again"]
+    assert "written unanswered, aborted" in update_values(own_kafka.bootstrap, topic, "read_uncommitted")
+    assert update_values(own_kafka.bootstrap, topic, "read_committed") == ["published again"]
 
 
-def values(bootstrap: str, topic: str, isolation: str) -> list[str]:
+def update_values(bootstrap: str, topic: str, isolation: str) -> list[str]:
     """The `v` of each update record of the topic a reader of that isolation level reads."""
     return [r.value_payload["after"]["v"] for r in read_committed(bootstrap, topic, isolation)
             if r.value is not None and r.value_payload["op"] == "u"]
+
+
+def test_a_publisher_that_aborted_records_stops_at_its_next_batch_rather_than_fence_one_that_took_over(
+        dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str) -> None:
+    """A publisher starts a new producer after aborting records; one that took over meanwhile, and committed,
+    must go on: the first stops in one line at its next batch (its new producer fenced the other, which
+    stopped too at its next commit)."""
+    url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
+    publish(dsn, url)
+    first = KafkaTarget(parse_url(url))
+    second = None
+    try:
+        table = first.tables()["public.orders"]
+        (queue,) = first.queues()
+        ((consumer, tick),) = first.positions(queue).items()
+        first.begin()
+        first.upsert(table, "U", [(1, "aborted")])
+        first.rollback()
+        second = KafkaTarget(parse_url(url))
+        for row in [(1, "from the publisher that took over"), (2, "from it again")]:
+            if row[0] == 2:
+                with pytest.raises(UserError, match="another publisher took over"):
+                    first.begin()
+            second.begin()
+            second.upsert(table, "U", [row])
+            second.set_position(queue, consumer, tick)
+            second.commit()
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+    assert update_values(kafka.bootstrap, f"{kafka_prefix}.public.orders", "read_committed") == [
+        "from the publisher that took over", "from it again"]
 
 
 def test_a_batch_rolled_back_finds_the_tables_as_the_last_commit_left_them(

@@ -35,7 +35,7 @@ from pyroaring import BitMap
 # Keys written since the arrays were sorted are in a dict (about 100 bytes each) until FOLD_AT plus a
 # sixteenth of the arrays' rows, then folded into them (a sort of the arrays): about 6 bytes a row of a
 # large table, 6.5 MB for a small one. The entries of dead rows (deleted, or written again) go at a fold,
-# which as many of them make too: at most a sixteenth more entries than live rows, and FOLD_AT.
+# which as many rows marked dead start too: at most a sixteenth more entries than live rows, and FOLD_AT.
 FOLD_AT = 1 << 16
 # the files it knows (OPTIMIZE's removed ones too) past twice the table's, at which it is built again
 REBUILD_FILES_AT = 1000
@@ -248,6 +248,7 @@ class KeyIndex:
         self.live = 0                              # rows alive among those it holds an entry of
         # the rows marked dead since the arrays were sorted (then every entry of the arrays was alive)
         self._marked: list[np.ndarray] = []
+        self._marked_rows = 0
 
     def add_file(self, path: str, keys: Keys, deleted: BitMap | None = None) -> int:
         """Registers a file's keys (row order); rows in `deleted` are dead already."""
@@ -313,7 +314,8 @@ class KeyIndex:
             order = np.argsort(keys, kind="stable")
             keys, locations = keys[order], locations[order]
         self._keys, self._locations = keys, locations
-        self._recent, self._shared, self._shared_rows, self._marked = {}, {}, 0, []
+        self._recent, self._shared, self._shared_rows = {}, {}, 0
+        self._marked, self._marked_rows = [], 0
 
     def _dead(self, location: int) -> bool:
         return (location & 0xFFFFFFFF) in self.deleted[location >> 32]
@@ -422,7 +424,9 @@ class KeyIndex:
 
     def mark_deleted(self, locations: Sequence[int]) -> dict[int, list[int]]:
         """Marks rows dead; returns the rows by file number."""
-        self._marked.append(np.asarray(locations, dtype=np.int64))
+        if len(locations):
+            self._marked.append(np.asarray(locations, dtype=np.int64))
+            self._marked_rows += len(locations)
         by_file: dict[int, list[int]] = {}
         for location in locations:
             by_file.setdefault(location >> 32, []).append(location & 0xFFFFFFFF)
@@ -430,7 +434,8 @@ class KeyIndex:
             held = len(self.deleted[number])
             self.deleted[number].update(rows)
             self.live -= len(self.deleted[number]) - held
-        if self.entries - self.live >= FOLD_AT + len(self._keys) // 16:
+        # (at least its dead entries: a key written again while in the dict leaves none, but is marked)
+        if self._marked_rows >= FOLD_AT + len(self._keys) // 16:
             self._fold()
         return by_file
 

@@ -227,13 +227,10 @@ class KafkaTarget:
             self._call(self.producer.abort_transaction, self._timeout)
             self._aborting = False
         if self._replace:
-            held = self._replace_producer().commit
-            if held is not None and (self._committed.commit is None or held.number != self._committed.commit.number):
-                # a commit whose outcome the error hid reached Kafka: the source must be moved to it, as a
-                # publisher starting does
-                raise UserError(f"Kafka committed a batch of {self.name} (tick {held.tick}) whose commit this "
-                                f"publisher lost track of: start it again, it resumes from that tick")
-        self._serve(self.producer.poll, 0)
+            # first without a producer: a new one fences whoever holds the transactional id now
+            self._stop_if_committed_since(PublisherState.read(self.settings, self._state_topic))
+            self._stop_if_committed_since(self._replace_producer())
+        self._serve(self.producer.poll, 0)   # librdkafka's log lines and errors since
         self._call(self.producer.begin_transaction)
         # until the consumer says where the records come from (a batch's events): from the position
         # the transaction starts at (a table's copy)
@@ -337,6 +334,16 @@ class KafkaTarget:
     def close(self) -> None:
         if self._in_transaction:
             self.rollback()
+
+    def _stop_if_committed_since(self, state: PublisherState) -> None:
+        """Stops when Kafka holds a commit after this publisher's last: its own, whose outcome an error hid
+        (the source must be moved to it, as a publisher starting does), or one of another publisher that
+        took over meanwhile."""
+        held = state.commit
+        if held is not None and (self._committed.commit is None or held.number != self._committed.commit.number):
+            raise UserError(f"Kafka holds a commit of {self.name} (tick {held.tick}) after this publisher's last: "
+                            f"one whose outcome an error hid, or another publisher took over; start it again (it "
+                            f"resumes from that tick), one publisher per prefix")
 
     def _start_producer(self) -> Producer:
         """The transactional producer of replicator.PREFIX, ready: its start fences an older producer
