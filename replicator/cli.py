@@ -694,7 +694,8 @@ def execute(ctx: Context, queue_name: str, script: Path) -> None:
 @click.option("--once", is_flag=True, help="Apply one batch and exit.")
 @click.option("--until-caught-up", is_flag=True, help="Tick, apply everything committed before now, exit.")
 @click.option("--recopy", is_flag=True,
-              help="First rebuild the target in place: copy every table anew, in one target transaction.")
+              help="First rebuild the target in place: copy every table anew (a follower: from the topics), in "
+                   "one target transaction.")
 @click.option("--poll-interval", default=0.2, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to wait when no batch is ready.")
 @click.option("--stats-interval", default=30.0, show_default=True, type=click.FloatRange(min=0),
@@ -725,7 +726,9 @@ def consume(ctx: Context, queue_name: str | None, source_url: str | None, target
     unregisters its temporary consumer when it ends; with --consumer it stays
     registered and a new run resumes from its position (at least once).
     --recopy rebuilds a target older than the queue keeps (or one wanted fresh)
-    before it applies anything: a crash leaves the target as it was.
+    before it applies anything: a crash leaves the target as it was. A follower
+    rebuilt so reads the topics as a new follower does (one behind by longer than
+    they keep tombstones, or of topics made anew).
 
     \b
     Example:
@@ -739,6 +742,7 @@ def consume(ctx: Context, queue_name: str | None, source_url: str | None, target
         replicator consume main --target sqlite:replica.db --metrics-port 9700 --health-max-lag 10min
         replicator consume main --target kafka://broker1:9092,broker2:9092/shop
         replicator consume --source kafka://broker1:9092/shop --target sqlite:cache.db --tables orders
+        replicator consume --source kafka://broker1:9092/shop --target sqlite:cache.db --recopy
     """
     from replicator.consumer import Consumer, check_captured
     from replicator.targets import check_vacuum_every, open_target
@@ -750,11 +754,11 @@ def consume(ctx: Context, queue_name: str | None, source_url: str | None, target
     if source_url is not None:
         if queue_name is not None:
             raise UserError("give QUEUE or --source, not both: a follower of Kafka topics reads no queue")
-        if recopy or consumer_name:
-            raise UserError("--recopy and --consumer apply to consumers of a queue, not to followers of Kafka "
-                            "topics (a new follower bootstraps from the topics)")
+        if consumer_name:
+            raise UserError("--consumer applies to consumers of a queue, not to followers of Kafka topics (a "
+                            "follower's position is kept in its target)")
         _follow(source_url, target_url, _split(tables) or None, skip_records, once=once,
-                until_caught_up=until_caught_up,
+                until_caught_up=until_caught_up, recopy=recopy,
                 poll_interval=poll_interval, stats_interval=stats_interval, metrics_port=metrics_port,
                 metrics_address=metrics_address, health_max_lag=parse_duration(health_max_lag).total_seconds(),
                 spark_master=spark_master, spark_conf=_spark_conf(spark_conf), vacuum_every=vacuum_seconds)
@@ -787,7 +791,7 @@ def consume(ctx: Context, queue_name: str | None, source_url: str | None, target
 
 
 def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_records: tuple[str, ...], *,
-            once: bool, until_caught_up: bool,
+            once: bool, until_caught_up: bool, recopy: bool,
             poll_interval: float, stats_interval: float, metrics_port: int | None, metrics_address: str,
             health_max_lag: float, spark_master: str | None, spark_conf: dict[str, str],
             vacuum_every: float | None) -> None:
@@ -800,6 +804,9 @@ def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_rec
             raise UserError(f"--skip-record {record}: give TOPIC:PARTITION:OFFSET, as the follower's error names it")
     if target_url.startswith("kafka:"):
         raise UserError("a follower writes a target of its own (sqlite:, delta:, jsonl:, tsv:), not Kafka")
+    if recopy and target_url.startswith(("jsonl:", "tsv:")):
+        raise UserError("--recopy rebuilds a SQLite or Delta target: a stream's lines, read as they come, cannot "
+                        "be taken back; start a new stream (move the file and its state file aside)")
     # before the first Kafka request: a SIGTERM while the follower starts ends it at its first step
     stop = StopFlag() if once or until_caught_up else StopFlag().install()
     from replicator.follower.follower import Follower, wait_for_publisher  # kafka_source() found the kafka extra
@@ -809,7 +816,8 @@ def _follow(source_url: str, target_url: str, tables: list[str] | None, skip_rec
     target = open_target(target_url, spark_master=spark_master, spark_conf=spark_conf, vacuum_every=vacuum_every)
     try:
         follower = Follower(settings, target, tables=tables, poll_interval=poll_interval,
-                            stats_interval=stats_interval, health_max_lag=health_max_lag, skip=skip_records)
+                            stats_interval=stats_interval, health_max_lag=health_max_lag, skip=skip_records,
+                            recopy=recopy)
         try:
             _serve_metrics(follower.metrics, metrics_address, metrics_port, once=False)
             follower.run(once=once, until_caught_up=until_caught_up, stop=stop)

@@ -201,14 +201,15 @@ def test_a_partition_read_to_its_end_keeps_its_end_while_nothing_new_comes(
         partitions.consumer.close()
 
 
-def test_a_follower_behind_by_longer_than_its_topics_keep_tombstones_stops_in_one_line(
+def test_a_follower_behind_by_longer_than_its_topics_keep_tombstones_stops_in_one_line_and_recopy_rebuilds_it(
         dsn: str, conn: psycopg.Connection, orders: str, kafka: KafkaServer, kafka_prefix: str,
         tmp_path: Path) -> None:
     """follower.py _check_tombstones_kept(): once Kafka has cleaned a delete's record and then its
     tombstone (delete.retention.ms after compaction reached it), a follower that had not read them keeps
     the row, silently. A follower whose next commit is older than the topics keep tombstones stops
-    before it, saying to rebuild it (here the topic keeps them 1 ms: every commit is older); commits
-    that wrote no table topic (an idle queue's) are applied."""
+    before it, saying to rebuild it with --recopy (here the topic keeps them 1 ms: every commit is
+    older), which rebuilds it in place without the row; commits that wrote no table topic (an idle
+    queue's) are applied."""
     url = f"kafka://{kafka.bootstrap}/{kafka_prefix}"
     publish(dsn, url)
     db = tmp_path / "follower.db"
@@ -220,11 +221,12 @@ def test_a_follower_behind_by_longer_than_its_topics_keep_tombstones_stops_in_on
     publish(dsn, url)
     result = follow(dsn, url, f"sqlite:{db}")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert "longer than its topics keep a delete's tombstone (delete.retention.ms" in result.stderr.splitlines()[-1]
+    line = result.stderr.splitlines()[-1]
+    assert "longer than its topics keep a delete's tombstone (delete.retention.ms" in line and "--recopy" in line
     assert 3 in replica(db, "orders")   # nothing of the commit applied
-    fresh = tmp_path / "fresh.db"
-    assert follow(dsn, url, f"sqlite:{fresh}").returncode == 0   # a new follower bootstraps
-    assert sorted(replica(fresh, "orders")) == [1, 2, 4, 5]
+    rebuilt = follow(dsn, url, f"sqlite:{db}", "--recopy")   # in place, from the topics as a new follower reads
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert sorted(replica(db, "orders")) == [1, 2, 4, 5]
 
 
 def test_a_follower_whose_next_commits_kafka_compacted_away_is_as_old_as_the_commit_it_applied_last(

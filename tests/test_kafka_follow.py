@@ -64,6 +64,7 @@ from pg_helpers import execute_retrying_deadlocks, fresh_database
 from replicator.follower.follower import Follower
 from replicator.structure import target_table_name
 from replicator.targets import open_target
+from replicator.targets.delta.reader import table_uris
 from replicator.targets.kafka.settings import parse_url
 from replicator.targets.kafka.topics import state_topic, table_topic
 from test_kafka_publish import source_rows
@@ -867,6 +868,10 @@ def test_a_follower_of_some_tables_reads_only_their_topics_through_renames_and_t
     line = one_error_line(follow(url, f"sqlite:{path}", "--tables", "a,c", "--until-caught-up"))
     assert "has not followed public.c, which --tables lists" in line, line
     assert sqlite_contents(path) == before
+    # rebuilt in place for the tables it lists now (--recopy), as a new follower of them would be
+    follow_all(url, f"sqlite:{path}", "--tables", "a2,c", "--recopy")
+    assert sorted(sqlite_contents(path)) == ["a2", "c"]
+    assert_replica_equals_source(conn, path, [("public.a2", "a2", ["id"]), ("public.c", "c", ["id"])])
 
     # a new follower of the table by its new name: its rows from both of its topics
     fresh = tmp_path / "fresh.db"
@@ -957,6 +962,22 @@ def test_followers_into_delta_and_jsonl_targets_equal_the_source(dsn: str, conn:
     assert delta_rows(warehouse, "public.orders") == source_typed_rows(conn, "orders")
     assert stream_lines(stream)[:len(lines)] == lines and len(stream_lines(stream)) == len(lines) + 1
     assert_stream_equals_source(conn, StreamReplay(layouts).replay(stream_lines(stream)))
+
+    # the Delta warehouse rebuilt in place from the topics (--recopy) for orders alone, then followed on
+    # (the positions of lines' topic forgotten for good); a stream's lines cannot be taken back: refused
+    follow_all(url, f"delta:{warehouse}", "--tables", "orders", "--recopy")
+    assert set(table_uris(str(warehouse))) == {"public.orders"}
+    assert delta_rows(warehouse, "public.orders") == source_typed_rows(conn, "orders")
+    conn.execute("UPDATE orders SET note = 'rebuilt' WHERE id = 3")
+    conn.execute("DELETE FROM lines")
+    publish(dsn, url)
+    follow_all(url, f"delta:{warehouse}", "--tables", "orders")
+    assert set(table_uris(str(warehouse))) == {"public.orders"}
+    assert delta_rows(warehouse, "public.orders") == source_typed_rows(conn, "orders")
+    written = stream_lines(stream)
+    line = one_error_line(follow(url, f"jsonl:{stream}", "--until-caught-up", "--recopy"))
+    assert "--recopy rebuilds a SQLite or Delta target" in line, line
+    assert stream_lines(stream) == written
 
 
 ODD = """
@@ -1140,8 +1161,7 @@ def test_a_follower_command_line_that_cannot_work_is_one_line_and_exit_1(dsn: st
     refused = {
         ("q", "--source", published, "--target", target): "give QUEUE or --source, not both",
         ("--source", published, "--target", published + "_again"): "a follower writes a target of its own",
-        ("--source", published, "--target", target, "--consumer", "c"): "--recopy and --consumer apply to consumers",
-        ("--source", published, "--target", target, "--recopy"): "--recopy and --consumer apply to consumers",
+        ("--source", published, "--target", target, "--consumer", "c"): "--consumer applies to consumers of a queue",
         ("--source", "http://127.0.0.1:9092/shop", "--target", target): "--source takes a publisher's topics",
         ("--source", "kafka:127.0.0.1:9092/shop", "--target", target): "invalid Kafka URL",
         ("--source", published + "?decimals=float", "--target", target): "invalid decimals='float'",

@@ -207,8 +207,11 @@ def _published(consumer: Consumer, settings: KafkaSettings) -> bool:
 class Follower:
     def __init__(self, settings: KafkaSettings, target: Target, *, tables: list[str] | None = None,
                  poll_interval: float = 0.2, stats_interval: float = 30.0, health_max_lag: float = 300.0,
-                 skip: Iterable[str] = ()) -> None:
+                 skip: Iterable[str] = (), recopy: bool = False) -> None:
         self.settings = settings
+        # rebuild the target in place: read as a new follower, and in the transaction of the first step,
+        # which applies every commit read, drop what the target holds first (_tables_held)
+        self.recopy = recopy
         self.skip = frozenset(skip)   # records to pass over, TOPIC:PARTITION:OFFSET (--skip-record)
         self._skipped: set[str] = set()   # those met
         self._stop = StopFlag()
@@ -268,7 +271,7 @@ class Follower:
         if unknown:   # a typo would follow nothing, in silence
             raise UserError(f"{self.settings.name} has published no table {', '.join(unknown)}: --tables names "
                             f"tables its publisher's queue captures")
-        if not self.target.positions(self.queue):
+        if not self._positions():
             self._followed = {table_id for table_id in history.names if history.current(table_id) in wanted}
             self._names_resolved_until = history.end
             return
@@ -276,7 +279,8 @@ class Follower:
         left_out = sorted(name for table_id, name in held.items() if not wanted & set(history.names.get(table_id, ())))
         if left_out:
             raise UserError(f"{self.target.name} follows {', '.join(left_out)}, which --tables leaves out: its changes "
-                            f"would be skipped from now on; list it in --tables, or follow into a new target")
+                            f"would be skipped from now on; list it in --tables, or rebuild the target with these "
+                            f"--tables (--recopy)")
         named = {name for table_id in held for name in history.names.get(table_id, ())}
         position = self._offset(self._schema)
         added = sorted(name for table_id in history.names
@@ -284,7 +288,7 @@ class Follower:
                        and history.first[table_id] < position)
         if added:
             raise UserError(f"{self.target.name} has not followed {', '.join(added)}, which --tables lists: its "
-                            f"earlier changes are not in it; to follow it, follow into a new target")
+                            f"earlier changes are not in it; to follow it, rebuild the target (--recopy)")
         self._followed = set(held)
 
     def _client_error(self, error: KafkaError) -> None:
@@ -323,11 +327,15 @@ class Follower:
 
     # positions -----------------------------------------------------------------------------
 
+    def _positions(self) -> dict[str, int]:
+        """The positions the target holds, none while it is to be rebuilt (--recopy)."""
+        return {} if self.recopy else self.target.positions(self.queue)
+
     def _offset(self, tp: Partition) -> int:
         """Where reading tp goes on: after the last record read, but in a topic the commits stopped listing
         (its table dropped: an operator may then delete it, and a table created again makes it anew) at the
         first offset the commit listing it again wrote there."""
-        stored = self.target.positions(self.queue).get(f"{tp[0]}:{tp[1]}", 0)
+        stored = self._positions().get(f"{tp[0]}:{tp[1]}", 0)
         unlisted = stored < 0
         for number in sorted(self._step_commits):
             commit = self._step_commits[number]
@@ -384,20 +392,20 @@ class Follower:
                     raise UserError(f"commit {commit.number} ({located(message)}) comes after commit {last}: the "
                                     f"topics of {self.settings.name} were deleted and made anew (their commits number "
                                     f"from 1 again), or something else writes them; {self.target.name} holds what the "
-                                    f"old ones held: follow into a new target (a new follower bootstraps from the "
-                                    f"topics)")
+                                    f"old ones held: rebuild it from the new ones (run the follower again with "
+                                    f"--recopy)")
                 commit.topics, self._compacted = self._compacted, {}
                 self._commits.append(commit)
 
     def _last_commit(self) -> int:
         """The number of the last commit read, or applied."""
-        return self._commits[-1].number if self._commits else self.target.positions(self.queue).get(COMMIT, 0)
+        return self._commits[-1].number if self._commits else self._positions().get(COMMIT, 0)
 
     def _stored_offsets(self) -> dict[Partition, int]:
         """The offset the target holds of each partition the follower has read, but those of topics the
         commits stopped listing."""
         stored: dict[Partition, int] = {}
-        for name, offset in self.target.positions(self.queue).items():
+        for name, offset in self._positions().items():
             topic, _, number = name.rpartition(":")
             if topic and number.isdigit() and offset >= 0:   # not the tick, the commit number, nor unlisted
                 stored[(topic, int(number))] = offset
@@ -405,7 +413,11 @@ class Follower:
 
     def _check_positions(self) -> None:
         """Stops when a stored offset lies past its partition's end, or before its start: the topics were
-        deleted and made anew (or records the follower had not read were deleted)."""
+        deleted and made anew (or records the follower had not read were deleted); and when it holds
+        tables but no position: a rebuild killed after it forgot them (a Delta warehouse's)."""
+        if not self.recopy and not self._positions() and self.target.tables():
+            raise UserError(f"{self.target.name} holds tables but no position of {self.settings.name}: its rebuild "
+                            f"(--recopy) was stopped midway; run the follower again with --recopy")
         stored = self._stored_offsets()
         try:
             bounds = partition_bounds(self.settings, stored)
@@ -416,8 +428,8 @@ class Follower:
             if not low <= offset <= high:
                 raise UserError(f"{self.target.name} has read {tp[0]}:{tp[1]} up to offset {offset}, but the "
                                 f"partition holds offsets {low} to {high}: the topics of {self.settings.name} were "
-                                f"deleted and made anew, or records it had not read were deleted; follow into a new "
-                                f"target (a new follower bootstraps from the topics)")
+                                f"deleted and made anew, or records it had not read were deleted; rebuild it from the "
+                                f"topics: run the follower again with --recopy")
         if not stored:
             self._bootstrap_began_ms = time.time() * 1000
         try:
@@ -445,7 +457,7 @@ class Follower:
         made before it began are as old as the bootstrap. The commits made since the one applied last
         may be gone from the state topic, compacted away (a follower stopped for days finds the last few
         only): those are as old as just after it."""
-        positions = self.target.positions(self.queue)
+        positions = self._positions()
         applied = positions.get(COMMIT, 0)
         compacted = COMMIT_MS in positions and bool(self._commits) and self._commits[0].number > applied + 1
         commit = next((c for c in self._commits if c.written is None or set(c.written) - {self._schema[0]}
@@ -466,8 +478,8 @@ class Follower:
                 raise UserError(f"{self.target.name} applied commit {applied} of {self.settings.name} "
                                 f"{format_age(age / 1000)} ago, and Kafka has compacted the commits since away: they "
                                 f"may have deleted rows longer ago than its topics keep a delete's tombstone "
-                                f"(delete.retention.ms: {format_age(kept / 1000)}), their rows kept here; follow into "
-                                f"a new target (a new follower bootstraps from the topics), and raise "
+                                f"(delete.retention.ms: {format_age(kept / 1000)}), their rows kept here; run it "
+                                f"again with --recopy (it rebuilds the target from the topics), and raise "
                                 f"delete.retention.ms on the topics to stop for longer")
         if commit is None:
             return
@@ -479,7 +491,7 @@ class Follower:
             raise UserError(f"{self.target.name} is behind {self.settings.name} by commit {commit.number}, "
                             f"{when} {format_age(age / 1000)} ago, longer than its topics keep a delete's "
                             f"tombstone (delete.retention.ms: {format_age(kept / 1000)}): deletes since may be gone "
-                            f"from them, their rows kept here; follow into a new target (a new follower bootstraps "
+                            f"from them, their rows kept here; run it again with --recopy (it rebuilds the target "
                             f"from the topics), and raise delete.retention.ms on the topics to stop for longer")
 
     def _next_goal(self) -> tuple[Commit, dict[Partition, int], set[str]] | None:
@@ -494,7 +506,7 @@ class Follower:
         for commit in self._commits:
             taken += 1
             records += commit.records
-            if records >= BATCH_RECORDS:
+            if records >= BATCH_RECORDS and not self.recopy:   # a rebuild is one target transaction
                 break
         goal = self._commits[taken - 1]
         self._step_commits = {c.number: c for c in self._commits[:taken]}
@@ -540,20 +552,24 @@ class Follower:
                     del streams[0]
                 # checked whole before any is applied: of two records of one sequence, neither is
                 records = list(streams[0] if len(streams) == 1 else heapq.merge(*streams, key=itemgetter(0)))
-                self._check_sequences(records, self.target.positions(self.queue).get(COMMIT, 0), goal.number)
-                stats.records = self._apply(records)
+                self._check_sequences(records, self._positions().get(COMMIT, 0), goal.number)
+                stats.records = self._apply(records, self._tables_held())
                 for tp in read:
                     self.target.set_position(self.queue, f"{tp[0]}:{tp[1]}", ends[tp] + 1)
                 self._mark_unlisted(unlisted)
                 self.target.set_position(self.queue, f"{self._state[0]}:0", goal.offset + 1)
                 self.target.set_position(self.queue, TICK, goal.tick)
                 self.target.set_position(self.queue, COMMIT_MS, goal.ts_ms)
-                # last: the step's own position, rising at each (a Delta table's txn version)
+                # last: the step's own position, rising at each but a rebuild's (a Delta table's txn version)
                 self.target.set_position(self.queue, COMMIT, goal.number)
                 self.target.commit()
             except BaseException:
                 self.target.rollback()
                 raise
+        if self.recopy:
+            log.info("%s rebuilt from the topics of %s, at commit %s", self.target.name, self.settings.name,
+                     goal.number)
+            self.recopy = False
         stats.seconds = time.monotonic() - started
         stats.lag_seconds = max(0.0, time.time() - goal.ts_ms / 1000)
         return stats
@@ -561,7 +577,7 @@ class Follower:
     def _mark_unlisted(self, unlisted: set[str]) -> None:
         """The stored offsets of topics the goal no longer lists, marked (negative, -1 - offset): the topic
         may be deleted and made anew before it is listed again (_offset)."""
-        for name, offset in self.target.positions(self.queue).items():
+        for name, offset in self._positions().items():
             topic, _, number = name.rpartition(":")
             if (topic and number.isdigit() and offset >= 0 and topic in unlisted
                     and topic not in (self._state[0], self._schema[0])):
@@ -603,7 +619,7 @@ class Follower:
             raise UserError(f"commit {self._goal.number} ({commit}) says the publisher wrote {tp[0]}:{tp[1]} up "
                             f"to offset {last}, but the partition has ended before it for {VISIBLE_WAIT:.0f}s: "
                             f"the publisher did not write that commit (pass over it with --skip-record {commit}), "
-                            f"or the topics were deleted and made anew (follow into a new target)")
+                            f"or the topics were deleted and made anew (rebuild the target: --recopy)")
         return check
 
     def _use_envelope(self, commit: Commit) -> None:
@@ -680,9 +696,19 @@ class Follower:
                                 f"the follower again with --skip-record TOPIC:PARTITION:OFFSET of that one")
         self._state_sequences = {s for s in self._state_sequences if s[0] > goal}
 
-    def _apply(self, records: Iterable[Sequenced]) -> int:
-        """Applies checked records in order; returns how many."""
-        tables = {t.table_id: t for t in self.target.tables().values()}
+    def _tables_held(self) -> dict[int, TargetTable]:
+        """The target's tables by id; a rebuild (--recopy) drops them, and forgets every position, in the
+        transaction that makes them anew from the topics."""
+        tables = self.target.tables()
+        if not self.recopy:
+            return {t.table_id: t for t in tables.values()}
+        for table in tables.values():
+            self.target.drop_table(table)
+        self.target.forget_positions(self.queue)
+        return {}
+
+    def _apply(self, records: Iterable[Sequenced], tables: dict[int, TargetTable]) -> int:
+        """Applies checked records in order, to the tables held (by id); returns how many."""
         by_topic = {table_topic(self.settings.prefix, t.structure.schema, t.structure.name): t
                     for t in tables.values()}
         changes = _Changes(self.target)
@@ -701,8 +727,8 @@ class Follower:
                 continue
             if table is None:
                 raise UserError(f"{topic} holds changes of a table this follower has no structure of (its schema "
-                                f"changes came before this follower's position): follow it into a new target, "
-                                f"which bootstraps every table it lists")
+                                f"changes came before this follower's position): rebuild the target (--recopy): "
+                                f"a rebuild reads every table the topics list")
             partition: Partition = (topic, message.partition())  # type: ignore[assignment]
             deleted, deletes[partition] = deletes.get(partition), None
             kind, row, old_row = self._decoded(message, table)
@@ -808,6 +834,9 @@ class Follower:
         stop = self._stop = stop or StopFlag()
         self._check_positions()
         applied = run_loop.run(self, stop, once=once, until_caught_up=until_caught_up)
+        if self.recopy:
+            log.warning("%s has no commit to rebuild %s from: it is left as it was", self.settings.name,
+                        self.target.name)
         for record in sorted(self.skip - self._skipped):
             log.warning("--skip-record %s: no such record was read (the follower is past it, or it is not there)",
                         record)

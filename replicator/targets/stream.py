@@ -146,6 +146,10 @@ class StreamTarget:
     def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
         self._positions[f"{queue}/{consumer}"] = tick_id
 
+    def forget_positions(self, queue: str) -> None:
+        raise UserError(f"{self.name} cannot be rebuilt in place: a stream's lines, read as they come, cannot be "
+                        f"taken back")
+
     def tables(self) -> dict[str, TargetTable]:
         return dict(self._tables)
 

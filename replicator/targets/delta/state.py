@@ -40,6 +40,9 @@ from replicator.targets.delta.table import COMPRESSION
 
 DIRECTORY = "_replicator"
 TABLES = "replicator.tables"
+# the version of a position forgotten (DeltaTarget.forget_positions): a txn action stays in the log
+# whatever comes after it, so a later one says the position is gone
+FORGOTTEN = -(2**63)
 KIND = "replicator.tableKind"   # the kind of the warehouse's tables: "default" or "portable" (DeltaTarget)
 SCHEMA = pa.schema([pa.field("consumer", pa.string()), pa.field("tick", pa.int64()),
                     pa.field("table", pa.string()), pa.field("directory", pa.string()),
@@ -63,8 +66,8 @@ class WarehouseState:
         return self.snapshot.exists
 
     def positions(self) -> dict[str, int]:
-        """{"QUEUE/CONSUMER": tick}."""
-        return dict(self.snapshot.txns)
+        """{"QUEUE/CONSUMER": tick}, but those forgotten."""
+        return {app: tick for app, tick in self.snapshot.txns.items() if tick != FORGOTTEN}
 
     def directories(self) -> dict[str, str]:
         """{directory: source table name} of the tables replicator keeps."""
@@ -137,6 +140,22 @@ class WarehouseState:
                     self.snapshot = delta_log.load(self.storage, DIRECTORY)
                 raise
 
+    def forget(self, apps: set[str]) -> None:
+        """Forgets the positions `apps`, and the rows recording table versions at their ticks (a
+        follower rebuilt from topics made anew numbers its ticks anew), in a commit of its own."""
+        if not apps:
+            return
+        rows = self.rows(SCHEMA.names).cast(SCHEMA).to_pylist()
+        kept = [row for row in rows if row["consumer"] not in apps]
+        now = delta_log.now_ms()
+        actions: list[Action] = []
+        if len(kept) < len(rows):
+            actions += self._removes(now, data_change=True)
+            if kept:
+                actions.append({"add": self._write(pa.Table.from_pylist(kept, schema=SCHEMA))})
+        actions += [{"txn": {"appId": app, "version": FORGOTTEN, "lastUpdated": now}} for app in sorted(apps)]
+        delta_log.commit(self.storage, self.snapshot, actions, operation="WRITE")
+
     def take_in_others(self) -> None:
         """Reads the commits made by other processes since this snapshot. One with a position or
         the tables' directories is another consumer's: a warehouse has one consumer (locally its
@@ -173,7 +192,6 @@ class WarehouseState:
         if len(self.snapshot.files) < due:
             return None
         cutoff = datetime.fromtimestamp(delta_log.now_ms() / 1000 - window, UTC)
-        paths = sorted(self.snapshot.files)
         rows = self.rows(SCHEMA.names).cast(SCHEMA).to_pylist()
         newest: dict[tuple[str, str], dict[str, Any]] = {}
         for row in rows:
@@ -183,11 +201,7 @@ class WarehouseState:
                 newest[(row["consumer"], row["directory"])] = row
         kept = [row for row in rows if row["committed_at"] >= cutoff or
                 newest[(row["consumer"], row["directory"])] is row]
-        now = delta_log.now_ms()
-        actions: list[Action] = [
-            {"remove": {"path": path, "deletionTimestamp": now, "dataChange": len(kept) < len(rows),
-                        "extendedFileMetadata": True, "partitionValues": {},
-                        "size": self.snapshot.files[path].get("size")}} for path in paths]
+        actions = self._removes(delta_log.now_ms(), data_change=len(kept) < len(rows))
         if kept:
             actions.append({"add": {**self._write(pa.Table.from_pylist(kept, schema=SCHEMA)),
                                     "dataChange": len(kept) < len(rows)}})
@@ -200,6 +214,12 @@ class WarehouseState:
             self.take_in_others()
             return None
         return len(rows) - len(kept)
+
+    def _removes(self, now: int, *, data_change: bool) -> list[Action]:
+        """Remove actions of every file of this table."""
+        return [{"remove": {"path": path, "deletionTimestamp": now, "dataChange": data_change,
+                            "extendedFileMetadata": True, "partitionValues": {},
+                            "size": self.snapshot.files[path].get("size")}} for path in sorted(self.snapshot.files)]
 
     def _write(self, data: pa.Table) -> Add:
         """Writes rows as a new data file of this table: its add action."""

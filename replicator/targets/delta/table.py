@@ -81,6 +81,7 @@ class Staged:
     max_column_id: int = 0
     reset: bool = False                              # every committed file removed (a copy, TRUNCATE, drop)
     dropped: bool = False
+    fresh: bool = False                              # made where no table was: its log's ticks are not its own
     copy_rows: list[Sequence[Any]] = field(default_factory=list)
     writing: _Writing | None = None
     new_files: dict[str, Add] = field(default_factory=dict)   # path → add action, written

@@ -50,7 +50,7 @@ from replicator.targets.crash import crash_point
 from replicator.targets.delta import log as delta_log
 from replicator.targets.delta import maintenance
 from replicator.targets.delta.state import DIRECTORY as STATE_DIRECTORY
-from replicator.targets.delta.state import WarehouseState
+from replicator.targets.delta.state import FORGOTTEN, WarehouseState
 from replicator.targets.delta.storage import LocalStorage, Storage, recorded_directory
 from replicator.targets.delta.table import ReplicaTable
 from replicator.targets.delta.url import TABLES_OPTION, open_storage, parse_url
@@ -281,6 +281,17 @@ class DeltaTarget:
         self._positions.pop(key, None)
         self._positions[key] = tick_id
 
+    def forget_positions(self, queue: str) -> None:
+        """Committed at once, before the transaction makes its tables (a follower's rebuild, its tables
+        dropped): a rebuild killed midway leaves a warehouse of no position, which a follower does not
+        go on from, and until the rebuild commits, no table's own record of a tick holds it back (the
+        rebuild's commits may be numbered anew). Tables a killed rebuild dropped, still listed, go."""
+        assert self._directories is not None
+        self.state.forget({f"{queue}/{consumer}" for consumer in self.positions(queue)})
+        self._positions = {key: tick for key, tick in self._positions.items() if not key.startswith(f"{queue}/")}
+        self._directories = {directory: name for directory, name in self._directories.items()
+                             if self._open(directory).meta is not None}
+
     @property
     def _position(self) -> tuple[str, int] | None:
         return next(reversed(self._positions.items()), None)
@@ -293,14 +304,18 @@ class DeltaTarget:
         for directory, table in self._tables.items():
             if table.staged is None:
                 continue
-            applied = table.applied(app) if app is not None else None
+            # the tick its log holds, which a batch retried after a crash skips; but not in a directory no
+            # table held (a dropped table's ticks), nor while the position is forgotten (a follower's rebuild,
+            # whose commits may be numbered anew)
+            applied = (table.applied(app) if app is not None and not table.staged.fresh
+                       and self.state.snapshot.txns.get(app) != FORGOTTEN else None)
             if app is not None and applied is not None and tick is not None and applied >= tick:
                 if applied > tick and applied <= self.state.positions().get(app, 0):
                     # ahead of the batch, not ahead of the position as a crash leaves it: what feeds the
                     # warehouse went back (a follower's topics made anew number their commits from 1 again)
                     raise UserError(f"{directory} holds tick {applied} of {app}, past tick {tick} this batch ends "
                                     f"at: what feeds the warehouse went back (topics made anew, a source restored); "
-                                    f"rebuild the warehouse into a new directory")
+                                    f"rebuild the warehouse into a new directory (a follower's: --recopy)")
                 log.debug("%s holds tick %s already: the batch is skipped for it", directory, applied)
                 table.rollback()
                 continue
@@ -499,7 +514,10 @@ class DeltaTarget:
             directory = self._free_directory(directory_name(table.source_name), table.table_id)
             self._directories[directory] = table.source_name
             replica = self._open(directory)
+        fresh = replica.meta is None   # a new directory, or a dropped table's: its log's ticks are not this table's
         replica.reset(table_meta(table), table.structure)
+        assert replica.staged is not None
+        replica.staged.fresh = replica.staged.fresh or fresh
 
     def _free_directory(self, wanted: str, table_id: int) -> str:
         """wanted, or wanted-2, -3...: a directory no kept table has, compared without case (object

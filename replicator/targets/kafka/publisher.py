@@ -211,6 +211,10 @@ class KafkaTarget:
     def set_position(self, queue: str, consumer: str, tick_id: int) -> None:
         self._position = {f"{queue}/{consumer}": tick_id}
 
+    def forget_positions(self, queue: str) -> None:
+        raise UserError(f"{self.name} keeps its position in its commits, which stay: publish to a new prefix to "
+                        f"start anew")
+
     def tables(self) -> dict[str, TargetTable]:
         # copies, and copies kept: the consumer changes its tables in place (copy_snapshot), and a
         # batch rolled back must find the tables as the last commit left them

@@ -414,6 +414,9 @@ class SqliteTarget:
         self.db.execute(f"INSERT OR REPLACE INTO {_STATE} (queue, consumer, last_tick) VALUES (?, ?, ?)",
                         (queue, consumer, tick_id))
 
+    def forget_positions(self, queue: str) -> None:
+        self.db.execute(f"DELETE FROM {_STATE} WHERE queue = ?", (queue,))
+
     def tables(self) -> dict[str, TargetTable]:
         self._check_files()
         return {name: TargetTable(source_name=name, table_id=table_id, mode=mode,
